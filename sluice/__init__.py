@@ -1,0 +1,1 @@
+"""sluice: an OpenAI-compatible LLM inference server whose streams stay exact under load."""

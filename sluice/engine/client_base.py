@@ -1,0 +1,67 @@
+"""The contract between the frontend (on the event loop) and an engine.
+
+An engine client lives on the asyncio event loop. Requests are added with a
+sink; the client calls the sink's methods on the event loop thread only, once
+per engine step for the whole batch (never one loop callback per token):
+
+    frontend ──add_request(id, prompt ids, params, sink)──▶ client ──▶ engine core
+    frontend ◀──sink.on_delta(RequestDelta) / sink.on_error(exc)── client
+
+Guarantees every implementation keeps:
+- every delta of a request reaches its sink exactly once, in engine order;
+- after a delta with a finish_reason, or after on_error, the sink hears nothing more;
+- `abort` is idempotent and takes effect at the engine's next step; the
+  request's final delta then carries finish_reason "abort" (unless it had
+  already finished);
+- if the engine dies, every open sink gets on_error(EngineDeadError) once.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Protocol
+
+from sluice.engine.outputs import RequestDelta
+from sluice.engine.sampling_params import SamplingParams
+
+
+class DeltaSink(Protocol):
+    def on_delta(self, delta: RequestDelta) -> None: ...
+
+    def on_error(self, error: BaseException) -> None: ...
+
+
+class EngineStats(Protocol):
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # 0.0 .. 1.0
+
+
+class EngineClient(abc.ABC):
+    @abc.abstractmethod
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: DeltaSink,
+    ) -> None:
+        """Queue a request. Raises EngineDeadError if the engine is down."""
+
+    @abc.abstractmethod
+    def abort(self, request_ids: list[str]) -> None:
+        """Cancel requests; unknown or finished ids are ignored."""
+
+    @property
+    @abc.abstractmethod
+    def is_alive(self) -> bool: ...
+
+    @property
+    @abc.abstractmethod
+    def max_model_len(self) -> int: ...
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,47 @@
+"""Sampling parameters of one engine request: a frozen value that crosses the
+process boundary as msgpack.
+
+One engine request is one sequence. The frontend fans an API request with
+`n > 1` or a list of prompts out into several engine requests, one per choice.
+Stop strings are not here: they are text, and the frontend's detokenizer owns
+them (it aborts the engine request with reason "stop" when one matches).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    # 0.0 means greedy (argmax); any other value divides the logits.
+    temperature: float = 1.0
+    # Nucleus: keep the smallest set of tokens whose probability sum >= top_p.
+    top_p: float = 1.0
+    # Keep the k most likely tokens; 0 or -1 disables.
+    top_k: int = 0
+    # Drop tokens whose probability is below min_p * max probability.
+    min_p: float = 0.0
+    # OpenAI penalties, over generated tokens only.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # HF/vLLM multiplicative penalty over prompt and generated tokens; 1.0 disables.
+    repetition_penalty: float = 1.0
+    # token id -> bias added to the logit before sampling.
+    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
+    # Per-request RNG seed: the sampled output does not depend on the batch.
+    seed: int | None = None
+    # Most tokens to generate (the engine also stops at the model's context length).
+    max_tokens: int = 16
+    # EOS and stop_token_ids are masked until this many tokens were generated.
+    min_tokens: int = 0
+    # Extra token ids that finish the request with reason "stop".
+    stop_token_ids: tuple[int, ...] = ()
+    # Keep generating past EOS (stop_token_ids still apply).
+    ignore_eos: bool = False
+    # None: no logprobs. k >= 0: the sampled token's logprob plus the top-k
+    # alternatives (k <= 20), from log_softmax of the raw logits.
+    logprobs: int | None = None
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0

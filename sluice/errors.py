@@ -1,0 +1,74 @@
+"""Every error sluice raises on purpose, typed once.
+
+    SluiceError
+    ├── ModelLoadError            bad model path, unsupported architecture, missing file
+    ├── RequestError              something the client sent (HTTP 4xx)
+    │   ├── InvalidRequestError   400, names the offending `param`
+    │   ├── AuthenticationError   401
+    │   ├── ModelNotFoundError    404
+    │   └── ContextLengthError    400, prompt + max_tokens beyond the context
+    └── ServiceUnavailableError   503 (with Retry-After)
+        ├── QueueFullError        the waiting queue is full
+        └── EngineDeadError       the engine process died or stopped answering
+
+The HTTP edge maps these to the OpenAI error object in one place
+(`sluice.server.errors`). Cancellation is not an error: it is
+`asyncio.CancelledError` and the normal abort path.
+"""
+
+from __future__ import annotations
+
+
+class SluiceError(Exception):
+    """Base of every error sluice raises on purpose."""
+
+
+class ModelLoadError(SluiceError):
+    """A model could not be loaded; the message is one line naming what is wrong."""
+
+
+class RequestError(SluiceError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class InvalidRequestError(RequestError):
+    pass
+
+
+class AuthenticationError(RequestError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class ModelNotFoundError(RequestError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class ContextLengthError(RequestError):
+    pass
+
+
+class ServiceUnavailableError(SluiceError):
+    status_code = 503
+    error_type = "service_unavailable"
+    retry_after_s = 1
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class QueueFullError(ServiceUnavailableError):
+    pass
+
+
+class EngineDeadError(ServiceUnavailableError):
+    pass
