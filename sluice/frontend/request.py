@@ -1,0 +1,54 @@
+"""The frontend's view of one API request, built at the HTTP edge after
+validation and tokenization. Pydantic stops at the edge: this is a frozen value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sluice.engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class PromptInput:
+    # The prompt as the engine sees it.
+    token_ids: tuple[int, ...]
+    # The prompt text, for `echo` (decoded from the ids when given as ids).
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    kind: Literal["completion", "chat"]
+    # "cmpl-…" or "chatcmpl-…"; the same on every chunk.
+    response_id: str
+    # Unix seconds; the same on every chunk.
+    created: int
+    # The name the client asked for (echoed as `model`).
+    model_name: str
+    # Completions: one per prompt of the list. Chat: exactly one.
+    prompts: tuple[PromptInput, ...]
+    # Choices per prompt. Completions index = prompt_index * n + i.
+    n: int
+    # Engine parameters shared by every choice. With a seed, choice i of
+    # prompt p is sampled with seed + p * n + i so choices differ yet repeat.
+    params: SamplingParams
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stream: bool = False
+    # stream_options.include_usage: one usage chunk with `choices: []` before [DONE].
+    include_usage: bool = False
+    # stream_options.continuous_usage_stats: cumulative usage on every chunk.
+    continuous_usage_stats: bool = False
+    # Completions only: prepend the prompt text to each choice.
+    echo: bool = False
+    # None: no logprobs. Completions: `logprobs` (top N, 0..20).
+    # Chat: `top_logprobs` (0..20) when `logprobs` is true.
+    logprobs: int | None = None
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
