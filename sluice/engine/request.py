@@ -1,0 +1,141 @@
+"""One engine request as the engine loop sees it: mutable, owned by the engine
+loop alone (scheduler, KV accounting, update), never shared outside it.
+
+One counter model: a request needs computing while
+`num_computed_tokens < num_tokens`. Prefill and decode are the same thing: a
+fresh request has its whole prompt to compute, a decoding request has the one
+token sampled last step, a preempted request has everything (prompt and the
+outputs so far) again. After a step that brings `num_computed_tokens` up to
+`num_tokens`, the runner samples one token and `num_tokens` grows by one.
+
+Invariants:
+- `all_token_ids == prompt_token_ids + output_token_ids`, kept as one list
+  appended in place (the runner slices it; nothing is re-concatenated).
+- `0 <= num_computed_tokens <= num_tokens`.
+- `output_token_ids[num_emitted_tokens:]` and the pending logprob lists are
+  exactly what the next delta carries; `take_delta` empties them, so every
+  token leaves the engine once.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from sluice.engine.outputs import FinishReason, RequestDelta, TokenLogprobs
+from sluice.engine.sampled import SampledToken
+from sluice.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    # Lost its KV blocks to an older request; waits to recompute its prefix.
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISH_REASONS
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS: dict[RequestStatus, FinishReason] = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    # Position in the scheduler's arrival order (FCFS, preemption picks the
+    # largest); stamped by `Scheduler.add_request`.
+    arrival_index: int = -1
+    output_token_ids: list[int] = field(default_factory=list)
+    # prompt + output, appended in place; built in __post_init__.
+    all_token_ids: list[int] = field(init=False)
+    # Tokens whose KV is in this request's blocks.
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    # The block table: KV block ids in position order, block i holds
+    # positions [i * block_size, (i + 1) * block_size). Owned by KVCacheManager.
+    block_ids: list[int] = field(default_factory=list)
+    # How many of output_token_ids already left in a delta.
+    num_emitted_tokens: int = 0
+    # Logprob data of the not yet emitted tokens, one entry per token
+    # (filled only when params.logprobs is not None).
+    pending_logprobs: list[float] = field(default_factory=list)
+    pending_top_token_ids: list[tuple[int, ...]] = field(default_factory=list)
+    pending_top_logprobs: list[tuple[float, ...]] = field(default_factory=list)
+    # The EOS or stop token that finished the request with "stop".
+    stop_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, sampled: SampledToken) -> None:
+        """Record one sampled token (and its logprobs, if the request asked)."""
+        self.output_token_ids.append(sampled.token_id)
+        self.all_token_ids.append(sampled.token_id)
+        k = self.params.logprobs
+        if k is None:
+            return
+        assert sampled.logprob is not None, (
+            f"request {self.request_id} asked for logprobs but the sampler gave none"
+        )
+        self.pending_logprobs.append(sampled.logprob)
+        self.pending_top_token_ids.append(tuple(sampled.top_token_ids[:k]))
+        self.pending_top_logprobs.append(tuple(sampled.top_logprobs[:k]))
+
+    def take_delta(self) -> RequestDelta:
+        """The tokens since the previous delta (and the finish reason, if any);
+        advances the emission cursor so nothing is sent twice."""
+        new_token_ids = tuple(self.output_token_ids[self.num_emitted_tokens :])
+        self.num_emitted_tokens = self.num_output_tokens
+        logprobs = None
+        if self.params.logprobs is not None:
+            logprobs = TokenLogprobs(
+                logprobs=tuple(self.pending_logprobs),
+                top_token_ids=tuple(self.pending_top_token_ids),
+                top_logprobs=tuple(self.pending_top_logprobs),
+            )
+            self.pending_logprobs.clear()
+            self.pending_top_token_ids.clear()
+            self.pending_top_logprobs.clear()
+        return RequestDelta(
+            request_id=self.request_id,
+            new_token_ids=new_token_ids,
+            logprobs=logprobs,
+            finish_reason=self.status.finish_reason,
+            stop_token_id=self.stop_token_id,
+            num_prompt_tokens=self.num_prompt_tokens,
+        )
