@@ -1,0 +1,148 @@
+"""GGUF -> a cached Hugging Face folder, converted once.
+
+Parsing a GGUF vocabulary into a fast tokenizer is slow pure Python, so a
+GGUF is converted once into a folder under `ModelConfig.cache_dir`:
+
+    config.json                 HF llama config from the GGUF metadata
+    model.safetensors           dequantized float32 weights, HF names and layout
+    tokenizer.json              fast tokenizer built by transformers from the GGUF
+    tokenizer_config.json       special tokens
+    chat_template.jinja         the GGUF's tokenizer.chat_template, when it has one
+    generation_config.json      eos/bos token ids
+    sluice_source.json          which file this came from
+
+Invariants:
+- the folder name is keyed by the GGUF's absolute path, size and mtime (and a
+  format version), so an edited or replaced file is converted again;
+- the folder appears atomically: everything is written into a temporary
+  sibling and renamed into place, so a crash never leaves a half cache, and
+  two processes converting at once both end with one complete folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFReader
+from safetensors.numpy import save_file
+
+from sluice.errors import ModelLoadError
+from sluice.loader import gguf_llama
+
+# Bump when the folder layout or tensor conversion changes: old caches are ignored.
+CONVERSION_VERSION = 1
+SOURCE_FILE = "sluice_source.json"
+
+
+def converted_folder(gguf_path: Path, cache_dir: Path) -> Path:
+    """The cached HF folder for `gguf_path`, converting it first if needed."""
+    folder = cache_folder_for(gguf_path, cache_dir)
+    if folder.is_dir():
+        return folder
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot create cache dir {cache_dir}: {exc.strerror}") from exc
+    temp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=cache_dir))
+    try:
+        temp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+        write_hf_folder(gguf_path, temp)
+        _publish(temp, folder)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    return folder
+
+
+def cache_folder_for(gguf_path: Path, cache_dir: Path) -> Path:
+    """`<cache_dir>/<stem>-<key>`: key = hash of path, size, mtime, format version."""
+    path = gguf_path.resolve()
+    stat = path.stat()
+    identity = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{CONVERSION_VERSION}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return cache_dir / f"{path.stem}-{key}"
+
+
+def write_hf_folder(gguf_path: Path, folder: Path) -> None:
+    """Write the whole HF folder for `gguf_path` into the existing `folder`."""
+    # 1. Metadata and tensors, straight from the memory-mapped GGUF.
+    reader = _open_reader(gguf_path)
+    config = _guarded(gguf_path, lambda: gguf_llama.hf_config(reader))
+    tensors = _guarded(gguf_path, lambda: dict(gguf_llama.hf_tensors(reader, config)))
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(folder / "config.json", config)
+    _write_json(folder / "generation_config.json", _generation_config(config))
+    # 2. The tokenizer: transformers' GGUF converter (the slow step).
+    _write_tokenizer(gguf_path, folder)
+    template = gguf_llama.field_value(reader, "tokenizer.chat_template")
+    if template:
+        (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
+    stat = gguf_path.stat()
+    source = {
+        "gguf_path": str(gguf_path.resolve()),
+        "size_bytes": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "conversion_version": CONVERSION_VERSION,
+    }
+    _write_json(folder / SOURCE_FILE, source)
+
+
+def _open_reader(gguf_path: Path) -> GGUFReader:
+    try:
+        return GGUFReader(gguf_path)
+    except Exception as exc:  # the reader raises anything from ValueError to IndexError
+        raise ModelLoadError(f"corrupt GGUF file {gguf_path}: {_one_line(exc)}") from exc
+
+
+def _guarded(gguf_path: Path, read: Any) -> Any:
+    # Header parsing succeeded but the file may still be truncated or
+    # inconsistent; whatever numpy or gguf raise then means "corrupt".
+    try:
+        return read()
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"corrupt GGUF file {gguf_path}: {_one_line(exc)}") from exc
+
+
+def _write_tokenizer(gguf_path: Path, folder: Path) -> None:
+    # transformers is needed here only; runtime loading uses `tokenizers`.
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True
+        )
+    except Exception as exc:
+        raise ModelLoadError(
+            f"cannot build a tokenizer from GGUF {gguf_path}: {_one_line(exc)}"
+        ) from exc
+    tokenizer.save_pretrained(str(folder))
+
+
+def _generation_config(config: dict[str, Any]) -> dict[str, Any]:
+    keys = ("bos_token_id", "eos_token_id", "pad_token_id")
+    return {key: config[key] for key in keys if key in config}
+
+
+def _publish(temp: Path, folder: Path) -> None:
+    try:
+        os.rename(temp, folder)
+    except OSError:
+        # Another process published the same conversion first: use theirs.
+        if not folder.is_dir():
+            raise
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -1,0 +1,140 @@
+"""`load_model`: a `ModelConfig` in, a ready model + tokenizer out.
+
+Steps: resolve the source; convert a GGUF to its cached HF folder (once);
+parse config.json; check the files and the tokenizer before allocating
+anything; build `LlamaForCausalLM` and stream the safetensors tensors into it.
+
+Invariant: every way a model can fail to load (bad path, unsupported
+architecture, missing or corrupt file, impossible max_model_len) surfaces as a
+one-line `ModelLoadError`, which the CLI prints without a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sluice.config import ModelConfig
+from sluice.errors import ModelLoadError
+from sluice.loader.gguf_convert import cache_folder_for, converted_folder
+from sluice.loader.sources import ModelSource, resolve_source
+from sluice.loader.weights import checkpoint_files, iter_weights
+from sluice.models.config import LlamaConfig
+from sluice.models.llama import LlamaForCausalLM
+from sluice.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer
+    model_config: LlamaConfig
+    # Cap on prompt + generated tokens: the user's value, else the model's limit.
+    max_model_len: int
+    # Display name: "SmolLM2-135M-Instruct" for embedded, else the folder/file name.
+    name: str
+    # Ids that end generation: the tokenizer's eos plus every config-declared one.
+    eos_token_ids: frozenset[int]
+    # The HF folder the weights came from (the cache folder for a GGUF).
+    folder: Path
+
+
+def load_model(config: ModelConfig) -> LoadedModel:
+    """Load the model `config` names; ModelLoadError (one line) on any failure."""
+    # 1. Where the HF folder is (converting a GGUF on first use).
+    source = resolve_source(config.model)
+    folder = _hf_folder(source, config.cache_dir)
+    # 2. Everything that can be checked without allocating the model.
+    model_config = LlamaConfig.from_hf_dict(_read_config_json(folder))
+    max_model_len = resolve_max_model_len(config.max_model_len, model_config)
+    dtype, device = _dtype(config.dtype), _device(config.device)
+    files = checkpoint_files(folder)
+    tokenizer = Tokenizer.from_folder(folder)
+    _check_vocab(tokenizer, model_config)
+    # 3. Build and fill the model.
+    model = LlamaForCausalLM(model_config, dtype, device)
+    model.load_weights(iter_weights(files))
+    model.eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        model_config=model_config,
+        max_model_len=max_model_len,
+        name=source.name,
+        eos_token_ids=tokenizer.eos_token_ids | frozenset(model_config.eos_token_ids),
+        folder=folder,
+    )
+
+
+def resolve_max_model_len(requested: int | None, model_config: LlamaConfig) -> int:
+    """The user's cap, or the model's own limit; a cap above that limit is refused."""
+    limit = model_config.max_position_embeddings
+    if requested is None:
+        return limit
+    if requested <= 0:
+        raise ModelLoadError(f"max_model_len must be positive, got {requested}")
+    if requested > limit:
+        raise ModelLoadError(
+            f"max_model_len {requested} exceeds the model's max_position_embeddings {limit}"
+        )
+    return requested
+
+
+def _hf_folder(source: ModelSource, cache_dir: Path) -> Path:
+    if source.kind == "hf_folder":
+        return source.path
+    if cache_folder_for(source.path, cache_dir).is_dir():
+        return converted_folder(source.path, cache_dir)
+    logger.info("converting %s into %s (once; later loads reuse it)", source.path, cache_dir)
+    start = time.perf_counter()
+    folder = converted_folder(source.path, cache_dir)
+    logger.info("converted %s in %.1f s", source.name, time.perf_counter() - start)
+    return folder
+
+
+def _read_config_json(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"no config.json in {folder}")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"unreadable config.json in {folder}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"config.json in {folder} is not a JSON object")
+    return value
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ModelLoadError(f"unsupported dtype {name!r}; choose one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"unknown device {name!r}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+def _check_vocab(tokenizer: Tokenizer, model_config: LlamaConfig) -> None:
+    # A model may pad its embedding beyond the tokenizer, never the reverse.
+    if tokenizer.vocab_size > model_config.vocab_size:
+        raise ModelLoadError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size "
+            f"is {model_config.vocab_size}"
+        )

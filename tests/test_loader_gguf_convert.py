@@ -1,0 +1,234 @@
+"""GGUF -> cached HF folder: contents, exact weights, cache hits, atomicity, corrupt files."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import string
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFWriter
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from sluice.config import ModelConfig
+from sluice.errors import ModelLoadError
+from sluice.loader import gguf_convert, load_model
+from sluice.loader.gguf_convert import cache_folder_for, converted_folder
+from sluice.loader.sources import embedded_gguf_path
+from sluice.models.attention import AttentionMetadata, allocate_kv_caches
+from sluice.tokenizer import Tokenizer, _unicode_to_byte
+from tests.model_factory import TinyModel, build_tiny_model
+
+_LAYER_STEMS = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_GLOBAL = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+TINY_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+
+
+def llama_cpp_permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
+    half = weights.shape[0] // num_heads // 2
+    return (
+        weights.reshape(num_heads, 2, half, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def gguf_name(hf_name: str) -> str:
+    if hf_name in _GLOBAL:
+        return _GLOBAL[hf_name]
+    _, _, layer, *stem, kind = hf_name.split(".")
+    return f"blk.{layer}.{_LAYER_STEMS['.'.join(stem)]}.{kind}"
+
+
+def write_tiny_gguf(tiny: TinyModel, path: Path) -> Path:
+    """The tiny HF model as llama.cpp's converter would write it (q/k permuted)."""
+    config = tiny.config_dict
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    _add_tiny_vocab(writer, config["vocab_size"])
+    for name, tensor in tiny.weights():
+        array = tensor.numpy()
+        if ".q_proj." in name:
+            array = llama_cpp_permute(array, config["num_attention_heads"])
+        elif ".k_proj." in name:
+            array = llama_cpp_permute(array, config["num_key_value_heads"])
+        writer.add_tensor(gguf_name(name), np.ascontiguousarray(array))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _add_tiny_vocab(writer: GGUFWriter, vocab_size: int) -> None:
+    # A byte-level BPE vocabulary: 3 specials, the 256 byte symbols, then letter pairs.
+    specials = ["<|endoftext|>", "<s>", "</s>"]
+    table = _unicode_to_byte()
+    byte_symbols = sorted(table, key=table.__getitem__)
+    num_merges = vocab_size - len(specials) - len(byte_symbols)
+    pairs = list(itertools.islice(itertools.product(string.ascii_lowercase, repeat=2), num_merges))
+    tokens = specials + byte_symbols + [a + b for a, b in pairs]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] * len(specials) + [1] * (len(tokens) - len(specials)))
+    writer.add_token_merges([f"{a} {b}" for a, b in pairs])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_chat_template(TINY_TEMPLATE)
+
+
+@pytest.fixture(scope="module", params=["llama_tied", "mistral"])
+def tiny(request, tmp_path_factory) -> TinyModel:
+    return build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture
+def tiny_gguf(tiny, tmp_path) -> Path:
+    return write_tiny_gguf(tiny, tmp_path / "Tiny.F32.gguf")
+
+
+def test_embedded_conversion_writes_a_complete_hf_folder(embedded_model_dir):
+    names = {p.name for p in embedded_model_dir.iterdir()}
+    assert names == {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "sluice_source.json",
+    }
+    config = json.loads((embedded_model_dir / "config.json").read_text())
+    assert config["num_hidden_layers"] == 30
+    with safe_open(str(embedded_model_dir / "model.safetensors"), framework="pt") as weights:
+        slices = {name: weights.get_slice(name) for name in weights.keys()}  # noqa: SIM118
+    assert len(slices) == 2 + 30 * 9  # embedding, final norm, nine per layer; tied head
+    assert slices["model.layers.0.self_attn.k_proj.weight"].get_shape() == [192, 576]
+    assert {s.get_dtype() for s in slices.values()} == {"F32"}
+    template = (embedded_model_dir / "chat_template.jinja").read_text()
+    assert template.startswith("{% for message in messages %}")
+    assert "You are a helpful AI assistant named SmolLM" in template
+
+
+def test_a_second_conversion_is_a_cache_hit(embedded_model_dir, monkeypatch):
+    def fail(*args):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(gguf_convert, "write_hf_folder", fail)
+    start = time.perf_counter()
+    folder = converted_folder(embedded_gguf_path(), embedded_model_dir.parent)
+    assert folder == embedded_model_dir
+    assert time.perf_counter() - start < 0.1
+
+
+def test_tiny_gguf_converts_back_to_the_exact_hf_weights(tiny, tiny_gguf, tmp_path):
+    folder = converted_folder(tiny_gguf, tmp_path / "cache")
+    ours = load_file(folder / "model.safetensors")
+    original = dict(tiny.weights())
+    assert ours.keys() == original.keys()
+    for name, tensor in original.items():
+        assert torch.equal(ours[name], tensor), name
+
+
+def test_tiny_gguf_tokenizer_and_chat_template_survive_conversion(tiny_gguf, tmp_path):
+    tokenizer = Tokenizer.from_folder(converted_folder(tiny_gguf, tmp_path / "cache"))
+    assert tokenizer.decode(tokenizer.encode("hello world")) == "hello world"
+    assert tokenizer.bos_token_id == 1
+    assert tokenizer.eos_token_ids == {2}
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert chat == "<s>user: hi</s>"
+
+
+def test_load_model_runs_a_gguf_file_like_transformers_runs_the_original(tiny, tiny_gguf, tmp_path):
+    loaded = load_model(ModelConfig(model=str(tiny_gguf), cache_dir=tmp_path / "cache"))
+    assert loaded.name == "Tiny"
+    prompt = [5, 17, 42, 99, 300]
+    kv_caches = allocate_kv_caches(loaded.model_config, 1, 16, torch.float32, "cpu")
+    attn = AttentionMetadata.build([len(prompt)], [0], [[0]], 16, "cpu")
+    with torch.no_grad():
+        hidden = loaded.model(torch.tensor(prompt), torch.arange(len(prompt)), kv_caches, attn)
+        ours = loaded.model.compute_logits(hidden)  # [5, vocab]
+        reference = tiny.hf_model(torch.tensor([prompt])).logits[0]  # [5, vocab]
+    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_a_changed_gguf_gets_a_new_cache_folder(tiny_gguf, tmp_path):
+    before = cache_folder_for(tiny_gguf, tmp_path)
+    stat = tiny_gguf.stat()
+    os.utime(tiny_gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert cache_folder_for(tiny_gguf, tmp_path) != before
+
+
+def test_a_failed_conversion_leaves_nothing_behind(tiny_gguf, tmp_path, monkeypatch):
+    def broken_tokenizer(gguf_path, folder):
+        raise ModelLoadError("tokenizer exploded")
+
+    monkeypatch.setattr(gguf_convert, "_write_tokenizer", broken_tokenizer)
+    cache_dir = tmp_path / "cache"
+    with pytest.raises(ModelLoadError, match="tokenizer exploded"):
+        converted_folder(tiny_gguf, cache_dir)
+    assert list(cache_dir.iterdir()) == []
+
+
+def test_a_conversion_finished_first_by_another_process_is_reused(tiny_gguf, tmp_path, monkeypatch):
+    cache_dir = tmp_path / "cache"
+    real_write = gguf_convert.write_hf_folder
+
+    def racing_write(gguf_path, temp):
+        # The other process publishes its complete folder while we are still writing.
+        other = cache_folder_for(gguf_path, cache_dir)
+        other.mkdir()
+        (other / "config.json").write_text("{}")
+        real_write(gguf_path, temp)
+
+    monkeypatch.setattr(gguf_convert, "write_hf_folder", racing_write)
+    folder = converted_folder(tiny_gguf, cache_dir)
+    assert [p.name for p in cache_dir.iterdir()] == [folder.name]
+    assert (folder / "config.json").read_text() == "{}"
+
+
+def test_a_file_that_is_not_gguf_is_reported_as_corrupt(tmp_path):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"this is not a gguf file at all" * 10)
+    with pytest.raises(ModelLoadError, match="corrupt GGUF file") as info:
+        converted_folder(path, tmp_path / "cache")
+    assert "\n" not in str(info.value)
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_a_truncated_gguf_is_reported_as_corrupt(tiny_gguf, tmp_path):
+    data = tiny_gguf.read_bytes()
+    path = tmp_path / "truncated.gguf"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="corrupt GGUF file") as info:
+        converted_folder(path, tmp_path / "cache")
+    assert "\n" not in str(info.value)
