@@ -1,0 +1,337 @@
+"""The FastAPI app: OpenAI-compatible routes over one engine and one tokenizer.
+
+    POST /v1/completions, /v1/chat/completions   generation, streamed (SSE) or not
+    GET  /v1/models, /version, /health, /metrics
+    POST /tokenize, /detokenize                  vLLM's helpers
+
+Each generation route: parse the body (protocol) -> check it and tokenize
+(to_internal, preprocess) -> hand the frozen `GenerationRequest` to the
+`Frontend`. Invariants:
+- Nothing is sent before the first event exists, so an error before the first
+  token (engine dead, queue full) is a real HTTP error, not a 200 stream.
+- A client that goes away is noticed by waiting on the ASGI `receive` channel
+  for `http.disconnect` (never by polling) and cancels the request, which the
+  frontend turns into an engine abort; streams are closed in every case.
+- The engine starts and stops with the app (lifespan).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+from typing import Protocol, TypeVar
+
+import orjson
+from fastapi import FastAPI, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from sluice.config import ServerConfig
+from sluice.engine.client_base import EngineClient, EngineStats
+from sluice.errors import EngineDeadError, InvalidRequestError
+from sluice.frontend.detokenizer import DecodingTokenizer
+from sluice.frontend.preprocess import Preprocessor, PromptTokenizer
+from sluice.frontend.request import GenerationRequest
+from sluice.frontend.serving import Frontend
+from sluice.server import protocol, to_internal
+from sluice.server.errors import install_error_handlers, unavailable_response
+from sluice.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from sluice.server.metrics import ServerMetrics
+from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
+
+# Bodies beyond this are refused before parsing (a 1M-token prompt is ~4 MB).
+MAX_BODY_BYTES = 64 * 1024 * 1024
+_DONE_EVENT = b"data: [DONE]\n\n"
+
+T = TypeVar("T")
+Body = TypeVar("Body", bound=protocol.OpenAIModel)
+
+
+class ServedTokenizer(PromptTokenizer, DecodingTokenizer, Protocol):
+    """What the app uses of `sluice.tokenizer.Tokenizer` (tests pass the fake one)."""
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]: ...
+
+
+def sluice_version() -> str:
+    try:
+        return version("sluice")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def create_app(
+    config: ServerConfig,
+    engine: EngineClient,
+    tokenizer: ServedTokenizer,
+    model_name: str,
+    max_model_len: int,
+    stats: Callable[[], EngineStats] | None = None,
+) -> FastAPI:
+    """The app serving `engine` as `model_name` (ServerConfig.served_model_name wins)."""
+    served_name = config.served_model_name or model_name
+    routes = Routes(engine, tokenizer, served_name, max_model_len, stats)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.shutdown()
+
+    app = FastAPI(
+        title="sluice",
+        version=sluice_version(),
+        lifespan=lifespan,
+        middleware=middleware_stack(config),
+    )
+    install_error_handlers(app)
+    app.state.routes = routes
+    app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
+    app.add_api_route("/v1/models", routes.models, methods=["GET"])
+    app.add_api_route("/health", routes.health, methods=["GET"])
+    app.add_api_route("/version", routes.version, methods=["GET"])
+    app.add_api_route("/metrics", routes.metrics_text, methods=["GET"])
+    app.add_api_route("/tokenize", routes.tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", routes.detokenize, methods=["POST"])
+    return app
+
+
+class Routes:
+    """The route handlers of one app and what they share."""
+
+    def __init__(
+        self,
+        engine: EngineClient,
+        tokenizer: ServedTokenizer,
+        served_name: str,
+        max_model_len: int,
+        stats: Callable[[], EngineStats] | None,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.served_name = served_name
+        self.max_model_len = max_model_len
+        self.created = int(time.time())
+        self.metrics = ServerMetrics(served_name, stats)
+        self.frontend = Frontend(engine, tokenizer, observer=self.metrics)
+        self.preprocessor = Preprocessor(tokenizer, max_model_len)
+        self.options = to_internal.RequestOptions(served_name, self.preprocessor)
+
+    # -- generation ------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Response:
+        body = await read_body(request, protocol.CompletionRequest)
+        self._check_engine()
+        generation = await to_internal.completion_request(body, self.options)
+        return await self._respond(request, generation)
+
+    async def chat_completions(self, request: Request) -> Response:
+        body = await read_body(request, protocol.ChatCompletionRequest)
+        self._check_engine()
+        generation = await to_internal.chat_request(body, self.options)
+        return await self._respond(request, generation)
+
+    def _check_engine(self) -> None:
+        if not self.engine.is_alive:
+            raise EngineDeadError("the engine is not running; retry later")
+
+    async def _respond(self, request: Request, generation: GenerationRequest) -> Response:
+        log = _request_log(request)
+        if log is not None:
+            log.num_prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
+        if generation.stream:
+            return await self._stream(request, generation, log)
+        return await self._complete(request, generation, log)
+
+    async def _stream(
+        self, request: Request, generation: GenerationRequest, log: RequestLog | None
+    ) -> Response:
+        events = self.frontend.stream(generation)
+        # Wait for the first event before sending headers: errors up to here are HTTP errors.
+        first_event = await _unless_disconnected(request.receive, anext(events))
+        if first_event is None:
+            await events.aclose()
+            return Response(status_code=CLIENT_CLOSED_STATUS)
+        counter = _UsageCounter(log) if generation.include_usage else None
+        return EventStreamResponse(first_event, events, counter)
+
+    async def _complete(
+        self, request: Request, generation: GenerationRequest, log: RequestLog | None
+    ) -> Response:
+        body = await _unless_disconnected(request.receive, self.frontend.complete(generation))
+        if body is None:
+            return Response(status_code=CLIENT_CLOSED_STATUS)
+        if log is not None:
+            log.num_completion_tokens = _completion_tokens(body)
+        return Response(body, media_type="application/json")
+
+    # -- everything else -----------------------------------------------------
+
+    async def models(self) -> Response:
+        card = {
+            "id": self.served_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "sluice",
+            "root": self.served_name,
+            "parent": None,
+            "max_model_len": self.max_model_len,
+        }
+        return _json({"object": "list", "data": [card]})
+
+    async def health(self) -> Response:
+        if self.engine.is_alive:
+            return Response(status_code=200)
+        return unavailable_response(EngineDeadError("the engine is not running"))
+
+    async def version(self) -> Response:
+        return _json({"version": sluice_version()})
+
+    async def metrics_text(self) -> Response:
+        return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    async def tokenize(self, request: Request) -> Response:
+        body = await read_body(request, protocol.TokenizeRequest)
+        to_internal.check_model(body.model, self.served_name)
+        token_ids = await self._tokenize(body)
+        result: dict[str, object] = {
+            "count": len(token_ids),
+            "max_model_len": self.max_model_len,
+            "tokens": token_ids,
+        }
+        if body.return_token_strs:
+            result["token_strs"] = self.tokenizer.convert_ids_to_tokens(token_ids)
+        return _json(result)
+
+    async def _tokenize(self, body: protocol.TokenizeRequest) -> list[int]:
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidRequestError("give exactly one of 'prompt' and 'messages'", param="prompt")
+        if body.prompt is not None:
+            add_special_tokens = (
+                True if body.add_special_tokens is None else body.add_special_tokens
+            )
+            return await self.preprocessor.encode(body.prompt, add_special_tokens)
+        messages = to_internal.chat_messages(body.messages)
+        add_generation_prompt = body.add_generation_prompt is not False
+        text = await self.preprocessor.render_chat(messages, add_generation_prompt)
+        return await self.preprocessor.encode(text, bool(body.add_special_tokens))
+
+    async def detokenize(self, request: Request) -> Response:
+        body = await read_body(request, protocol.DetokenizeRequest)
+        to_internal.check_model(body.model, self.served_name)
+        if body.tokens is None:
+            raise InvalidRequestError("'tokens' is required", param="tokens")
+        self.preprocessor.check_token_ids(body.tokens, "tokens")
+        return _json({"prompt": await self.preprocessor.decode(body.tokens)})
+
+
+class EventStreamResponse(StreamingResponse):
+    """SSE events, the first already in hand; the event source is always closed.
+
+    Starlette cancels the response when the client disconnects; closing the
+    frontend's generator here (whether it finished, failed or was cancelled)
+    is what guarantees its engine requests are aborted.
+    """
+
+    def __init__(
+        self,
+        first_event: bytes,
+        events: AsyncGenerator[bytes, None],
+        usage_counter: _UsageCounter | None,
+    ):
+        self._events = events
+        self._body = self._chain(first_event, events, usage_counter)
+        super().__init__(
+            self._body,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._body.aclose()
+            await self._events.aclose()
+
+    @staticmethod
+    async def _chain(
+        first_event: bytes, events: AsyncIterator[bytes], usage_counter: _UsageCounter | None
+    ) -> AsyncIterator[bytes]:
+        yield first_event
+        async for event in events:
+            if usage_counter is not None:
+                usage_counter.see(event)
+            yield event
+
+
+class _UsageCounter:
+    """Completion tokens for the access log, from the usage chunk before [DONE]."""
+
+    def __init__(self, log: RequestLog | None):
+        self._log = log
+        self._previous = b""
+
+    def see(self, event: bytes) -> None:
+        if event == _DONE_EVENT and self._log is not None:
+            self._log.num_completion_tokens = _completion_tokens(self._previous[6:])
+        self._previous = event
+
+
+async def read_body(request: Request, model: type[Body]) -> Body:
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise InvalidRequestError(f"the request body exceeds {MAX_BODY_BYTES} bytes")
+    return protocol.parse_body(bytes(raw), request.headers.get("content-type"), model)
+
+
+async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None (work cancelled) if the client disconnects first.
+
+    Waits on the ASGI receive channel, which yields `http.disconnect` once the
+    body was read and the client goes away: no polling.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _completion_tokens(body: bytes) -> int | None:
+    try:
+        usage = orjson.loads(body).get("usage") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    tokens = usage.get("completion_tokens")
+    return tokens if isinstance(tokens, int) else None
+
+
+def _request_log(request: Request) -> RequestLog | None:
+    return getattr(request.state, "request_log", None)
+
+
+def _json(content: object) -> Response:
+    return Response(orjson.dumps(content), media_type="application/json")

@@ -1,0 +1,139 @@
+"""The one place where errors become OpenAI error objects.
+
+Every response that is not a success carries
+
+    {"error": {"message": str, "type": str, "param": str | None, "code": str | int | None}}
+
+with the status of the `sluice.errors` class that was raised:
+
+    RequestError and subclasses     their `status_code` (400, 401, 404)
+    ServiceUnavailableError         503 with `Retry-After`
+    FastAPI RequestValidationError  400 (never FastAPI's 422), the first bad field as `param`
+    Starlette HTTPException         its own status (unknown route 404, wrong method 405)
+    anything else                   500 with a generic message (sent and logged by
+                                    the request-context middleware, outside the routes)
+
+Invariant: a client can reach the 500 branch only through a bug, never by what it sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from sluice.errors import InvalidRequestError, RequestError, ServiceUnavailableError
+
+_INTERNAL_MESSAGE = "internal server error; the server logged the details"
+# Pydantic names union branches and wrappers in error locations ("str",
+# "list[int]", "function-after[...]"); they are not part of the client's JSON path.
+_PYDANTIC_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def error_body(
+    message: str, error_type: str, param: str | None = None, code: str | int | None = None
+) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    )
+
+
+def error_response(
+    status_code: int,
+    message: str,
+    error_type: str,
+    param: str | None = None,
+    code: str | int | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    return Response(
+        error_body(message, error_type, param, code),
+        status_code=status_code,
+        headers=headers,
+        media_type="application/json",
+    )
+
+
+def request_error_response(exc: RequestError) -> Response:
+    return error_response(exc.status_code, exc.message, exc.error_type, exc.param, exc.code)
+
+
+def unavailable_response(exc: ServiceUnavailableError) -> Response:
+    return error_response(
+        exc.status_code,
+        exc.message,
+        exc.error_type,
+        headers={"Retry-After": str(exc.retry_after_s)},
+    )
+
+
+def internal_error_response() -> Response:
+    return error_response(500, _INTERNAL_MESSAGE, "internal_server_error")
+
+
+def param_from_location(location: Sequence[Any]) -> str | None:
+    """Pydantic's error location as the client's JSON path: `messages[0].content`."""
+    path = ""
+    for part in location:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif isinstance(part, str) and not _is_pydantic_tag(part):
+            path += f".{part}" if path else part
+    return path or None
+
+
+def _is_pydantic_tag(part: str) -> bool:
+    return part in _PYDANTIC_TAGS or "[" in part or "-" in part
+
+
+def validation_error(errors: Sequence[dict[str, Any]]) -> InvalidRequestError:
+    """The first pydantic error as one InvalidRequestError naming its field."""
+    if not errors:
+        return InvalidRequestError("invalid request body")
+    first = errors[0]
+    location = list(first.get("loc", ()))
+    # FastAPI prefixes the source ("body", "query"); the client knows no such level.
+    if location and location[0] in ("body", "query", "path", "header"):
+        location = location[1:]
+    param = param_from_location(location)
+    message = str(first.get("msg", "invalid value"))
+    if first.get("type") == "missing":
+        message = f"'{param}' is required" if param else "a required field is missing"
+    elif param:
+        message = f"{message} ('{param}')"
+    return InvalidRequestError(message, param=param)
+
+
+async def _on_request_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestError), "handler registered for RequestError"
+    return request_error_response(exc)
+
+
+async def _on_unavailable(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServiceUnavailableError), "handler registered for 503 errors"
+    return unavailable_response(exc)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError), "handler registered for validation"
+    return request_error_response(validation_error(exc.errors()))
+
+
+async def _on_http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException), "handler registered for HTTPException"
+    error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return error_response(
+        exc.status_code, str(exc.detail), error_type, headers=dict(exc.headers or {})
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestError, _on_request_error)
+    app.add_exception_handler(ServiceUnavailableError, _on_unavailable)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_exception)

@@ -1,0 +1,203 @@
+"""Pydantic models of the OpenAI-compatible request bodies (and vLLM's extensions).
+
+Pydantic lives here, at the HTTP edge, and nowhere deeper: `to_internal`
+turns these into a frozen `GenerationRequest`. Rules every model follows:
+unknown fields are ignored, `null` is accepted for every optional field and
+means "the default", NaN and infinities are refused, and every numeric range
+the API documents is checked here so the error names the field.
+`parse_body` is the one way a body becomes a model: bad JSON, a wrong
+Content-Type and invalid fields all become a 400 `InvalidRequestError`.
+Checks that need the model (vocabulary, context length, the served name) or
+relate several fields live in `to_internal`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sluice.errors import InvalidRequestError
+from sluice.server.errors import validation_error
+
+# Limits a client cannot exceed (OpenAI documents the same ranges).
+MAX_LOGPROBS = 20
+MAX_N = 128
+MAX_STOP_STRINGS = 16
+MAX_STOP_TOKEN_IDS = 256
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[int, Field(ge=1, le=INT64_MAX)]
+NumChoices = Annotated[int, Field(ge=1, le=MAX_N)]
+TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+
+
+class OpenAIModel(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(OpenAIModel):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class SamplingFields(OpenAIModel):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    # Token id (as a string, per the OpenAI API) -> bias in [-100, 100].
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    max_tokens: Count | None = None
+    n: NumChoices | None = None
+    seed: Seed | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    user: str | None = None
+    # vLLM extensions.
+    top_k: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
+    ignore_eos: bool | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _check_stop(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+            raise ValueError("stop must be a string or a list of strings")
+        if len(value) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        return value
+
+
+class CompletionRequest(SamplingFields):
+    # A string, a list of strings, a list of token ids, or a list of token-id lists.
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]] | None = None
+    best_of: Count | None = None
+    echo: bool | None = None
+    logprobs: TopLogprobs | None = None
+    suffix: str | None = None
+    # vLLM extension: let the tokenizer add BOS and the like.
+    add_special_tokens: bool | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _check_prompt_shape(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str) or _is_prompt_list(value):
+            return value
+        raise ValueError(
+            "prompt must be a string, a list of strings, a list of token ids "
+            "or a list of token-id lists"
+        )
+
+
+def _is_prompt_list(value: Any) -> bool:
+    if not isinstance(value, list):
+        return False
+    kinds = {_prompt_item_kind(item) for item in value}
+    return len(kinds) <= 1 and None not in kinds
+
+
+def _prompt_item_kind(item: Any) -> str | None:
+    if isinstance(item, str):
+        return "str"
+    if isinstance(item, int) and not isinstance(item, bool):
+        return "int"
+    if isinstance(item, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in item):
+        return "ids"
+    return None
+
+
+class ContentPart(OpenAIModel):
+    # Only "text" is served; other types are refused by `to_internal` by name.
+    type: str
+    text: str | None = None
+
+
+ChatRole = Literal["system", "user", "assistant", "tool", "developer"]
+
+
+class ChatMessage(OpenAIModel):
+    role: ChatRole
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    type: str
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: TopLogprobs | None = None
+    # Takes precedence over the deprecated `max_tokens`.
+    max_completion_tokens: Count | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM extensions.
+    add_generation_prompt: bool | None = None
+    add_special_tokens: bool | None = None
+
+
+class TokenizeRequest(OpenAIModel):
+    """vLLM's /tokenize: either `prompt` or `messages`."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_generation_prompt: bool | None = None
+    # Default: true for a prompt, false for messages (the template adds them).
+    add_special_tokens: bool | None = None
+    return_token_strs: bool | None = None
+
+
+class DetokenizeRequest(OpenAIModel):
+    model: str | None = None
+    tokens: list[TokenId] | None = None
+
+
+Body = TypeVar("Body", bound=OpenAIModel)
+
+
+def parse_body(raw: bytes, content_type: str | None, model: type[Body]) -> Body:
+    """A request body as `model`; InvalidRequestError (400) for anything malformed."""
+    if content_type is not None and not _is_json_media_type(content_type):
+        raise InvalidRequestError(
+            f"Content-Type must be application/json, got {content_type[:80]!r}"
+        )
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc.errors(include_url=False)) from None
+
+
+def _is_json_media_type(content_type: str) -> bool:
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    )

@@ -1,0 +1,304 @@
+"""Validated pydantic bodies -> frozen `GenerationRequest` (with `SamplingParams`).
+
+The last step of the HTTP edge before the frontend. Pydantic has already
+checked types and ranges; this module checks what needs the served model or
+relates several fields (unknown model, vocabulary ids, n against best_of,
+stream_options without stream, context length), tokenizes through the
+`Preprocessor`, and raises a typed `RequestError` naming the field for
+anything it refuses. Nothing a client sends gets past here unchecked.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+from sluice.engine.sampling_params import SamplingParams
+from sluice.errors import InvalidRequestError, ModelNotFoundError
+from sluice.frontend.preprocess import ChatMessage, Preprocessor
+from sluice.frontend.request import GenerationRequest, PromptInput
+from sluice.server import protocol
+
+T = TypeVar("T")
+RequestKind = Literal["completion", "chat"]
+
+# Completions default; chat's default is the rest of the context.
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+# Engine requests one API request may fan out to (prompts x n).
+MAX_CHOICES_PER_REQUEST = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOptions:
+    """What `to_internal` needs to know about the served model."""
+
+    served_model_name: str
+    preprocessor: Preprocessor
+
+
+def check_model(requested: str | None, served_model_name: str) -> str:
+    """The model name to echo; a name other than the served one is a 404."""
+    if requested is None or requested == served_model_name:
+        return served_model_name
+    raise ModelNotFoundError(
+        f"The model `{requested[:100]}` does not exist; this server serves `{served_model_name}`.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+async def completion_request(
+    body: protocol.CompletionRequest, options: RequestOptions
+) -> GenerationRequest:
+    model_name = check_model(body.model, options.served_model_name)
+    n = body.n or 1
+    _refuse_unsupported_completion_fields(body, n)
+    stream = _check_stream_options(body)
+    prompts = await _completion_prompts(body, n, options.preprocessor)
+    requested_max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+    max_tokens = options.preprocessor.fit_max_tokens(prompts, requested_max_tokens, "prompt")
+    params = sampling_params(body, max_tokens, body.logprobs, options.preprocessor)
+    echo = _default(body.echo, False)
+    return _generation_request(body, "completion", model_name, prompts, n, params, stream, echo)
+
+
+async def chat_request(
+    body: protocol.ChatCompletionRequest, options: RequestOptions
+) -> GenerationRequest:
+    model_name = check_model(body.model, options.served_model_name)
+    n = body.n or 1
+    logprobs = _chat_logprobs(body)
+    _check_response_format(body.response_format)
+    stream = _check_stream_options(body)
+    messages = chat_messages(body.messages)
+    prompt = await options.preprocessor.chat_prompt(
+        messages,
+        add_generation_prompt=_default(body.add_generation_prompt, True),
+        add_special_tokens=_default(body.add_special_tokens, False),
+    )
+    requested_max_tokens = body.max_completion_tokens or body.max_tokens
+    max_tokens = options.preprocessor.fit_max_tokens([prompt], requested_max_tokens, "messages")
+    params = sampling_params(body, max_tokens, logprobs, options.preprocessor)
+    return _generation_request(body, "chat", model_name, (prompt,), n, params, stream, False)
+
+
+def sampling_params(
+    body: protocol.SamplingFields,
+    max_tokens: int,
+    logprobs: int | None,
+    preprocessor: Preprocessor,
+) -> SamplingParams:
+    min_tokens = body.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise InvalidRequestError(
+            f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})",
+            param="min_tokens",
+        )
+    stop_token_ids = tuple(body.stop_token_ids or ())
+    preprocessor.check_token_ids(stop_token_ids, "stop_token_ids")
+    return SamplingParams(
+        temperature=_default(body.temperature, 1.0),
+        top_p=_default(body.top_p, 1.0),
+        top_k=_default(body.top_k, 0),
+        min_p=_default(body.min_p, 0.0),
+        presence_penalty=_default(body.presence_penalty, 0.0),
+        frequency_penalty=_default(body.frequency_penalty, 0.0),
+        repetition_penalty=_default(body.repetition_penalty, 1.0),
+        logit_bias=logit_bias(body.logit_bias, preprocessor),
+        seed=body.seed,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        stop_token_ids=stop_token_ids,
+        ignore_eos=_default(body.ignore_eos, False),
+        logprobs=logprobs,
+    )
+
+
+def logit_bias(bias: dict[str, float] | None, preprocessor: Preprocessor) -> dict[int, float]:
+    """OpenAI's string-keyed bias as token id -> bias, every id checked."""
+    if not bias:
+        return {}
+    biases: dict[int, float] = {}
+    for key, value in bias.items():
+        if not key.strip().lstrip("-").isdigit() or len(key) > 20:
+            raise InvalidRequestError(
+                f"logit_bias keys must be token ids, got {key[:40]!r}", param="logit_bias"
+            )
+        biases[int(key)] = value
+    preprocessor.check_token_ids(list(biases), "logit_bias")
+    return biases
+
+
+def chat_messages(messages: list[protocol.ChatMessage] | None) -> list[ChatMessage]:
+    if messages is None:
+        raise InvalidRequestError("'messages' is required", param="messages")
+    return [_chat_message(message, index) for index, message in enumerate(messages)]
+
+
+def _chat_message(message: protocol.ChatMessage, index: int) -> ChatMessage:
+    return ChatMessage(
+        role=message.role,
+        content=_message_text(message, index),
+        name=message.name,
+        tool_call_id=message.tool_call_id,
+    )
+
+
+def _message_text(message: protocol.ChatMessage, index: int) -> str:
+    content = message.content
+    if content is None:
+        # Assistant turns may carry only tool calls; every other turn needs text.
+        if message.role == "assistant":
+            return ""
+        raise InvalidRequestError(
+            f"a {message.role} message needs content", param=f"messages[{index}].content"
+        )
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part_index, part in enumerate(content):
+        param = f"messages[{index}].content[{part_index}]"
+        if part.type != "text":
+            raise InvalidRequestError(
+                f"content part type {part.type[:40]!r} is not supported; only 'text' is",
+                param=f"{param}.type",
+            )
+        if part.text is None:
+            raise InvalidRequestError("a text content part needs 'text'", param=f"{param}.text")
+        texts.append(part.text)
+    # vLLM joins text parts with newlines; so do we, so templates see the same text.
+    return "\n".join(texts)
+
+
+async def _completion_prompts(
+    body: protocol.CompletionRequest, n: int, preprocessor: Preprocessor
+) -> tuple[PromptInput, ...]:
+    prompt = body.prompt
+    if prompt is None:
+        raise InvalidRequestError("'prompt' is required", param="prompt")
+    batch = _prompt_batch(prompt)
+    if not batch:
+        raise InvalidRequestError("the prompt list is empty", param="prompt")
+    if len(batch) * n > MAX_CHOICES_PER_REQUEST:
+        raise InvalidRequestError(
+            f"{len(batch)} prompts x n={n} exceeds {MAX_CHOICES_PER_REQUEST} choices per request",
+            param="n",
+        )
+    add_special_tokens = _default(body.add_special_tokens, True)
+    echo = _default(body.echo, False)
+    prompts = []
+    for index, item in enumerate(batch):
+        param = "prompt" if len(batch) == 1 else f"prompt[{index}]"
+        if isinstance(item, str):
+            prompts.append(await preprocessor.text_prompt(item, add_special_tokens, param))
+        else:
+            prompts.append(await preprocessor.token_prompt(item, param, needs_text=echo))
+    return tuple(prompts)
+
+
+def _prompt_batch(
+    prompt: str | list[str] | list[int] | list[list[int]],
+) -> Sequence[str | Sequence[int]]:
+    """The prompt as a list of single prompts (a string or a token-id list each)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(item, int) for item in prompt):
+        return [prompt]  # type: ignore[list-item]
+    return prompt  # type: ignore[return-value]
+
+
+def _refuse_unsupported_completion_fields(body: protocol.CompletionRequest, n: int) -> None:
+    if body.suffix:
+        raise InvalidRequestError("suffix is not supported", param="suffix")
+    if body.best_of is not None and body.best_of != n:
+        raise InvalidRequestError(
+            f"best_of ({body.best_of}) must equal n ({n}): sluice returns every sample",
+            param="best_of",
+        )
+    if body.echo and body.logprobs is not None:
+        # echo + logprobs would need prompt logprobs, which the engine does not compute.
+        raise InvalidRequestError("echo together with logprobs is not supported", param="echo")
+
+
+def _check_stream_options(body: protocol.SamplingFields) -> bool:
+    stream = _default(body.stream, False)
+    if body.stream_options is not None and not stream:
+        raise InvalidRequestError(
+            "stream_options is only allowed when stream is true", param="stream_options"
+        )
+    return stream
+
+
+def _chat_logprobs(body: protocol.ChatCompletionRequest) -> int | None:
+    if body.logprobs:
+        return body.top_logprobs or 0
+    if body.top_logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
+    return None
+
+
+def _check_response_format(response_format: protocol.ResponseFormat | None) -> None:
+    if response_format is not None and response_format.type != "text":
+        raise InvalidRequestError(
+            f"response_format type {response_format.type[:40]!r} is not supported; "
+            "only 'text' is (structured output is not implemented)",
+            param="response_format",
+        )
+
+
+def _generation_request(
+    body: protocol.SamplingFields,
+    kind: RequestKind,
+    model_name: str,
+    prompts: tuple[PromptInput, ...],
+    n: int,
+    params: SamplingParams,
+    stream: bool,
+    echo: bool,
+) -> GenerationRequest:
+    _check_seed_room(params.seed, len(prompts) * n)
+    stream_options = body.stream_options or protocol.StreamOptions()
+    prefix = "cmpl" if kind == "completion" else "chatcmpl"
+    return GenerationRequest(
+        kind=kind,
+        response_id=f"{prefix}-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model_name=model_name,
+        prompts=prompts,
+        n=n,
+        params=params,
+        stop=_stop_strings(body.stop),
+        include_stop_str_in_output=_default(body.include_stop_str_in_output, False),
+        skip_special_tokens=_default(body.skip_special_tokens, True),
+        spaces_between_special_tokens=_default(body.spaces_between_special_tokens, True),
+        stream=stream,
+        include_usage=bool(stream_options.include_usage),
+        continuous_usage_stats=bool(stream_options.continuous_usage_stats),
+        echo=echo,
+        logprobs=params.logprobs,
+    )
+
+
+def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    strings = (stop,) if isinstance(stop, str) else tuple(stop)
+    if any(not s for s in strings):
+        raise InvalidRequestError("stop strings must not be empty", param="stop")
+    return strings
+
+
+def _check_seed_room(seed: int | None, num_choices: int) -> None:
+    # Choice i is sampled with seed + i: every one of them must stay a 64-bit int.
+    if seed is not None and seed + num_choices - 1 > protocol.INT64_MAX:
+        raise InvalidRequestError(
+            f"seed must be at most {protocol.INT64_MAX - num_choices + 1} for {num_choices} choices",
+            param="seed",
+        )
+
+
+def _default(value: T | None, default: T) -> T:
+    return default if value is None else value

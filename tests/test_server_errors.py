@@ -1,0 +1,127 @@
+"""The one mapping from errors to OpenAI error objects and statuses."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from sluice.errors import (
+    AuthenticationError,
+    ContextLengthError,
+    EngineDeadError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    QueueFullError,
+)
+from sluice.server.errors import (
+    error_body,
+    install_error_handlers,
+    internal_error_response,
+    param_from_location,
+    request_error_response,
+    unavailable_response,
+    validation_error,
+)
+
+
+def error_of(response) -> dict:
+    return orjson.loads(response.body)["error"]
+
+
+def test_the_error_object_has_exactly_the_openai_keys():
+    body = orjson.loads(error_body("bad", "invalid_request_error", "n", "code"))
+    assert body == {
+        "error": {"message": "bad", "type": "invalid_request_error", "param": "n", "code": "code"}
+    }
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "error_type"),
+    [
+        (InvalidRequestError("x", param="n"), 400, "invalid_request_error"),
+        (ContextLengthError("x", param="max_tokens"), 400, "invalid_request_error"),
+        (AuthenticationError("x"), 401, "authentication_error"),
+        (ModelNotFoundError("x", param="model"), 404, "not_found_error"),
+    ],
+)
+def test_request_errors_keep_their_status_type_and_param(error, status, error_type):
+    response = request_error_response(error)
+    assert response.status_code == status
+    assert response.media_type == "application/json"
+    assert error_of(response) == {
+        "message": "x",
+        "type": error_type,
+        "param": error.param,
+        "code": None,
+    }
+
+
+@pytest.mark.parametrize("error", [EngineDeadError("down"), QueueFullError("full")])
+def test_unavailable_errors_are_503_with_retry_after(error):
+    response = unavailable_response(error)
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert error_of(response)["message"] == error.message
+
+
+def test_an_internal_error_says_nothing_about_its_cause():
+    response = internal_error_response()
+    assert response.status_code == 500
+    assert error_of(response)["message"].startswith("internal server error")
+
+
+@pytest.mark.parametrize(
+    ("location", "param"),
+    [
+        (("temperature",), "temperature"),
+        (("messages", 0, "content"), "messages[0].content"),
+        (("prompt", "list[list[int]]", 2, 0), "prompt[2][0]"),
+        (("stop", "function-after[_check_stop(), str]"), "stop"),
+        ((), None),
+    ],
+)
+def test_pydantic_locations_become_the_clients_json_path(location, param):
+    assert param_from_location(location) == param
+
+
+def test_a_validation_error_names_its_first_field_without_the_body_prefix():
+    error = validation_error(
+        [{"loc": ("body", "n"), "msg": "Input should be greater than 0", "type": "x"}]
+    )
+    assert error.param == "n"
+    assert error.status_code == 400
+    assert "n" in error.message
+
+
+def test_a_missing_field_reads_as_required():
+    error = validation_error([{"loc": ("messages",), "msg": "Field required", "type": "missing"}])
+    assert error.message == "'messages' is required"
+
+
+def call_handler(app: FastAPI, exc: Exception):
+    handler = app.exception_handlers[type(exc)]
+    return asyncio.run(handler(None, exc))
+
+
+def test_fastapi_validation_errors_become_400_never_422():
+    app = FastAPI()
+    install_error_handlers(app)
+    exc = RequestValidationError([{"loc": ("query", "limit"), "msg": "bad", "type": "int"}])
+    response = call_handler(app, exc)
+    assert response.status_code == 400
+    assert error_of(response)["param"] == "limit"
+
+
+def test_http_exceptions_keep_their_status_in_the_openai_shape():
+    app = FastAPI()
+    install_error_handlers(app)
+    response = call_handler(app, HTTPException(405, "Method Not Allowed"))
+    assert response.status_code == 405
+    assert error_of(response)["message"] == "Method Not Allowed"
+    response = call_handler(app, HTTPException(404, "Not Found"))
+    assert error_of(response)["type"] == "not_found_error"

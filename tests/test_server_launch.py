@@ -1,0 +1,50 @@
+"""The launcher: uvicorn with uvloop + httptools, logging the address it bound."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import urllib.request
+
+from fastapi import FastAPI
+from starlette.responses import Response
+
+from sluice.config import ServerConfig
+from sluice.server.launch import make_server
+
+
+def hello_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(b"ok")
+
+    return app
+
+
+def test_the_server_uses_uvloop_and_httptools_without_uvicorns_access_log():
+    config = make_server(hello_app(), ServerConfig(host="127.0.0.1", port=0)).config
+    assert (config.loop, config.http) == ("uvloop", "httptools")
+    assert config.access_log is False
+
+
+def test_the_server_serves_and_logs_the_port_it_actually_bound(caplog):
+    caplog.set_level(logging.INFO, logger="sluice.server")
+    server = make_server(hello_app(), ServerConfig(host="127.0.0.1", port=0))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ((host, port),) = server.bound_addresses()
+        assert host == "127.0.0.1" and port > 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+            assert response.read() == b"ok"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    messages = [record.getMessage() for record in caplog.records]
+    assert f"sluice listening on http://127.0.0.1:{port}" in messages

@@ -1,0 +1,80 @@
+"""Prometheus metrics: observer calls become series; engine gauges read at scrape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from sluice.server.metrics import ServerMetrics
+
+
+@dataclass
+class Stats:
+    num_running: int = 3
+    num_waiting: int = 7
+    kv_cache_usage: float = 0.25
+
+
+def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
+    """(sample name, sorted labels) -> value, from the exposition text."""
+    text = metrics.render().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(metrics: ServerMetrics, name: str, **labels) -> float:
+    return samples(metrics)[(name, tuple(sorted({"model_name": "m", **labels}.items())))]
+
+
+def test_engine_gauges_are_read_from_the_stats_callable_at_scrape_time():
+    stats = Stats()
+    metrics = ServerMetrics("m", lambda: stats)
+    assert value(metrics, "sluice:num_requests_running") == 3
+    stats.num_waiting = 11
+    assert value(metrics, "sluice:num_requests_waiting") == 11
+    assert value(metrics, "sluice:kv_cache_usage_perc") == 0.25
+
+
+def test_without_stats_there_are_no_engine_gauges():
+    names = {name for name, _ in samples(ServerMetrics("m"))}
+    assert "sluice:num_requests_running" not in names
+
+
+def test_finished_requests_count_tokens_latency_and_reason():
+    metrics = ServerMetrics("m")
+    metrics.on_finish(10, 5, 0.7, "stop")
+    metrics.on_finish(4, 16, 1.2, "length")
+    assert value(metrics, "sluice:prompt_tokens_total") == 14
+    assert value(metrics, "sluice:generation_tokens_total") == 21
+    assert value(metrics, "sluice:e2e_request_latency_seconds_count") == 2
+    assert value(metrics, "sluice:request_success_total", finished_reason="length") == 1
+
+
+def test_chunks_feed_tokens_per_chunk_and_spread_their_gap_over_their_tokens():
+    metrics = ServerMetrics("m")
+    metrics.on_first_token(0.5)
+    metrics.on_chunk(2, 0.5)  # the first chunk: its gap is the TTFT
+    metrics.on_chunk(4, 0.2)
+    assert value(metrics, "sluice:time_to_first_token_seconds_count") == 1
+    assert value(metrics, "sluice:chunks_sent_total") == 2
+    assert value(metrics, "sluice:tokens_per_chunk_sum") == 6
+    assert value(metrics, "sluice:inter_token_latency_seconds_count") == 4
+    assert abs(value(metrics, "sluice:inter_token_latency_seconds_sum") - 0.2) < 1e-9
+
+
+def test_aborts_are_counted():
+    metrics = ServerMetrics("m")
+    metrics.on_abort()
+    metrics.on_abort()
+    assert value(metrics, "sluice:request_aborted_total") == 2
+
+
+def test_two_apps_in_one_process_keep_separate_registries():
+    first, second = ServerMetrics("m"), ServerMetrics("m")
+    first.on_abort()
+    assert value(first, "sluice:request_aborted_total") == 1
+    assert value(second, "sluice:request_aborted_total") == 0
