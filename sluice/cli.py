@@ -1,0 +1,148 @@
+"""The `sluice` command: serve, generate, audit.
+
+Builds the frozen config tree from flags (the one place flags become config)
+and hands each component its part. A ModelLoadError is printed as one line,
+without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from sluice.config import (
+    EMBEDDED_MODEL,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    ServerConfig,
+    default_cache_dir,
+)
+from sluice.errors import ModelLoadError
+
+_SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
+               "kb": 10**3, "mb": 10**6, "gb": 10**9}
+
+
+def parse_size(text: str) -> int:
+    """'512MiB', '2GiB', '1000000' -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512MiB or 2GiB)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model and engine")
+    group.add_argument("--model", default=EMBEDDED_MODEL,
+                       help="'embedded' (SmolLM2-135M-Instruct), an HF folder, or a .gguf file")
+    group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    group.add_argument("--device", default="cpu", help="cpu or cuda")
+    group.add_argument("--max-model-len", type=int, default=None)
+    group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")
+    group.add_argument("--kv-cache-memory", type=parse_size, default=None,
+                       help="bytes for the KV cache pool, e.g. 1GiB (CPU default 1GiB)")
+    group.add_argument("--kv-cache-memory-fraction", type=float, default=0.5,
+                       help="share of free GPU memory for the KV pool when no size is given")
+    group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    group.add_argument("--max-num-batched-tokens", type=int, default=512)
+    group.add_argument("--max-num-seqs", type=int, default=64)
+    group.add_argument("--no-chunked-prefill", action="store_true")
+    group.add_argument("--max-waiting-requests", type=int, default=1024)
+
+
+def engine_config_from(args: argparse.Namespace, *, multiprocess: bool) -> EngineConfig:
+    model = ModelConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        cache_dir=default_cache_dir() if args.cache_dir is None else Path(args.cache_dir),
+    )
+    cache = CacheConfig(
+        block_size_tokens=args.block_size,
+        kv_cache_memory_bytes=args.kv_cache_memory,
+        memory_fraction=args.kv_cache_memory_fraction,
+    )
+    scheduler = SchedulerConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        max_waiting_requests=args.max_waiting_requests,
+    )
+    return EngineConfig(model=model, cache=cache, scheduler=scheduler, multiprocess=multiprocess)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the OpenAI-compatible server")
+    add_engine_flags(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", default=None)
+    serve.add_argument("--api-key", default=None)
+    serve.add_argument("--cors-allowed-origins", default="",
+                       help="comma-separated origins; empty disables CORS")
+    serve.add_argument("--in-process", action="store_true",
+                       help="run the engine on a thread of the server process")
+
+    generate = commands.add_parser("generate", help="generate offline, no server")
+    add_engine_flags(generate)
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--max-tokens", type=int, default=64)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--raw", action="store_true", help="no chat template")
+
+    commands.add_parser("audit", help="check an OpenAI-compatible server's streams",
+                        add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "audit":
+        from sluice.audit.cli import main as audit_main
+
+        return audit_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        return _serve(args)
+    except ModelLoadError as error:
+        print(f"sluice: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from sluice.engine.sampling_params import SamplingParams
+    from sluice.offline import LLM
+
+    config = engine_config_from(args, multiprocess=False)
+    llm = LLM(config.model.model, config=config)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                            seed=args.seed)
+    (output,) = llm.generate(args.prompt, params, use_chat_template=not args.raw)
+    print(output.text)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from sluice.server.launch import run_server
+
+    engine = engine_config_from(args, multiprocess=not args.in_process)
+    origins = tuple(o for o in args.cors_allowed_origins.split(",") if o)
+    config = ServerConfig(host=args.host, port=args.port,
+                          served_model_name=args.served_model_name, api_key=args.api_key,
+                          cors_allowed_origins=origins, engine=engine)
+    return run_server(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

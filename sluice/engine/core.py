@@ -1,0 +1,137 @@
+"""The engine core: a loop of `step()`s that turns requests into tokens for
+many clients at once (continuous batching with chunked prefill).
+
+It owns the scheduler, the requests and the KV cache; what leaves it is a list
+of immutable `RequestDelta` values per step. It is driven by one thread: the
+engine process's loop, the in-process client's thread, or `LLM.generate`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from sluice.config import CacheConfig, EngineConfig
+from sluice.engine.kv_cache import KVCacheManager
+from sluice.engine.outputs import RequestDelta
+from sluice.engine.request import Request
+from sluice.engine.runner import ModelRunner
+from sluice.engine.sampling_params import SamplingParams
+from sluice.engine.scheduler import Scheduler
+from sluice.errors import ModelLoadError
+from sluice.loader import LoadedModel, load_model
+from sluice.models.attention import kv_cache_bytes_per_block
+
+logger = logging.getLogger("sluice.engine")
+
+# Without a budget, the CPU pool takes this much memory (about 1,450 blocks of
+# 16 tokens for the embedded model in float32).
+DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the engine tells its client once it is ready."""
+
+    model_name: str
+    max_model_len: int
+    num_kv_blocks: int
+    block_size_tokens: int
+    vocab_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatsSnapshot:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # 0.0 .. 1.0
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+        self.config = config
+        self.loaded = loaded or load_model(config.model)
+        dtype = _torch_dtype(config.model.dtype)
+        device = torch.device(config.model.device)
+        block_size = config.cache.block_size_tokens
+        num_blocks = _num_kv_blocks(config.cache, self.loaded.model_config, dtype, device)
+        self.max_model_len = self.loaded.max_model_len
+        if num_blocks * block_size < self.max_model_len:
+            raise ModelLoadError(
+                f"the KV cache holds {num_blocks * block_size} tokens, less than one request "
+                f"of max_model_len {self.max_model_len}: raise --kv-cache-memory or lower "
+                "--max-model-len"
+            )
+        self.kv = KVCacheManager(num_blocks, block_size)
+        self.scheduler = Scheduler(
+            config.scheduler, self.kv, self.loaded.eos_token_ids, self.max_model_len
+        )
+        self.runner = ModelRunner(
+            self.loaded.model,
+            self.loaded.model_config,
+            num_blocks=num_blocks,
+            block_size_tokens=block_size,
+            dtype=dtype,
+            device=device,
+            eos_token_ids=self.loaded.eos_token_ids,
+        )
+        self.info = EngineInfo(
+            model_name=self.loaded.name,
+            max_model_len=self.max_model_len,
+            num_kv_blocks=num_blocks,
+            block_size_tokens=block_size,
+            vocab_size=self.loaded.model_config.vocab_size,
+        )
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
+        # Raises ValueError for a request the engine can never run.
+        self.scheduler.add_request(Request(request_id, list(prompt_token_ids), params))
+
+    def abort_requests(self, request_ids: list[str]) -> list[RequestDelta]:
+        return self.scheduler.abort_requests(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[RequestDelta]:
+        # 1. Choose who runs and how many tokens each computes.
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        # 2. Run the model; sample one token for each request whose prompt is done.
+        sampled = self.runner.execute(plan)
+        # 3. Advance requests, free the finished, emit one delta per request.
+        return self.scheduler.update(plan, sampled)
+
+    def stats(self) -> EngineStatsSnapshot:
+        return EngineStatsSnapshot(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=self.kv.usage,
+        )
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def _num_kv_blocks(cache: CacheConfig, model_config, dtype, device) -> int:
+    """Size the KV pool from the byte budget, or a share of free device memory."""
+    bytes_per_block = kv_cache_bytes_per_block(model_config, cache.block_size_tokens, dtype)
+    if cache.kv_cache_memory_bytes is not None:
+        budget = cache.kv_cache_memory_bytes
+    elif device.type == "cuda":
+        free_bytes, _total = torch.cuda.mem_get_info(device)
+        budget = int(free_bytes * cache.memory_fraction)
+    else:
+        budget = DEFAULT_CPU_KV_BYTES
+    num_blocks = budget // bytes_per_block
+    if num_blocks < 1:
+        raise ValueError(
+            f"the KV cache budget of {budget} bytes holds no block of {bytes_per_block} bytes"
+        )
+    return int(num_blocks)

@@ -1,0 +1,118 @@
+"""The engine process: an EngineCore driven by a loop that reads requests from
+ZMQ, steps, and pushes every step's deltas back as one message.
+
+The loop blocks on input only when it has nothing to run; otherwise it drains
+whatever arrived and steps at once. While idle it sends a heartbeat so the
+client can tell a hung engine from a quiet one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from sluice.config import EngineConfig
+from sluice.engine.core import EngineCore
+from sluice.engine.messages import (
+    AbortRequests,
+    AddRequest,
+    EngineFailed,
+    EngineReady,
+    Shutdown,
+    StepOutputs,
+    input_decoder,
+    output_encoder,
+)
+from sluice.engine.outputs import EngineError, RequestDelta
+
+logger = logging.getLogger("sluice.engine")
+
+HEARTBEAT_INTERVAL_S = 1.0
+
+
+def run_engine_process(config: EngineConfig, input_address: str, output_address: str) -> None:
+    """Entry point of the engine process (spawned by the client)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    context = zmq.Context()
+    inputs = context.socket(zmq.PULL)
+    inputs.connect(input_address)
+    outputs = context.socket(zmq.PUSH)
+    outputs.connect(output_address)
+    try:
+        core = EngineCore(config)
+    except Exception as error:  # noqa: BLE001 - reported to the client, then we exit
+        outputs.send(output_encoder.encode(EngineFailed(f"engine failed to start: {error}")))
+        return
+    info = core.info
+    ready = EngineReady(
+        info.model_name,
+        info.max_model_len,
+        info.num_kv_blocks,
+        info.block_size_tokens,
+        info.vocab_size,
+    )
+    outputs.send(output_encoder.encode(ready))
+    try:
+        EngineLoop(core, inputs, outputs).run()
+    except Exception as error:  # noqa: BLE001
+        logger.exception("engine step failed")
+        outputs.send(output_encoder.encode(EngineFailed(f"engine failed: {error}")))
+    finally:
+        outputs.close(linger=1000)
+        inputs.close(linger=0)
+        context.term()
+
+
+class EngineLoop:
+    def __init__(self, core: EngineCore, inputs: zmq.Socket, outputs: zmq.Socket):
+        self.core = core
+        self.inputs = inputs
+        self.outputs = outputs
+        self.poller = zmq.Poller()
+        self.poller.register(inputs, zmq.POLLIN)
+        self.is_shutting_down = False
+
+    def run(self) -> None:
+        last_sent = time.monotonic()
+        while not self.is_shutting_down:
+            # 1. Take every input that arrived; block only when there is no work.
+            is_idle = not self.core.has_unfinished_requests()
+            deltas, errors = self._drain_inputs(HEARTBEAT_INTERVAL_S if is_idle else 0.0)
+            # 2. One step for the whole batch.
+            if self.core.has_unfinished_requests():
+                deltas.extend(self.core.step())
+            # 3. One message with everything this step produced (or a heartbeat).
+            now = time.monotonic()
+            if deltas or errors or now - last_sent >= HEARTBEAT_INTERVAL_S:
+                self._send(deltas, errors)
+                last_sent = now
+
+    def _drain_inputs(self, timeout_s: float) -> tuple[list[RequestDelta], list[EngineError]]:
+        deltas: list[RequestDelta] = []
+        errors: list[EngineError] = []
+        events = dict(self.poller.poll(int(timeout_s * 1000)))
+        while events.get(self.inputs):
+            self._handle(input_decoder.decode(self.inputs.recv()), deltas, errors)
+            events = dict(self.poller.poll(0))
+        return deltas, errors
+
+    def _handle(self, message, deltas: list[RequestDelta], errors: list[EngineError]) -> None:
+        match message:
+            case AddRequest(request_id, prompt_token_ids, params):
+                try:
+                    self.core.add_request(request_id, prompt_token_ids, params)
+                except ValueError as error:
+                    errors.append(EngineError(request_id, str(error)))
+            case AbortRequests(request_ids):
+                deltas.extend(self.core.abort_requests(request_ids))
+            case Shutdown():
+                self.is_shutting_down = True
+
+    def _send(self, deltas: list[RequestDelta], errors: list[EngineError]) -> None:
+        stats = self.core.stats()
+        message = StepOutputs(
+            deltas, errors, stats.num_running, stats.num_waiting, stats.kv_cache_usage
+        )
+        self.outputs.send(output_encoder.encode(message))

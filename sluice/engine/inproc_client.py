@@ -1,0 +1,130 @@
+"""An engine client that runs the engine core on a thread of this process.
+
+For tests and the offline API's async users. Same contract as the process
+client: inputs go through a queue the engine thread drains between steps;
+each step's deltas cross to the event loop as one value via
+`call_soon_threadsafe`, never as a shared object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+
+from sluice.engine.client_base import DeltaSink, EngineClient
+from sluice.engine.core import EngineCore, EngineStatsSnapshot
+from sluice.engine.messages import AbortRequests, AddRequest, Shutdown
+from sluice.engine.outputs import EngineError, RequestDelta
+from sluice.engine.sampling_params import SamplingParams
+from sluice.engine.sink_router import SinkRouter
+from sluice.errors import EngineDeadError
+
+logger = logging.getLogger("sluice.engine")
+
+IDLE_WAIT_S = 0.5
+
+
+class InProcessEngineClient(EngineClient):
+    def __init__(self, core: EngineCore):
+        self.core = core
+        self.info = core.info
+        self._router = SinkRouter()
+        self._inputs: queue.SimpleQueue = queue.SimpleQueue()
+        self._stats = EngineStatsSnapshot(0, 0, 0.0)
+        self._is_alive = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._is_alive = True
+        self._thread = threading.Thread(target=self._run, name="sluice-engine", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        if self._thread is None:
+            return
+        self._inputs.put(Shutdown())
+        await asyncio.to_thread(self._thread.join, 30)
+        self._thread = None
+        self._mark_dead("the engine was shut down")
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: DeltaSink,
+    ) -> None:
+        if not self._is_alive:
+            raise EngineDeadError("the engine is not running")
+        self._router.register(request_id, sink)
+        self._inputs.put(AddRequest(request_id, list(prompt_token_ids), params))
+
+    def abort(self, request_ids: list[str]) -> None:
+        live = [request_id for request_id in request_ids if request_id in self._router]
+        for request_id in live:
+            self._router.unregister(request_id)
+        if live:
+            self._inputs.put(AbortRequests(live))
+
+    @property
+    def is_alive(self) -> bool:
+        return self._is_alive
+
+    @property
+    def max_model_len(self) -> int:
+        return self.info.max_model_len
+
+    def stats(self) -> EngineStatsSnapshot:
+        return self._stats
+
+    # -- the engine thread -----------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                deltas: list[RequestDelta] = []
+                errors: list[EngineError] = []
+                if not self._drain(deltas, errors):
+                    return
+                if self.core.has_unfinished_requests():
+                    deltas.extend(self.core.step())
+                if deltas or errors:
+                    stats = self.core.stats()
+                    self._loop.call_soon_threadsafe(self._deliver, deltas, errors, stats)
+        except Exception as error:  # noqa: BLE001 - the engine is down; every request hears it
+            logger.exception("engine step failed")
+            self._loop.call_soon_threadsafe(self._mark_dead, f"engine failed: {error}")
+
+    def _drain(self, deltas: list[RequestDelta], errors: list[EngineError]) -> bool:
+        """Apply queued inputs; block while idle. False on shutdown."""
+        block = not self.core.has_unfinished_requests()
+        while True:
+            try:
+                message = self._inputs.get(timeout=IDLE_WAIT_S) if block else self._inputs.get_nowait()
+            except queue.Empty:
+                return True
+            block = False
+            match message:
+                case AddRequest(request_id, prompt_token_ids, params):
+                    try:
+                        self.core.add_request(request_id, prompt_token_ids, params)
+                    except ValueError as error:
+                        errors.append(EngineError(request_id, str(error)))
+                case AbortRequests(request_ids):
+                    deltas.extend(self.core.abort_requests(request_ids))
+                case Shutdown():
+                    return False
+
+    def _deliver(
+        self, deltas: list[RequestDelta], errors: list[EngineError], stats: EngineStatsSnapshot
+    ) -> None:
+        self._stats = stats
+        self._router.dispatch(deltas, errors)
+
+    def _mark_dead(self, message: str) -> None:
+        self._is_alive = False
+        self._router.fail_all(message)

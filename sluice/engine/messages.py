@@ -1,0 +1,62 @@
+"""Typed messages between the engine client and the engine process (msgpack).
+
+    client ──EngineInput (AddRequest | AbortRequests | Shutdown)──▶ engine process
+    client ◀──EngineOutput (EngineReady | StepOutputs | EngineFailed)── engine process
+
+Every message is a value: decoded into fresh objects on the receiving side.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from sluice.engine.outputs import EngineError, RequestDelta
+from sluice.engine.sampling_params import SamplingParams
+
+
+class AddRequest(msgspec.Struct, frozen=True, tag="add"):
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class AbortRequests(msgspec.Struct, frozen=True, tag="abort"):
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
+    pass
+
+
+EngineInput = AddRequest | AbortRequests | Shutdown
+
+
+class EngineReady(msgspec.Struct, frozen=True, tag="ready"):
+    model_name: str
+    max_model_len: int
+    num_kv_blocks: int
+    block_size_tokens: int
+    vocab_size: int
+
+
+class StepOutputs(msgspec.Struct, frozen=True, tag="outputs"):
+    # One batch per engine step (or per heartbeat, with no deltas).
+    deltas: list[RequestDelta]
+    # Requests the engine refused or failed, each reported once.
+    errors: list[EngineError]
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+
+
+class EngineFailed(msgspec.Struct, frozen=True, tag="failed"):
+    # The engine is going down: startup failed or a step raised.
+    message: str
+
+
+EngineOutput = EngineReady | StepOutputs | EngineFailed
+
+input_encoder = msgspec.msgpack.Encoder()
+input_decoder = msgspec.msgpack.Decoder(EngineInput)
+output_encoder = msgspec.msgpack.Encoder()
+output_decoder = msgspec.msgpack.Decoder(EngineOutput)

@@ -1,0 +1,87 @@
+"""The model runner: turns a scheduler plan into one forward pass over the
+paged KV cache, then samples one token for every request whose prompt is done.
+
+It owns the KV cache tensors (one pool per layer, preallocated) and the
+sampler. The scheduler owns the block accounting; the runner only reads the
+block tables the plan carries.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sluice.engine.sampled import SampledToken
+from sluice.engine.sampler import Sampler, SamplingRow
+from sluice.engine.scheduler import SchedulerPlan
+from sluice.models.attention import AttentionMetadata, allocate_kv_caches
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        model_config,
+        *,
+        num_blocks: int,
+        block_size_tokens: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        eos_token_ids: frozenset[int],
+    ):
+        self.model = model
+        self.block_size_tokens = block_size_tokens
+        self.device = device
+        # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]
+        self.kv_caches = allocate_kv_caches(model_config, num_blocks, block_size_tokens, dtype, device)
+        self.sampler = Sampler(model_config.vocab_size, eos_token_ids, device)
+
+    @torch.inference_mode()
+    def execute(self, plan: SchedulerPlan) -> list[SampledToken]:
+        # 1. Flatten the batch: every scheduled request contributes its new tokens.
+        scheduled = plan.scheduled
+        query_lens = [s.num_new_tokens for s in scheduled]
+        context_lens = [s.context_len for s in scheduled]
+        input_ids = torch.tensor(
+            [t for s in scheduled for t in s.token_ids], dtype=torch.long, device=self.device
+        )  # [num_tokens]
+        positions = _positions(query_lens, context_lens, self.device)  # [num_tokens]
+        attn = AttentionMetadata.build(
+            query_lens,
+            context_lens,
+            [s.block_table for s in scheduled],
+            self.block_size_tokens,
+            self.device,
+        )
+        # 2. Run the model over the mixed prefill/decode batch.
+        hidden = self.model(input_ids, positions, self.kv_caches, attn)  # [num_tokens, hidden]
+        # 3. Logits only where a token is sampled: the last position of each
+        #    request that reached the end of its known tokens.
+        sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
+        if not sample_rows:
+            return []
+        ends = torch.tensor(query_lens, device=self.device).cumsum(0) - 1  # [batch]
+        last_index = ends[torch.tensor(sample_rows, device=self.device)]  # [num_samples]
+        logits = self.model.compute_logits(hidden[last_index])  # [num_samples, vocab]
+        rows = [
+            SamplingRow(
+                request_id=scheduled[i].request_id,
+                params=scheduled[i].params,
+                prompt_token_ids=scheduled[i].prompt_token_ids,
+                output_token_ids=scheduled[i].output_token_ids,
+            )
+            for i in sample_rows
+        ]
+        return self.sampler(logits, rows)
+
+
+def _positions(query_lens: list[int], context_lens: list[int], device) -> torch.Tensor:
+    """Position of every new token: context_len, context_len + 1, ... per request."""
+    if all(q == 1 for q in query_lens):
+        return torch.tensor(context_lens, dtype=torch.long, device=device)
+    q = torch.tensor(query_lens, dtype=torch.long)
+    starts = torch.tensor(context_lens, dtype=torch.long)
+    first_flat = q.cumsum(0) - q  # [batch] flat index of each request's first new token
+    flat = torch.arange(int(q.sum()))
+    # offset within the request = flat index - first flat index of its request
+    offsets = flat - first_flat.repeat_interleave(q)
+    return (starts.repeat_interleave(q) + offsets).to(device)

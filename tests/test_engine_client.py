@@ -1,0 +1,162 @@
+"""Engine clients: in-process on a thread, and the engine in its own process.
+
+Deltas reach their sinks once, in order, on the event loop; aborts end a
+request at the next step; a dead engine process is noticed at once and every
+open request hears EngineDeadError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import os
+import signal
+
+import pytest
+import torch
+
+from sluice.config import CacheConfig, EngineConfig
+from sluice.engine.client import MultiprocessEngineClient
+from sluice.engine.inproc_client import InProcessEngineClient
+from sluice.engine.outputs import RequestDelta
+from sluice.engine.sampling_params import SamplingParams
+from sluice.errors import EngineDeadError, ModelLoadError
+from tests.test_engine_core import loaded, make_core, tiny  # noqa: F401 - fixtures
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+def run_async(test):
+    """Run an async test body on a fresh event loop (no pytest plugin needed)."""
+
+    @functools.wraps(test)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(asyncio.wait_for(test(*args, **kwargs), 300))
+
+    return wrapper
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.deltas: list[RequestDelta] = []
+        self.errors: list[BaseException] = []
+        self.done = asyncio.Event()
+        self.thread_ids: set[int] = set()
+
+    def on_delta(self, delta: RequestDelta) -> None:
+        self.deltas.append(delta)
+        if delta.is_finished:
+            self.done.set()
+
+    def on_error(self, error: BaseException) -> None:
+        self.errors.append(error)
+        self.done.set()
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for d in self.deltas for t in d.new_token_ids]
+
+
+@run_async
+async def test_in_process_client_delivers_every_token_once_on_the_loop(loaded):  # noqa: F811
+    core = make_core(loaded)
+    expected = []
+    client = InProcessEngineClient(core)
+    await client.start()
+    try:
+        sinks = [RecordingSink() for _ in range(4)]
+        prompts = [[5 + i, 9, 13, 40 + i] for i in range(4)]
+        for i, (prompt, sink) in enumerate(zip(prompts, sinks, strict=True)):
+            client.add_request(f"c{i}", prompt, GREEDY, sink)
+        await asyncio.wait_for(asyncio.gather(*(s.done.wait() for s in sinks)), 60)
+    finally:
+        await client.shutdown()
+    reference = make_core(loaded)
+    for i, prompt in enumerate(prompts):
+        reference.add_request(f"c{i}", prompt, GREEDY)
+    tokens: dict[str, list[int]] = {f"c{i}": [] for i in range(4)}
+    while reference.has_unfinished_requests():
+        for delta in reference.step():
+            tokens[delta.request_id].extend(delta.new_token_ids)
+    expected = [tokens[f"c{i}"] for i in range(4)]
+    assert [s.token_ids for s in sinks] == expected
+    for sink in sinks:
+        assert [d.finish_reason for d in sink.deltas].count("length") == 1
+        assert sink.deltas[-1].finish_reason == "length"
+
+
+@run_async
+async def test_in_process_abort_silences_the_sink_and_frees_blocks(loaded):  # noqa: F811
+    core = make_core(loaded, num_blocks=64)
+    client = InProcessEngineClient(core)
+    await client.start()
+    try:
+        sink = RecordingSink()
+        params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+        client.add_request("long", [7, 8, 9], params, sink)
+        while not sink.deltas:
+            await asyncio.sleep(0.01)
+        client.abort(["long"])
+        client.abort(["long"])  # idempotent
+        for _ in range(200):
+            if not core.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.01)
+        assert not core.has_unfinished_requests()
+        assert core.kv.num_free_blocks == 64
+        assert all(not d.is_finished for d in sink.deltas)
+    finally:
+        await client.shutdown()
+
+
+def engine_config(model_config) -> EngineConfig:
+    return EngineConfig(
+        model=dataclasses.replace(model_config, max_model_len=2048),
+        cache=CacheConfig(kv_cache_memory_bytes=256 << 20),
+        multiprocess=True,
+    )
+
+
+@run_async
+async def test_engine_process_streams_tokens_and_reports_its_death(embedded_model_config):
+    client = MultiprocessEngineClient(engine_config(embedded_model_config))
+    await client.start()
+    try:
+        assert client.is_alive
+        assert client.max_model_len == 2048
+        finished = RecordingSink()
+        client.add_request("short", [1, 4093, 198], GREEDY, finished)
+        await asyncio.wait_for(finished.done.wait(), 120)
+        assert len(finished.token_ids) == 12
+        assert finished.deltas[-1].finish_reason == "length"
+
+        hanging = RecordingSink()
+        long_params = SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True)
+        client.add_request("long", [1, 4093, 198], long_params, hanging)
+        while not hanging.deltas:
+            await asyncio.sleep(0.01)
+        os.kill(client._process.pid, signal.SIGKILL)
+        await asyncio.wait_for(hanging.done.wait(), 2.0)
+        assert len(hanging.errors) == 1
+        assert isinstance(hanging.errors[0], EngineDeadError)
+        assert not client.is_alive
+        with pytest.raises(EngineDeadError):
+            client.add_request("after", [1, 2, 3], GREEDY, RecordingSink())
+    finally:
+        await client.shutdown()
+
+
+@run_async
+async def test_engine_process_that_cannot_load_its_model_fails_start(tmp_path):
+    from sluice.config import ModelConfig
+
+    config = engine_config(ModelConfig(model=str(tmp_path / "missing"), cache_dir=tmp_path))
+    client = MultiprocessEngineClient(config)
+    with pytest.raises(ModelLoadError, match="missing"):
+        await client.start()
+    await client.shutdown()
+
+
+def test_torch_is_the_pinned_cpu_build():
+    assert torch.__version__.startswith("2.13.0")
