@@ -1,0 +1,142 @@
+"""/v1/chat/completions responses, streamed and not, from the same choice deltas.
+
+Both forms go through `_choice` (one `ChoiceDelta` -> content, logprob entries,
+usage counting); a stream sends each as a chunk, a non-streamed body is their
+fold, so the two can never disagree. Invariants:
+- The first chunk of each index is `{"role": "assistant", "content": ""}`,
+  sent for every index before any content; `role` never repeats.
+- Content chunks never carry empty content; only a finish chunk may have
+  `delta: {}`. Every choice carries `finish_reason` (null until its last
+  chunk) and `stop_reason`; `logprobs` is null on chunks without tokens.
+- Chunks are "chat.completion.chunk" (the usage chunk too); the body is
+  "chat.completion" with `message: {"role": "assistant", "content": ...}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from sluice.frontend.deltas import ChoiceDelta
+from sluice.frontend.logprob_format import TokenStrings, chat_logprobs
+from sluice.frontend.request import GenerationRequest
+from sluice.frontend.sse import DONE_EVENT, encode_event
+from sluice.frontend.usage import UsageCounter
+
+CHUNK_OBJECT = "chat.completion.chunk"
+BODY_OBJECT = "chat.completion"
+
+
+@dataclass(slots=True)
+class _FoldedChoice:
+    content_parts: list[str] = field(default_factory=list)
+    # logprobs.content entries, or None without logprobs.
+    logprob_entries: list[dict[str, Any]] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class ChatChunks:
+    """Chunks of one /v1/chat/completions request, streamed or folded into one body."""
+
+    def __init__(self, request: GenerationRequest, strings: TokenStrings):
+        self._request = request
+        self._strings = strings
+        self.usage = UsageCounter(request)
+        self._folded = [_FoldedChoice() for _ in range(request.num_choices)]
+        if request.logprobs is not None:
+            for folded in self._folded:
+                folded.logprob_entries = []
+
+    # -- streamed -------------------------------------------------------------
+
+    def opening_events(self) -> list[bytes]:
+        """One role chunk per index."""
+        return [
+            self._chunk_event(index, {"role": "assistant", "content": ""}, None, None, None)
+            for index in range(self._request.num_choices)
+        ]
+
+    def delta_event(self, index: int, delta: ChoiceDelta) -> bytes:
+        content, entries = self._choice(index, delta)
+        assert content or delta.is_finished, "only a finish chunk may have no content"
+        message = {"content": content} if content else {}
+        logprobs = None if entries is None else {"content": entries}
+        return self._chunk_event(index, message, logprobs, delta.finish_reason, delta.stop_reason)
+
+    def closing_events(self) -> list[bytes]:
+        if not self._request.include_usage:
+            return [DONE_EVENT]
+        usage_chunk = self._envelope(CHUNK_OBJECT, [])
+        usage_chunk["usage"] = self.usage.total()
+        return [encode_event(usage_chunk), DONE_EVENT]
+
+    # -- non-streamed ----------------------------------------------------------
+
+    def fold(self, index: int, delta: ChoiceDelta) -> None:
+        content, entries = self._choice(index, delta)
+        folded = self._folded[index]
+        folded.content_parts.append(content)
+        if entries is not None and folded.logprob_entries is not None:
+            folded.logprob_entries.extend(entries)
+        if delta.is_finished:
+            folded.finish_reason = delta.finish_reason
+            folded.stop_reason = delta.stop_reason
+
+    def body(self) -> bytes:
+        choices = [
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": "".join(folded.content_parts)},
+                "logprobs": (
+                    None if folded.logprob_entries is None else {"content": folded.logprob_entries}
+                ),
+                "finish_reason": folded.finish_reason,
+                "stop_reason": folded.stop_reason,
+            }
+            for index, folded in enumerate(self._folded)
+        ]
+        response = self._envelope(BODY_OBJECT, choices)
+        response["usage"] = self.usage.total()
+        return orjson.dumps(response)
+
+    # -- shared -----------------------------------------------------------------
+
+    def _choice(self, index: int, delta: ChoiceDelta) -> tuple[str, list[dict[str, Any]] | None]:
+        entries = None
+        if self._request.logprobs is not None and delta.token_ids:
+            entries = chat_logprobs(delta, self._strings)
+        self.usage.add(index, len(delta.token_ids))
+        return delta.text, entries
+
+    def _chunk_event(
+        self,
+        index: int,
+        message: dict[str, str],
+        logprobs: dict[str, Any] | None,
+        finish_reason: str | None,
+        stop_reason: str | int | None,
+    ) -> bytes:
+        choice = {
+            "index": index,
+            "delta": message,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
+        }
+        chunk = self._envelope(CHUNK_OBJECT, [choice])
+        if self._request.continuous_usage_stats:
+            chunk["usage"] = self.usage.for_choice(index)
+        return encode_event(chunk)
+
+    def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        request = self._request
+        return {
+            "id": request.response_id,
+            "object": object_name,
+            "created": request.created,
+            "model": request.model_name,
+            "choices": choices,
+        }

@@ -1,0 +1,176 @@
+"""The engine's `DeltaSink` for one API request: engine deltas in, choice deltas out.
+
+`OutputProcessor.on_delta` runs on the event loop once per engine step for each
+of the request's engine requests (one per choice, id f"{response_id}-{index}").
+For each token, in order: detokenize, then check stop strings; what can be
+released goes into the mailbox as one `ChoiceDelta`. Invariants:
+- Text, the tokens that produced it and their logprob entries leave together:
+  a token whose text is held (an incomplete character, a skipped special
+  token, a possible stop-string prefix) is held with it, so every non-final
+  `ChoiceDelta` carries text, and tokens past a stop-string match are dropped.
+- Nothing empty is put: a step that released nothing (a prefill chunk, held
+  text) puts nothing; a finish is always put, even without new text.
+- A stop-string match finishes the choice ("stop", stop_reason = the string)
+  and aborts its engine request; that request's later deltas are ignored.
+- "abort" from the engine only happens when the client went away; one that
+  reaches a live request is turned into an error.
+- As in vLLM, a finishing stop token (EOS or a stop_token_id) is delivered and
+  counted but not detokenized unless `include_stop_str_in_output`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sluice.engine.client_base import EngineClient
+from sluice.engine.outputs import RequestDelta, TokenLogprobs
+from sluice.errors import ServiceUnavailableError
+from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
+from sluice.frontend.detokenizer import DecodingTokenizer, IncrementalDetokenizer
+from sluice.frontend.mailbox import Mailbox
+from sluice.frontend.request import GenerationRequest
+from sluice.frontend.stop_checker import StopChecker, StopRelease
+
+
+def engine_request_id(response_id: str, index: int) -> str:
+    return f"{response_id}-{index}"
+
+
+@dataclass(slots=True)
+class _TokenGroup:
+    """Tokens whose text is released together, by the last of them."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[SampledLogprob] = field(default_factory=list)
+    text: str = ""
+
+
+class ChoiceStream:
+    """One choice's pipeline: detokenizer, then stop checker."""
+
+    def __init__(self, index: int, request: GenerationRequest, tokenizer: DecodingTokenizer):
+        self.index = index
+        self.is_finished = False
+        # True when a stop string finished the choice before the engine did.
+        self.is_stopped_early = False
+        self._eos_token_ids = tokenizer.eos_token_ids
+        self._wants_logprobs = request.logprobs is not None
+        self._detokenizes_stop_token = request.include_stop_str_in_output
+        self._detokenizer = IncrementalDetokenizer(
+            tokenizer,
+            skip_special_tokens=request.skip_special_tokens,
+            spaces_between_special_tokens=request.spaces_between_special_tokens,
+        )
+        self._stop_checker: StopChecker[_TokenGroup] = StopChecker(
+            request.stop, include_stop_str_in_output=request.include_stop_str_in_output
+        )
+        self._group = _TokenGroup()
+
+    def process(self, delta: RequestDelta) -> ChoiceDelta | None:
+        """The choice delta `delta` releases, or None when it releases nothing."""
+        out = ChoiceDelta(
+            logprobs=[] if self._wants_logprobs else None,
+            num_prompt_tokens=delta.num_prompt_tokens,
+        )
+        last = len(delta.new_token_ids) - 1
+        for position, token_id in enumerate(delta.new_token_ids):
+            self._add_token(token_id, delta.logprobs, position)
+            is_stop_token = position == last and token_id == delta.stop_token_id
+            if is_stop_token and not self._detokenizes_stop_token:
+                continue
+            text = self._detokenizer.push(token_id)
+            if text and self._release(out, self._push_group(text)):
+                return out
+        if delta.finish_reason is not None:
+            self._finish(out, delta)
+        return None if out.is_empty else out
+
+    def _add_token(self, token_id: int, logprobs: TokenLogprobs | None, position: int) -> None:
+        self._group.token_ids.append(token_id)
+        if self._wants_logprobs and logprobs is not None:
+            self._group.logprobs.append(
+                SampledLogprob(
+                    logprobs.logprobs[position],
+                    logprobs.top_token_ids[position],
+                    logprobs.top_logprobs[position],
+                )
+            )
+
+    def _push_group(self, text: str) -> StopRelease[_TokenGroup]:
+        group, self._group = self._group, _TokenGroup()
+        assert group.token_ids, "released text always comes with the tokens that made it"
+        group.text = text
+        return self._stop_checker.push(text, group)
+
+    def _release(self, out: ChoiceDelta, release: StopRelease[_TokenGroup]) -> bool:
+        """Append `release` to `out`; True when it finished the choice."""
+        out.text += release.text
+        for group in release.payloads:
+            out.token_ids.extend(group.token_ids)
+            out.token_texts.extend([""] * (len(group.token_ids) - 1))
+            out.token_texts.append(group.text)
+            if out.logprobs is not None:
+                out.logprobs.extend(group.logprobs)
+        if release.stop_string is None:
+            return False
+        self.is_finished = self.is_stopped_early = True
+        out.finish_reason = "stop"
+        out.stop_reason = release.stop_string
+        return True
+
+    def _finish(self, out: ChoiceDelta, delta: RequestDelta) -> None:
+        """The engine finished: flush what is held, then close the choice."""
+        text = self._detokenizer.flush()
+        if (text or self._group.token_ids) and self._release(out, self._push_group(text)):
+            return
+        self._release(out, self._stop_checker.flush())
+        self.is_finished = True
+        out.finish_reason = delta.finish_reason
+        if delta.stop_token_id not in self._eos_token_ids:
+            out.stop_reason = delta.stop_token_id  # vLLM reports EOS as None
+
+
+class OutputProcessor:
+    """Routes one API request's engine deltas to its choices and its mailbox."""
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        tokenizer: DecodingTokenizer,
+        engine: EngineClient,
+        mailbox: Mailbox,
+    ):
+        self._engine = engine
+        self._mailbox = mailbox
+        self._choices = {
+            engine_request_id(request.response_id, index): ChoiceStream(index, request, tokenizer)
+            for index in range(request.num_choices)
+        }
+        self._is_closed = False
+
+    @property
+    def unfinished_request_ids(self) -> list[str]:
+        return [rid for rid, choice in self._choices.items() if not choice.is_finished]
+
+    def close(self) -> None:
+        """Drop the mailbox: nothing more is put, whatever the engine still sends."""
+        self._is_closed = True
+
+    def on_delta(self, delta: RequestDelta) -> None:
+        choice = self._choices.get(delta.request_id)
+        if self._is_closed or choice is None or choice.is_finished:
+            return
+        if delta.finish_reason == "abort":
+            choice.is_finished = True
+            error = ServiceUnavailableError(f"the engine aborted request {delta.request_id}")
+            self._mailbox.put_error(error)
+            return
+        out = choice.process(delta)
+        if out is not None:
+            self._mailbox.put(choice.index, out)
+        if choice.is_stopped_early and not delta.is_finished:
+            self._engine.abort([delta.request_id])
+
+    def on_error(self, error: BaseException) -> None:
+        if not self._is_closed:
+            self._mailbox.put_error(error)

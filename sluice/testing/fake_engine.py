@@ -1,0 +1,293 @@
+"""A scripted `EngineClient` on the event loop: the engine contract without a model.
+
+For tests and benchmarks of everything above the engine (frontend, HTTP edge,
+load tools). It keeps the guarantees of `sluice.engine.client_base`:
+- one loop callback per step delivers the deltas of every running request;
+- every delta reaches its sink once, in order; nothing follows a finish or
+  `on_error`;
+- `abort` is idempotent and takes effect at the next step with a final
+  "abort" delta; `die()` sends `on_error(EngineDeadError)` to every open sink
+  and refuses new requests until `revive()`.
+
+What a request generates comes from a `TokenScript`: a function of (request
+id, prompt ids, params) returning the token ids the "model" would produce (an
+iterable, possibly endless; `parrot` repeats the prompt). The engine applies
+the params like a real one: it stops with "length" at max_tokens (or the
+context end), with "stop" at EOS (unless ignore_eos) or a stop_token_id once
+min_tokens were generated, and with "stop" (no stop token) when the script
+runs out. With `finish_probability` p, each token after min_tokens ends the
+request with probability p, as EOS when an `eos_token_id` is set.
+
+Randomness is seeded: the finish of a request depends only on (seed, request
+id), the tokens per step only on the engine's seed, so two engines with the
+same seed produce the same tokens for the same request ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import cycle
+
+from sluice.engine.client_base import DeltaSink, EngineClient
+from sluice.engine.outputs import FinishReason, RequestDelta, TokenLogprobs
+from sluice.engine.sampling_params import SamplingParams
+from sluice.errors import EngineDeadError
+
+TokenScript = Callable[[str, tuple[int, ...], SamplingParams], Iterable[int]]
+# (position in the output, token id, k) -> (logprob, top k ids, their logprobs).
+LogprobsFn = Callable[[int, int, int], tuple[float, tuple[int, ...], tuple[float, ...]]]
+
+
+def parrot(
+    request_id: str, prompt_token_ids: tuple[int, ...], params: SamplingParams
+) -> Iterator[int]:
+    """The default script: repeat the prompt forever."""
+    return cycle(prompt_token_ids)
+
+
+def fake_logprobs(
+    position: int, token_id: int, k: int
+) -> tuple[float, tuple[int, ...], tuple[float, ...]]:
+    """Deterministic logprobs, distinct at every position (so order and alignment
+    can be checked); the alternatives are ids 0..k except the sampled one."""
+    logprob = -(1 + position) / 64
+    alternatives = tuple(i for i in range(k + 1) if i != token_id)[:k]
+    return logprob, alternatives, tuple(logprob - 1.0 - j for j in range(len(alternatives)))
+
+
+@dataclass(slots=True)
+class _FakeRequest:
+    request_id: str
+    tokens: Iterator[int]
+    params: SamplingParams
+    sink: DeltaSink
+    num_prompt_tokens: int
+    # Finish draws for this request only: reproducible whatever else runs.
+    rng: random.Random
+    num_generated: int = 0
+    is_aborted: bool = False
+    num_prefill_steps_left: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+
+
+class FakeEngine(EngineClient):
+    def __init__(
+        self,
+        script: TokenScript = parrot,
+        *,
+        tokens_per_step: int | tuple[int, int] = 1,
+        step_interval_s: float = 0.0,
+        finish_probability: float = 0.0,
+        eos_token_id: int | None = None,
+        prefill_steps: int = 0,
+        max_model_len: int = 4096,
+        seed: int = 0,
+        logprobs_fn: LogprobsFn = fake_logprobs,
+    ):
+        low = tokens_per_step if isinstance(tokens_per_step, int) else min(tokens_per_step)
+        if low < 1:
+            raise ValueError("tokens_per_step must be at least 1")
+        self._script = script
+        # Tokens each request gains per step: fixed, or uniform in [low, high].
+        self._tokens_per_step = tokens_per_step
+        # 0: the next step runs on the next loop iteration (as fast as asked).
+        self._step_interval_s = step_interval_s
+        self._finish_probability = finish_probability
+        self._eos_token_id = eos_token_id
+        # Steps a new request spends "in prefill", producing no delta.
+        self._prefill_steps = prefill_steps
+        self._max_model_len = max_model_len
+        self._seed = seed
+        self._rng = random.Random(seed)
+        self._logprobs_fn = logprobs_fn
+        self._requests: dict[str, _FakeRequest] = {}
+        self._step_handle: asyncio.Handle | None = None
+        self._is_alive = True
+        # Records for tests.
+        self.added_request_ids: list[str] = []
+        self.aborted_request_ids: list[str] = []
+        self.num_steps = 0
+        # request id -> every token id it generated (aborted ones included).
+        self.outputs: dict[str, list[int]] = {}
+
+    # -- EngineClient ---------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: DeltaSink,
+    ) -> None:
+        if not self._is_alive:
+            raise EngineDeadError("the fake engine is dead")
+        prompt = tuple(prompt_token_ids)
+        request = _FakeRequest(
+            request_id=request_id,
+            tokens=iter(self._script(request_id, prompt, params)),
+            params=params,
+            sink=sink,
+            num_prompt_tokens=len(prompt),
+            rng=random.Random(f"{self._seed}:{request_id}"),
+            num_prefill_steps_left=self._prefill_steps,
+        )
+        self._requests[request_id] = request
+        self.outputs[request_id] = request.output_token_ids
+        self.added_request_ids.append(request_id)
+        self._schedule_step()
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.aborted_request_ids.extend(request_ids)
+        for request_id in request_ids:
+            request = self._requests.get(request_id)
+            if request is not None:
+                request.is_aborted = True
+        self._schedule_step()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._is_alive
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    # EngineStats, so the fake can stand in for metrics too.
+    @property
+    def num_running(self) -> int:
+        return len(self._requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return 0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return 0.0
+
+    async def start(self) -> None:
+        self._is_alive = True
+
+    async def shutdown(self) -> None:
+        self.die("the fake engine was shut down")
+
+    # -- test controls ----------------------------------------------------------
+
+    def die(self, message: str = "the fake engine died") -> None:
+        """Fail every open request with EngineDeadError; refuse new ones."""
+        self._is_alive = False
+        if self._step_handle is not None:
+            self._step_handle.cancel()
+            self._step_handle = None
+        requests, self._requests = self._requests, {}
+        for request in requests.values():
+            request.sink.on_error(EngineDeadError(message))
+
+    def revive(self) -> None:
+        self._is_alive = True
+
+    # -- stepping ---------------------------------------------------------------
+
+    def _schedule_step(self) -> None:
+        if self._step_handle is not None or not self._requests or not self._is_alive:
+            return
+        loop = asyncio.get_running_loop()
+        if self._step_interval_s > 0:
+            self._step_handle = loop.call_later(self._step_interval_s, self._step)
+        else:
+            self._step_handle = loop.call_soon(self._step)
+
+    def _step(self) -> None:
+        """One engine step: advance every request, then deliver all deltas."""
+        self._step_handle = None
+        self.num_steps += 1
+        deliveries: list[tuple[DeltaSink, RequestDelta]] = []
+        for request in list(self._requests.values()):
+            delta = self._advance(request)
+            if delta is None:
+                continue
+            if delta.is_finished:
+                del self._requests[request.request_id]
+            deliveries.append((request.sink, delta))
+        for sink, delta in deliveries:
+            sink.on_delta(delta)
+        self._schedule_step()
+
+    def _advance(self, request: _FakeRequest) -> RequestDelta | None:
+        if request.is_aborted:
+            return self._delta(request, [], "abort", None)
+        if request.num_prefill_steps_left > 0:
+            request.num_prefill_steps_left -= 1
+            return None
+        new_token_ids: list[int] = []
+        for _ in range(self._num_tokens_this_step()):
+            finish = self._generate_one(request, new_token_ids)
+            if finish is not None:
+                return self._delta(request, new_token_ids, *finish)
+        if not new_token_ids:
+            return None
+        return self._delta(request, new_token_ids, None, None)
+
+    def _generate_one(
+        self, request: _FakeRequest, new_token_ids: list[int]
+    ) -> tuple[FinishReason, int | None] | None:
+        """Generate one token into `new_token_ids`; the finish it causes, if any."""
+        params = request.params
+        limit = min(params.max_tokens, self._max_model_len - request.num_prompt_tokens)
+        if request.num_generated >= limit:
+            return "length", None
+        can_stop = request.num_generated >= params.min_tokens
+        if can_stop and request.rng.random() < self._finish_probability:
+            if self._eos_token_id is None or params.ignore_eos:
+                return "stop", None
+            token_id = self._eos_token_id
+        else:
+            token_id = next(request.tokens, None)
+            if token_id is None:
+                return "stop", None
+        new_token_ids.append(token_id)
+        request.num_generated += 1
+        is_eos = token_id == self._eos_token_id and not params.ignore_eos
+        if can_stop and (is_eos or token_id in params.stop_token_ids):
+            return "stop", token_id
+        if request.num_generated >= limit:
+            return "length", None
+        return None
+
+    def _num_tokens_this_step(self) -> int:
+        if isinstance(self._tokens_per_step, int):
+            return self._tokens_per_step
+        return self._rng.randint(*self._tokens_per_step)
+
+    def _delta(
+        self,
+        request: _FakeRequest,
+        new_token_ids: list[int],
+        finish_reason: FinishReason | None,
+        stop_token_id: int | None,
+    ) -> RequestDelta:
+        start = len(request.output_token_ids)
+        request.output_token_ids.extend(new_token_ids)
+        logprobs = None
+        if request.params.logprobs is not None:
+            k = request.params.logprobs
+            entries = [
+                self._logprobs_fn(start + i, token_id, k)
+                for i, token_id in enumerate(new_token_ids)
+            ]
+            logprobs = TokenLogprobs(
+                logprobs=tuple(e[0] for e in entries),
+                top_token_ids=tuple(e[1] for e in entries),
+                top_logprobs=tuple(e[2] for e in entries),
+            )
+        return RequestDelta(
+            request_id=request.request_id,
+            new_token_ids=tuple(new_token_ids),
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            stop_token_id=stop_token_id,
+            num_prompt_tokens=request.num_prompt_tokens,
+        )

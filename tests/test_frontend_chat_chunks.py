@@ -1,0 +1,143 @@
+"""/v1/chat/completions chunks and bodies: role first, no empty content, stream == fold."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from sluice.engine.sampling_params import SamplingParams
+from sluice.frontend.chat_chunks import ChatChunks
+from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
+from sluice.frontend.logprob_format import TokenStrings
+from sluice.frontend.request import GenerationRequest, PromptInput
+from sluice.testing import FakeTokenizer
+from sluice.testing.contract import Expectations, check_stream, read_body
+
+TOKENIZER = FakeTokenizer()
+T = TOKENIZER.token_id
+
+
+def make_request(**overrides) -> GenerationRequest:
+    fields = {
+        "kind": "chat",
+        "response_id": "chatcmpl-3",
+        "created": 5,
+        "model_name": "tiny",
+        "prompts": (PromptInput((5, 6, 7, 8), "<chat>"),),
+        "n": 2,
+        "params": SamplingParams(),
+        "stream": True,
+    }
+    return GenerationRequest(**(fields | overrides))
+
+
+def text_delta(*pieces: str, finish: str | None = None, stop_reason=None) -> ChoiceDelta:
+    return ChoiceDelta(
+        text="".join(pieces),
+        token_ids=[T(piece) for piece in pieces],
+        token_texts=list(pieces),
+        logprobs=[SampledLogprob(-0.5, (T("a"),), (-0.25,)) for _ in pieces],
+        finish_reason=finish,
+        stop_reason=stop_reason,
+    )
+
+
+TAKES = [
+    [(1, text_delta("a", "b"))],
+    [(0, text_delta("x")), (1, text_delta(finish="length"))],
+    [(0, text_delta("y", finish="stop", stop_reason="STOP"))],
+]
+
+
+def run(request: GenerationRequest) -> tuple[list[dict], bytes, bytes]:
+    streamed, folded = (
+        ChatChunks(request, TokenStrings(TOKENIZER)),
+        ChatChunks(request, TokenStrings(TOKENIZER)),
+    )
+    events = list(streamed.opening_events())
+    for take in TAKES:
+        for index, item in take:
+            events.append(streamed.delta_event(index, item))
+            folded.fold(index, item)
+    body = b"".join(events + streamed.closing_events())
+    return [orjson.loads(e[6:]) for e in events], body, folded.body()
+
+
+def expectations(request: GenerationRequest) -> Expectations:
+    return Expectations(
+        "chat",
+        request.num_choices,
+        has_logprobs=request.logprobs is not None,
+        include_usage=request.include_usage,
+        continuous_usage_stats=request.continuous_usage_stats,
+    )
+
+
+def test_each_index_opens_with_one_role_chunk_and_never_repeats_it():
+    chunks, body, _ = run(make_request())
+    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [
+        {"role": "assistant", "content": ""}
+    ] * 2
+    assert all("role" not in c["choices"][0]["delta"] for c in chunks[2:])
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    check_stream(body, expectations(make_request()))
+
+
+def test_a_finish_without_text_is_an_empty_delta_with_the_finish_reason():
+    chunks, _, _ = run(make_request())
+    finish_chunk = chunks[4]["choices"][0]
+    assert finish_chunk == {
+        "index": 1,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "length",
+        "stop_reason": None,
+    }
+    assert chunks[5]["choices"][0]["stop_reason"] == "STOP"
+
+
+def test_a_content_chunk_without_content_is_refused():
+    builder = ChatChunks(make_request(), TokenStrings(TOKENIZER))
+    with pytest.raises(AssertionError):
+        builder.delta_event(0, ChoiceDelta(token_ids=[T("a")], token_texts=[""]))
+
+
+def test_the_body_is_a_chat_completion_folded_from_the_same_deltas():
+    request = make_request(stream=False, logprobs=1)
+    _, body, folded = run(request)
+    streamed = check_stream(body, expectations(request))
+    whole = read_body(folded, expectations(request))
+    for one, other in zip(streamed.choices, whole.choices, strict=True):
+        assert (one.text, one.finish_reason, one.stop_reason, one.token_strings) == (
+            other.text,
+            other.finish_reason,
+            other.stop_reason,
+            other.token_strings,
+        )
+    response = orjson.loads(folded)
+    assert response["object"] == "chat.completion"
+    assert response["choices"][1]["message"] == {"role": "assistant", "content": "ab"}
+    assert response["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    entry = response["choices"][0]["logprobs"]["content"][0]
+    assert entry == {
+        "token": "x",
+        "logprob": -0.5,
+        "bytes": [ord("x")],
+        "top_logprobs": [{"token": "a", "logprob": -0.25, "bytes": [ord("a")]}],
+    }
+
+
+def test_usage_modes_role_chunks_count_zero_and_the_usage_chunk_is_a_chunk():
+    request = make_request(include_usage=True, continuous_usage_stats=True, logprobs=0)
+    chunks, body, _ = run(request)
+    assert chunks[0]["usage"] == {"prompt_tokens": 4, "completion_tokens": 0, "total_tokens": 4}
+    result = check_stream(body, expectations(request))
+    assert result.usage == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    usage_chunk = orjson.loads(body.split(b"\n\n")[-3][6:])
+    assert (usage_chunk["object"], usage_chunk["choices"]) == ("chat.completion.chunk", [])
+
+
+def test_without_logprobs_every_chunk_says_null():
+    chunks, _, folded = run(make_request())
+    assert all(c["choices"][0]["logprobs"] is None for c in chunks)
+    assert all(c["logprobs"] is None for c in orjson.loads(folded)["choices"])

@@ -1,0 +1,135 @@
+"""/v1/completions chunks and bodies: shape, echo, offsets, usage; stream == fold."""
+
+from __future__ import annotations
+
+import orjson
+
+from sluice.engine.sampling_params import SamplingParams
+from sluice.frontend.completions_chunks import CompletionChunks
+from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
+from sluice.frontend.logprob_format import TokenStrings
+from sluice.frontend.request import GenerationRequest, PromptInput
+from sluice.frontend.sse import DONE_EVENT
+from sluice.testing import FakeTokenizer
+from sluice.testing.contract import Expectations, check_stream, read_body
+
+TOKENIZER = FakeTokenizer()
+T = TOKENIZER.token_id
+
+
+def make_request(**overrides) -> GenerationRequest:
+    fields = {
+        "kind": "completion",
+        "response_id": "cmpl-7",
+        "created": 123,
+        "model_name": "tiny",
+        "prompts": (PromptInput((5, 6, 7), "Say:"), PromptInput((8,), "Hi")),
+        "n": 2,
+        "params": SamplingParams(),
+        "stream": True,
+    }
+    return GenerationRequest(**(fields | overrides))
+
+
+def text_delta(*pieces: str, finish: str | None = None, logprobs: bool = False) -> ChoiceDelta:
+    return ChoiceDelta(
+        text="".join(pieces),
+        token_ids=[T(piece) for piece in pieces],
+        token_texts=list(pieces),
+        logprobs=[SampledLogprob(-1.0, (), ()) for _ in pieces] if logprobs else None,
+        finish_reason=finish,
+        stop_reason=None,
+    )
+
+
+def script(logprobs: bool = False) -> list[list[tuple[int, ChoiceDelta]]]:
+    """Takes from the mailbox for four choices (two prompts, n=2)."""
+    return [
+        [(0, text_delta("a", "b", logprobs=logprobs)), (3, text_delta("x", logprobs=logprobs))],
+        [(0, text_delta("c", finish="length", logprobs=logprobs)), (1, text_delta("y", finish="stop", logprobs=logprobs))],
+        [(2, text_delta(finish="length", logprobs=logprobs)), (3, text_delta("!", finish="stop", logprobs=logprobs))],
+    ]  # fmt: skip
+
+
+def stream_and_body(request: GenerationRequest, logprobs: bool = False) -> tuple[bytes, bytes]:
+    streamed, folded = (
+        CompletionChunks(request, TokenStrings(TOKENIZER)),
+        CompletionChunks(request, TokenStrings(TOKENIZER)),
+    )
+    events = list(streamed.opening_events())
+    for take in script(logprobs):
+        for index, item in take:
+            events.append(streamed.delta_event(index, item))
+    for take in script(logprobs):
+        for index, item in take:
+            folded.fold(index, item)
+    return b"".join(events + streamed.closing_events()), folded.body()
+
+
+def expectations(request: GenerationRequest) -> Expectations:
+    return Expectations(
+        "completion",
+        request.num_choices,
+        has_logprobs=request.logprobs is not None,
+        include_usage=request.include_usage,
+        continuous_usage_stats=request.continuous_usage_stats,
+        echo=request.echo,
+    )
+
+
+def test_every_chunk_is_a_text_completion_with_one_choice_and_a_null_finish_until_the_last():
+    request = make_request()
+    body, _ = stream_and_body(request)
+    result = check_stream(body, expectations(request))
+    assert [c.text for c in result.choices] == ["abc", "y", "", "x!"]
+    assert [c.finish_reason for c in result.choices] == ["length", "stop", "length", "stop"]
+    first = orjson.loads(body.split(b"\n\n")[0][6:])
+    assert first["choices"] == [
+        {"index": 0, "text": "ab", "logprobs": None, "finish_reason": None, "stop_reason": None}
+    ]
+    assert (first["id"], first["created"], first["model"]) == ("cmpl-7", 123, "tiny")
+    assert "usage" not in first
+    assert body.endswith(b"}\n\n" + DONE_EVENT)
+
+
+def test_the_non_streamed_body_is_the_fold_of_the_same_chunks():
+    request = make_request(logprobs=0, stream=False)
+    body, folded = stream_and_body(request, logprobs=True)
+    streamed = check_stream(body, expectations(request))
+    whole = read_body(folded, expectations(request))
+    for one, other in zip(streamed.choices, whole.choices, strict=True):
+        assert (one.text, one.finish_reason, one.token_strings, one.text_offsets) == (
+            other.text,
+            other.finish_reason,
+            other.token_strings,
+            other.text_offsets,
+        )
+    assert whole.usage == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
+
+
+def test_include_usage_adds_one_text_completion_chunk_with_no_choices_before_done():
+    request = make_request(include_usage=True)
+    body, _ = stream_and_body(request)
+    result = check_stream(body, expectations(request))
+    # Prompt tokens count once per prompt (3 + 1), not once per choice.
+    assert result.usage == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
+    usage_chunk = orjson.loads(body.split(b"\n\n")[-3][6:])
+    assert (usage_chunk["object"], usage_chunk["choices"]) == ("text_completion", [])
+
+
+def test_continuous_usage_counts_each_index_cumulatively_with_its_own_prompt():
+    request = make_request(continuous_usage_stats=True, include_usage=True, logprobs=0)
+    body, _ = stream_and_body(request, logprobs=True)
+    chunks = [orjson.loads(e[6:]) for e in body.split(b"\n\n")[:-2]]
+    usages = [(c["choices"][0]["index"], c["usage"]["completion_tokens"], c["usage"]["prompt_tokens"]) for c in chunks[:-1]]  # fmt: skip
+    assert usages == [(0, 2, 3), (3, 1, 1), (0, 3, 3), (1, 1, 3), (2, 0, 1), (3, 2, 1)]
+    check_stream(body, expectations(request))
+
+
+def test_echo_prepends_each_prompt_to_its_choices_first_chunk_and_shifts_offsets():
+    request = make_request(echo=True, logprobs=0)
+    body, folded = stream_and_body(request, logprobs=True)
+    result = check_stream(body, expectations(request))
+    assert [c.text for c in result.choices] == ["Say:abc", "Say:y", "Hi", "Hix!"]
+    assert result.choices[0].text_offsets == [4, 5, 6]
+    assert read_body(folded, expectations(request)).choices[3].text_offsets == [2, 3]

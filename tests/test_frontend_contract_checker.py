@@ -1,0 +1,63 @@
+"""The contract checker used by the streaming tests catches what it claims to."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from sluice.testing.contract import Expectations, check_stream, parse_sse
+
+CHAT = Expectations("chat", 1)
+
+
+def sse(*chunks: dict, done: bool = True) -> bytes:
+    body = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
+    return body + (b"data: [DONE]\n\n" if done else b"")
+
+
+def chunk(delta: dict, finish: str | None = None, **extra) -> dict:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice], **extra}  # fmt: skip
+
+
+ROLE = chunk({"role": "assistant", "content": ""})
+
+
+def test_a_well_formed_stream_passes_and_is_read_back():
+    result = check_stream(sse(ROLE, chunk({"content": "hi"}), chunk({}, "stop")), CHAT)
+    assert (result.choices[0].text, result.choices[0].finish_reason) == ("hi", "stop")
+
+
+@pytest.mark.parametrize(
+    ("body", "rule"),
+    [
+        (sse(ROLE, chunk({"content": "hi"}, "stop"), done=False), "end with data: \\[DONE\\]"),
+        (sse(ROLE, chunk({"content": "hi"})), "every index finishes"),
+        (sse(ROLE, chunk({"content": "a"}, "stop"), chunk({}, "stop")), "nothing after"),
+        (sse(ROLE, chunk({"role": "assistant", "content": "a"}, "stop")), "role never repeats"),
+        (sse(ROLE, chunk({"content": ""}), chunk({}, "stop")), "no empty content"),
+        (sse(ROLE, chunk({"content": "\ufffd"}, "stop")), "U\\+FFFD"),
+        (sse(ROLE, chunk({"content": "a"}, "abort")), "finish_reason 'abort'"),
+        (sse(chunk({"content": "a"}, "stop")), "role chunk"),
+        (sse(ROLE, {**chunk({}, "stop"), "id": "other"}), "id changes"),
+    ],
+)
+def test_a_broken_stream_is_refused_naming_the_rule(body: bytes, rule: str):
+    with pytest.raises(AssertionError, match=rule):
+        check_stream(body, CHAT)
+
+
+def test_continuous_usage_may_not_run_ahead_of_the_tokens():
+    expect = Expectations("chat", 1, has_logprobs=True, continuous_usage_stats=True)
+    entry = {"token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": []}
+    usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    content = chunk({"content": "a"}, "stop", usage=usage)
+    content["choices"][0]["logprobs"] = {"content": [entry]}
+    role = {**ROLE, "usage": {"prompt_tokens": 1, "completion_tokens": 0, "total_tokens": 1}}
+    with pytest.raises(AssertionError, match="usage == tokens"):
+        check_stream(sse(role, content), expect)
+
+
+def test_events_must_be_single_data_lines():
+    with pytest.raises(AssertionError, match="not a data event"):
+        parse_sse(b"event: x\n\ndata: [DONE]\n\n")

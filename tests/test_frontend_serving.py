@@ -1,0 +1,229 @@
+"""The Frontend against the fake engine: cancellation, errors, seeds, observer, lag."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import orjson
+import pytest
+
+from sluice.engine.sampling_params import SamplingParams
+from sluice.errors import EngineDeadError, InvalidRequestError
+from sluice.frontend import DebugHooks, Frontend, GenerationRequest, PromptInput
+from sluice.testing import FakeEngine, FakeTokenizer
+from sluice.testing.contract import Expectations, check_stream, parse_sse, read_body
+
+TOKENIZER = FakeTokenizer()
+WORDS = TOKENIZER.encode(" hello world 😀 語 ไทย abc")
+
+
+def endless_words(request_id, prompt, params):
+    while True:
+        yield from WORDS
+
+
+def make_request(**overrides) -> GenerationRequest:
+    fields = {
+        "kind": "completion",
+        "response_id": "cmpl-9" if overrides.get("kind") != "chat" else "chatcmpl-9",
+        "created": 1,
+        "model_name": "tiny",
+        "prompts": (PromptInput((5, 6), "p"),),
+        "n": 2,
+        "params": SamplingParams(max_tokens=40),
+        "stream": True,
+    }
+    return GenerationRequest(**(fields | overrides))
+
+
+async def collect(frontend: Frontend, request: GenerationRequest) -> bytes:
+    return b"".join([event async for event in frontend.stream(request)])
+
+
+@dataclass
+class RecordingObserver:
+    calls: list[tuple] = field(default_factory=list)
+
+    def on_first_token(self, ttft_s: float) -> None:
+        self.calls.append(("first_token",))
+
+    def on_chunk(self, num_tokens: int, gap_s: float) -> None:
+        assert gap_s >= 0
+        self.calls.append(("chunk", num_tokens))
+
+    def on_finish(self, num_prompt_tokens, num_generation_tokens, e2e_s, finish_reason) -> None:
+        self.calls.append(("finish", num_prompt_tokens, num_generation_tokens, finish_reason))
+
+    def on_abort(self) -> None:
+        self.calls.append(("abort",))
+
+
+@pytest.mark.parametrize("phase", ["mid-prefill", "mid-decode"])
+def test_closing_the_stream_midway_aborts_every_running_engine_request_at_once(phase):
+    async def scenario() -> FakeEngine:
+        prefill_steps = 10_000 if phase == "mid-prefill" else 0
+        engine = FakeEngine(endless_words, step_interval_s=0.001, prefill_steps=prefill_steps)
+        frontend = Frontend(engine, TOKENIZER)
+        request = make_request(
+            kind="chat",
+            params=SamplingParams(max_tokens=10_000, logprobs=2),
+            logprobs=2,
+            stop=("never",),
+        )
+        stream = frontend.stream(request)
+        for _ in range(2 if phase == "mid-prefill" else 6):
+            await anext(stream)
+        await stream.aclose()
+        assert engine.aborted_request_ids == ["chatcmpl-9-0", "chatcmpl-9-1"]
+        await asyncio.sleep(0.01)  # the engine's next step ends them
+        return engine
+
+    engine = asyncio.run(scenario())
+    assert engine.num_running == 0
+
+
+def test_cancelling_complete_aborts_its_engine_requests_and_reports_an_abort():
+    async def scenario() -> tuple[FakeEngine, RecordingObserver]:
+        engine = FakeEngine(endless_words, step_interval_s=0.001)
+        observer = RecordingObserver()
+        frontend = Frontend(engine, TOKENIZER, observer=observer)
+        task = asyncio.ensure_future(
+            frontend.complete(make_request(params=SamplingParams(max_tokens=10_000)))
+        )
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return engine, observer
+
+    engine, observer = asyncio.run(scenario())
+    assert sorted(engine.aborted_request_ids) == ["cmpl-9-0", "cmpl-9-1"]
+    assert observer.calls[-1] == ("abort",)
+
+
+def test_an_engine_death_midstream_becomes_one_error_event_then_done():
+    async def scenario() -> bytes:
+        engine = FakeEngine(endless_words, step_interval_s=0.001)
+        stream = Frontend(engine, TOKENIZER).stream(
+            make_request(kind="chat", params=SamplingParams(max_tokens=10_000))
+        )
+        events = [await anext(stream) for _ in range(3)]
+        engine.die()
+        return b"".join(events + [event async for event in stream])
+
+    body = asyncio.run(scenario())
+    payloads = parse_sse(body)
+    assert payloads[-1]["error"]["type"] == "service_unavailable"
+    assert all("error" not in p for p in payloads[:-1])
+    check_stream(body, Expectations("chat", 2))
+
+
+def test_complete_lets_an_engine_death_propagate():
+    async def scenario() -> None:
+        engine = FakeEngine(endless_words, step_interval_s=0.001)
+        task = asyncio.ensure_future(Frontend(engine, TOKENIZER).complete(make_request()))
+        await asyncio.sleep(0.005)
+        engine.die()
+        with pytest.raises(EngineDeadError):
+            await task
+
+    asyncio.run(scenario())
+
+
+def test_errors_before_the_first_event_propagate_from_the_first_read():
+    async def scenario() -> None:
+        engine = FakeEngine()
+        engine.die()
+        with pytest.raises(EngineDeadError):
+            await anext(Frontend(engine, TOKENIZER).stream(make_request(kind="chat")))
+        with pytest.raises(InvalidRequestError) as refused:
+            await anext(
+                Frontend(FakeEngine(), TOKENIZER).stream(make_request(echo=True, logprobs=1))
+            )
+        assert refused.value.param == "echo"
+
+    asyncio.run(scenario())
+
+
+def test_each_choice_gets_its_own_seed_and_engine_request_id():
+    seen: dict[str, int | None] = {}
+
+    def record(request_id, prompt, params):
+        seen[request_id] = params.seed
+        return WORDS
+
+    request = make_request(
+        prompts=(PromptInput((1,), "a"), PromptInput((2,), "b")),
+        params=SamplingParams(max_tokens=3, seed=100),
+    )
+    asyncio.run(Frontend(FakeEngine(record), TOKENIZER).complete(request))
+    assert seen == {"cmpl-9-0": 100, "cmpl-9-1": 101, "cmpl-9-2": 102, "cmpl-9-3": 103}
+
+
+def test_the_observer_sees_first_token_chunks_and_one_finish_per_choice():
+    observer = RecordingObserver()
+    engine = FakeEngine(endless_words, tokens_per_step=3)
+    request = make_request(params=SamplingParams(max_tokens=7))
+    body = asyncio.run(collect(Frontend(engine, TOKENIZER, observer=observer), request))
+    assert observer.calls[0] == ("first_token",)
+    finishes = [call for call in observer.calls if call[0] == "finish"]
+    assert finishes == [("finish", 2, 7, "length")] * 2
+    assert sum(call[1] for call in observer.calls if call[0] == "chunk") == 14
+    assert ("abort",) not in observer.calls
+    check_stream(body, Expectations("completion", 2))
+
+
+def test_a_slow_reader_gets_merged_deltas_and_an_exact_stream():
+    request = make_request(
+        params=SamplingParams(max_tokens=120, logprobs=1),
+        logprobs=1,
+        stop=("ไทย a",),
+        continuous_usage_stats=True,
+        include_usage=True,
+    )
+    expect = Expectations("completion", 2, True, True, True)
+
+    async def scenario() -> tuple[bytes, bytes, int]:
+        engine = FakeEngine(endless_words)
+        slow = Frontend(engine, TOKENIZER, debug=DebugHooks(reader_delay_s=0.002))
+        streamed = await collect(slow, request)
+        steps = engine.num_steps
+        whole = await Frontend(FakeEngine(endless_words), TOKENIZER).complete(request)
+        return streamed, whole, steps
+
+    streamed, whole, num_steps = asyncio.run(scenario())
+    result = check_stream(streamed, expect)
+    assert [c.text for c in result.choices] == [c.text for c in read_body(whole, expect).choices]
+    assert result.choices[0].text == TOKENIZER.decode(WORDS).split("ไทย a")[0]
+    assert result.choices[0].stop_reason == "ไทย a"
+    num_chunks = sum(c.num_chunks for c in result.choices)
+    assert num_chunks < num_steps, "a slow reader gets fewer chunks than engine steps"
+
+
+def test_a_stalled_event_loop_still_gives_an_exact_stream():
+    request = make_request(kind="chat", params=SamplingParams(max_tokens=60))
+    debug = DebugHooks(loop_stall_every_s=0.001, loop_stall_for_s=0.003)
+
+    async def scenario() -> bytes:
+        frontend = Frontend(
+            FakeEngine(endless_words, step_interval_s=0.0005), TOKENIZER, debug=debug
+        )
+        try:
+            return await collect(frontend, request)
+        finally:
+            await frontend.aclose()
+
+    result = check_stream(asyncio.run(scenario()), Expectations("chat", 2))
+    expected = TOKENIZER.decode((WORDS * 10)[:60])
+    assert [c.text for c in result.choices] == [expected, expected]
+
+
+def test_a_stream_ends_with_the_done_event_and_the_body_is_json():
+    async def scenario() -> tuple[bytes, bytes]:
+        frontend = Frontend(FakeEngine(endless_words), TOKENIZER)
+        return await collect(frontend, make_request()), await frontend.complete(make_request())
+
+    streamed, whole = asyncio.run(scenario())
+    assert streamed.endswith(b"data: [DONE]\n\n")
+    assert orjson.loads(whole)["object"] == "text_completion"
