@@ -1,0 +1,1 @@
+"""Parts of the batched sampler; `sluice.engine.sampler` is the entry point."""
