@@ -84,6 +84,19 @@ class EngineCore:
             block_size_tokens=block_size,
             vocab_size=self.loaded.model_config.vocab_size,
         )
+        logger.info(
+            "engine ready: model %s, %s on %s, max_model_len %d, %d KV blocks of %d tokens "
+            "(%d tokens), max_num_batched_tokens %d, max_num_seqs %d",
+            self.loaded.name,
+            config.model.dtype,
+            device,
+            self.max_model_len,
+            num_blocks,
+            block_size,
+            num_blocks * block_size,
+            config.scheduler.max_num_batched_tokens,
+            config.scheduler.max_num_seqs,
+        )
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
