@@ -1,0 +1,94 @@
+"""Every check id the audit can report, with its severity and one line saying
+what broke. Ids are stable: tools parse them from the JSON report.
+
+"invariant" findings make the audit exit with status 1; "note" findings are
+reported (the determinism figure) but a correct server may produce them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluice.audit.records import Severity
+
+
+@dataclass(frozen=True, slots=True)
+class CheckInfo:
+    severity: Severity
+    summary: str
+
+
+_INVARIANT = {
+    # The wire.
+    "content_type": "a stream's Content-Type is not text/event-stream",
+    "framing": "an event is not `data: ` + one JSON line + a blank line (LF only, no event:/comment lines)",
+    "done_missing": "the stream does not end with `data: [DONE]`",
+    "done_not_last": "bytes or events follow `data: [DONE]`",
+    "error_event": "an error event arrived inside a 200 stream",
+    "connection_error": "the connection failed, reset or timed out mid-request",
+    # Errors.
+    "bad_error_shape": 'a 4xx body is not {"error": {"message", "type", "param", "code"}}',
+    "server_error_5xx": "a 5xx answer (other than 503 with Retry-After)",
+    "status_422": "a 422 answer (validation errors must be 400)",
+    "retry_after_missing": "a 429/503 answer without Retry-After",
+    "bad_input_accepted": "an invalid request was answered 2xx",
+    "stream_options_without_stream": "stream_options with stream=false was not a 400",
+    "unhealthy_after_bad_input": "the server stopped answering after the invalid requests",
+    # Shape.
+    "id_changed": "id, created or model differ between chunks of one response",
+    "object_wrong": "`object` is not text_completion / chat.completion.chunk",
+    "role_not_first": "a chat index's first chunk is not the role chunk",
+    "role_repeated": "`role` appears again after an index's first chunk",
+    "empty_chunk": "a chunk carries nothing (no text, role, finish reason or logprobs)",
+    "finish_reason_count": "an index has zero or several non-null finish reasons",
+    "finish_reason_not_last": "chunks of an index follow its finish chunk",
+    "finish_reason_empty_string": 'finish_reason is "" instead of null',
+    "finish_reason_key_missing": "a choice omits the finish_reason key",
+    "finish_reason_invalid": "finish_reason is not stop/length/tool_calls/content_filter",
+    "index_unexpected": "a choice index outside 0..prompts*n-1",
+    "index_missing": "an expected choice index never streamed",
+    # Usage.
+    "usage_unrequested": "usage arrived although stream_options.include_usage was not set",
+    "usage_placement": "the usage chunk is missing, repeated, has choices, or is not last before [DONE]",
+    "usage_inexact": "usage counts disagree with the tokens delivered (or total != prompt + completion)",
+    "usage_frozen": "continuous completion_tokens did not grow on a chunk that carried new text",
+    # Logprobs.
+    "logprob_count": "logprob entries missing, unrequested, or the wrong number of alternatives",
+    "logprob_alignment": "the entries' tokens do not concatenate to the chunk text",
+    "logprob_copied": "identical logprobs and alternatives at positions holding different tokens",
+    "logprob_nonfinite": "a logprob is NaN, Infinity or not a number",
+    "logprob_text_offset": "completions text_offset does not continue across chunks",
+    # Text.
+    "replacement_char": "U+FFFD in a delta that the non-streamed text does not have",
+    "stop_leak": "a stop string, or a prefix of one later retracted, reached the client",
+    "duplicate_delta": "a delta was delivered twice",
+    "skipped_delta": "a piece of the output was never delivered",
+    # Scenario-level.
+    "disconnect_keeps_generating": "abandoned streams kept the server busy",
+    "health_stalled": "/health (or /v1/models) answered slowly while streams were lagging",
+}
+
+_NOTE = {
+    "text_mismatch_nonstream": "streamed text differs from the non-streamed greedy text (determinism)",
+}
+
+CHECKS: dict[str, CheckInfo] = {
+    **{check_id: CheckInfo("invariant", summary) for check_id, summary in _INVARIANT.items()},
+    **{check_id: CheckInfo("note", summary) for check_id, summary in _NOTE.items()},
+}
+
+
+# A finding that is only a consequence of another on the same response is
+# dropped: one anomaly, one id. (A duplicated chunk also breaks the cumulative
+# logprob alignment and makes the text differ from the twin.)
+SUBSUMED_BY: dict[str, frozenset[str]] = {
+    "logprob_alignment": frozenset({"duplicate_delta", "skipped_delta"}),
+    "text_mismatch_nonstream": frozenset(
+        {"duplicate_delta", "skipped_delta", "replacement_char", "stop_leak"}
+    ),
+}
+
+
+def severity_of(check_id: str) -> Severity:
+    assert check_id in CHECKS, f"unknown check id {check_id}"
+    return CHECKS[check_id].severity

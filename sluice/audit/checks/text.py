@@ -1,0 +1,139 @@
+"""Checks of the delivered text (STREAMING_CONTRACT.md, I1, I2, hard cases 2 and 4).
+
+- `replacement_char`: U+FFFD in the stream that the non-streamed text lacks.
+- `stop_leak`: a stop string in the output (without include_stop_str_in_output),
+  or the expected output followed by a prefix of a stop string: text sent and
+  never retracted.
+- `duplicate_delta` / `skipped_delta`: deltas aligned against the non-streamed
+  twin, by tokens when both carry logprobs, else by text.
+- `text_mismatch_nonstream` (a note): streamed text differs from the twin; a
+  correct server that is not batch-invariant may do this.
+"""
+
+from __future__ import annotations
+
+from sluice.audit.checks.evidence import finding
+from sluice.audit.records import Exchange, Finding
+from sluice.audit.stream_view import ChoiceChunk, StreamView
+from sluice.audit.text_utils import align_deltas, first_difference, stopped_text
+
+
+def check_text(exchange: Exchange, view: StreamView) -> list[Finding]:
+    twin = _usable_twin(exchange)
+    findings: list[Finding] = []
+    for index, chunks in view.choices.items():
+        twin_chunks = twin.choices.get(index) if twin is not None else None
+        findings += _check_stop_leak(exchange, view, index, chunks)
+        if not view.request.is_stream:
+            continue
+        findings += _check_replacement(exchange, view, chunks, twin_chunks)
+        if twin_chunks is not None and exchange.reader != "abandon":
+            findings += _check_deltas(exchange, view, chunks, twin_chunks)
+            findings += _check_determinism(exchange, view, chunks, twin_chunks)
+    return findings
+
+
+def _usable_twin(exchange: Exchange) -> StreamView | None:
+    twin = exchange.twin
+    if twin is None or not twin.is_ok or twin.view is None or exchange.transport_error:
+        return None
+    return twin.view
+
+
+def _text(chunks: list[ChoiceChunk]) -> str:
+    return "".join(chunk.text for chunk in chunks)
+
+
+def _check_replacement(
+    exchange: Exchange,
+    view: StreamView,
+    chunks: list[ChoiceChunk],
+    twin_chunks: list[ChoiceChunk] | None,
+) -> list[Finding]:
+    allowed = _text(twin_chunks).count("\ufffd") if twin_chunks is not None else 0
+    if _text(chunks).count("\ufffd") <= allowed:
+        return []
+    numbers = [chunk.number for chunk in chunks if "\ufffd" in chunk.text]
+    message = f"U+FFFD in {len(numbers)} deltas; the non-streamed text has {allowed}"
+    return [finding("replacement_char", exchange, message, numbers, view=view)]
+
+
+def _check_stop_leak(
+    exchange: Exchange, view: StreamView, index: int, chunks: list[ChoiceChunk]
+) -> list[Finding]:
+    stops, text = view.request.stops, _text(chunks)
+    if not stops or view.request.include_stop_str:
+        return []
+    for stop in stops:
+        if stop and stop in text:
+            start = text.find(stop)
+            return [_leak(exchange, view, chunks, start, f"stop string {stop!r} at offset {start}")]
+    references = []
+    if exchange.unstopped_texts and index in exchange.unstopped_texts:
+        references.append(stopped_text(exchange.unstopped_texts[index], stops, False))
+    twin = _usable_twin(exchange)
+    if twin is not None and index in twin.choices:
+        references.append(twin.text(index))
+    for reference in references:
+        rest = text[len(reference) :]
+        if text.startswith(reference) and rest and any(stop.startswith(rest) for stop in stops):
+            message = f"{rest!r} (a prefix of a stop string) follows the expected output"
+            return [_leak(exchange, view, chunks, len(reference), message)]
+    return []
+
+
+def _leak(
+    exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk], start: int, message: str
+) -> Finding:
+    numbers, offset = [], 0
+    for chunk in chunks:
+        if offset + len(chunk.text) > start and chunk.text:
+            numbers.append(chunk.number)
+        offset += len(chunk.text)
+    return finding("stop_leak", exchange, message, numbers[:4], view=view)
+
+
+def _check_deltas(
+    exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk], twin_chunks: list[ChoiceChunk]
+) -> list[Finding]:
+    by_tokens = all(c.logprobs is not None for c in chunks if c.text) and all(
+        c.logprobs is not None for c in twin_chunks
+    )
+    if by_tokens:
+        reference = tuple(e.token_bytes for c in twin_chunks for e in c.logprobs or [])
+        deltas = [(c.number, tuple(e.token_bytes for e in c.logprobs or [])) for c in chunks]
+        unit = "tokens"
+    else:
+        reference = _text(twin_chunks)
+        deltas = [(c.number, c.text) for c in chunks]
+        unit = "characters"
+    outcome = align_deltas(reference, deltas)
+    if outcome.has_diverged:
+        return []
+    findings = []
+    if outcome.duplicates:
+        message = f"{len(outcome.duplicates)} deltas repeat the previous delta (aligned by {unit})"
+        findings.append(
+            finding("duplicate_delta", exchange, message, outcome.duplicates, view=view)
+        )
+    if outcome.skips:
+        jumped = sum(length for _, length in outcome.skips)
+        message = f"{jumped} {unit} of the non-streamed output never arrived, before {len(outcome.skips)} deltas"
+        numbers = [number for number, _ in outcome.skips]
+        findings.append(finding("skipped_delta", exchange, message, numbers, view=view))
+    return findings
+
+
+def _check_determinism(
+    exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk], twin_chunks: list[ChoiceChunk]
+) -> list[Finding]:
+    streamed, expected = _text(chunks), _text(twin_chunks)
+    if streamed == expected:
+        return []
+    offset = first_difference(streamed, expected)
+    message = (
+        f"differs at character {offset}: streamed {streamed[offset : offset + 30]!r}, "
+        f"non-streamed {expected[offset : offset + 30]!r}"
+    )
+    numbers = [chunk.number for chunk in chunks if chunk.text][:1]
+    return [finding("text_mismatch_nonstream", exchange, message, numbers, view=view)]

@@ -1,0 +1,156 @@
+"""Checks of usage reporting (STREAMING_CONTRACT.md, I5).
+
+No usage unless asked. `include_usage`: exactly one chunk with `choices: []`
+and the totals, last before `[DONE]`. `continuous_usage_stats`: every chunk
+carries cumulative usage whose `completion_tokens` equals the tokens delivered
+so far for that index (counted from logprob entries when the request asked
+for them), never repeated on a chunk that carried new text.
+
+Tokens are countable from logprobs only; without them the totals are compared
+to the non-streamed twin's usage when both produced the same text. A server
+may count an EOS token it does not show: one extra token is allowed on an
+index that finished with "stop".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluice.audit.checks.evidence import finding
+from sluice.audit.records import Exchange, Finding
+from sluice.audit.stream_view import ChoiceChunk, StreamView
+
+
+def check_usage(exchange: Exchange, view: StreamView) -> list[Finding]:
+    if not view.request.is_stream:
+        return _check_totals(exchange, view, [c for c in view.chunks if c.usage])
+    usage_chunks = [chunk for chunk in view.chunks if chunk.usage is not None]
+    if not view.request.include_usage:
+        if not usage_chunks:
+            return []
+        message = (
+            f"{len(usage_chunks)} chunks carry usage; stream_options.include_usage was not set"
+        )
+        numbers = [chunk.number for chunk in usage_chunks]
+        return [finding("usage_unrequested", exchange, message, numbers, view=view)]
+    findings = _check_placement(exchange, view)
+    findings += _check_totals(
+        exchange, view, [c for c in view.chunks if c.num_choices == 0 and c.usage]
+    )
+    if view.request.continuous_usage:
+        for chunks in view.choices.values():
+            findings += _check_continuous(exchange, view, chunks)
+    return findings
+
+
+def _check_placement(exchange: Exchange, view: StreamView) -> list[Finding]:
+    chunks = [chunk for chunk in view.chunks if not chunk.is_error]
+    finals = [chunk for chunk in chunks if chunk.num_choices == 0 and chunk.usage is not None]
+    findings = []
+    is_complete = exchange.reader != "abandon" and exchange.transport_error is None
+    if is_complete and (len(finals) != 1 or finals[0] is not chunks[-1]):
+        numbers = [chunk.number for chunk in finals] or [chunks[-1].number if chunks else 0]
+        message = f"{len(finals)} usage chunks with choices: []; expected one, last before [DONE]"
+        findings.append(finding("usage_placement", exchange, message, numbers, view=view))
+    with_choices = [chunk for chunk in chunks if chunk.num_choices > 0]
+    if view.request.continuous_usage:
+        bare = [chunk.number for chunk in with_choices if chunk.usage is None]
+        message = f"{len(bare)} chunks without usage under continuous_usage_stats"
+    else:
+        bare = [chunk.number for chunk in with_choices if chunk.usage is not None]
+        message = f"{len(bare)} content chunks carry usage without continuous_usage_stats"
+    if bare:
+        findings.append(finding("usage_placement", exchange, message, bare, view=view))
+    return findings
+
+
+def _check_totals(exchange: Exchange, view: StreamView, final_chunks: list[Any]) -> list[Finding]:
+    if len(final_chunks) != 1:
+        return []
+    chunk = final_chunks[-1]
+    usage = chunk.usage
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    problems = []
+    if not all(isinstance(value, int) for value in (prompt, completion, usage.get("total_tokens"))):
+        problems.append("prompt/completion/total tokens must be integers")
+    elif usage["total_tokens"] != prompt + completion:
+        problems.append(f"total_tokens {usage['total_tokens']} != {prompt} + {completion}")
+    else:
+        problems += _compare_to_delivered(exchange, view, prompt, completion)
+    return [
+        finding("usage_inexact", exchange, problem, [chunk.number], view=view)
+        for problem in problems
+    ]
+
+
+def _compare_to_delivered(
+    exchange: Exchange, view: StreamView, prompt: int, completion: int
+) -> list[str]:
+    delivered = _delivered_tokens(view)
+    if delivered is not None and not _is_close(completion, delivered, _stop_finishes(view)):
+        return [
+            f"completion_tokens {completion}, but {delivered} tokens were delivered (logprob entries)"
+        ]
+    twin = exchange.twin.view if exchange.twin is not None else None
+    twin_usage = twin.chunks[0].usage if twin is not None and twin.chunks else None
+    if not view.request.is_stream or not twin_usage or twin.texts() != view.texts():
+        return []
+    if (
+        twin_usage.get("prompt_tokens") != prompt
+        or twin_usage.get("completion_tokens") != completion
+    ):
+        return [
+            f"usage {prompt}+{completion}, non-streamed twin with the same text reports "
+            f"{twin_usage.get('prompt_tokens')}+{twin_usage.get('completion_tokens')}"
+        ]
+    return []
+
+
+def _delivered_tokens(view: StreamView) -> int | None:
+    if view.request.top_logprobs is None:
+        return None
+    content = [c for chunks in view.choices.values() for c in chunks if c.text]
+    if any(chunk.logprobs is None for chunk in content):
+        return None
+    return sum(len(c.logprobs or []) for chunks in view.choices.values() for c in chunks)
+
+
+def _stop_finishes(view: StreamView) -> int:
+    return sum(1 for chunks in view.choices.values() for c in chunks if c.finish_reason == "stop")
+
+
+def _is_close(reported: int, delivered: int, allowance: int) -> bool:
+    """Equal, or ahead by at most one unshown EOS per index that stopped."""
+    return delivered <= reported <= delivered + allowance
+
+
+def _check_continuous(
+    exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk]
+) -> list[Finding]:
+    countable = view.request.top_logprobs is not None
+    delivered, previous = 0, None
+    frozen, inexact = [], []
+    for chunk in chunks:
+        if chunk.usage is None or not isinstance(chunk.usage.get("completion_tokens"), int):
+            continue
+        reported = chunk.usage["completion_tokens"]
+        delivered += len(chunk.logprobs or [])
+        countable = countable and (chunk.logprobs is not None or not chunk.text)
+        is_new_text = chunk.has_content
+        if is_new_text and previous is not None and reported == previous:
+            frozen.append(chunk.number)
+        elif countable and not _is_close(reported, delivered, int(chunk.finish_reason == "stop")):
+            inexact.append((chunk.number, reported, delivered))
+        elif previous is not None and reported < previous:
+            inexact.append((chunk.number, reported, previous))
+        previous = reported
+    findings = []
+    if frozen:
+        message = f"completion_tokens repeated on {len(frozen)} chunks that carried new text"
+        findings.append(finding("usage_frozen", exchange, message, frozen, view=view))
+    if inexact:
+        number, reported, expected = inexact[0]
+        message = f"chunk #{number}: completion_tokens {reported}, expected {expected} ({len(inexact)} chunks off)"
+        numbers = [item[0] for item in inexact]
+        findings.append(finding("usage_inexact", exchange, message, numbers, view=view))
+    return findings

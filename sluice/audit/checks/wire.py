@@ -1,0 +1,98 @@
+"""Checks of the wire and of HTTP errors (STREAMING_CONTRACT.md, "The wire").
+
+Stream framing: Content-Type, `data: ` + one JSON line + blank line per event,
+`[DONE]` last and nothing after it, no error event inside a 200. Errors: any
+4xx carries the OpenAI error object; 5xx (but 503 with Retry-After) and 422
+are failures whatever the request was.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sluice.audit.checks.evidence import escape_bytes, finding
+from sluice.audit.records import Exchange, Finding
+from sluice.audit.stream_view import StreamView
+
+
+def check_stream_framing(exchange: Exchange, view: StreamView) -> list[Finding]:
+    if not exchange.is_stream or exchange.status != 200 or view.sse is None:
+        return []
+    findings = []
+    if not exchange.content_type.startswith("text/event-stream"):
+        message = f"Content-Type is {exchange.content_type!r}"
+        findings.append(finding("content_type", exchange, message, view=view))
+    for event in view.sse.events:
+        if event.problem:
+            findings.append(finding("framing", exchange, event.problem, [event.number], view=view))
+        elif isinstance(event.payload, dict) and "error" in event.payload:
+            message = "error event in a 200 stream"
+            findings.append(finding("error_event", exchange, message, [event.number], view=view))
+    if exchange.reader != "abandon" and exchange.transport_error is None:
+        findings += _check_done(exchange, view)
+    return findings
+
+
+def _check_done(exchange: Exchange, view: StreamView) -> list[Finding]:
+    assert view.sse is not None, "stream views carry their parse"
+    events, trailing = view.sse.events, view.sse.trailing
+    done_numbers = [event.number for event in events if event.is_done]
+    last_number = events[-1].number if events else 0
+    if not done_numbers:
+        evidence = [f"#{last_number}: {escape_bytes(events[-1].raw)}"] if events else []
+        if trailing:
+            evidence.append(f"unterminated: {escape_bytes(trailing)}")
+        return [
+            finding("done_missing", exchange, "no data: [DONE]", [last_number], evidence=evidence)
+        ]
+    if done_numbers[0] != last_number or trailing:
+        after = [event.number for event in events if event.number > done_numbers[0]]
+        message = f"{len(after)} events and {len(trailing)} stray bytes after [DONE]"
+        quoted = finding("done_not_last", exchange, message, [done_numbers[0], *after], view=view)
+        if trailing:
+            quoted.evidence.append(f"after: {escape_bytes(trailing)}")
+        return [quoted]
+    return []
+
+
+def check_status(exchange: Exchange, view: StreamView) -> list[Finding]:
+    findings = []
+    if exchange.transport_error and exchange.reader != "abandon":
+        findings.append(finding("connection_error", exchange, exchange.transport_error))
+    status = exchange.status
+    if status is None or status < 400:
+        return findings
+    if status == 422:
+        findings.append(finding("status_422", exchange, "422 answer"))
+    elif status >= 500 and not (status == 503 and exchange.retry_after):
+        findings.append(finding("server_error_5xx", exchange, f"{status} answer"))
+    else:
+        if status in (429, 503) and not exchange.retry_after:
+            findings.append(
+                finding("retry_after_missing", exchange, f"{status} without Retry-After")
+            )
+        problem = error_shape_problem(_json_or_none(exchange.raw))
+        if problem:
+            findings.append(finding("bad_error_shape", exchange, f"{status} body: {problem}"))
+    return findings
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def error_shape_problem(payload: Any) -> str | None:
+    """What keeps a body from being an OpenAI error object; None when it is one."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("error"), dict):
+        return 'not {"error": {...}}'
+    error = payload["error"]
+    missing = [key for key in ("message", "type", "param", "code") if key not in error]
+    if missing:
+        return f"error object lacks {', '.join(missing)}"
+    if not isinstance(error["message"], str) or not isinstance(error["type"], str):
+        return "error message and type must be strings"
+    return None

@@ -1,0 +1,140 @@
+"""The audit's configuration: a frozen tree built once by the CLI.
+
+Each scenario has a size dataclass; its fields become the CLI flags
+`--<scenario>-<field>` (underscores as dashes), and the two profiles are two
+instances of each. `quick` is sized for CI against a small CPU model (about
+a minute); `full` is for a real server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+
+def _size(default: Any, help_text: str) -> Any:
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass(frozen=True, slots=True)
+class LagSize:
+    streams: int = _size(8, "concurrent streams")
+    slow_share: float = _size(0.25, "share of the streams read slowly")
+    max_tokens: int = _size(32, "max_tokens of each stream")
+    long_prompts: int = _size(2, "huge prompts sent while the streams run")
+    long_prompt_words: int = _size(800, "words in each huge prompt")
+    slow_read_bytes: int = _size(256, "bytes a slow reader takes per read")
+    slow_read_interval_s: float = _size(0.05, "pause of a slow reader between reads")
+    health_stall_s: float = _size(3.0, "flag a /health answer slower than this during the lag")
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobsSize:
+    requests: int = _size(1, "requests per API (completions and chat)")
+    top: int = _size(3, "top alternatives asked for")
+    max_tokens: int = _size(24, "max_tokens of each request")
+
+
+@dataclass(frozen=True, slots=True)
+class ChoicesSize:
+    n: int = _size(2, "choices per prompt")
+    prompts: int = _size(2, "prompts in the completions list prompt")
+    max_tokens: int = _size(16, "max_tokens of each choice")
+
+
+@dataclass(frozen=True, slots=True)
+class StopsSize:
+    max_tokens: int = _size(32, "max_tokens of the stop-free base request")
+    cases: int = _size(
+        5, "stop-string cases per API (spanning, first chunk, overlapping, several, late)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Utf8Size:
+    requests: int = _size(2, "requests per API")
+    max_tokens: int = _size(32, "max_tokens of each request")
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSize:
+    max_tokens: int = _size(8, "max_tokens of each request")
+
+
+@dataclass(frozen=True, slots=True)
+class BadInputsSize:
+    repeat: int = _size(1, "times each invalid request is sent")
+
+
+@dataclass(frozen=True, slots=True)
+class DisconnectSize:
+    streams: int = _size(4, "long streams abandoned mid-generation")
+    max_tokens: int = _size(512, "max_tokens of each abandoned stream")
+    read_events: int = _size(4, "events read before abandoning")
+    probe_tokens: int = _size(8, "max_tokens of the latency probe")
+    probes: int = _size(3, "probe requests before and after (median taken)")
+    settle_s: float = _size(0.5, "pause between abandoning and probing")
+    slowdown: float = _size(2.0, "flag when the probe after is this many times slower")
+
+
+@dataclass(frozen=True, slots=True)
+class SoakSize:
+    rate: float = _size(2.0, "requests per second")
+    duration_s: float = _size(30.0, "seconds of load")
+    max_tokens: int = _size(32, "max_tokens of each request")
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    lag: LagSize = LagSize()
+    logprobs: LogprobsSize = LogprobsSize()
+    choices: ChoicesSize = ChoicesSize()
+    stops: StopsSize = StopsSize()
+    utf8: Utf8Size = Utf8Size()
+    usage: UsageSize = UsageSize()
+    bad_inputs: BadInputsSize = BadInputsSize()
+    disconnect: DisconnectSize = DisconnectSize()
+    soak: SoakSize = SoakSize()
+
+
+SCENARIO_NAMES = tuple(f.name for f in fields(Sizes))
+
+QUICK = Sizes()
+FULL = Sizes(
+    lag=LagSize(streams=48, max_tokens=128, long_prompts=8, long_prompt_words=3000),
+    logprobs=LogprobsSize(requests=4, top=5, max_tokens=64),
+    choices=ChoicesSize(n=3, prompts=3, max_tokens=48),
+    stops=StopsSize(max_tokens=96),
+    utf8=Utf8Size(requests=6, max_tokens=96),
+    usage=UsageSize(max_tokens=16),
+    bad_inputs=BadInputsSize(repeat=2),
+    disconnect=DisconnectSize(streams=8, max_tokens=2048),
+    soak=SoakSize(rate=4.0, duration_s=60.0, max_tokens=64),
+)
+PROFILES = {"quick": QUICK, "full": FULL}
+# The scenarios each profile runs when --scenarios is not given.
+PROFILE_SCENARIOS = {
+    "quick": tuple(name for name in SCENARIO_NAMES if name != "soak"),
+    "full": SCENARIO_NAMES,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AuditOptions:
+    profile: str = "quick"
+    scenarios: tuple[str, ...] = PROFILE_SCENARIOS["quick"]
+    sizes: Sizes = QUICK
+    # Send vLLM extensions (include_stop_str_in_output, continuous_usage_stats).
+    vllm_extensions: bool = True
+    # Seconds without a byte before a request counts as timed out.
+    request_timeout_s: float = 120.0
+
+
+def with_overrides(sizes: Sizes, overrides: dict[str, dict[str, Any]]) -> Sizes:
+    """Sizes with some fields replaced: {"lag": {"streams": 4}}."""
+    changed = {
+        scenario: replace(getattr(sizes, scenario), **values)
+        for scenario, values in overrides.items()
+        if values
+    }
+    return replace(sizes, **changed)

@@ -1,0 +1,97 @@
+"""Runs the audit: preflight, then every scenario against every target, then
+the per-response checks.
+
+With two targets (compare mode) the scenarios are interleaved: each scenario
+runs against A then B, the next one against B then A, so neither server
+always goes first (warm caches, a machine's thermal state). Both share one
+clock, so their timelines can be drawn on one axis.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sluice.audit.checks import check_exchange
+from sluice.audit.options import AuditOptions
+from sluice.audit.progress import Progress
+from sluice.audit.records import AuditResult, ScenarioResult, Target
+from sluice.audit.scenarios import SCENARIOS, ScenarioContext
+from sluice.audit.transport import Client
+
+
+@dataclass(slots=True)
+class Preflight:
+    # Reasons the audit cannot run (unreachable, refused credentials): exit 2.
+    errors: list[str] = field(default_factory=list)
+    # Worth a line, not a stop (e.g. the model is not listed).
+    warnings: list[str] = field(default_factory=list)
+
+
+async def preflight(targets: list[Target], timeout_s: float = 10.0) -> Preflight:
+    report = Preflight()
+    for target in targets:
+        async with Client(target, timeout_s=timeout_s, origin_s=time.perf_counter()) as client:
+            probe = await client.get("/v1/models")
+            if probe.error is not None:
+                report.errors.append(f"{target.base_url}: unreachable ({probe.error})")
+            elif probe.status in (401, 403):
+                report.errors.append(
+                    f"{target.base_url}: /v1/models answered {probe.status} (check --api-key)"
+                )
+            elif probe.status != 200:
+                report.warnings.append(f"{target.base_url}: /v1/models answered {probe.status}")
+            elif target.model not in _model_ids(probe.body):
+                report.warnings.append(
+                    f"{target.base_url}: model {target.model!r} is not in /v1/models"
+                )
+    return report
+
+
+def _model_ids(body: bytes) -> set[str]:
+    try:
+        payload = json.loads(body)
+        return {str(item.get("id")) for item in payload.get("data", []) if isinstance(item, dict)}
+    except (ValueError, AttributeError):
+        return set()
+
+
+async def run_audit(
+    targets: list[Target], options: AuditOptions, progress: Progress | None = None
+) -> AuditResult:
+    origin_s = time.perf_counter()
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    results: list[ScenarioResult] = []
+    async with AsyncExitStack() as stack:
+        clients = []
+        for target in targets:
+            client = Client(
+                target, timeout_s=options.request_timeout_s, origin_s=origin_s, progress=progress
+            )
+            clients.append(await stack.enter_async_context(client))
+        for position, name in enumerate(options.scenarios):
+            for client in clients if position % 2 == 0 else clients[::-1]:
+                if progress is not None:
+                    progress.start_scenario(client.target.label, name)
+                result = await SCENARIOS[name](ScenarioContext(client, options))
+                check_result(result)
+                if progress is not None:
+                    progress.add_findings(len(result.findings))
+                results.append(result)
+    duration_s = time.perf_counter() - origin_s
+    return AuditResult(
+        list(targets), options.profile, list(options.scenarios), results, started_at, duration_s
+    )
+
+
+def check_result(result: ScenarioResult) -> None:
+    """Run the response checks on every exchange; a shared twin is checked once."""
+    checked_twins: set[int] = set()
+    for exchange in result.exchanges:
+        twin_key = id(exchange.twin)
+        is_new_twin = exchange.twin is not None and twin_key not in checked_twins
+        result.findings.extend(check_exchange(exchange, include_twin=is_new_twin))
+        checked_twins.add(twin_key)

@@ -1,0 +1,161 @@
+"""The HTTP client of one audited server (aiohttp, nothing else of sluice).
+
+`Client.send` fills an `Exchange` with the response exactly as it arrived:
+every piece of the body with its arrival time. Three readers:
+- normal: take pieces as fast as they come;
+- slow: take a few hundred bytes from the socket, sleep, repeat. Slow readers
+  use their own connections with a small receive buffer and a small read
+  buffer, so the server's writes back up instead of landing in our memory;
+- abandon: close the connection after a few events (a client that goes away).
+
+Transport failures never raise: they are recorded in `transport_error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from sluice.audit.progress import Progress
+from sluice.audit.records import Exchange, Reader, Target
+
+SLOW_RECEIVE_BUFFER_BYTES = 4096
+SLOW_READ_BUFFER_BYTES = 1024
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+@dataclass(slots=True)
+class Probe:
+    """The answer to a GET (or a tiny request) used to time the server."""
+
+    status: int | None
+    latency_s: float
+    body: bytes
+    error: str | None
+
+    @property
+    def is_ok(self) -> bool:
+        return self.error is None and self.status is not None and self.status < 300
+
+
+def _small_buffer_socket(addr_info: Any) -> socket.socket:
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SLOW_RECEIVE_BUFFER_BYTES)
+    return sock
+
+
+class Client:
+    def __init__(
+        self, target: Target, *, timeout_s: float, origin_s: float, progress: Progress | None = None
+    ):
+        self.target = target
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=timeout_s)
+        self._origin_s = origin_s
+        self._progress = progress
+        self._session: aiohttp.ClientSession | None = None
+        self._slow_session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Client:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=self._timeout
+        )
+        self._slow_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, socket_factory=_small_buffer_socket),
+            timeout=self._timeout,
+            read_bufsize=SLOW_READ_BUFFER_BYTES,
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for session in (self._session, self._slow_session):
+            if session is not None:
+                await session.close()
+
+    def now_s(self) -> float:
+        return time.perf_counter() - self._origin_s
+
+    def _headers(self, content_type: str = "application/json") -> dict[str, str]:
+        headers = {"Content-Type": content_type}
+        if self.target.api_key:
+            headers["Authorization"] = f"Bearer {self.target.api_key}"
+        return headers
+
+    async def send(self, exchange: Exchange, reader: Reader | None = None) -> Exchange:
+        """POST the exchange's body and record the response into it."""
+        reader = reader or Reader()
+        exchange.reader = reader.kind
+        session = self._slow_session if reader.kind == "slow" else self._session
+        assert session is not None, "use Client inside `async with`"
+        data = exchange.raw_request
+        if data is None:
+            data = json.dumps(exchange.body, ensure_ascii=False).encode()
+        if self._progress is not None:
+            self._progress.request_started()
+        exchange.sent_s = self.now_s()
+        try:
+            url = self.target.base_url + exchange.endpoint
+            async with session.post(url, data=data, headers=self._headers()) as response:
+                exchange.status = response.status
+                exchange.content_type = response.headers.get("Content-Type", "")
+                exchange.retry_after = response.headers.get("Retry-After")
+                exchange.headers_s = self.now_s()
+                await self._read(response, exchange, reader)
+        except _TRANSPORT_ERRORS as error:
+            exchange.transport_error = f"{type(error).__name__}: {error}".strip()
+        exchange.end_s = self.now_s()
+        if self._progress is not None:
+            self._progress.request_finished(exchange.is_ok or exchange.expects_error)
+        return exchange
+
+    async def _read(
+        self, response: aiohttp.ClientResponse, exchange: Exchange, reader: Reader
+    ) -> None:
+        pieces: list[bytes] = []
+        try:
+            await self._read_pieces(response, exchange, reader, pieces)
+        finally:
+            exchange.raw = b"".join(pieces)
+
+    async def _read_pieces(
+        self,
+        response: aiohttp.ClientResponse,
+        exchange: Exchange,
+        reader: Reader,
+        pieces: list[bytes],
+    ) -> None:
+        received, separators, last_byte = 0, 0, b""
+        stream = response.content
+        while piece := await (
+            stream.read(reader.read_bytes) if reader.kind == "slow" else stream.readany()
+        ):
+            pieces.append(piece)
+            received += len(piece)
+            exchange.arrival_offsets.append(received)
+            exchange.arrival_times_s.append(self.now_s())
+            if reader.kind == "slow":
+                await asyncio.sleep(reader.interval_s)
+            elif reader.kind == "abandon":
+                separators += (last_byte + piece).count(b"\n\n")
+                last_byte = piece[-1:]
+                if separators >= reader.abandon_after_events:
+                    response.close()  # drops the connection: the server sees a disconnect
+                    return
+
+    async def get(self, path: str) -> Probe:
+        assert self._session is not None, "use Client inside `async with`"
+        started_s = self.now_s()
+        try:
+            async with self._session.get(
+                self.target.base_url + path, headers=self._headers()
+            ) as response:
+                body = await response.read()
+                return Probe(response.status, self.now_s() - started_s, body, None)
+        except _TRANSPORT_ERRORS as error:
+            return Probe(None, self.now_s() - started_s, b"", f"{type(error).__name__}: {error}")

@@ -1,0 +1,725 @@
+"""Deliberately broken OpenAI-compatible servers, for testing `sluice audit`.
+
+`ScriptServer` answers completions and chat (streamed or not, n, list prompts,
+stop strings, logprobs, usage options), /health, /v1/models and /metrics. It
+"generates" by reading a fixed script of byte-level tokens (emoji, CJK and
+Thai characters split across tokens) from an offset chosen by the prompt, so
+every answer is deterministic and streamed == non-streamed. A simulated GPU
+makes each token cost `token_delay_s` times the number of running requests.
+
+With `Defect.NONE` it follows STREAMING_CONTRACT.md; every other `Defect`
+breaks exactly one rule, the way real servers have broken it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from sluice.audit.records import Exchange
+
+
+class Defect(enum.Enum):
+    NONE = "none"
+    ALIASING = "aliasing"  # a delta re-sent in place of the next one, usage frozen
+    SPLIT_UTF8 = "split_utf8"  # each chunk decoded alone: split characters become U+FFFD
+    STOP_PREFIX_LEAK = "stop_prefix_leak"  # the start of a stop string is sent, never retracted
+    USAGE_UNREQUESTED = "usage_unrequested"  # usage on every chunk when not asked
+    DONE_MISSING = "done_missing"
+    FINISH_TWICE = "finish_twice"
+    ROLE_REPEATED = "role_repeated"
+    LOGPROBS_COPIED = "logprobs_copied"  # token 0's logprobs copied onto the chunk's other tokens
+    DISCONNECT_KEEPS_GENERATING = "disconnect_keeps_generating"
+    BAD_INPUT_500 = "bad_input_500"
+    BAD_INPUT_422 = "bad_input_422"
+
+
+MODEL = "script-model"
+CHUNK_SIZES = (1, 2, 3, 1, 4)  # tokens per chunk, cycling: multi-token chunks
+_PIECES = (
+    ("Once", " upon", " a", " time", ",", " a", " fox"),
+    (" \U0001f98a", 3),  # split after 3 bytes
+    (" met", " a", " cat", " in"),
+    (" 東京", 4),
+    (".", " They", " said", " สวัสดี", " and", " waved"),
+    (" \U0001f30d", 2),
+    (
+        " together",
+        ",",
+        " then",
+        " walked",
+        " home",
+        ".",
+        "\n",
+        "The",
+        " end",
+        " came",
+        " soon",
+        ".",
+    ),
+    (" 北京", 5),
+    (" was", " far", " away", "!"),
+)
+
+
+def _script() -> tuple[bytes, ...]:
+    tokens: list[bytes] = []
+    for piece in _PIECES:
+        if isinstance(piece[1], int):
+            data = piece[0].encode()
+            tokens += [data[: piece[1]], data[piece[1] :]]
+        else:
+            tokens += [text.encode() for text in piece]
+    return tuple(tokens)
+
+
+SCRIPT = _script()
+# Offsets where a character starts: generation never begins mid-character.
+_STARTS = tuple(i for i, token in enumerate(SCRIPT) if token[:1].decode("utf-8", "ignore"))
+
+
+@dataclass(slots=True)
+class Token:
+    data: bytes
+    logprob: float
+    position: int
+
+
+@dataclass(slots=True)
+class Step:
+    """One chunk of one choice."""
+
+    tokens: list[Token]
+    text: str
+    finish: str | None
+    # Tokens delivered for this choice once this chunk is out (continuous usage).
+    completion_tokens: int
+
+
+def script_tokens(prompt: str, max_tokens: int) -> list[Token]:
+    start = _STARTS[zlib.crc32(prompt.encode()) % len(_STARTS)]
+    tokens = []
+    for position in range(max_tokens):
+        data = SCRIPT[(start + position) % len(SCRIPT)]
+        logprob = -0.05 - (zlib.crc32(data + position.to_bytes(4, "little")) % 400) / 100
+        tokens.append(Token(data, round(logprob, 4), position))
+    return tokens
+
+
+def complete_text(data: bytes) -> str:
+    """The text of `data` without an incomplete last character."""
+    for cut in range(4):
+        try:
+            return data[: len(data) - cut].decode()
+        except UnicodeDecodeError:
+            continue
+    return data.decode("utf-8", "replace")
+
+
+def _first_stop(text: str, stops: list[str]) -> tuple[int, str] | None:
+    hits = [(text.find(s) + len(s), text.find(s), s) for s in stops if s and s in text]
+    return min(hits)[1:] if hits else None
+
+
+def run_until_stop(
+    tokens: list[Token], stops: list[str], include: bool
+) -> tuple[list[Token], str, str]:
+    """(generated tokens, final text, finish reason) of one greedy choice."""
+    data = b""
+    for count, token in enumerate(tokens, start=1):
+        data += token.data
+        hit = _first_stop(complete_text(data), stops)
+        if hit is not None:
+            position, stop = hit
+            text = complete_text(data)
+            return tokens[:count], text[: position + len(stop) if include else position], "stop"
+    return tokens, data.decode("utf-8", "replace"), "length"
+
+
+def _held_back(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of `text` that may still become a stop string."""
+    return max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+
+
+def plan_choice(
+    prompt: str, max_tokens: int, stops: list[str], include: bool, defect: Defect
+) -> list[Step]:
+    generated, final_text, finish = run_until_stop(
+        script_tokens(prompt, max_tokens), stops, include
+    )
+    groups, position = [], 0
+    while position < len(generated):
+        size = CHUNK_SIZES[len(groups) % len(CHUNK_SIZES)]
+        groups.append(generated[position : position + size])
+        position += size
+    if defect is Defect.SPLIT_UTF8 and not stops:
+        return _naive_steps(groups, finish)
+    steps, pending, data, sent, count = [], [], b"", 0, 0
+    for number, group in enumerate(groups):
+        pending += group
+        data += b"".join(token.data for token in group)
+        count += len(group)
+        is_last = number == len(groups) - 1
+        visible = complete_text(data)
+        if defect is not Defect.STOP_PREFIX_LEAK:
+            visible = visible[: len(visible) - _held_back(visible, stops)]
+        visible = final_text if is_last else visible
+        if visible[sent:] or is_last:
+            steps.append(Step(pending, visible[sent:], finish if is_last else None, count))
+            pending, sent = [], max(sent, len(visible))
+    return steps
+
+
+def _naive_steps(groups: list[list[Token]], finish: str) -> list[Step]:
+    steps, count = [], 0
+    for number, group in enumerate(groups):
+        count += len(group)
+        text = b"".join(token.data for token in group).decode("utf-8", "replace")
+        steps.append(Step(group, text, finish if number == len(groups) - 1 else None, count))
+    return steps
+
+
+def _token_string(data: bytes) -> str:
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{byte:02x}" for byte in data)
+
+
+def _alternatives(token: Token, top: int) -> list[tuple[str, float, bytes]]:
+    own = (_token_string(token.data), token.logprob, token.data)
+    others = [
+        (f" alt{k}", round(token.logprob - 0.5 * k, 4), f" alt{k}".encode()) for k in range(1, top)
+    ]
+    return [own, *others][:top]
+
+
+def chat_logprobs(tokens: list[Token], top: int, copy_first: bool) -> dict[str, Any]:
+    content = []
+    for token in tokens:
+        source = tokens[0] if copy_first else token
+        alternatives = [
+            {"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in _alternatives(source, top)
+        ]
+        content.append(
+            {
+                "token": _token_string(token.data),
+                "logprob": source.logprob,
+                "bytes": list(token.data),
+                "top_logprobs": alternatives,
+            }
+        )
+    return {"content": content}
+
+
+def completion_logprobs(
+    tokens: list[Token], top: int, copy_first: bool, offset_bytes: bytes
+) -> dict[str, Any]:
+    out: dict[str, list[Any]] = {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
+    data = offset_bytes
+    for token in tokens:
+        source = tokens[0] if copy_first else token
+        out["tokens"].append(_token_string(token.data))
+        out["token_logprobs"].append(source.logprob)
+        out["top_logprobs"].append({t: lp for t, lp, _ in _alternatives(source, top)})
+        out["text_offset"].append(len(complete_text(data)))
+        data += token.data
+    return out
+
+
+# --- Validation ---------------------------------------------------------------------------
+
+_NUMBER = (int, float)
+
+
+def _is_number(value: Any, low: float, high: float) -> bool:
+    return isinstance(value, _NUMBER) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_count(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def invalid_param(kind: str, body: dict[str, Any]) -> str | None:
+    """The name of the first invalid field, None when the request is valid."""
+    rules: list[tuple[str, bool]] = [
+        ("max_tokens", body.get("max_tokens") is None or _is_count(body["max_tokens"], 1, 100_000)),
+        ("n", body.get("n") is None or _is_count(body["n"], 1, 16)),
+        ("temperature", body.get("temperature") is None or _is_number(body["temperature"], 0, 2)),
+        ("top_p", body.get("top_p") is None or _is_number(body["top_p"], 1e-9, 1)),
+        ("stream", body.get("stream") is None or isinstance(body["stream"], bool)),
+        ("stop", _is_stop(body.get("stop"))),
+        ("stream_options", _is_stream_options(body)),
+    ]
+    if kind == "chat":
+        rules += [
+            ("messages", _is_messages(body.get("messages"))),
+            ("logprobs", body.get("logprobs") is None or isinstance(body["logprobs"], bool)),
+            (
+                "top_logprobs",
+                body.get("top_logprobs") is None or _is_count(body["top_logprobs"], 0, 20),
+            ),
+        ]
+    else:
+        rules += [
+            ("prompt", _is_prompt(body.get("prompt"))),
+            ("logprobs", body.get("logprobs") is None or _is_count(body["logprobs"], 0, 20)),
+        ]
+    return next((name for name, is_valid in rules if not is_valid), None)
+
+
+def _is_stop(stop: Any) -> bool:
+    return (
+        stop is None
+        or isinstance(stop, str)
+        or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    )
+
+
+def _is_stream_options(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return options is None or (isinstance(options, dict) and body.get("stream") is True)
+
+
+def _is_messages(messages: Any) -> bool:
+    roles = {"system", "user", "assistant"}
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and all(
+            isinstance(m, dict) and m.get("role") in roles and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    )
+
+
+def _is_prompt(prompt: Any) -> bool:
+    return isinstance(prompt, str) or (
+        isinstance(prompt, list) and bool(prompt) and all(isinstance(p, str) for p in prompt)
+    )
+
+
+# --- The server ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Call:
+    """One validated request."""
+
+    kind: str  # "completion" or "chat"
+    body: dict[str, Any]
+    prompts: list[str]
+    n: int
+    top: int | None
+    id: str
+    created: int
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.body.get("stream_options") or {}
+
+
+class ScriptServer:
+    def __init__(self, defect: Defect = Defect.NONE, *, token_delay_s: float = 0.001):
+        self.defect = defect
+        self.token_delay_s = token_delay_s
+        self.running = 0  # requests generating now: the simulated GPU's load
+        self._calls = 0
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def start(self) -> str:
+        self._runner = web.AppRunner(self.app(), shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return await self._plain("")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return await self._json({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return await self._plain(f"script_num_requests_running {self.running}\n")
+
+    async def _plain(self, text: str) -> web.Response:
+        return web.Response(text=text)
+
+    async def _json(self, payload: Any, status: int = 200) -> web.Response:
+        return web.Response(
+            text=json.dumps(payload), status=status, content_type="application/json"
+        )
+
+    async def _error(self, status: int, message: str, param: str | None) -> web.Response:
+        if self.defect is Defect.BAD_INPUT_500:
+            return web.Response(text="Internal Server Error", status=500)
+        if self.defect is Defect.BAD_INPUT_422:
+            return await self._json({"detail": [{"loc": ["body", param], "msg": message}]}, 422)
+        error = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+        return await self._json({"error": error}, status)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "completion")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "chat")
+
+    async def _handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return await self._error(400, "malformed JSON", None)
+        if not isinstance(body, dict):
+            return await self._error(400, "the body must be a JSON object", None)
+        if body.get("model") != MODEL:
+            return await self._error(404, f"model {body.get('model')!r} does not exist", "model")
+        if (param := invalid_param(kind, body)) is not None:
+            return await self._error(400, f"invalid {param}", param)
+        call = self._call(kind, body)
+        if body.get("stream"):
+            return await self._stream(request, call)
+        return await self._complete(call)
+
+    def _call(self, kind: str, body: dict[str, Any]) -> Call:
+        self._calls += 1
+        if kind == "chat":
+            prompts = [" ".join(m["content"] for m in body["messages"])]
+            top = (body.get("top_logprobs") or 0) if body.get("logprobs") else None
+        else:
+            prompts = [body["prompt"]] if isinstance(body["prompt"], str) else body["prompt"]
+            top = body.get("logprobs")
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        return Call(
+            kind,
+            body,
+            prompts,
+            body.get("n") or 1,
+            top,
+            f"{prefix}-{self._calls}",
+            int(time.time()),
+        )
+
+    def _plans(self, call: Call) -> list[list[Step]]:
+        stops = call.body.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else stops
+        include = bool(call.body.get("include_stop_str_in_output"))
+        max_tokens = call.body.get("max_tokens") or 16
+        return [
+            plan_choice(prompt, max_tokens, stops, include, self.defect)
+            for prompt in call.prompts
+            for _ in range(call.n)
+        ]
+
+    async def _gpu(self, num_tokens: int) -> None:
+        await asyncio.sleep(self.token_delay_s * num_tokens * max(self.running, 1))
+
+    # --- Non-streamed ----------------------------------------------------------------------
+
+    async def _complete(self, call: Call) -> web.Response:
+        stops = call.body.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else stops
+        include = bool(call.body.get("include_stop_str_in_output"))
+        choices, completion_tokens = [], 0
+        for index in range(len(call.prompts) * call.n):
+            prompt = call.prompts[index // call.n]
+            tokens = script_tokens(prompt, call.body.get("max_tokens") or 16)
+            generated, text, finish = run_until_stop(tokens, stops, include)
+            completion_tokens += len(generated)
+            choices.append(self._final_choice(call, index, generated, text, finish))
+        self.running += 1
+        try:
+            await self._gpu(completion_tokens)
+        finally:
+            self.running -= 1
+        kind = "chat.completion" if call.kind == "chat" else "text_completion"
+        payload = {
+            "id": call.id,
+            "object": kind,
+            "created": call.created,
+            "model": MODEL,
+            "choices": choices,
+        }
+        payload["usage"] = _usage(_prompt_tokens(call), completion_tokens)
+        return await self._json(payload)
+
+    def _final_choice(
+        self, call: Call, index: int, tokens: list[Token], text: str, finish: str
+    ) -> dict[str, Any]:
+        if call.kind == "chat":
+            logprobs = chat_logprobs(tokens, call.top, False) if call.top is not None else None
+            message = {"role": "assistant", "content": text}
+            return {
+                "index": index,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }
+        logprobs = (
+            completion_logprobs(tokens, call.top, False, b"") if call.top is not None else None
+        )
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    # --- Streamed --------------------------------------------------------------------------
+
+    async def _stream(self, request: web.Request, call: Call) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        self.running += 1
+        try:
+            for num_tokens, payload in self._events(call):
+                await self._gpu(num_tokens)
+                data = (
+                    payload
+                    if isinstance(payload, bytes)
+                    else json.dumps(payload, ensure_ascii=False).encode()
+                )
+                try:
+                    await response.write(b"data: " + data + b"\n\n")
+                except ConnectionError:
+                    if self.defect is not Defect.DISCONNECT_KEEPS_GENERATING:
+                        return response  # the client left: stop generating
+        finally:
+            self.running -= 1
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
+
+    def _events(self, call: Call) -> Iterator[tuple[int, dict[str, Any] | bytes]]:
+        """(tokens this event costs, payload) in stream order."""
+        plans = [self._defective(steps) for steps in self._plans(call)]
+        if call.kind == "chat":
+            for index in range(len(plans)):
+                role = {
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                yield 0, self._chunk(call, [role], index, 0)
+        sent_bytes = [b""] * len(plans)
+        for round_number in range(max(len(steps) for steps in plans)):
+            for index, steps in enumerate(plans):
+                if round_number < len(steps):
+                    step = steps[round_number]
+                    choice = self._stream_choice(call, index, step, sent_bytes[index])
+                    sent_bytes[index] += b"".join(token.data for token in step.tokens)
+                    yield (
+                        len(step.tokens),
+                        self._chunk(call, [choice], index, step.completion_tokens),
+                    )
+        if call.options.get("include_usage"):
+            completion = sum(steps[-1].completion_tokens for steps in plans)
+            yield 0, self._envelope(call, [], _usage(_prompt_tokens(call), completion))
+        if self.defect is not Defect.DONE_MISSING:
+            yield 0, b"[DONE]"
+
+    def _defective(self, steps: list[Step]) -> list[Step]:
+        if self.defect is Defect.ALIASING:
+            # The mailbox bug: a slot read again after its next delta overwrote it.
+            for number in range(3, len(steps) - 1, 4):
+                previous = steps[number - 1]
+                steps[number] = Step(
+                    previous.tokens, previous.text, None, previous.completion_tokens
+                )
+        if self.defect is Defect.FINISH_TWICE:
+            last = steps[-1]
+            steps.append(Step([], "", last.finish, last.completion_tokens))
+        return steps
+
+    def _stream_choice(
+        self, call: Call, index: int, step: Step, sent_bytes: bytes
+    ) -> dict[str, Any]:
+        copy_first = self.defect is Defect.LOGPROBS_COPIED
+        if call.kind == "chat":
+            logprobs = (
+                chat_logprobs(step.tokens, call.top, copy_first) if call.top is not None else None
+            )
+            delta: dict[str, Any] = {"content": step.text} if step.text else {}
+            if self.defect is Defect.ROLE_REPEATED:
+                delta["role"] = "assistant"
+            return {
+                "index": index,
+                "delta": delta,
+                "logprobs": logprobs,
+                "finish_reason": step.finish,
+            }
+        logprobs = (
+            completion_logprobs(step.tokens, call.top, copy_first, sent_bytes)
+            if call.top is not None
+            else None
+        )
+        return {
+            "index": index,
+            "text": step.text,
+            "logprobs": logprobs,
+            "finish_reason": step.finish,
+        }
+
+    def _chunk(
+        self, call: Call, choices: list[dict[str, Any]], index: int, completion_tokens: int
+    ) -> dict[str, Any]:
+        options = call.options
+        is_continuous = options.get("include_usage") and options.get("continuous_usage_stats")
+        is_leaking = self.defect is Defect.USAGE_UNREQUESTED and not options.get("include_usage")
+        prompt_tokens = len(call.prompts[index // call.n].split()) + 1
+        usage = _usage(prompt_tokens, completion_tokens) if is_continuous or is_leaking else None
+        return self._envelope(call, choices, usage)
+
+    def _envelope(
+        self, call: Call, choices: list[dict[str, Any]], usage: dict[str, int] | None
+    ) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if call.kind == "chat" else "text_completion"
+        payload = {
+            "id": call.id,
+            "object": kind,
+            "created": call.created,
+            "model": MODEL,
+            "choices": choices,
+        }
+        if usage is not None:
+            payload["usage"] = usage
+        return payload
+
+
+def _prompt_tokens(call: Call) -> int:
+    return sum(len(prompt.split()) + 1 for prompt in call.prompts)
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+@contextlib.contextmanager
+def serving(defect: Defect = Defect.NONE, **kwargs: Any) -> Iterator[str]:
+    """Run a ScriptServer on its own thread and event loop; yields its base URL."""
+    server = ScriptServer(defect, **kwargs)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=10)
+    finally:
+        asyncio.run_coroutine_threadsafe(_shut_down(server), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+async def _shut_down(server: ScriptServer) -> None:
+    """Stop the server, then end handlers still generating for clients long gone."""
+    await server.stop()
+    pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+# --- Hand-built responses, for unit tests of single checks ---------------------------------
+
+
+def sse(*payloads: dict[str, Any] | bytes, done: bool = True) -> bytes:
+    """A well-framed event stream of `payloads`, ending with [DONE] unless told not to."""
+    events = [
+        p if isinstance(p, bytes) else json.dumps(p, ensure_ascii=False).encode() for p in payloads
+    ]
+    if done:
+        events.append(b"[DONE]")
+    return b"".join(b"data: " + event + b"\n\n" for event in events)
+
+
+def completion_chunk(
+    index: int, text: str, finish: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    choice = {
+        "index": index,
+        "text": text,
+        "logprobs": extra.pop("logprobs", None),
+        "finish_reason": finish,
+    }
+    return {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": MODEL,
+        "choices": [choice],
+        **extra,
+    }
+
+
+def chat_chunk(
+    index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    choice = {
+        "index": index,
+        "delta": delta,
+        "logprobs": extra.pop("logprobs", None),
+        "finish_reason": finish,
+    }
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": MODEL,
+        "choices": [choice],
+        **extra,
+    }
+
+
+def usage_chunk(kind: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1" if kind == "chat" else "cmpl-1",
+        "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+        "created": 1,
+        "model": MODEL,
+        "choices": [],
+        "usage": _usage(prompt_tokens, completion_tokens),
+    }
+
+
+def recorded(endpoint: str, body: dict[str, Any], raw: bytes, **fields: Any) -> Exchange:
+    """An exchange as the transport would record it: a 200 stream by default, one piece."""
+    exchange = Exchange("unit", "server", endpoint, body, case="unit/case")
+    exchange.status = fields.pop("status", 200)
+    exchange.content_type = fields.pop(
+        "content_type", "text/event-stream" if body.get("stream") else "application/json"
+    )
+    exchange.raw = raw
+    exchange.arrival_offsets, exchange.arrival_times_s = [len(raw)], [0.5]
+    exchange.sent_s, exchange.end_s = 0.0, 0.5
+    for name, value in fields.items():
+        setattr(exchange, name, value)
+    return exchange

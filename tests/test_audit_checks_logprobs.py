@@ -1,0 +1,135 @@
+"""Logprob checks: counts, copies, non-finite values, byte alignment with hold-backs."""
+
+from __future__ import annotations
+
+from sluice.audit.checks import check_exchange
+from sluice.audit.records import CHAT, COMPLETIONS
+from tests.broken_servers import chat_chunk, completion_chunk, recorded, sse
+
+ROLE = {"role": "assistant", "content": ""}
+
+
+def entry(token: bytes, logprob: float, top: int = 2) -> dict:
+    alternatives = [
+        {"token": token.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(token)}
+    ]
+    alternatives += [
+        {"token": f"x{k}", "logprob": logprob - k, "bytes": list(f"x{k}".encode())}
+        for k in range(1, top)
+    ]
+    return {
+        "token": token.decode("utf-8", "replace"),
+        "logprob": logprob,
+        "bytes": list(token),
+        "top_logprobs": alternatives,
+    }
+
+
+def chat(*entries: dict) -> dict:
+    return {"content": list(entries)}
+
+
+def findings_of(*payloads, **body_extra) -> dict[str, list[int]]:
+    body = {
+        "model": "m",
+        "messages": [],
+        "stream": True,
+        "logprobs": True,
+        "top_logprobs": 2,
+        **body_extra,
+    }
+    found = check_exchange(recorded(CHAT, body, sse(chat_chunk(0, ROLE), *payloads)))
+    return {finding.check_id: finding.chunk_numbers for finding in found}
+
+
+def test_multi_token_chunks_with_matching_entries_pass():
+    found = findings_of(
+        chat_chunk(
+            0,
+            {"content": "Hello world"},
+            logprobs=chat(entry(b"Hello", -0.1), entry(b" world", -0.2)),
+        ),
+        chat_chunk(0, {"content": "!"}, "length", logprobs=chat(entry(b"!", -0.3))),
+    )
+    assert found == {}
+
+
+def test_a_character_split_across_tokens_may_be_held_back_until_complete():
+    emoji = "🦊".encode()
+    found = findings_of(
+        chat_chunk(0, {"content": "a"}, logprobs=chat(entry(b"a", -0.1), entry(emoji[:2], -0.2))),
+        chat_chunk(0, {"content": "🦊"}, "length", logprobs=chat(entry(emoji[2:], -0.3))),
+    )
+    assert found == {}
+
+
+def test_entries_that_do_not_spell_the_text_are_misaligned():
+    found = findings_of(
+        chat_chunk(0, {"content": "Hello"}, logprobs=chat(entry(b"Help", -0.1))),
+        chat_chunk(0, {"content": "!"}, "length", logprobs=chat(entry(b"!", -0.3))),
+    )
+    assert found == {"logprob_alignment": [1]}
+
+
+def test_stop_trimming_and_a_held_back_stop_prefix_are_allowed():
+    found = findings_of(
+        chat_chunk(0, {"content": "ab"}, logprobs=chat(entry(b"ab", -0.1), entry(b" S", -0.2))),
+        chat_chunk(0, {}, "stop", logprobs=chat(entry(b"TOP!", -0.3))),
+        stop=[" STOP"],
+    )
+    assert found == {}
+
+
+def test_the_first_tokens_logprobs_copied_onto_other_tokens_are_flagged():
+    copied = entry(b"Hello", -0.1)
+    other = dict(copied, token=" world", bytes=list(b" world"))
+    found = findings_of(
+        chat_chunk(0, {"content": "Hello world"}, "length", logprobs=chat(copied, other))
+    )
+    assert found == {"logprob_copied": [1]}
+
+
+def test_non_finite_logprobs_and_missing_alternatives_are_flagged():
+    found = findings_of(
+        chat_chunk(0, {"content": "a"}, logprobs=chat(entry(b"a", float("-inf")))),
+        chat_chunk(0, {"content": "b"}, "length", logprobs=chat(entry(b"b", -0.1, top=1))),
+    )
+    assert found == {"logprob_nonfinite": [1], "logprob_count": [2]}
+
+
+def test_logprobs_nobody_asked_for_are_flagged():
+    body = {"model": "m", "prompt": "p", "stream": True}
+    lp = {
+        "tokens": ["a"],
+        "token_logprobs": [-0.1],
+        "top_logprobs": [{"a": -0.1}],
+        "text_offset": [0],
+    }
+    found = check_exchange(
+        recorded(COMPLETIONS, body, sse(completion_chunk(0, "a", "length", logprobs=lp)))
+    )
+    assert [f.check_id for f in found] == ["logprob_count"]
+
+
+def test_completions_text_offset_must_continue_like_the_non_streamed_twin():
+    def lp(token: str, offset: int) -> dict:
+        return {
+            "tokens": [token],
+            "token_logprobs": [-0.1],
+            "top_logprobs": [{token: -0.1}],
+            "text_offset": [offset],
+        }
+
+    twin_body = (
+        b'{"id":"c","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"ab",'
+        b'"logprobs":{"tokens":["a","b"],"token_logprobs":[-0.1,-0.1],"top_logprobs":[{"a":-0.1},{"b":-0.1}],'
+        b'"text_offset":[0,1]},"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}'
+    )
+    twin = recorded(COMPLETIONS, {"model": "m", "prompt": "p", "logprobs": 1}, twin_body)
+    body = {"model": "m", "prompt": "p", "stream": True, "logprobs": 1}
+    restarted = sse(
+        completion_chunk(0, "a", logprobs=lp("a", 0)),
+        completion_chunk(0, "b", "length", logprobs=lp("b", 0)),
+    )
+    found = check_exchange(recorded(COMPLETIONS, body, restarted, twin=twin))
+    assert [(f.check_id, f.chunk_numbers) for f in found] == [("logprob_text_offset", [1])]

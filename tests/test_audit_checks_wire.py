@@ -1,0 +1,78 @@
+"""Wire and HTTP error checks on hand-built responses."""
+
+from __future__ import annotations
+
+from sluice.audit.checks import check_exchange
+from sluice.audit.records import CHAT, COMPLETIONS
+from tests.broken_servers import completion_chunk, recorded, sse
+
+STREAM = {"model": "m", "prompt": "p", "stream": True}
+
+
+def ids(exchange) -> set[str]:
+    return {finding.check_id for finding in check_exchange(exchange)}
+
+
+def test_a_clean_stream_passes_the_wire_checks():
+    raw = sse(completion_chunk(0, "hi"), completion_chunk(0, "!", "stop"))
+    assert ids(recorded(COMPLETIONS, STREAM, raw)) == set()
+
+
+def test_an_event_line_is_a_framing_finding_naming_its_chunk():
+    raw = b"event: delta\n" + sse(completion_chunk(0, "hi", "stop"))
+    findings = check_exchange(recorded(COMPLETIONS, STREAM, raw))
+    framing = next(f for f in findings if f.check_id == "framing")
+    assert framing.chunk_numbers == [0]
+    assert framing.evidence[0].startswith("#0: event: delta\\ndata: ")
+
+
+def test_a_missing_done_and_bytes_after_done_are_told_apart():
+    assert "done_missing" in ids(
+        recorded(COMPLETIONS, STREAM, sse(completion_chunk(0, "hi", "stop"), done=False))
+    )
+    late = sse(completion_chunk(0, "hi", "stop")) + b'data: {"x":1}\n\n'
+    assert "done_not_last" in ids(recorded(COMPLETIONS, STREAM, late))
+
+
+def test_a_wrong_content_type_is_flagged():
+    raw = sse(completion_chunk(0, "hi", "stop"))
+    assert ids(recorded(COMPLETIONS, STREAM, raw, content_type="application/json")) == {
+        "content_type"
+    }
+
+
+def test_an_error_event_inside_a_200_stream_is_flagged():
+    raw = sse(
+        completion_chunk(0, "hi"),
+        {"error": {"message": "boom", "type": "x", "param": None, "code": None}},
+    )
+    assert "error_event" in ids(recorded(COMPLETIONS, STREAM, raw))
+
+
+def test_a_4xx_must_carry_the_openai_error_object():
+    good = b'{"error": {"message": "bad", "type": "invalid_request_error", "param": "n", "code": null}}'
+    assert ids(recorded(CHAT, {"model": "m"}, good, status=400)) == set()
+    partial = b'{"error": {"message": "bad", "type": "invalid_request_error"}}'
+    assert ids(recorded(CHAT, {"model": "m"}, partial, status=400)) == {"bad_error_shape"}
+    assert ids(
+        recorded(CHAT, {"model": "m"}, b'{"object": "error", "message": "bad"}', status=404)
+    ) == {"bad_error_shape"}
+
+
+def test_422_and_500_are_failures_but_503_with_retry_after_is_not():
+    assert ids(recorded(CHAT, {"model": "m"}, b'{"detail": []}', status=422)) == {"status_422"}
+    assert ids(recorded(CHAT, {"model": "m"}, b"Internal Server Error", status=500)) == {
+        "server_error_5xx"
+    }
+    busy = b'{"error": {"message": "busy", "type": "service_unavailable", "param": null, "code": null}}'
+    assert ids(recorded(CHAT, {"model": "m"}, busy, status=503, retry_after="1")) == set()
+    assert ids(recorded(CHAT, {"model": "m"}, busy, status=503)) == {"server_error_5xx"}
+    assert ids(recorded(CHAT, {"model": "m"}, busy, status=429)) == {"retry_after_missing"}
+
+
+def test_a_transport_error_is_a_connection_error_unless_the_client_abandoned():
+    raw = sse(completion_chunk(0, "hi"), done=False)
+    broken = recorded(COMPLETIONS, STREAM, raw, transport_error="ClientPayloadError: reset")
+    assert "connection_error" in ids(broken)
+    abandoned = recorded(COMPLETIONS, STREAM, raw, reader="abandon")
+    assert ids(abandoned) == set()

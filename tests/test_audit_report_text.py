@@ -1,0 +1,69 @@
+"""The terminal report: table, findings with evidence, determinism, verdict."""
+
+from __future__ import annotations
+
+from sluice.audit.records import COMPLETIONS, AuditResult, Finding, ScenarioResult, Target
+from sluice.audit.report_text import render_text
+from sluice.audit.summary import summarize_audit
+from tests.broken_servers import completion_chunk, recorded, sse, usage_chunk
+
+
+def result_with(findings: list[Finding], labels: tuple[str, ...] = ("server",)) -> AuditResult:
+    body = {"model": "m", "prompt": "p", "stream": True, "stream_options": {"include_usage": True}}
+    results = []
+    for label in labels:
+        stream = recorded(
+            COMPLETIONS,
+            body,
+            sse(completion_chunk(0, "hi", "length"), usage_chunk("completion", 1, 2)),
+        )
+        stream.target = label
+        results.append(ScenarioResult("usage", label, 0.0, 1.0, exchanges=[stream]))
+    results[0].findings = findings
+    targets = [Target(label, f"http://{label}", "m") for label in labels]
+    return AuditResult(targets, "quick", ["usage"], results, "2026-01-01T00:00:00+00:00", 1.0)
+
+
+def test_a_clean_run_prints_the_table_and_passes():
+    result = result_with([])
+    text = render_text(result, summarize_audit(result))
+    assert "TTFT ms p50/90/99" in text
+    assert "\nusage " in text and "\nall " in text
+    assert "Findings: none." in text
+    assert "[server] 0/0 streams equal" in text
+    assert text.rstrip().endswith("PASS: no invariant broken.")
+
+
+def test_findings_are_grouped_by_check_with_request_and_raw_bytes():
+    finding = Finding(
+        "usage_frozen",
+        "invariant",
+        "usage",
+        "server",
+        "completion_tokens repeated",
+        case="usage/continuous",
+        request='{"model":"m"}',
+        chunk_numbers=[3, 7],
+        evidence=['#3: data: {"usage": 1}'],
+    )
+    result = result_with([finding])
+    text = render_text(result, summarize_audit(result))
+    assert "usage_frozen [invariant] server 1:" in text
+    assert "[server] usage/continuous chunks 3,7: completion_tokens repeated" in text
+    assert 'request: {"model":"m"}' in text and '#3: data: {"usage": 1}' in text
+    assert "FAIL: 1 invariant findings in 1 checks (usage_frozen)." in text
+
+
+def test_notes_do_not_fail_the_run():
+    note = Finding("text_mismatch_nonstream", "note", "usage", "server", "differs at character 3")
+    result = result_with([note])
+    summary = summarize_audit(result)
+    assert summary.exit_status == 0
+    assert "PASS" in render_text(result, summary)
+
+
+def test_compare_mode_adds_a_ratio_row_under_each_scenario():
+    result = result_with([], labels=("A", "B"))
+    text = render_text(result, summarize_audit(result))
+    assert "usage [A]" in text and " [B]" in text
+    assert text.count("  B/A") == 2  # usage and all

@@ -1,0 +1,158 @@
+"""The audit's scenarios against the scripted servers of tests/broken_servers.py:
+the correct one yields no finding at all, and each broken variant is flagged
+with exactly its class of check ids, with evidence that shows it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sluice.audit.options import PROFILE_SCENARIOS, QUICK, AuditOptions, with_overrides
+from sluice.audit.records import AuditResult, Target
+from sluice.audit.runner import run_audit
+from sluice.audit.scenarios.stops import choose_stop_cases
+from tests.broken_servers import MODEL, Defect, serving
+
+# Small sizes: the scripted server is fast, the checks are what is tested.
+SIZES = with_overrides(
+    QUICK,
+    {
+        "lag": {"streams": 6, "long_prompts": 1, "long_prompt_words": 200, "max_tokens": 24},
+        "disconnect": {"streams": 4, "max_tokens": 3000, "probe_tokens": 32},
+    },
+)
+
+
+def audit(
+    defect: Defect, scenarios: tuple[str, ...], *, vllm_extensions: bool = True
+) -> AuditResult:
+    options = AuditOptions(scenarios=scenarios, sizes=SIZES, vllm_extensions=vllm_extensions)
+    with serving(defect) as url:
+        return asyncio.run(run_audit([Target("server", url, MODEL)], options))
+
+
+def flagged(result: AuditResult) -> set[str]:
+    return {finding.check_id for finding in result.findings if finding.severity == "invariant"}
+
+
+def test_the_correct_server_passes_the_whole_quick_profile_without_a_single_finding():
+    result = audit(Defect.NONE, PROFILE_SCENARIOS["quick"])
+    assert result.findings == []
+    assert not result.has_broken_invariant
+    streamed = [e for r in result.results for e in r.exchanges if e.is_stream]
+    assert len(streamed) > 30
+    assert all(e.status == 200 for e in streamed)
+
+
+def test_the_correct_server_passes_without_vllm_extensions_too():
+    result = audit(Defect.NONE, ("stops", "usage"), vllm_extensions=False)
+    assert result.findings == []
+    bodies = [e.body for r in result.results for e in r.exchanges if e.body]
+    assert not any("include_stop_str_in_output" in body for body in bodies)
+    assert not any(
+        (body.get("stream_options") or {}).get("continuous_usage_stats") for body in bodies
+    )
+
+
+# defect -> (scenarios to run, the check id that must appear, ids allowed beside it)
+CASES = {
+    Defect.ALIASING: (
+        ("logprobs", "usage"),
+        "duplicate_delta",
+        {"skipped_delta", "usage_frozen", "usage_inexact"},
+    ),
+    Defect.SPLIT_UTF8: (("utf8",), "replacement_char", set()),
+    Defect.STOP_PREFIX_LEAK: (("stops",), "stop_leak", set()),
+    Defect.USAGE_UNREQUESTED: (("usage",), "usage_unrequested", set()),
+    Defect.DONE_MISSING: (("usage",), "done_missing", set()),
+    Defect.FINISH_TWICE: (("usage", "choices"), "finish_reason_count", set()),
+    Defect.ROLE_REPEATED: (("usage",), "role_repeated", set()),
+    Defect.LOGPROBS_COPIED: (("logprobs",), "logprob_copied", set()),
+    Defect.DISCONNECT_KEEPS_GENERATING: (("disconnect",), "disconnect_keeps_generating", set()),
+    Defect.BAD_INPUT_500: (("bad_inputs",), "server_error_5xx", set()),
+    Defect.BAD_INPUT_422: (("bad_inputs",), "status_422", set()),
+}
+
+
+@pytest.mark.parametrize("defect", list(CASES), ids=lambda defect: defect.value)
+def test_each_broken_server_is_flagged_with_exactly_its_class_and_its_evidence(defect: Defect):
+    scenarios, expected, allowed = CASES[defect]
+    result = audit(defect, scenarios)
+    assert expected in flagged(result)
+    assert flagged(result) <= {expected} | allowed
+    assert result.has_broken_invariant
+    finding = next(f for f in result.findings if f.check_id == expected)
+    assert finding.message
+    if defect is Defect.DISCONNECT_KEEPS_GENERATING:
+        # A finding about the server, not one response: the probe figures are the evidence.
+        figures = result.results[0].figures
+        assert figures["probe_after_s"] > 2 * figures["probe_before_s"]
+        return
+    assert finding.request and finding.evidence
+    if defect not in (Defect.BAD_INPUT_500, Defect.BAD_INPUT_422):
+        # Chunk numbers, and the raw bytes of the first of those chunks.
+        assert finding.chunk_numbers
+        assert finding.evidence[0].startswith(f"#{finding.chunk_numbers[0]}: data: ")
+
+
+def test_aliasing_is_seen_from_tokens_frozen_usage_and_the_text():
+    result = audit(Defect.ALIASING, ("logprobs", "usage"))
+    assert not any(f.check_id == "text_mismatch_nonstream" for f in result.findings)
+    ids = flagged(result)
+    assert {"duplicate_delta", "skipped_delta", "usage_frozen"} <= ids
+    duplicate = next(f for f in result.findings if f.check_id == "duplicate_delta")
+    frozen = next(
+        f for f in result.findings if f.check_id == "usage_frozen" and f.case == duplicate.case
+    )
+    # The duplicated chunks are the frozen ones: the same anomaly seen two ways.
+    assert set(duplicate.chunk_numbers) & set(frozen.chunk_numbers)
+
+
+def test_split_utf8_evidence_shows_the_replacement_character():
+    result = audit(Defect.SPLIT_UTF8, ("utf8",))
+    finding = next(f for f in result.findings if f.check_id == "replacement_char")
+    assert any("\ufffd" in quote for quote in finding.evidence)
+
+
+def test_a_leaked_stop_prefix_is_flagged_only_without_include_stop_str_in_output():
+    result = audit(Defect.STOP_PREFIX_LEAK, ("stops",))
+    leaks = [f for f in result.findings if f.check_id == "stop_leak"]
+    assert leaks
+    assert all("+include" not in f.case for f in leaks)
+
+
+def test_bad_inputs_leave_the_correct_server_healthy_and_all_answered_4xx():
+    result = audit(Defect.NONE, ("bad_inputs",))
+    answers = [e for e in result.results[0].exchanges if e.expects_error]
+    assert answers and all(400 <= (e.status or 0) < 500 and e.status != 422 for e in answers)
+    assert result.results[0].exchanges[-1].status == 200  # the valid request afterwards
+
+
+def test_soak_runs_at_the_set_rate_for_the_set_duration():
+    sizes = with_overrides(SIZES, {"soak": {"rate": 10.0, "duration_s": 0.5, "max_tokens": 8}})
+    with serving(Defect.NONE) as url:
+        options = AuditOptions(scenarios=("soak",), sizes=sizes)
+        result = asyncio.run(run_audit([Target("server", url, MODEL)], options))
+    soak = result.results[0]
+    assert len(soak.exchanges) == 5
+    starts = sorted(e.sent_s for e in soak.exchanges)
+    assert starts[-1] - starts[0] == pytest.approx(0.4, abs=0.15)
+    assert result.findings == []
+
+
+def test_stop_cases_are_cut_from_the_greedy_text_so_they_match():
+    text = "Once upon a time, a fox met a cat in Tokyo. They said hello and waved together."
+    cases = choose_stop_cases(text)
+    assert [case.name for case in cases] == [
+        "spanning",
+        "first chunk",
+        "overlapping",
+        "several",
+        "late",
+    ]
+    for case in cases:
+        assert all(stop in text and stop.strip() for stop in case.stops)
+    first, second = next(c for c in cases if c.name == "overlapping").stops
+    assert text.find(first) < text.find(second) < text.find(first) + len(first)
+    assert choose_stop_cases("too short") == []
