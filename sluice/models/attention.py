@@ -1,0 +1,279 @@
+"""Paged attention over a block-table KV cache, for one mixed batch of sequences.
+
+Cache layout, per layer: one tensor `[2, num_blocks, block_size, num_kv_heads,
+head_dim]` (index 0 = K, 1 = V), allocated zeroed by `allocate_kv_caches`.
+Position p of a sequence lives in block `block_table[p // block_size]` at
+offset `p % block_size`, i.e. flat slot `block * block_size + offset`.
+
+A batch holds B sequences; sequence b adds `query_lens[b]` new tokens after
+`context_len[b]` tokens already in the cache. Its new tokens sit contiguously
+in the flat token dimension, from `query_start_loc[b]` to `query_start_loc[b + 1]`.
+
+Invariants of `paged_attention`:
+- the batch's new K/V are written at `slot_mapping` before anything is read,
+  so each query sees its whole context: cached tokens plus the new ones;
+- query i of a sequence's chunk attends to keys 0 .. context_len + i (causal);
+- sequences with one new token (decodes, the hot path) run together as one
+  block gather and one batched SDPA call, padded to the longest with a mask;
+  longer chunks (prefills) run one SDPA call each;
+- the gather plans and masks depend on the batch only, not the layer: they
+  are built once per step, in `AttentionMetadata.__post_init__`.
+
+Padding reads real (zeroed or stale) cache rows and masks them out, which is
+safe because the cache never holds NaN or inf: it starts zeroed and only ever
+receives finite K/V.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sluice.models.config import LlamaConfig
+
+
+@dataclass(slots=True)
+class DecodePlan:
+    """How the single-token sequences of a batch read their context, batched."""
+
+    # Flat token index of each decode query; None when the batch is all decodes
+    # (then decode i is token i).
+    token_indices: Tensor | None  # [num_decodes] int64
+    # Cache blocks to gather, num_blocks per decode sequence, padded with block 0.
+    block_ids: Tensor  # [num_decodes * num_blocks] int64
+    # Blocks per decode sequence: enough for the longest one.
+    num_blocks: int
+    # Keys each decode reads: the longest sequence's length.
+    num_keys: int
+    # True where a gathered key belongs to its sequence; None when every
+    # decode sequence has num_keys tokens (no padding to hide).
+    key_mask: Tensor | None  # [num_decodes, 1, 1, num_keys] bool
+
+
+@dataclass(slots=True)
+class PrefillPlan:
+    """How one multi-token chunk reads its context."""
+
+    token_start: int
+    token_end: int
+    context_len: int
+    seq_len: int
+    # Cache blocks holding the sequence; None when context_len == 0, since then
+    # the chunk's own new K/V are the whole sequence.
+    block_ids: Tensor | None  # [ceil(seq_len / block_size)] int64
+    # True where query i may see key j (j <= context_len + i); None means plain causal.
+    causal_mask: Tensor | None  # [query_len, seq_len] bool
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    # Flat cache slot (block_id * block_size + offset) of each new token's K/V.
+    slot_mapping: Tensor  # [num_tokens] int64
+    # Cumulative query lengths: sequence b's tokens are [loc[b], loc[b + 1]).
+    query_start_loc: Tensor  # [B + 1] int64
+    # context_len + query_len per sequence.
+    seq_lens: Tensor  # [B] int64
+    # Each sequence's cache blocks in position order, padded with 0.
+    block_tables: Tensor  # [B, max_num_blocks] int64
+    # Host copies of the lengths, for Python-side loops.
+    query_lens: list[int]
+    seq_lens_list: list[int]
+    # Every sequence adds exactly one token.
+    is_decode_only: bool
+    block_size: int
+    # Derived once per step for all layers (see module docstring).
+    decode: DecodePlan | None = field(default=None, init=False)
+    prefills: list[PrefillPlan] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self.decode = _plan_decodes(self)
+        self.prefills = _plan_prefills(self)
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device | str,
+    ) -> AttentionMetadata:
+        """Describe a batch; vectorised over tokens, Python only over sequences."""
+        seq_lens_list = [c + n for c, n in zip(context_lens, query_lens, strict=True)]
+        for table, seq_len in zip(block_tables, seq_lens_list, strict=True):
+            assert len(table) * block_size >= seq_len, "block table too short for its sequence"
+        max_num_blocks = max(len(table) for table in block_tables)
+        tables = torch.tensor(
+            [table + [0] * (max_num_blocks - len(table)) for table in block_tables],
+            dtype=torch.int64,
+        )  # [B, max_num_blocks]
+        query = torch.tensor(query_lens, dtype=torch.int64)  # [B]
+        context = torch.tensor(context_lens, dtype=torch.int64)  # [B]
+        query_start_loc = F.pad(query.cumsum(0), (1, 0))  # [B + 1]
+        slot_mapping = _slot_mapping(query, context, query_start_loc, tables, block_size)
+        return cls(
+            slot_mapping=slot_mapping.to(device),
+            query_start_loc=query_start_loc.to(device),
+            seq_lens=(context + query).to(device),
+            block_tables=tables.to(device),
+            query_lens=list(query_lens),
+            seq_lens_list=seq_lens_list,
+            is_decode_only=all(n == 1 for n in query_lens),
+            block_size=block_size,
+        )
+
+
+def _slot_mapping(
+    query: Tensor, context: Tensor, query_start_loc: Tensor, tables: Tensor, block_size: int
+) -> Tensor:
+    num_tokens = int(query_start_loc[-1])
+    seq_of_token = torch.repeat_interleave(torch.arange(len(query)), query)  # [num_tokens]
+    offset_in_chunk = torch.arange(num_tokens) - query_start_loc[seq_of_token]  # [num_tokens]
+    positions = context[seq_of_token] + offset_in_chunk  # [num_tokens]
+    blocks = tables[seq_of_token, positions // block_size]  # [num_tokens]
+    return blocks * block_size + positions % block_size  # [num_tokens]
+
+
+def _plan_decodes(meta: AttentionMetadata) -> DecodePlan | None:
+    rows = [b for b, n in enumerate(meta.query_lens) if n == 1]
+    if not rows:
+        return None
+    device = meta.block_tables.device
+    max_len = max(meta.seq_lens_list[b] for b in rows)
+    num_blocks = -(-max_len // meta.block_size)
+    if meta.is_decode_only:
+        token_indices, tables, seq_lens = None, meta.block_tables, meta.seq_lens
+    else:
+        row_index = torch.tensor(rows, dtype=torch.int64, device=device)  # [num_decodes]
+        token_indices = meta.query_start_loc[row_index]
+        tables, seq_lens = meta.block_tables[row_index], meta.seq_lens[row_index]
+    key_mask = None
+    if any(meta.seq_lens_list[b] != max_len for b in rows):
+        key_pos = torch.arange(max_len, device=device)  # [max_len]
+        key_mask = (key_pos[None, :] < seq_lens[:, None])[:, None, None, :]
+    return DecodePlan(
+        token_indices=token_indices,
+        block_ids=tables[:, :num_blocks].reshape(-1),
+        num_blocks=num_blocks,
+        num_keys=max_len,
+        key_mask=key_mask,
+    )
+
+
+def _plan_prefills(meta: AttentionMetadata) -> list[PrefillPlan]:
+    plans = []
+    token_start = 0
+    device = meta.block_tables.device
+    for b, (query_len, seq_len) in enumerate(zip(meta.query_lens, meta.seq_lens_list, strict=True)):
+        context_len = seq_len - query_len
+        if query_len > 1:
+            block_ids = causal_mask = None
+            if context_len > 0:
+                block_ids = meta.block_tables[b, : -(-seq_len // meta.block_size)]
+                key_pos = torch.arange(seq_len, device=device)  # [seq_len]
+                query_pos = torch.arange(context_len, seq_len, device=device)  # [query_len]
+                causal_mask = key_pos[None, :] <= query_pos[:, None]  # [query_len, seq_len]
+            end = token_start + query_len
+            plans.append(
+                PrefillPlan(token_start, end, context_len, seq_len, block_ids, causal_mask)
+            )
+        token_start += query_len
+    return plans
+
+
+def allocate_kv_caches(
+    config: LlamaConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device
+) -> list[Tensor]:
+    """One zeroed `[2, num_blocks, block_size, num_kv_heads, head_dim]` pool per layer."""
+    shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+
+
+def kv_cache_bytes_per_block(config: LlamaConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block index costs summed over all layers (K and V)."""
+    per_layer = 2 * block_size * config.num_key_value_heads * config.head_dim
+    return per_layer * config.num_hidden_layers * dtype.itemsize
+
+
+def paged_attention(
+    q: Tensor,  # [num_tokens, num_heads, head_dim]
+    k: Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    kv_cache: Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scale: float,
+) -> Tensor:  # [num_tokens, num_heads, head_dim]
+    """Store the new K/V, then attend each query over its sequence's context."""
+    _write_kv(kv_cache, k, v, meta.slot_mapping)
+    decode = meta.decode
+    if meta.is_decode_only and decode is not None:
+        return _decode_attention(q, kv_cache, decode, scale)
+    out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
+    if decode is not None:
+        assert decode.token_indices is not None, "mixed batch without decode token indices"
+        decoded = _decode_attention(q[decode.token_indices], kv_cache, decode, scale)
+        out.index_copy_(0, decode.token_indices, decoded)
+    for plan in meta.prefills:
+        chunk = slice(plan.token_start, plan.token_end)
+        out[chunk] = _prefill_attention(q[chunk], k[chunk], v[chunk], kv_cache, plan, scale)
+    return out
+
+
+def _write_kv(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
+    two, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    slots = kv_cache.view(two, num_blocks * block_size, num_kv_heads, head_dim)
+    slots[0].index_copy_(0, slot_mapping, k)
+    slots[1].index_copy_(0, slot_mapping, v)
+
+
+def _decode_attention(
+    q: Tensor,  # [num_decodes, num_heads, head_dim]
+    kv_cache: Tensor,
+    plan: DecodePlan,
+    scale: float,
+) -> Tensor:  # [num_decodes, num_heads, head_dim]
+    num_decodes, num_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[3]
+    blocks = kv_cache.index_select(1, plan.block_ids)  # [2, num_decodes * num_blocks, bs, Hkv, D]
+    kv = blocks.view(2, num_decodes, -1, num_kv_heads, head_dim)[:, :, : plan.num_keys]
+    # Grouped-query: the G query heads of one KV head are the "query positions"
+    # of one attention row, so KV heads are never copied G times (query head h
+    # uses KV head h // G, as in transformers' repeat_kv).
+    grouped = q.reshape(num_decodes, num_kv_heads, -1, head_dim)  # [num_decodes, Hkv, G, D]
+    out = F.scaled_dot_product_attention(
+        grouped,
+        kv[0].transpose(1, 2),  # [num_decodes, Hkv, num_keys, D]
+        kv[1].transpose(1, 2),  # [num_decodes, Hkv, num_keys, D]
+        attn_mask=plan.key_mask,
+        scale=scale,
+    )  # [num_decodes, Hkv, G, D]
+    return out.reshape(num_decodes, num_heads, head_dim)
+
+
+def _prefill_attention(
+    q: Tensor,  # [query_len, num_heads, head_dim]
+    k: Tensor,  # [query_len, num_kv_heads, head_dim]
+    v: Tensor,  # [query_len, num_kv_heads, head_dim]
+    kv_cache: Tensor,
+    plan: PrefillPlan,
+    scale: float,
+) -> Tensor:  # [query_len, num_heads, head_dim]
+    if plan.block_ids is None:
+        keys, values = k, v  # [seq_len, Hkv, D]: nothing cached before this chunk
+    else:
+        blocks = kv_cache.index_select(1, plan.block_ids)  # [2, nb, bs, Hkv, D]
+        kv = blocks.flatten(1, 2)[:, : plan.seq_len]  # [2, seq_len, Hkv, D]
+        keys, values = kv[0], kv[1]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1),  # [Hq, query_len, D]
+        keys.transpose(0, 1),  # [Hkv, seq_len, D]
+        values.transpose(0, 1),  # [Hkv, seq_len, D]
+        attn_mask=plan.causal_mask,
+        is_causal=plan.causal_mask is None,
+        scale=scale,
+        enable_gqa=True,
+    )  # [Hq, query_len, D]
+    return out.transpose(0, 1)

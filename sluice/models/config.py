@@ -1,0 +1,205 @@
+"""The shape of a Llama-family model, parsed once from an HF `config.json` dict.
+
+`LlamaConfig` covers Llama 2/3, SmolLM2, Mistral and Qwen2/2.5: one decoder
+with RMSNorm, SwiGLU MLP, grouped-query attention and rotary embeddings.
+Invariants of a parsed config:
+
+- `architecture` is one of `SUPPORTED_ARCHITECTURES`;
+- `rope_scaling` is None (plain RoPE) or a dict whose "rope_type" is one of
+  `SUPPORTED_ROPE_TYPES`, with `rope_theta` kept apart in its own field, the
+  same whichever of the two layouts the file used (transformers < 5:
+  top-level `rope_theta` + `rope_scaling`; transformers 5: `rope_parameters`);
+- attention is full attention: a sliding window shorter than
+  `max_position_embeddings` is refused, a longer one is ignored.
+
+Anything the model code cannot run raises `ModelLoadError` with one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("linear", "llama3")
+# Older files without "architectures" still name their family.
+_ARCHITECTURE_BY_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
+_DEFAULT_ROPE_THETA = 10000.0
+
+
+class UnsupportedRopeScalingError(ModelLoadError, ValueError):
+    """A `rope_scaling` type the model code does not implement.
+
+    A ValueError too, so callers validating configs can catch it as one.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaConfig:
+    # "LlamaForCausalLM", "MistralForCausalLM" or "Qwen2ForCausalLM".
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    # Width of the SwiGLU MLP (gate and up projections).
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    # Fewer than num_attention_heads means grouped-query attention.
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    # None for plain RoPE, else {"rope_type": "linear" | "llama3", ...parameters}.
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    # lm_head shares the embedding matrix (no lm_head.weight in the checkpoint).
+    tie_word_embeddings: bool
+    # q/k/v projections carry a bias (Qwen2 always; Llama when attention_bias).
+    attention_bias: bool
+    # o_proj carries a bias (Llama with attention_bias; never Qwen2 or Mistral).
+    o_proj_bias: bool
+    # Declared window, kept for reference; always >= max_position_embeddings.
+    sliding_window: int | None
+    bos_token_id: int | None
+    # Every end-of-sequence id the config names (config.json allows int or list).
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def num_query_groups(self) -> int:
+        """Query heads that share one KV head."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> LlamaConfig:
+        """Parse an HF config.json dict; raise ModelLoadError on what we cannot run."""
+        architecture = _architecture(d)
+        _check_mlp(d)
+        hidden_size = _require_int(d, "hidden_size")
+        num_heads = _require_int(d, "num_attention_heads")
+        max_positions = _require_int(d, "max_position_embeddings")
+        rope_theta, rope_scaling = _rope(d, max_positions)
+        is_qwen2 = architecture == "Qwen2ForCausalLM"
+        has_bias = bool(d.get("attention_bias", False))
+        config = cls(
+            architecture=architecture,
+            vocab_size=_require_int(d, "vocab_size"),
+            hidden_size=hidden_size,
+            intermediate_size=_require_int(d, "intermediate_size"),
+            num_hidden_layers=_require_int(d, "num_hidden_layers"),
+            num_attention_heads=num_heads,
+            num_key_value_heads=int(d.get("num_key_value_heads") or num_heads),
+            head_dim=int(d.get("head_dim") or hidden_size // num_heads),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=is_qwen2 or has_bias,
+            o_proj_bias=has_bias and not is_qwen2,
+            sliding_window=_sliding_window(d, max_positions),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_ids=_eos_token_ids(d.get("eos_token_id")),
+        )
+        _check_heads(config)
+        return config
+
+
+def _architecture(d: dict[str, Any]) -> str:
+    names = d.get("architectures") or []
+    if not names and d.get("model_type") in _ARCHITECTURE_BY_MODEL_TYPE:
+        names = [_ARCHITECTURE_BY_MODEL_TYPE[d["model_type"]]]
+    for name in names:
+        if name in SUPPORTED_ARCHITECTURES:
+            return name
+    shown = ", ".join(names) or f"model_type {d.get('model_type')!r}"
+    raise ModelLoadError(
+        f"unsupported architecture {shown}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+def _require_int(d: dict[str, Any], key: str) -> int:
+    if d.get(key) is None:
+        raise ModelLoadError(f"config.json lacks {key!r}")
+    return int(d[key])
+
+
+def _check_mlp(d: dict[str, Any]) -> None:
+    act = d.get("hidden_act", "silu")
+    if act != "silu":
+        raise ModelLoadError(f"unsupported hidden_act {act!r}; only 'silu' (SwiGLU) is supported")
+    if d.get("mlp_bias", False):
+        raise ModelLoadError("unsupported mlp_bias=true; the MLP projections must have no bias")
+
+
+def _check_heads(config: LlamaConfig) -> None:
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ModelLoadError(
+            f"num_attention_heads {config.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads {config.num_key_value_heads}"
+        )
+
+
+def _rope(d: dict[str, Any], max_positions: int) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, normalised rope_scaling) from either config layout."""
+    params = dict(d.get("rope_parameters") or {})
+    if isinstance(params.get("full_attention"), dict):  # per-layer-type layout
+        params = dict(params["full_attention"])
+    theta = params.pop("rope_theta", None) or d.get("rope_theta") or _DEFAULT_ROPE_THETA
+    scaling = params if params.get("rope_type", params.get("type")) else d.get("rope_scaling")
+    return float(theta), _normalise_rope_scaling(scaling, max_positions)
+
+
+def _normalise_rope_scaling(
+    scaling: dict[str, Any] | None, max_positions: int
+) -> dict[str, Any] | None:
+    if not scaling:
+        return None
+    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    scaling = {k: v for k, v in scaling.items() if k not in ("rope_type", "type", "rope_theta")}
+    if rope_type == "default":
+        return None
+    if rope_type == "dynamic":
+        raise UnsupportedRopeScalingError(
+            "rope_scaling type 'dynamic' (dynamic NTK) is not supported: it changes the "
+            "frequencies with the sequence length; supported: " + ", ".join(SUPPORTED_ROPE_TYPES)
+        )
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedRopeScalingError(
+            f"unsupported rope_scaling type {rope_type!r}; supported: "
+            + ", ".join(SUPPORTED_ROPE_TYPES)
+        )
+    if "factor" not in scaling:
+        raise ModelLoadError(f"rope_scaling type {rope_type!r} lacks 'factor'")
+    if rope_type == "llama3":
+        scaling.setdefault("original_max_position_embeddings", max_positions)
+        for key in ("low_freq_factor", "high_freq_factor"):
+            if key not in scaling:
+                raise ModelLoadError(f"rope_scaling type 'llama3' lacks {key!r}")
+    return {"rope_type": rope_type, **scaling}
+
+
+def _sliding_window(d: dict[str, Any], max_positions: int) -> int | None:
+    # Qwen2 files declare a window but switch it off with use_sliding_window.
+    if not d.get("use_sliding_window", True):
+        return None
+    window = d.get("sliding_window")
+    if window is not None and int(window) < max_positions:
+        raise ModelLoadError(
+            f"sliding window attention is unsupported (sliding_window {window} < "
+            f"max_position_embeddings {max_positions})"
+        )
+    return None if window is None else int(window)
+
+
+def _eos_token_ids(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)

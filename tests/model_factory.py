@@ -1,0 +1,102 @@
+"""Tiny random Hugging Face models for tests, built with transformers and saved locally.
+
+Each kind is a Llama-family shape small enough to run in milliseconds
+(hidden 64, 2 layers, 4 query heads over 2 KV heads, vocab 512). Weights come
+from a fixed seed, and every tensor, norms and biases included, is drawn at
+random: transformers initialises norms to one and biases to zero, which would
+let a loader that skips them pass a parity test. The scale (std 0.1) makes
+the logits spread widely enough that greedy decoding never hangs on a near tie.
+
+Use from a fixture:
+
+    @pytest.fixture(scope="module", params=TINY_MODEL_KINDS)
+    def tiny(request, tmp_path_factory):
+        return build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from safetensors.torch import load_file
+
+# Llama tied; Llama untied with llama3 rope scaling; Qwen2 with q/k/v bias (tied,
+# like Qwen2.5-0.5B); Mistral untied with its window switched off.
+TINY_MODEL_KINDS = ("llama_tied", "llama3_untied", "qwen2_bias", "mistral")
+
+_COMMON: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+_INIT_STD = 0.1
+
+
+@dataclass(slots=True)
+class TinyModel:
+    kind: str
+    # Folder with config.json and model.safetensors.
+    path: Path
+    # The transformers model, float32, eager attention, in eval mode.
+    hf_model: transformers.PreTrainedModel
+
+    @property
+    def config_dict(self) -> dict[str, Any]:
+        return json.loads((self.path / "config.json").read_text())
+
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor) pairs as the saved checkpoint holds them."""
+        yield from load_file(self.path / "model.safetensors").items()
+
+
+def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
+    if kind == "llama_tied":
+        return transformers.LlamaConfig(**_COMMON, tie_word_embeddings=True, rope_theta=10000.0)
+    if kind == "llama3_untied":
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+        return transformers.LlamaConfig(**_COMMON, tie_word_embeddings=False, rope_parameters=rope)
+    if kind == "qwen2_bias":
+        return transformers.Qwen2Config(**_COMMON, tie_word_embeddings=True, rope_theta=1e6)
+    if kind == "mistral":
+        return transformers.MistralConfig(
+            **_COMMON, tie_word_embeddings=False, sliding_window=None, rope_theta=1e6
+        )
+    raise ValueError(f"unknown tiny model kind {kind!r}; known: {', '.join(TINY_MODEL_KINDS)}")
+
+
+def build_tiny_model(kind: str, directory: Path, seed: int = 0) -> TinyModel:
+    """A random model of `kind`, saved as safetensors into `directory`."""
+    config = tiny_hf_config(kind)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", dtype=torch.float32
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + _INIT_STD * torch.randn_like(param))
+            else:
+                param.normal_(0.0, _INIT_STD)
+    model.eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    return TinyModel(kind=kind, path=Path(directory), hf_model=model)

@@ -1,0 +1,237 @@
+"""Parsing HF config.json dicts into LlamaConfig, in both transformers layouts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sluice.errors import ModelLoadError
+from sluice.models.config import LlamaConfig, UnsupportedRopeScalingError
+
+# Abridged from the published config.json files of real checkpoints.
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 16,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+    "vocab_size": 128256,
+}
+QWEN2_5_0_5B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 21,
+    "model_type": "qwen2",
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+MISTRAL_7B_V0_3 = {
+    "architectures": ["MistralForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mistral",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "vocab_size": 32768,
+}
+SMOLLM2_135M = {
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 8192,
+    "model_type": "llama",
+    "num_attention_heads": 9,
+    "num_hidden_layers": 30,
+    "num_key_value_heads": 3,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 100000,
+    "tie_word_embeddings": True,
+    "vocab_size": 49152,
+}
+
+
+def transformers5_layout(d: dict) -> dict:
+    """The same config as transformers 5 writes it: theta inside rope_parameters."""
+    d = dict(d)
+    scaling = d.pop("rope_scaling", None) or {"rope_type": "default"}
+    d["rope_parameters"] = {**scaling, "rope_theta": d.pop("rope_theta")}
+    return d
+
+
+def test_llama_3_2_parses_llama3_rope_scaling_and_every_eos_id():
+    config = LlamaConfig.from_hf_dict(LLAMA_3_2_1B)
+    assert config.architecture == "LlamaForCausalLM"
+    assert config.rope_theta == 500000.0
+    assert config.rope_scaling == {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+    }
+    assert config.eos_token_ids == (128001, 128008, 128009)
+    assert config.head_dim == 64 and config.num_query_groups == 4
+    assert config.tie_word_embeddings
+    assert not config.attention_bias and not config.o_proj_bias
+
+
+@pytest.mark.parametrize("raw", [LLAMA_3_2_1B, QWEN2_5_0_5B, MISTRAL_7B_V0_3, SMOLLM2_135M])
+def test_transformers5_rope_parameters_layout_parses_to_the_same_config(raw):
+    assert LlamaConfig.from_hf_dict(transformers5_layout(raw)) == LlamaConfig.from_hf_dict(raw)
+
+
+def test_smollm2_derives_head_dim_and_has_plain_rope():
+    config = LlamaConfig.from_hf_dict(SMOLLM2_135M)
+    assert config.head_dim == 64
+    assert config.rope_scaling is None
+    assert config.rope_theta == 100000.0
+    assert config.eos_token_ids == (2,)
+
+
+def test_qwen2_has_qkv_bias_without_o_bias_and_ignores_its_disabled_window():
+    config = LlamaConfig.from_hf_dict(QWEN2_5_0_5B)
+    assert config.attention_bias and not config.o_proj_bias
+    assert config.sliding_window is None
+    assert config.num_key_value_heads == 2
+
+
+def test_llama_attention_bias_puts_a_bias_on_all_four_projections():
+    config = LlamaConfig.from_hf_dict(LLAMA_3_2_1B | {"attention_bias": True})
+    assert config.attention_bias and config.o_proj_bias
+
+
+def test_mistral_without_a_window_parses():
+    config = LlamaConfig.from_hf_dict(MISTRAL_7B_V0_3)
+    assert config.architecture == "MistralForCausalLM"
+    assert config.sliding_window is None
+    assert not config.tie_word_embeddings
+
+
+def test_a_window_as_long_as_the_context_is_accepted_and_ignored():
+    config = LlamaConfig.from_hf_dict(MISTRAL_7B_V0_3 | {"sliding_window": 32768})
+    assert config.sliding_window == 32768
+
+
+def test_a_window_shorter_than_the_context_is_refused():
+    with pytest.raises(ModelLoadError, match="sliding window attention is unsupported"):
+        LlamaConfig.from_hf_dict(MISTRAL_7B_V0_3 | {"sliding_window": 4096})
+
+
+def test_unsupported_architecture_names_itself_and_the_supported_list():
+    with pytest.raises(ModelLoadError) as excinfo:
+        LlamaConfig.from_hf_dict(SMOLLM2_135M | {"architectures": ["GPT2LMHeadModel"]})
+    message = str(excinfo.value)
+    assert "GPT2LMHeadModel" in message and "Qwen2ForCausalLM" in message
+    assert "\n" not in message
+
+
+def test_model_type_stands_in_for_missing_architectures():
+    raw = {k: v for k, v in QWEN2_5_0_5B.items() if k != "architectures"}
+    assert LlamaConfig.from_hf_dict(raw).architecture == "Qwen2ForCausalLM"
+
+
+def test_legacy_type_key_selects_linear_scaling():
+    config = LlamaConfig.from_hf_dict(
+        SMOLLM2_135M | {"rope_scaling": {"type": "linear", "factor": 2.0}}
+    )
+    assert config.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+
+
+def test_default_rope_type_means_no_scaling():
+    config = LlamaConfig.from_hf_dict(SMOLLM2_135M | {"rope_scaling": {"rope_type": "default"}})
+    assert config.rope_scaling is None
+
+
+def test_dynamic_rope_scaling_is_refused_as_a_value_error():
+    raw = SMOLLM2_135M | {"rope_scaling": {"type": "dynamic", "factor": 2.0}}
+    with pytest.raises(ValueError, match="'dynamic'"):
+        LlamaConfig.from_hf_dict(raw)
+
+
+def test_unknown_rope_type_is_refused_naming_the_type():
+    raw = transformers5_layout(SMOLLM2_135M | {"rope_scaling": {"rope_type": "yarn", "factor": 4}})
+    with pytest.raises(UnsupportedRopeScalingError, match="'yarn'") as excinfo:
+        LlamaConfig.from_hf_dict(raw)
+    assert isinstance(excinfo.value, ModelLoadError)
+
+
+def test_llama3_scaling_without_its_frequency_factors_is_refused():
+    raw = SMOLLM2_135M | {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    with pytest.raises(ModelLoadError, match="low_freq_factor"):
+        LlamaConfig.from_hf_dict(raw)
+
+
+def test_missing_required_key_is_named():
+    raw = {k: v for k, v in SMOLLM2_135M.items() if k != "intermediate_size"}
+    with pytest.raises(ModelLoadError, match="intermediate_size"):
+        LlamaConfig.from_hf_dict(raw)
+
+
+def test_non_silu_activation_is_refused():
+    with pytest.raises(ModelLoadError, match="gelu"):
+        LlamaConfig.from_hf_dict(SMOLLM2_135M | {"hidden_act": "gelu"})
+
+
+def test_query_heads_must_be_a_multiple_of_kv_heads():
+    with pytest.raises(ModelLoadError, match="multiple"):
+        LlamaConfig.from_hf_dict(SMOLLM2_135M | {"num_key_value_heads": 2})
+
+
+def test_missing_kv_heads_means_multi_head_attention_and_missing_eos_means_none():
+    raw = {
+        k: v for k, v in SMOLLM2_135M.items() if k not in ("num_key_value_heads", "eos_token_id")
+    }
+    config = LlamaConfig.from_hf_dict(raw)
+    assert config.num_key_value_heads == 9
+    assert config.eos_token_ids == ()
+
+
+def test_config_is_frozen():
+    config = LlamaConfig.from_hf_dict(SMOLLM2_135M)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.vocab_size = 1  # type: ignore[misc]
