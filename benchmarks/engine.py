@@ -145,7 +145,7 @@ def main() -> None:
     for batch in [int(b) for b in args.batches.split(",")]:
         prompts = [chat_prompt_ids(tokenizer, i) for i in range(batch)]
         ours = run_sluice(core, prompts, args.max_tokens)
-        theirs = run_transformers(reference, prompts, args.max_tokens, tokenizer.eos_token_id)
+        theirs = run_transformers(reference, prompts, args.max_tokens, min(tokenizer.eos_token_ids))
         print(
             f"{batch:>5} {ours['tok_s']:>13.1f} {theirs['tok_s']:>9.1f} "
             f"{ours['tok_s'] / theirs['tok_s']:>6.2f} {ours['step_p50_ms']:>12.1f} "

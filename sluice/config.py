@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 EMBEDDED_MODEL = "embedded"
 
@@ -62,6 +63,30 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     # Run the engine core in its own process (default) or in this one (tests).
     multiprocess: bool = True
+    # Seconds without any message from the engine process before it is declared
+    # hung and killed. The engine sends one message per step and one a second
+    # when idle, so this must exceed the longest step: a CPU prefill chunk can
+    # take seconds on a loaded machine, hence the generous default.
+    heartbeat_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Per-request bounds the HTTP edge enforces with a 400 naming the field.
+
+    The protocol's own caps (n <= 128, 16 stop strings, 20 logprobs) still
+    apply; these can only be stricter. None means "no limit but the model's".
+    """
+
+    # Prompt tokens of one prompt (after the chat template); None: the context.
+    max_prompt_tokens: int | None = None
+    max_n: int = 128
+    # Largest max_tokens / max_completion_tokens a client may ask for.
+    max_tokens: int | None = None
+    max_stop_strings: int = 16
+    max_logit_bias_entries: int = 1024
+    # Bodies beyond this are refused while being read: the memory one connection can pin.
+    max_request_body_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +97,18 @@ class ServerConfig:
     api_key: str | None = None
     cors_allowed_origins: tuple[str, ...] = ()
     engine: EngineConfig = field(default_factory=EngineConfig)
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    # Open connections at once, a new one included; beyond it uvicorn answers a
+    # plain-text 503 (None: unbounded).
+    max_connections: int | None = 4096
+    # A stream whose next chunk cannot be written for this long (the client
+    # stopped reading) is cut and its engine requests aborted.
+    send_timeout_s: float = 30.0
+    # Longest a request may wait for its first token unless it asks for less
+    # (header X-Sluice-Queue-Timeout, seconds); None: no deadline.
+    queue_timeout_s: float | None = None
+    # On SIGTERM, running requests get this long to finish before they are cut.
+    drain_timeout_s: float = 30.0
+    # When the engine dies: start a new one, or stop the server (exit status 1)
+    # and leave the restart to a process supervisor.
+    on_engine_death: Literal["restart", "exit"] = "restart"

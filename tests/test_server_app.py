@@ -1,14 +1,14 @@
 """The app over a real socket: uvicorn on 127.0.0.1, the fake engine, raw clients.
 
-`LiveServer` (also used by the SDK and fuzz modules) runs `create_app` under
-`make_server` in a background thread on a free port.
+`LiveServer` (sluice/testing/live_server.py, also used by the SDK, fuzz and
+end-to-end modules) runs `create_app` under `make_server` in a background
+thread on a free port.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 
 import aiohttp
@@ -16,13 +16,10 @@ import httpx2
 import orjson
 import pytest
 
-from sluice.config import ServerConfig
 from sluice.errors import QueueFullError
-from sluice.server.app import create_app
-from sluice.server.launch import make_server
 from sluice.testing import FakeEngine, FakeTokenizer
-
-MODEL = "fake-model"
+from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL
+from sluice.testing.live_server import LiveServer
 
 
 class ChatFakeTokenizer(FakeTokenizer):
@@ -47,30 +44,6 @@ class LoopFakeEngine(FakeEngine):
 
     def revive_soon(self) -> None:
         self.loop.call_soon_threadsafe(self.revive)
-
-
-class LiveServer:
-    def __init__(self, engine, tokenizer, *, max_model_len: int = 4096, **config):
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.config = ServerConfig(host="127.0.0.1", port=0, **config)
-        self.app = create_app(self.config, engine, tokenizer, MODEL, max_model_len)
-        self.server = make_server(self.app, self.config)
-        self._thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.01)
-        ((_, port),) = self.server.bound_addresses()
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self._thread.join(10)
 
 
 @pytest.fixture(scope="module")

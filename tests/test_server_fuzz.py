@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.test_server_app import MODEL, ChatFakeTokenizer, LiveServer, LoopFakeEngine
+from sluice.testing.live_server import LiveServer
+from tests.test_server_app import MODEL, ChatFakeTokenizer, LoopFakeEngine
 
 MAX_MODEL_LEN = 64
 NUM_EXAMPLES = 300

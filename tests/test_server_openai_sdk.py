@@ -5,7 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.test_server_app import MODEL, ChatFakeTokenizer, LiveServer, LoopFakeEngine
+from sluice.testing.live_server import LiveServer
+from tests.test_server_app import MODEL, ChatFakeTokenizer, LoopFakeEngine
 
 API_KEY = "sesame"
 MESSAGES = [{"role": "user", "content": "hello world"}]

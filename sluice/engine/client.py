@@ -5,12 +5,16 @@ steps the model, this client lives on the event loop. Requests go out on a ZMQ
 PUSH socket (sends never block the loop); each step's outputs come back as one
 msgpack message, decoded into fresh values and routed to their sinks.
 If the engine process dies, the loop learns it at once through the process
-sentinel (no polling) and every open request gets EngineDeadError.
+sentinel (no polling) and every open request gets EngineDeadError. If it hangs
+(no message, not even the idle heartbeat, for `heartbeat_timeout_s`), it is
+killed, which is then the same case. `restart()` replaces a dead engine with a
+fresh process on fresh sockets; the sink router survives, empty.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import tempfile
@@ -52,17 +56,39 @@ class MultiprocessEngineClient(EngineClient):
         self._stats = EngineStatsSnapshot(0, 0, 0.0)
         self._is_alive = False
         self._last_output_s = 0.0
+        # Silence after which the engine is declared hung (a tuning knob tests lower).
+        self.heartbeat_timeout_s = config.heartbeat_timeout_s
         self._process: multiprocessing.process.BaseProcess | None = None
         self._reader: asyncio.Task | None = None
+        self._heartbeat_watch: asyncio.Task | None = None
         self._socket_dir = Path(tempfile.mkdtemp(prefix="sluice-"))
         # Inputs go out on a plain socket (a NOBLOCK send never leaves a future
         # behind); outputs come in on an asyncio socket read by one task.
         self._sync_context = zmq.Context()
         self._context = zmq.asyncio.Context()
+        self._inputs: zmq.Socket | None = None
+        self._outputs: zmq.asyncio.Socket | None = None
 
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
+        try:
+            await self._start_process()
+        except BaseException:
+            await self._stop_process()
+            raise
+
+    async def restart(self) -> None:
+        """A fresh engine process in place of a dead (or hung) one."""
+        await self._stop_process()
+        await self.start()
+
+    def kill(self) -> None:
+        """SIGKILL the engine process now (a forced exit); its death is reported as usual."""
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+
+    async def _start_process(self) -> None:
         token = uuid.uuid4().hex[:8]
         input_address = f"ipc://{self._socket_dir}/in-{token}"
         output_address = f"ipc://{self._socket_dir}/out-{token}"
@@ -85,6 +111,9 @@ class MultiprocessEngineClient(EngineClient):
         loop = asyncio.get_running_loop()
         loop.add_reader(self._process.sentinel, self._on_process_exit)
         self._reader = asyncio.create_task(self._read_outputs(), name="sluice-engine-outputs")
+        self._heartbeat_watch = asyncio.create_task(
+            self._watch_heartbeat(), name="sluice-engine-heartbeat"
+        )
 
     async def _wait_ready(self) -> EngineInfo:
         ready_or_exit = asyncio.ensure_future(self._outputs.recv())
@@ -110,22 +139,36 @@ class MultiprocessEngineClient(EngineClient):
         )
 
     async def shutdown(self) -> None:
-        if self._process is None:
-            return
-        if self._process.is_alive():
+        if self._process is not None and self._process.is_alive():
             asyncio.get_running_loop().remove_reader(self._process.sentinel)
             self._send(Shutdown())
             await asyncio.to_thread(self._process.join, 10)
-            if self._process.is_alive():
-                self._process.kill()
-        self._mark_dead("the engine was shut down")
-        if self._reader is not None:
-            self._reader.cancel()
-        self._inputs.close(linger=0)
-        self._outputs.close(linger=0)
+        await self._stop_process()
         self._context.term()
         self._sync_context.term()
+
+    async def _stop_process(self) -> None:
+        """Kill what is left of the engine process, close its sockets, stop the tasks."""
+        self._mark_dead("the engine was shut down")
+        for task in (self._reader, self._heartbeat_watch):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._reader = self._heartbeat_watch = None
+        if self._process is not None and self._process.pid is not None:  # it was started
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self._process.sentinel)
+            if self._process.is_alive():
+                self._process.kill()
+            await asyncio.to_thread(self._process.join, 10)
+            with contextlib.suppress(ValueError):
+                self._process.close()
         self._process = None
+        for socket in (self._inputs, self._outputs):
+            if socket is not None:
+                socket.close(linger=0)
+        self._inputs = self._outputs = None
 
     # -- requests --------------------------------------------------------------
 
@@ -150,6 +193,8 @@ class MultiprocessEngineClient(EngineClient):
             self._send(AbortRequests(live))
 
     def _send(self, message: AddRequest | AbortRequests | Shutdown) -> None:
+        if self._inputs is None:
+            return
         try:
             self._inputs.send(input_encoder.encode(message), flags=zmq.NOBLOCK)
         except zmq.Again:
@@ -190,9 +235,25 @@ class MultiprocessEngineClient(EngineClient):
                 return
 
     def _on_process_exit(self) -> None:
+        if self._process is None:
+            return
         asyncio.get_running_loop().remove_reader(self._process.sentinel)
-        code = self._process.exitcode if self._process is not None else None
-        self._mark_dead(f"the engine process exited (code {code})")
+        self._process.join(0)  # reap it, so its exit code is known
+        self._mark_dead(f"the engine process exited (code {self._process.exitcode})")
+
+    async def _watch_heartbeat(self) -> None:
+        while True:
+            timeout_s = self.heartbeat_timeout_s
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+            if self.seconds_since_output > timeout_s and not self._has_unread_output():
+                logger.error("the engine sent nothing for %.0f s: killing it", timeout_s)
+                self.kill()
+                self._mark_dead(f"the engine stopped answering (no heartbeat for {timeout_s:g} s)")
+                return
+
+    def _has_unread_output(self) -> bool:
+        # After a long stall of this loop, messages may be waiting unread: not a hang.
+        return self._outputs is not None and bool(self._outputs.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
     def _mark_dead(self, message: str) -> None:
         if self._is_alive:

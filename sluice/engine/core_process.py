@@ -4,11 +4,18 @@ ZMQ, steps, and pushes every step's deltas back as one message.
 The loop blocks on input only when it has nothing to run; otherwise it drains
 whatever arrived and steps at once. While idle it sends a heartbeat so the
 client can tell a hung engine from a quiet one.
+
+Signals: SIGINT is ignored (Ctrl+C reaches the whole process group; the server
+decides how to stop, draining first). If the server process disappears
+without telling it, the engine exits by itself at its next heartbeat instead
+of living on as an orphan.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 
 import zmq
@@ -35,6 +42,7 @@ HEARTBEAT_INTERVAL_S = 1.0
 def run_engine_process(config: EngineConfig, input_address: str, output_address: str) -> None:
     """Entry point of the engine process (spawned by the client)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     context = zmq.Context()
     inputs = context.socket(zmq.PULL)
     inputs.connect(input_address)
@@ -73,6 +81,7 @@ class EngineLoop:
         self.poller = zmq.Poller()
         self.poller.register(inputs, zmq.POLLIN)
         self.is_shutting_down = False
+        self.parent_pid = os.getppid()
 
     def run(self) -> None:
         last_sent = time.monotonic()
@@ -86,6 +95,9 @@ class EngineLoop:
             # 3. One message with everything this step produced (or a heartbeat).
             now = time.monotonic()
             if deltas or errors or now - last_sent >= HEARTBEAT_INTERVAL_S:
+                if os.getppid() != self.parent_pid:
+                    logger.error("the server process is gone; the engine exits")
+                    return
                 self._send(deltas, errors)
                 last_sent = now
 

@@ -3,7 +3,10 @@
 For tests and the offline API's async users. Same contract as the process
 client: inputs go through a queue the engine thread drains between steps;
 each step's deltas cross to the event loop as one value via
-`call_soon_threadsafe`, never as a shared object.
+`call_soon_threadsafe`, never as a shared object. If a step raises, every
+open request hears EngineDeadError; `restart()` then builds a fresh core on
+the same loaded weights. A hung thread cannot be stopped: hang detection
+needs the process engine.
 """
 
 from __future__ import annotations
@@ -50,6 +53,14 @@ class InProcessEngineClient(EngineClient):
         await asyncio.to_thread(self._thread.join, 30)
         self._thread = None
         self._mark_dead("the engine was shut down")
+
+    async def restart(self) -> None:
+        """A fresh core (new scheduler and KV cache, same weights) on a new thread."""
+        await self.shutdown()
+        # Allocating the KV cache takes a while: off the loop.
+        self.core = await asyncio.to_thread(EngineCore, self.core.config, self.core.loaded)
+        self._inputs = queue.SimpleQueue()
+        await self.start()
 
     def add_request(
         self,
@@ -104,7 +115,9 @@ class InProcessEngineClient(EngineClient):
         block = not self.core.has_unfinished_requests()
         while True:
             try:
-                message = self._inputs.get(timeout=IDLE_WAIT_S) if block else self._inputs.get_nowait()
+                message = (
+                    self._inputs.get(timeout=IDLE_WAIT_S) if block else self._inputs.get_nowait()
+                )
             except queue.Empty:
                 return True
             block = False

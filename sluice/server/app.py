@@ -12,7 +12,13 @@ Each generation route: parse the body (protocol) -> check it and tokenize
 - A client that goes away is noticed by waiting on the ASGI `receive` channel
   for `http.disconnect` (never by polling) and cancels the request, which the
   frontend turns into an engine abort; streams are closed in every case.
-- The engine starts and stops with the app (lifespan).
+- The engine starts and stops with the app (lifespan), and so do its
+  supervisor (restart or exit when it dies) and the loop watchdog.
+- Every engine request passes the `AdmissionGate`: a full queue or a draining
+  server is a 503 with Retry-After before any work; a request that waits past
+  its first-token deadline gets one clear error.
+- A stream whose writes stay stuck for `send_timeout_s` is cut and its engine
+  requests aborted; other streams never wait for it.
 """
 
 from __future__ import annotations
@@ -20,32 +26,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 from typing import Protocol, TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import Receive
 
 from sluice.config import ServerConfig
 from sluice.engine.client_base import EngineClient, EngineStats
+from sluice.engine.supervisor import EngineSupervisor, RestartableEngine
 from sluice.errors import EngineDeadError, InvalidRequestError
+from sluice.frontend.debug import DebugHooks
 from sluice.frontend.detokenizer import DecodingTokenizer
-from sluice.frontend.preprocess import Preprocessor, PromptTokenizer
+from sluice.frontend.preprocess import PromptTokenizer
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend
-from sluice.server import protocol, to_internal
-from sluice.server.errors import install_error_handlers, unavailable_response
+from sluice.server import admission, protocol, to_internal
+from sluice.server.admission import AdmissionCollector, AdmissionGate, ShuttingDownError
+from sluice.server.errors import (
+    error_event_response,
+    install_error_handlers,
+    unavailable_response,
+)
+from sluice.server.event_stream import EventStreamResponse, UsageCounter, completion_tokens
+from sluice.server.loop_watchdog import LoopWatchdog
 from sluice.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sluice.server.metrics import ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
-
-# Bodies beyond this are refused before parsing (a 1M-token prompt is ~4 MB).
-MAX_BODY_BYTES = 64 * 1024 * 1024
-_DONE_EVENT = b"data: [DONE]\n\n"
+from sluice.server.preprocessing import ServerPreprocessor
+from sluice.server.shutdown import GracefulShutdown
 
 T = TypeVar("T")
 Body = TypeVar("Body", bound=protocol.OpenAIModel)
@@ -71,17 +84,38 @@ def create_app(
     model_name: str,
     max_model_len: int,
     stats: Callable[[], EngineStats] | None = None,
+    *,
+    debug: DebugHooks | None = None,
 ) -> FastAPI:
-    """The app serving `engine` as `model_name` (ServerConfig.served_model_name wins)."""
+    """The app serving `engine` as `model_name` (ServerConfig.served_model_name wins).
+
+    `debug` (tests and benchmarks only) stalls the loop or the readers on purpose.
+    """
     served_name = config.served_model_name or model_name
-    routes = Routes(engine, tokenizer, served_name, max_model_len, stats)
+    gate = AdmissionGate(engine, admission.capacity_of(config.engine.scheduler))
+    routes = Routes(config, gate, tokenizer, served_name, max_model_len, stats, debug=debug)
+    supervisor = None
+    if isinstance(engine, RestartableEngine):
+        supervisor = EngineSupervisor(
+            engine, config.on_engine_death, on_exit=lambda: shutdown.exit(1)
+        )
+    shutdown = GracefulShutdown(gate, config.drain_timeout_s, supervisor)
+    watchdog = LoopWatchdog(routes.metrics.registry)
+    routes.metrics.registry.register(AdmissionCollector(gate))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
+        watchdog.start()
+        if supervisor is not None:
+            supervisor.start()
         try:
             yield
         finally:
+            if supervisor is not None:
+                await supervisor.stop()
+            await watchdog.stop()
+            await routes.frontend.aclose()
             await engine.shutdown()
 
     app = FastAPI(
@@ -92,6 +126,8 @@ def create_app(
     )
     install_error_handlers(app)
     app.state.routes = routes
+    # The server (launch.make_server) runs this on SIGTERM.
+    app.state.shutdown = shutdown
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
     app.add_api_route("/v1/models", routes.models, methods=["GET"])
@@ -108,47 +144,62 @@ class Routes:
 
     def __init__(
         self,
-        engine: EngineClient,
+        config: ServerConfig,
+        gate: AdmissionGate,
         tokenizer: ServedTokenizer,
         served_name: str,
         max_model_len: int,
         stats: Callable[[], EngineStats] | None,
+        *,
+        debug: DebugHooks | None = None,
     ):
-        self.engine = engine
+        self.gate = gate
         self.tokenizer = tokenizer
         self.served_name = served_name
         self.max_model_len = max_model_len
+        self.max_body_bytes = config.limits.max_request_body_bytes
+        self.send_timeout_s = config.send_timeout_s
+        self.queue_timeout_s = config.queue_timeout_s
         self.created = int(time.time())
         self.metrics = ServerMetrics(served_name, stats)
-        self.frontend = Frontend(engine, tokenizer, observer=self.metrics)
-        self.preprocessor = Preprocessor(tokenizer, max_model_len)
-        self.options = to_internal.RequestOptions(served_name, self.preprocessor)
+        self.frontend = Frontend(gate, tokenizer, observer=self.metrics, debug=debug)
+        self.preprocessor = ServerPreprocessor(tokenizer, max_model_len)
+        self.options = to_internal.RequestOptions(served_name, self.preprocessor, config.limits)
 
     # -- generation ------------------------------------------------------------
 
     async def completions(self, request: Request) -> Response:
-        body = await read_body(request, protocol.CompletionRequest)
-        self._check_engine()
+        body = await read_body(request, protocol.CompletionRequest, self.max_body_bytes)
+        timeout_s = self._admit(request)
         generation = await to_internal.completion_request(body, self.options)
-        return await self._respond(request, generation)
+        return await self._respond(request, generation, timeout_s)
 
     async def chat_completions(self, request: Request) -> Response:
-        body = await read_body(request, protocol.ChatCompletionRequest)
-        self._check_engine()
+        body = await read_body(request, protocol.ChatCompletionRequest, self.max_body_bytes)
+        timeout_s = self._admit(request)
         generation = await to_internal.chat_request(body, self.options)
-        return await self._respond(request, generation)
+        return await self._respond(request, generation, timeout_s)
 
-    def _check_engine(self) -> None:
-        if not self.engine.is_alive:
+    def _admit(self, request: Request) -> float | None:
+        """Refuse before any work if the request cannot run; its first-token deadline."""
+        timeout_s = admission.queue_timeout_s(
+            request.headers.get(admission.QUEUE_TIMEOUT_HEADER), self.queue_timeout_s
+        )
+        if not self.gate.is_alive:
             raise EngineDeadError("the engine is not running; retry later")
+        self.gate.check_open()
+        return timeout_s
 
-    async def _respond(self, request: Request, generation: GenerationRequest) -> Response:
+    async def _respond(
+        self, request: Request, generation: GenerationRequest, timeout_s: float | None
+    ) -> Response:
         log = _request_log(request)
         if log is not None:
             log.num_prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
-        if generation.stream:
-            return await self._stream(request, generation, log)
-        return await self._complete(request, generation, log)
+        with admission.first_token_deadline(timeout_s):
+            if generation.stream:
+                return await self._stream(request, generation, log)
+            return await self._complete(request, generation, log)
 
     async def _stream(
         self, request: Request, generation: GenerationRequest, log: RequestLog | None
@@ -159,8 +210,12 @@ class Routes:
         if first_event is None:
             await events.aclose()
             return Response(status_code=CLIENT_CLOSED_STATUS)
-        counter = _UsageCounter(log) if generation.include_usage else None
-        return EventStreamResponse(first_event, events, counter)
+        error = error_event_response(first_event)
+        if error is not None:
+            await events.aclose()
+            return error
+        counter = UsageCounter(log) if generation.include_usage else None
+        return EventStreamResponse(first_event, events, counter, self.send_timeout_s)
 
     async def _complete(
         self, request: Request, generation: GenerationRequest, log: RequestLog | None
@@ -169,7 +224,7 @@ class Routes:
         if body is None:
             return Response(status_code=CLIENT_CLOSED_STATUS)
         if log is not None:
-            log.num_completion_tokens = _completion_tokens(body)
+            log.num_completion_tokens = completion_tokens(body)
         return Response(body, media_type="application/json")
 
     # -- everything else -----------------------------------------------------
@@ -187,7 +242,9 @@ class Routes:
         return _json({"object": "list", "data": [card]})
 
     async def health(self) -> Response:
-        if self.engine.is_alive:
+        if self.gate.is_draining:
+            return unavailable_response(ShuttingDownError("the server is shutting down"))
+        if self.gate.is_alive:
             return Response(status_code=200)
         return unavailable_response(EngineDeadError("the engine is not running"))
 
@@ -198,7 +255,7 @@ class Routes:
         return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     async def tokenize(self, request: Request) -> Response:
-        body = await read_body(request, protocol.TokenizeRequest)
+        body = await read_body(request, protocol.TokenizeRequest, self.max_body_bytes)
         to_internal.check_model(body.model, self.served_name)
         token_ids = await self._tokenize(body)
         result: dict[str, object] = {
@@ -224,7 +281,7 @@ class Routes:
         return await self.preprocessor.encode(text, bool(body.add_special_tokens))
 
     async def detokenize(self, request: Request) -> Response:
-        body = await read_body(request, protocol.DetokenizeRequest)
+        body = await read_body(request, protocol.DetokenizeRequest, self.max_body_bytes)
         to_internal.check_model(body.model, self.served_name)
         if body.tokens is None:
             raise InvalidRequestError("'tokens' is required", param="tokens")
@@ -232,65 +289,12 @@ class Routes:
         return _json({"prompt": await self.preprocessor.decode(body.tokens)})
 
 
-class EventStreamResponse(StreamingResponse):
-    """SSE events, the first already in hand; the event source is always closed.
-
-    Starlette cancels the response when the client disconnects; closing the
-    frontend's generator here (whether it finished, failed or was cancelled)
-    is what guarantees its engine requests are aborted.
-    """
-
-    def __init__(
-        self,
-        first_event: bytes,
-        events: AsyncGenerator[bytes, None],
-        usage_counter: _UsageCounter | None,
-    ):
-        self._events = events
-        self._body = self._chain(first_event, events, usage_counter)
-        super().__init__(
-            self._body,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._body.aclose()
-            await self._events.aclose()
-
-    @staticmethod
-    async def _chain(
-        first_event: bytes, events: AsyncIterator[bytes], usage_counter: _UsageCounter | None
-    ) -> AsyncIterator[bytes]:
-        yield first_event
-        async for event in events:
-            if usage_counter is not None:
-                usage_counter.see(event)
-            yield event
-
-
-class _UsageCounter:
-    """Completion tokens for the access log, from the usage chunk before [DONE]."""
-
-    def __init__(self, log: RequestLog | None):
-        self._log = log
-        self._previous = b""
-
-    def see(self, event: bytes) -> None:
-        if event == _DONE_EVENT and self._log is not None:
-            self._log.num_completion_tokens = _completion_tokens(self._previous[6:])
-        self._previous = event
-
-
-async def read_body(request: Request, model: type[Body]) -> Body:
+async def read_body(request: Request, model: type[Body], max_bytes: int) -> Body:
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
-        if len(raw) > MAX_BODY_BYTES:
-            raise InvalidRequestError(f"the request body exceeds {MAX_BODY_BYTES} bytes")
+        if len(raw) > max_bytes:
+            raise InvalidRequestError(f"the request body exceeds {max_bytes} bytes")
     return protocol.parse_body(bytes(raw), request.headers.get("content-type"), model)
 
 
@@ -318,15 +322,6 @@ async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T | None
 async def _wait_for_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def _completion_tokens(body: bytes) -> int | None:
-    try:
-        usage = orjson.loads(body).get("usage") or {}
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    tokens = usage.get("completion_tokens")
-    return tokens if isinstance(tokens, int) else None
 
 
 def _request_log(request: Request) -> RequestLog | None:

@@ -1,44 +1,112 @@
 """Run the app under uvicorn (uvloop + httptools), and assemble it for `sluice serve`.
 
-`serve(app, config)` blocks until the server stops and logs the address it
-actually bound (port 0 picks a free one). `run_server(config)` is what the CLI
-calls: it describes the model in this process (tokenizer, name, context
-length: cheap, no weights), builds the engine client (its own process by
-default, else a thread here), and serves. The engine starts and stops in
-the app's lifespan, on uvicorn's event loop.
+`serve(app, config)` blocks until the server stops, logs the address it
+actually bound (port 0 picks a free one) and returns the exit status.
+`run_server(config)` is what the CLI calls: it describes the model in this
+process (tokenizer, name, context length: cheap, no weights), builds the
+engine client (its own process by default, else a thread here), and serves.
+The engine starts and stops in the app's lifespan, on uvicorn's event loop.
+
+Signals (main thread only): SIGTERM or a first SIGINT drain the app
+(`sluice.server.shutdown`) and then stop, exit status 0; a second SIGINT
+exits at once. Unlike plain uvicorn, the signal is not re-raised afterwards,
+so a drained server exits 0. Connections beyond `max_connections` get 503.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sluice.config import EngineConfig, ModelConfig, ServerConfig
 from sluice.engine.client_base import EngineClient, EngineStats
 from sluice.errors import ModelLoadError
+from sluice.server.connection import AbortableHttpToolsProtocol
+from sluice.server.shutdown import GracefulShutdown
 from sluice.tokenizer import Tokenizer
 
 logger = logging.getLogger("sluice.server")
 
-# Streams still open at shutdown get this long to finish before they are cut.
+# After the app's own drain, connections still open get this long to flush.
 GRACEFUL_SHUTDOWN_S = 5
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class SluiceServer(uvicorn.Server):
-    """uvicorn's server, logging the bound address once it listens."""
+    """uvicorn's server: logs the bound address, drains the app on SIGTERM."""
+
+    def __init__(self, config: uvicorn.Config, shutdown: GracefulShutdown | None = None):
+        super().__init__(config)
+        self.shutdown_plan = shutdown
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._num_signals = 0
 
     async def startup(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        if not self.config.loaded:
+            self.config.load()
+        if self.config.http_protocol_class is HttpToolsProtocol:
+            # Same protocol, plus a way for the app to drop a stuck connection.
+            self.config.http_protocol_class = AbortableHttpToolsProtocol
+        if self.shutdown_plan is not None:
+            self.shutdown_plan.bind(self._stop)
         await super().startup(sockets)
         for address in self.bound_addresses():
             logger.info("sluice listening on http://%s:%d", address[0], address[1])
 
     def bound_addresses(self) -> list[tuple[str, int]]:
         return [socket.getsockname()[:2] for server in self.servers for socket in server.sockets]
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.shutdown_plan is None else self.shutdown_plan.exit_code
+
+    def begin_graceful_shutdown(self) -> None:
+        """What SIGTERM does; callable from any thread."""
+        if self._loop is None or self.shutdown_plan is None:
+            self.should_exit = True
+            return
+        self._loop.call_soon_threadsafe(self.shutdown_plan.begin)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # uvicorn re-raises the signal after stopping (exit status -15);
+        # a drained server exits 0 instead.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._num_signals += 1
+        if self._num_signals == 1:
+            logger.info("signal %d: draining, then stopping", sig)
+            self.begin_graceful_shutdown()
+        elif sig == signal.SIGINT:
+            if self._loop is None or self.shutdown_plan is None:
+                self.force_exit = self.should_exit = True
+            else:
+                self._loop.call_soon_threadsafe(self.shutdown_plan.force)
+
+    def _stop(self, force: bool) -> None:
+        self.force_exit = self.force_exit or force
+        self.should_exit = True
 
 
 def make_server(app: FastAPI, config: ServerConfig) -> SluiceServer:
@@ -53,13 +121,18 @@ def make_server(app: FastAPI, config: ServerConfig) -> SluiceServer:
         access_log=False,
         log_config=None,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        limit_concurrency=config.max_connections,
     )
-    return SluiceServer(uvicorn_config)
+    # create_app leaves its drain plan here; other apps stop the uvicorn way.
+    shutdown = getattr(app.state, "shutdown", None)
+    return SluiceServer(uvicorn_config, shutdown)
 
 
-def serve(app: FastAPI, config: ServerConfig) -> None:
-    """Serve `app` until interrupted."""
-    make_server(app, config).run()
+def serve(app: FastAPI, config: ServerConfig) -> int:
+    """Serve `app` until stopped; the exit status."""
+    server = make_server(app, config)
+    server.run()
+    return server.exit_code
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +212,7 @@ def run_server(config: ServerConfig) -> int:
         assembly.model.max_model_len,
         stats=assembly.stats,
     )
-    serve(app, config)
-    return 0
+    return serve(app, config)
 
 
 def _configure_logging() -> None:

@@ -13,14 +13,15 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
+from sluice.config import RequestLimits
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import InvalidRequestError, ModelNotFoundError
 from sluice.frontend.preprocess import ChatMessage, Preprocessor
 from sluice.frontend.request import GenerationRequest, PromptInput
-from sluice.server import protocol
+from sluice.server import limits, protocol
 
 T = TypeVar("T")
 RequestKind = Literal["completion", "chat"]
@@ -37,6 +38,7 @@ class RequestOptions:
 
     served_model_name: str
     preprocessor: Preprocessor
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
 
 def check_model(requested: str | None, served_model_name: str) -> str:
@@ -54,11 +56,15 @@ async def completion_request(
     body: protocol.CompletionRequest, options: RequestOptions
 ) -> GenerationRequest:
     model_name = check_model(body.model, options.served_model_name)
+    limits.check_body(body, options.limits)
     n = body.n or 1
     _refuse_unsupported_completion_fields(body, n)
     stream = _check_stream_options(body)
     prompts = await _completion_prompts(body, n, options.preprocessor)
-    requested_max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+    limits.check_prompts(prompts, options.limits, "prompt")
+    requested_max_tokens = limits.cap_max_tokens(
+        body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS, options.limits
+    )
     max_tokens = options.preprocessor.fit_max_tokens(prompts, requested_max_tokens, "prompt")
     params = sampling_params(body, max_tokens, body.logprobs, options.preprocessor)
     echo = _default(body.echo, False)
@@ -69,6 +75,7 @@ async def chat_request(
     body: protocol.ChatCompletionRequest, options: RequestOptions
 ) -> GenerationRequest:
     model_name = check_model(body.model, options.served_model_name)
+    limits.check_body(body, options.limits)
     n = body.n or 1
     logprobs = _chat_logprobs(body)
     _check_response_format(body.response_format)
@@ -79,8 +86,10 @@ async def chat_request(
         add_generation_prompt=_default(body.add_generation_prompt, True),
         add_special_tokens=_default(body.add_special_tokens, False),
     )
+    limits.check_prompts([prompt], options.limits, "messages")
     requested_max_tokens = body.max_completion_tokens or body.max_tokens
     max_tokens = options.preprocessor.fit_max_tokens([prompt], requested_max_tokens, "messages")
+    max_tokens = limits.cap_max_tokens(max_tokens, options.limits)
     params = sampling_params(body, max_tokens, logprobs, options.preprocessor)
     return _generation_request(body, "chat", model_name, (prompt,), n, params, stream, False)
 

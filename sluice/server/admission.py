@@ -1,0 +1,268 @@
+"""Admission control at the edge: a bounded queue, first-token deadlines, a drain switch.
+
+`AdmissionGate` wraps the engine client the frontend talks to. Each engine
+request is counted from `add_request` until its sink hears its finish or an
+error, or it is aborted. Invariants:
+- At most `capacity` engine requests are in flight (running + waiting). The
+  engine runs at most max_num_seqs at once, so capacity = max_num_seqs +
+  max_waiting_requests bounds its waiting queue. Beyond it `add_request`
+  raises QueueFullError at once (503 with Retry-After): nothing piles up.
+- A request admitted under `first_token_deadline(timeout_s)` that has
+  produced nothing when the timeout expires is aborted in the engine and its
+  sink gets one QueueTimeoutError: a 503 if its stream has not started, an
+  error event and [DONE] if it has. Never a silent drop.
+- While draining (shutdown), `add_request` refuses with ServiceUnavailableError;
+  `fail_all` ends every open request with one error and aborts it in the engine.
+- A sink hears nothing after its finish or its error, also when the gate
+  itself ended the request (the wrapped client's promise, kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sluice.config import SchedulerConfig
+from sluice.engine.client_base import DeltaSink, EngineClient
+from sluice.engine.outputs import RequestDelta
+from sluice.engine.sampling_params import SamplingParams
+from sluice.errors import InvalidRequestError, QueueFullError, ServiceUnavailableError
+
+# Request header: the longest this request may wait for its first token, in seconds.
+QUEUE_TIMEOUT_HEADER = "x-sluice-queue-timeout"
+
+# Set by the route around the frontend call; read by `add_request` on the same task.
+_first_token_timeout_s: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "sluice_first_token_timeout_s", default=None
+)
+
+
+class QueueTimeoutError(ServiceUnavailableError):
+    """The request waited past its deadline without producing a token."""
+
+
+class ShuttingDownError(ServiceUnavailableError):
+    """The server is draining for shutdown and takes no new requests."""
+
+
+def queue_timeout_s(header_value: str | None, default_s: float | None) -> float | None:
+    """The deadline a request asked for (header), else the server's default."""
+    if header_value is None:
+        return default_s
+    try:
+        timeout_s = float(header_value)
+    except ValueError:
+        timeout_s = float("nan")
+    if not 0 < timeout_s < 86_400:  # NaN fails too
+        raise InvalidRequestError(
+            f"{QUEUE_TIMEOUT_HEADER} must be a number of seconds in (0, 86400)",
+            param=QUEUE_TIMEOUT_HEADER,
+        )
+    return timeout_s
+
+
+@contextlib.contextmanager
+def first_token_deadline(timeout_s: float | None) -> Iterator[None]:
+    """Engine requests added inside this block (on this task, or tasks it
+    creates) are aborted if they produce nothing within `timeout_s`."""
+    token = _first_token_timeout_s.set(timeout_s)
+    try:
+        yield
+    finally:
+        _first_token_timeout_s.reset(token)
+
+
+def capacity_of(config: SchedulerConfig) -> int:
+    return config.max_num_seqs + config.max_waiting_requests
+
+
+class _TrackedSink:
+    """Forwards one engine request's output until it ends; then hears nothing."""
+
+    __slots__ = ("_gate", "_request_id", "_sink", "deadline_handle", "is_open")
+
+    def __init__(self, gate: AdmissionGate, request_id: str, sink: DeltaSink):
+        self._gate = gate
+        self._request_id = request_id
+        self._sink = sink
+        self.deadline_handle: asyncio.TimerHandle | None = None
+        self.is_open = True
+
+    def on_delta(self, delta: RequestDelta) -> None:
+        if not self.is_open:
+            return
+        self.cancel_deadline()  # it produced something: no longer waiting
+        if delta.is_finished:
+            self._gate._release(self._request_id)
+        self._sink.on_delta(delta)
+
+    def on_error(self, error: BaseException) -> None:
+        if self.end():
+            self._sink.on_error(error)
+
+    def end(self) -> bool:
+        """Stop forwarding; True if it was still open."""
+        if not self.is_open:
+            return False
+        self.cancel_deadline()
+        self._gate._release(self._request_id)
+        return True
+
+    def cancel_deadline(self) -> None:
+        if self.deadline_handle is not None:
+            self.deadline_handle.cancel()
+            self.deadline_handle = None
+
+
+class AdmissionGate(EngineClient):
+    """An `EngineClient` that admits at most `capacity` engine requests at once."""
+
+    def __init__(self, engine: EngineClient, capacity: int):
+        assert capacity >= 1, "the gate must admit at least one request"
+        self.engine = engine
+        self.capacity = capacity
+        self.is_draining = False
+        self._open: dict[str, _TrackedSink] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+        # Requests refused or cut by the gate, by reason (read by /metrics).
+        self.num_refused = {"queue_full": 0, "queue_timeout": 0, "shutting_down": 0}
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._open)
+
+    @property
+    def is_full(self) -> bool:
+        return len(self._open) >= self.capacity
+
+    def check_open(self) -> None:
+        """Refuse at once, before any work on the request, if it could not be admitted."""
+        if self.is_draining:
+            self.num_refused["shutting_down"] += 1
+            raise ShuttingDownError("the server is shutting down; retry on another instance")
+        if self.is_full:
+            self.num_refused["queue_full"] += 1
+            raise QueueFullError(
+                f"the waiting queue is full ({self.capacity} requests in flight); retry later"
+            )
+
+    # -- EngineClient ------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: DeltaSink,
+    ) -> None:
+        self.check_open()
+        tracked = _TrackedSink(self, request_id, sink)
+        self._open[request_id] = tracked
+        self._idle.clear()
+        try:
+            self.engine.add_request(request_id, prompt_token_ids, params, tracked)
+        except BaseException:
+            tracked.end()
+            raise
+        timeout_s = _first_token_timeout_s.get()
+        if timeout_s is not None and tracked.is_open:
+            loop = asyncio.get_running_loop()
+            tracked.deadline_handle = loop.call_later(
+                timeout_s, self._expire, request_id, timeout_s
+            )
+
+    def abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            tracked = self._open.get(request_id)
+            if tracked is not None:
+                tracked.end()
+        self.engine.abort(request_ids)
+
+    @property
+    def is_alive(self) -> bool:
+        return self.engine.is_alive
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+
+    # -- draining ----------------------------------------------------------------
+
+    def start_draining(self) -> None:
+        """Refuse every new request from now on."""
+        self.is_draining = True
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight; False if `timeout_s` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def fail_all(self, error: ServiceUnavailableError) -> int:
+        """End every open request with `error` and abort it in the engine; how many."""
+        request_ids = list(self._open)
+        for request_id in request_ids:
+            self._open[request_id].on_error(error)
+        if request_ids and self.engine.is_alive:
+            self.engine.abort(request_ids)
+        return len(request_ids)
+
+    # -- internals -----------------------------------------------------------------
+
+    def _expire(self, request_id: str, timeout_s: float) -> None:
+        tracked = self._open.get(request_id)
+        if tracked is None:
+            return
+        tracked.deadline_handle = None
+        self.num_refused["queue_timeout"] += 1
+        tracked.on_error(
+            QueueTimeoutError(
+                f"the request waited {timeout_s:g} s without being served "
+                "(queue timeout); retry later"
+            )
+        )
+        if self.engine.is_alive:
+            self.engine.abort([request_id])
+
+    def _release(self, request_id: str) -> None:
+        tracked = self._open.pop(request_id, None)
+        if tracked is not None:
+            tracked.is_open = False
+        if not self._open:
+            self._idle.set()
+
+
+class AdmissionCollector(Collector):
+    """/metrics: requests in flight and requests the gate refused, by reason."""
+
+    def __init__(self, gate: AdmissionGate):
+        self._gate = gate
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "sluice:num_requests_in_flight", "Engine requests admitted and not yet ended."
+        )
+        in_flight.add_metric([], self._gate.num_in_flight)
+        yield in_flight
+        refused = CounterMetricFamily(
+            "sluice:requests_refused",
+            "Requests refused (queue full, shutting down) or cut (queue timeout).",
+            labels=["reason"],
+        )
+        for reason, count in self._gate.num_refused.items():
+            refused.add_metric([reason], count)
+        yield refused

@@ -1,0 +1,49 @@
+"""Per-request bounds from `RequestLimits`, each a 400 naming the field.
+
+Checked in two places by `to_internal`: `check_body` before any tokenization
+(counts the client states outright: n, stop strings, logit_bias entries,
+max_tokens), `check_prompts` after it (prompt tokens). `cap_max_tokens` bounds
+a default max_tokens (chat's "rest of the context") without refusing.
+The protocol's fixed caps still apply first; these can only be stricter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sluice.config import RequestLimits
+from sluice.errors import InvalidRequestError
+from sluice.frontend.request import PromptInput
+from sluice.server import protocol
+
+
+def check_body(body: protocol.SamplingFields, limits: RequestLimits) -> None:
+    _at_most(body.n or 1, limits.max_n, "n")
+    stop = body.stop
+    num_stop_strings = 0 if stop is None else 1 if isinstance(stop, str) else len(stop)
+    _at_most(num_stop_strings, limits.max_stop_strings, "stop", what="stop strings")
+    _at_most(len(body.logit_bias or {}), limits.max_logit_bias_entries, "logit_bias",
+             what="logit_bias entries")  # fmt: skip
+    if limits.max_tokens is not None:
+        for field in ("max_tokens", "max_completion_tokens"):
+            value = getattr(body, field, None)
+            if value is not None:
+                _at_most(value, limits.max_tokens, field)
+
+
+def check_prompts(prompts: Sequence[PromptInput], limits: RequestLimits, param: str) -> None:
+    if limits.max_prompt_tokens is None:
+        return
+    for prompt in prompts:
+        _at_most(len(prompt.token_ids), limits.max_prompt_tokens, param, what="prompt tokens")
+
+
+def cap_max_tokens(max_tokens: int, limits: RequestLimits) -> int:
+    return max_tokens if limits.max_tokens is None else min(max_tokens, limits.max_tokens)
+
+
+def _at_most(value: int, limit: int, param: str, what: str | None = None) -> None:
+    if value > limit:
+        raise InvalidRequestError(
+            f"{what or param}: {value}, more than this server's limit of {limit}", param=param
+        )

@@ -1,0 +1,69 @@
+"""The real app on a real socket, for tests: uvicorn on 127.0.0.1 in a thread.
+
+`LiveServer` runs `create_app` under `make_server` (uvloop + httptools, as
+`sluice serve` does) in a daemon thread on a free port, so streaming is seen
+exactly as a client sees it: in-process ASGI transports buffer whole bodies
+and never show a disconnect. The app's lifespan starts and stops the engine.
+
+    with LiveServer(engine, tokenizer) as live:
+        ... requests to live.url ...
+
+Invariants: `__enter__` returns only once the server listens (the engine has
+started), or raises if startup failed; `__exit__` stops the server and waits
+for its thread, which shuts the engine down.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from sluice.config import ServerConfig
+from sluice.engine.client_base import EngineClient, EngineStats
+from sluice.frontend.debug import DebugHooks
+from sluice.server.app import ServedTokenizer, create_app
+from sluice.server.launch import make_server
+
+DEFAULT_MODEL_NAME = "fake-model"
+
+
+class LiveServer:
+    def __init__(
+        self,
+        engine: EngineClient,
+        tokenizer: ServedTokenizer,
+        *,
+        model_name: str = DEFAULT_MODEL_NAME,
+        max_model_len: int = 4096,
+        stats: Callable[[], EngineStats] | None = None,
+        debug: DebugHooks | None = None,
+        # Starting a real engine (its own process, loading weights) takes a while.
+        startup_timeout_s: float = 10.0,
+        **config,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = ServerConfig(host="127.0.0.1", port=0, **config)
+        self.app = create_app(
+            self.config, engine, tokenizer, model_name, max_model_len, stats, debug=debug
+        )
+        self.server = make_server(self.app, self.config)
+        self.startup_timeout_s = startup_timeout_s
+        self.url = ""
+        self._thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not self.server.started:
+            assert self._thread.is_alive(), "the server stopped during startup"
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        ((_, port),) = self.server.bound_addresses()
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self._thread.join(30)

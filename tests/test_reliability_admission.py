@@ -1,0 +1,238 @@
+"""Admission control under overload: a bounded queue, first-token deadlines, draining.
+
+The issue's scenario (500 streams against a queue of 64) is scaled to 200
+streams against 8 running + 16 waiting, on the fake engine in its own
+process: the overflow gets 503 + Retry-After at once and every accepted
+stream completes exactly (contract I1-I5). The gate's own rules are then
+checked one by one on a fake engine in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import aiohttp
+import httpx2
+import orjson
+import pytest
+
+from sluice.engine.sampling_params import SamplingParams
+from sluice.errors import EngineDeadError, QueueFullError
+from sluice.server.admission import (
+    QUEUE_TIMEOUT_HEADER,
+    AdmissionGate,
+    QueueTimeoutError,
+    ShuttingDownError,
+    first_token_deadline,
+)
+from sluice.testing import FakeEngine
+from sluice.testing.contract import Expectations, check_stream
+from sluice.testing.live_server import LiveServer
+from tests.test_engine_client import RecordingSink
+from tests.test_reliability_support import (
+    ServerProcess,
+    completion_body,
+    read_stream,
+    run,
+)
+from tests.test_server_app import ChatFakeTokenizer, LoopFakeEngine
+
+NUM_STREAMS = 200
+MAX_NUM_SEQS = 8
+MAX_WAITING = 16
+STREAM_TOKENS = 40
+PARAMS = SamplingParams(max_tokens=5)
+
+
+def test_overflow_gets_503_at_once_and_every_accepted_stream_completes_exactly(tmp_path):
+    server = ServerProcess(
+        "--max-num-seqs", str(MAX_NUM_SEQS), "--max-waiting-requests", str(MAX_WAITING),
+        "--step-interval-s", "0.02", log_path=tmp_path / "server.log",
+    )  # fmt: skip
+
+    async def go() -> tuple[str, list]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            url = server.url + "/v1/completions"
+            reference = await read_stream(
+                session, url, completion_body(STREAM_TOKENS, stream=False)
+            )
+            expected_text = orjson.loads(reference.body)["choices"][0]["text"]
+            body = completion_body(STREAM_TOKENS) | {"stream_options": {"include_usage": True}}
+            records = await asyncio.gather(
+                *(read_stream(session, url, body) for _ in range(NUM_STREAMS))
+            )
+            return expected_text, records
+
+    with server:
+        expected_text, records = run(go())
+        metrics = httpx2.get(server.url + "/metrics").text
+    accepted = [r for r in records if r.status == 200]
+    refused = [r for r in records if r.status != 200]
+    # Every slot was used, and everything beyond them was refused.
+    assert len(accepted) >= MAX_NUM_SEQS + MAX_WAITING and refused
+    expect = Expectations(kind="completion", num_choices=1, include_usage=True)
+    for record in accepted:
+        result = check_stream(record.raw, expect)  # wire, I1-I5, [DONE] last
+        assert result.error is None
+        assert result.choices[0].text == expected_text
+        assert result.choices[0].finish_reason == "length"
+        assert result.usage["completion_tokens"] == STREAM_TOKENS
+    for record in refused:
+        assert record.status == 503 and record.headers["Retry-After"] == "1"
+        assert "queue is full" in orjson.loads(record.body)["error"]["message"]
+    # At once: a refusal is answered well within the time one accepted stream takes.
+    refusal_s = statistics.median(r.ended_s - r.sent_s for r in refused)
+    accepted_s = statistics.median(r.ended_s - r.sent_s for r in accepted)
+    assert refusal_s < accepted_s / 2, (refusal_s, accepted_s)
+    # Nothing stuck: every admitted request was released.
+    assert "sluice:num_requests_in_flight 0.0" in metrics
+    assert f'sluice:requests_refused_total{{reason="queue_full"}} {len(refused)}.0' in metrics
+
+
+# -- first-token deadlines over HTTP ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_prefill():
+    """A fake engine whose first token takes 100 steps of 10 ms."""
+    engine = LoopFakeEngine(step_interval_s=0.01, prefill_steps=100)
+    with LiveServer(engine, ChatFakeTokenizer(), stats=lambda: engine) as server:
+        yield server
+
+
+def test_a_stream_that_waits_past_its_deadline_gets_a_503_naming_the_timeout(slow_prefill):
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            return await read_stream(
+                session,
+                slow_prefill.url + "/v1/completions",
+                completion_body(5),
+                headers={QUEUE_TIMEOUT_HEADER: "0.2"},
+            )
+
+    record = run(go())
+    assert record.status == 503 and record.headers["Retry-After"] == "1"
+    assert "queue timeout" in orjson.loads(record.body)["error"]["message"]
+    assert 0.2 <= record.ended_s - record.sent_s < 0.9  # the first token would take ~1 s
+    # The engine request was aborted, not left to run for nobody.
+    assert slow_prefill.engine.added_request_ids[-1] in slow_prefill.engine.aborted_request_ids
+
+
+def test_a_started_chat_stream_past_its_deadline_ends_with_an_error_event_and_done(
+    slow_prefill,
+):
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 5}
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            url = slow_prefill.url + "/v1/chat/completions"
+            return await read_stream(session, url, body, headers={QUEUE_TIMEOUT_HEADER: "0.2"})
+
+    record = run(go())
+    # The role chunk went out before the engine produced anything: 200, then the error.
+    assert record.status == 200 and record.is_done
+    result = check_stream(record.raw, Expectations(kind="chat", num_choices=1))
+    assert "queue timeout" in result.error["message"]
+
+
+def test_a_request_within_its_deadline_is_served_and_a_bad_deadline_is_a_400(slow_prefill):
+    with httpx2.Client(base_url=slow_prefill.url, timeout=10) as http:
+        body = completion_body(3, stream=False)
+        served = http.post("/v1/completions", json=body, headers={QUEUE_TIMEOUT_HEADER: "5"})
+        refused = http.post("/v1/completions", json=body, headers={QUEUE_TIMEOUT_HEADER: "soon"})
+    assert served.status_code == 200
+    assert served.json()["choices"][0]["finish_reason"] == "length"
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == QUEUE_TIMEOUT_HEADER
+
+
+# -- the gate's rules, one by one ------------------------------------------------------
+
+
+def test_the_gate_refuses_beyond_its_capacity_and_admits_again_once_one_ends():
+    async def go() -> None:
+        engine = FakeEngine(step_interval_s=0.01)
+        gate = AdmissionGate(engine, capacity=2)
+        sinks = [RecordingSink() for _ in range(3)]
+        gate.add_request("a", [5, 6], PARAMS, sinks[0])
+        gate.add_request("b", [5, 6], PARAMS, sinks[1])
+        with pytest.raises(QueueFullError):
+            gate.add_request("c", [5, 6], PARAMS, sinks[2])
+        assert "c" not in engine.added_request_ids and gate.num_in_flight == 2
+        await sinks[0].done.wait()
+        gate.add_request("c", [5, 6], PARAMS, sinks[2])
+        await asyncio.wait_for(asyncio.gather(sinks[1].done.wait(), sinks[2].done.wait()), 5)
+        assert gate.num_in_flight == 0 and gate.num_refused["queue_full"] == 1
+
+    run(go())
+
+
+def test_an_aborted_request_frees_its_slot_and_its_sink_hears_nothing_more():
+    async def go() -> None:
+        engine = FakeEngine(step_interval_s=0.01)
+        gate = AdmissionGate(engine, capacity=1)
+        sink = RecordingSink()
+        gate.add_request("a", [5], SamplingParams(max_tokens=1000), sink)
+        await asyncio.sleep(0.05)
+        gate.abort(["a"])
+        assert gate.num_in_flight == 0
+        num_heard = len(sink.deltas)
+        await asyncio.sleep(0.05)  # the engine's final "abort" delta arrives now
+        assert len(sink.deltas) == num_heard and not sink.errors
+        assert "a" in engine.aborted_request_ids
+
+    run(go())
+
+
+def test_a_deadline_fires_only_while_nothing_was_produced():
+    async def go() -> None:
+        engine = FakeEngine(step_interval_s=0.01, prefill_steps=30)
+        gate = AdmissionGate(engine, capacity=4)
+        waiting, served = RecordingSink(), RecordingSink()
+        with first_token_deadline(0.1):
+            gate.add_request("waiting", [5], PARAMS, waiting)
+        await waiting.done.wait()
+        assert [type(e) for e in waiting.errors] == [QueueTimeoutError]
+        assert "waiting" in engine.aborted_request_ids
+        quick = FakeEngine(step_interval_s=0.05)
+        gate = AdmissionGate(quick, capacity=4)
+        with first_token_deadline(0.08):
+            gate.add_request("served", [5], PARAMS, served)
+        await asyncio.wait_for(served.done.wait(), 5)
+        # Its first token came in time; the rest took longer than the deadline: no error.
+        assert not served.errors and served.deltas[-1].finish_reason == "length"
+
+    run(go())
+
+
+def test_draining_refuses_new_requests_and_fail_all_tells_every_open_one_once():
+    async def go() -> None:
+        engine = FakeEngine(step_interval_s=0.01)
+        gate = AdmissionGate(engine, capacity=8)
+        sinks = [RecordingSink() for _ in range(3)]
+        for index, sink in enumerate(sinks):
+            gate.add_request(f"r{index}", [5], SamplingParams(max_tokens=1000), sink)
+        gate.start_draining()
+        with pytest.raises(ShuttingDownError):
+            gate.add_request("late", [5], PARAMS, RecordingSink())
+        assert not await gate.wait_idle(0.05)
+        assert gate.fail_all(ShuttingDownError("bye")) == 3
+        await asyncio.sleep(0.05)
+        assert all(len(s.errors) == 1 for s in sinks)
+        assert await gate.wait_idle(0.01)
+        assert set(engine.aborted_request_ids) == {"r0", "r1", "r2"}
+
+    run(go())
+
+
+def test_a_request_the_engine_refuses_takes_no_slot():
+    async def go() -> None:
+        engine = FakeEngine()
+        engine.die()
+        gate = AdmissionGate(engine, capacity=1)
+        with pytest.raises(EngineDeadError):
+            gate.add_request("a", [5], PARAMS, RecordingSink())
+        assert gate.num_in_flight == 0
+
+    run(go())

@@ -1,0 +1,240 @@
+"""Engine death and hangs, on the embedded model in its own engine process.
+
+SIGKILL mid-stream: every open stream ends with one error event and [DONE]
+within 2 s, /health turns 503, the supervisor starts a new engine, /health is
+200 again and a new request succeeds. SIGSTOP (a hang): the missing heartbeat
+gets the engine killed, then the same recovery. The supervisor's policies are
+checked on a scripted engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import time
+
+import aiohttp
+import httpx2
+import pytest
+
+from sluice.config import CacheConfig, EngineConfig
+from sluice.engine.client import MultiprocessEngineClient
+from sluice.engine.inproc_client import InProcessEngineClient
+from sluice.engine.sampling_params import SamplingParams
+from sluice.engine.supervisor import EngineSupervisor
+from sluice.errors import EngineDeadError, ModelLoadError
+from sluice.testing.contract import Expectations, check_stream
+from sluice.testing.live_server import LiveServer
+from tests.test_engine_client import RecordingSink
+from tests.test_engine_core import loaded, make_core, tiny  # noqa: F401 - fixtures
+from tests.test_reliability_support import read_stream, run, wait_for_health
+
+NUM_STREAMS = 4
+# One engine step took up to 6.5 s here under load (4 streams, float32, other
+# jobs on both cores): the fixture's timeout never fires on a slow step. The
+# hang test lowers it once the engine is frozen, when only a hang can be silent.
+HEARTBEAT_TIMEOUT_S = 60.0
+HANG_TIMEOUT_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def live(embedded_model_config, embedded_tokenizer):
+    model = dataclasses.replace(embedded_model_config, max_model_len=2048)
+    engine_config = EngineConfig(
+        model=model,
+        cache=CacheConfig(kv_cache_memory_bytes=256 << 20),
+        heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+    )
+    engine = MultiprocessEngineClient(engine_config)
+    with LiveServer(
+        engine,
+        embedded_tokenizer,
+        model_name="smollm2",
+        max_model_len=2048,
+        stats=engine.stats,
+        startup_timeout_s=180,
+    ) as server:
+        yield server
+
+
+def engine_pid(live) -> int:
+    return live.engine._process.pid
+
+
+def stream_body(max_tokens: int) -> dict:
+    return {"prompt": "Count from one to one thousand: one, two,", "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+
+
+async def streams_cut_by(live, fault) -> list:
+    """Open streams, wait until each has tokens, apply `fault`; every stream's record."""
+    started = [asyncio.Event() for _ in range(NUM_STREAMS)]
+
+    def on_event(index):
+        return lambda record: len(record.events) >= 2 and started[index].set()
+
+    async with aiohttp.ClientSession() as session:
+        url = live.url + "/v1/completions"
+        tasks = [
+            asyncio.create_task(read_stream(session, url, stream_body(1500), on_event=on_event(i)))
+            for i in range(NUM_STREAMS)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+        fault_s = time.monotonic()
+        fault()
+        records = await asyncio.gather(*tasks)
+    return fault_s, records
+
+
+def assert_each_ended_with_one_error_and_done(records, fault_s: float, within_s: float) -> None:
+    for record in records:
+        assert record.status == 200 and record.is_done
+        result = check_stream(record.raw, Expectations(kind="completion", num_choices=1))
+        assert result.error["type"] == "service_unavailable"
+        assert sum(e.startswith(b'data: {"error"') for e in record.events) == 1
+        assert record.ended_s - fault_s < within_s, record.ended_s - fault_s
+
+
+def assert_recovers(live, old_pid: int) -> None:
+    health = httpx2.get(live.url + "/health")
+    assert health.status_code == 503 and health.headers["Retry-After"] == "1"
+    refused = httpx2.post(live.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert refused.status_code == 503
+    wait_for_health(live.url, 180)
+    assert engine_pid(live) != old_pid
+    response = httpx2.post(
+        live.url + "/v1/completions",
+        json={"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0},
+        timeout=60,
+    )
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_killed_engine_ends_every_stream_with_an_error_then_comes_back(live):
+    old_pid = engine_pid(live)
+    fault_s, records = run(streams_cut_by(live, lambda: os.kill(old_pid, signal.SIGKILL)))
+    assert_each_ended_with_one_error_and_done(records, fault_s, within_s=2.0)
+    assert_recovers(live, old_pid)
+
+
+def test_a_hung_engine_is_killed_after_the_heartbeat_timeout_then_comes_back(live):
+    old_pid = engine_pid(live)
+
+    def freeze() -> None:
+        os.kill(old_pid, signal.SIGSTOP)
+        live.engine.heartbeat_timeout_s = HANG_TIMEOUT_S
+
+    try:
+        fault_s, records = run(streams_cut_by(live, freeze))
+    finally:
+        live.engine.heartbeat_timeout_s = HEARTBEAT_TIMEOUT_S
+        if _exists(old_pid):  # never leave a stopped process behind
+            os.kill(old_pid, signal.SIGCONT)
+    # Silence is counted from the engine's last message, at most one step before the fault.
+    assert_each_ended_with_one_error_and_done(records, fault_s, within_s=HANG_TIMEOUT_S + 3.0)
+    assert_recovers(live, old_pid)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# -- the in-process engine ------------------------------------------------------------
+
+
+def test_an_in_process_engine_whose_step_failed_restarts_on_a_fresh_core(loaded):  # noqa: F811
+    async def go() -> None:
+        client = InProcessEngineClient(make_core(loaded))
+        await client.start()
+        broken_core = client.core
+
+        def fail() -> list:
+            raise RuntimeError("boom")
+
+        broken_core.step = fail
+        sink = RecordingSink()
+        client.add_request("a", [5, 9, 13], SamplingParams(max_tokens=4), sink)
+        await asyncio.wait_for(sink.done.wait(), 30)
+        assert [type(e) for e in sink.errors] == [EngineDeadError] and not client.is_alive
+        await client.restart()
+        try:
+            assert client.is_alive and client.core is not broken_core
+            again = RecordingSink()
+            client.add_request("b", [5, 9, 13], SamplingParams(max_tokens=4), again)
+            await asyncio.wait_for(again.done.wait(), 30)
+            assert again.deltas[-1].finish_reason == "length" and len(again.token_ids) == 4
+        finally:
+            await client.shutdown()
+
+    run(go())
+
+
+# -- the supervisor's policies ------------------------------------------------------
+
+
+class ScriptedEngine:
+    """Dies when told; each restart fails while `failures_left` > 0."""
+
+    def __init__(self, failures_left: int = 0):
+        self.is_alive = True
+        self.failures_left = failures_left
+        self.num_restart_calls = 0
+
+    async def restart(self) -> None:
+        self.num_restart_calls += 1
+        if self.failures_left > 0:
+            self.failures_left -= 1
+            raise ModelLoadError("not today")
+        self.is_alive = True
+
+
+def test_the_supervisor_retries_a_failing_restart_until_the_engine_is_back(monkeypatch):
+    monkeypatch.setattr("sluice.engine.supervisor.FIRST_BACKOFF_S", 0.01)
+
+    async def go() -> None:
+        engine = ScriptedEngine(failures_left=2)
+        supervisor = EngineSupervisor(engine, "restart", on_exit=pytest.fail)
+        supervisor.start()
+        engine.is_alive = False
+        deadline = time.monotonic() + 5
+        while not engine.is_alive:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        await supervisor.stop()
+        assert engine.num_restart_calls == 3 and supervisor.num_restarts == 1
+
+    run(go())
+
+
+def test_the_exit_policy_stops_the_server_once_instead_of_restarting():
+    async def go() -> None:
+        engine = ScriptedEngine()
+        exits = []
+        supervisor = EngineSupervisor(engine, "exit", on_exit=lambda: exits.append(1))
+        supervisor.start()
+        engine.is_alive = False
+        await asyncio.sleep(0.5)
+        await supervisor.stop()
+        assert exits == [1] and engine.num_restart_calls == 0
+
+    run(go())
+
+
+def test_a_stopped_supervisor_leaves_a_deliberately_stopped_engine_alone():
+    async def go() -> None:
+        engine = ScriptedEngine()
+        supervisor = EngineSupervisor(engine, "restart", on_exit=pytest.fail)
+        supervisor.start()
+        await supervisor.stop()
+        engine.is_alive = False
+        await asyncio.sleep(0.3)
+        assert engine.num_restart_calls == 0
+
+    run(go())
