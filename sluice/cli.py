@@ -17,14 +17,23 @@ from sluice.config import (
     CacheConfig,
     EngineConfig,
     ModelConfig,
+    RequestLimits,
     SchedulerConfig,
     ServerConfig,
     default_cache_dir,
 )
 from sluice.errors import ModelLoadError
 
-_SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
-               "kb": 10**3, "mb": 10**6, "gb": 10**9}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+}
 
 
 def parse_size(text: str) -> int:
@@ -37,21 +46,44 @@ def parse_size(text: str) -> int:
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model and engine")
-    group.add_argument("--model", default=EMBEDDED_MODEL,
-                       help="'embedded' (SmolLM2-135M-Instruct), an HF folder, or a .gguf file")
+    group.add_argument(
+        "--model",
+        default=EMBEDDED_MODEL,
+        help="'embedded' (SmolLM2-135M-Instruct), an HF folder, or a .gguf file",
+    )
     group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     group.add_argument("--device", default="cpu", help="cpu or cuda")
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")
-    group.add_argument("--kv-cache-memory", type=parse_size, default=None,
-                       help="bytes for the KV cache pool, e.g. 1GiB (CPU default 1GiB)")
-    group.add_argument("--kv-cache-memory-fraction", type=float, default=0.5,
-                       help="share of free GPU memory for the KV pool when no size is given")
+    group.add_argument(
+        "--kv-cache-memory",
+        type=parse_size,
+        default=None,
+        help="bytes for the KV cache pool, e.g. 1GiB (CPU default 1GiB)",
+    )
+    group.add_argument(
+        "--kv-cache-memory-fraction",
+        type=float,
+        default=0.5,
+        help="share of free GPU memory for the KV pool when no size is given",
+    )
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     group.add_argument("--max-num-batched-tokens", type=int, default=512)
     group.add_argument("--max-num-seqs", type=int, default=64)
     group.add_argument("--no-chunked-prefill", action="store_true")
-    group.add_argument("--max-waiting-requests", type=int, default=1024)
+    group.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=1024,
+        help="requests allowed to wait; beyond it new ones get 503",
+    )
+    group.add_argument(
+        "--engine-heartbeat-timeout",
+        type=float,
+        default=60.0,
+        help="seconds of engine silence, with requests pending, before it is "
+        "declared hung and restarted",
+    )
 
 
 def engine_config_from(args: argparse.Namespace, *, multiprocess: bool) -> EngineConfig:
@@ -73,7 +105,84 @@ def engine_config_from(args: argparse.Namespace, *, multiprocess: bool) -> Engin
         enable_chunked_prefill=not args.no_chunked_prefill,
         max_waiting_requests=args.max_waiting_requests,
     )
-    return EngineConfig(model=model, cache=cache, scheduler=scheduler, multiprocess=multiprocess)
+    return EngineConfig(
+        model=model,
+        cache=cache,
+        scheduler=scheduler,
+        multiprocess=multiprocess,
+        heartbeat_timeout_s=args.engine_heartbeat_timeout,
+    )
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument(
+        "--cors-allowed-origins", default="", help="comma-separated origins; empty disables CORS"
+    )
+    parser.add_argument(
+        "--in-process", action="store_true", help="run the engine on a thread of the server process"
+    )
+    reliability = parser.add_argument_group("reliability")
+    reliability.add_argument("--max-connections", type=int, default=4096)
+    reliability.add_argument(
+        "--send-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a stream's write may block before it is aborted",
+    )
+    reliability.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=None,
+        help="default seconds a request may wait for its first token",
+    )
+    reliability.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds running requests get to finish after SIGTERM",
+    )
+    reliability.add_argument("--on-engine-death", choices=["restart", "exit"], default="restart")
+    limits = parser.add_argument_group("per-request limits")
+    limits.add_argument("--max-prompt-tokens", type=int, default=None)
+    limits.add_argument("--max-n", type=int, default=128)
+    limits.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=None,
+        help="the largest max_tokens a client may ask for",
+    )
+    limits.add_argument("--max-stop-strings", type=int, default=16)
+    limits.add_argument("--max-logit-bias", type=int, default=1024)
+    limits.add_argument("--max-request-body", type=parse_size, default=64 << 20)
+
+
+def server_config_from(args: argparse.Namespace) -> ServerConfig:
+    limits = RequestLimits(
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_n=args.max_n,
+        max_tokens=args.max_tokens_limit,
+        max_stop_strings=args.max_stop_strings,
+        max_logit_bias_entries=args.max_logit_bias,
+        max_request_body_bytes=args.max_request_body,
+    )
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        api_key=args.api_key,
+        cors_allowed_origins=tuple(o for o in args.cors_allowed_origins.split(",") if o),
+        engine=engine_config_from(args, multiprocess=not args.in_process),
+        limits=limits,
+        max_connections=args.max_connections,
+        send_timeout_s=args.send_timeout,
+        queue_timeout_s=args.queue_timeout,
+        drain_timeout_s=args.drain_timeout,
+        on_engine_death=args.on_engine_death,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,14 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the OpenAI-compatible server")
     add_engine_flags(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--served-model-name", default=None)
-    serve.add_argument("--api-key", default=None)
-    serve.add_argument("--cors-allowed-origins", default="",
-                       help="comma-separated origins; empty disables CORS")
-    serve.add_argument("--in-process", action="store_true",
-                       help="run the engine on a thread of the server process")
+    add_server_flags(serve)
 
     generate = commands.add_parser("generate", help="generate offline, no server")
     add_engine_flags(generate)
@@ -99,8 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--raw", action="store_true", help="no chat template")
 
-    commands.add_parser("audit", help="check an OpenAI-compatible server's streams",
-                        add_help=False)
+    commands.add_parser("audit", help="check an OpenAI-compatible server's streams", add_help=False)
     return parser
 
 
@@ -126,8 +227,9 @@ def _generate(args: argparse.Namespace) -> int:
 
     config = engine_config_from(args, multiprocess=False)
     llm = LLM(config.model.model, config=config)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
-                            seed=args.seed)
+    params = SamplingParams(
+        temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
+    )
     (output,) = llm.generate(args.prompt, params, use_chat_template=not args.raw)
     print(output.text)
     return 0
@@ -136,12 +238,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from sluice.server.launch import run_server
 
-    engine = engine_config_from(args, multiprocess=not args.in_process)
-    origins = tuple(o for o in args.cors_allowed_origins.split(",") if o)
-    config = ServerConfig(host=args.host, port=args.port,
-                          served_model_name=args.served_model_name, api_key=args.api_key,
-                          cors_allowed_origins=origins, engine=engine)
-    return run_server(config)
+    return run_server(server_config_from(args))
 
 
 if __name__ == "__main__":
