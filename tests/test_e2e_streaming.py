@@ -1,0 +1,244 @@
+"""The original failure, end to end: lagging streams on the real engine, over real sockets.
+
+The real server (engine in its own process, the embedded model) serves 32
+greedy streaming completions with logprobs and continuous usage stats while
+the event loop is stalled periodically by `DebugHooks`, half the clients read
+slowly, and bursts of ~2,000-token prompts keep arriving. Every chunk of
+every stream is checked against the streaming contract
+(`sluice.testing.contract`) and against the non-streamed response of the same
+request: each token delivered exactly once, usage equal to the tokens
+delivered on every chunk, one logprob entry per token, the same text.
+
+The references are fetched first, with no stall and no load, so a fault in
+how deltas merge under lag cannot hide by corrupting both sides alike. Their
+duration also measures a decode step of this batch on this machine; each
+stall then lasts a few such steps, so several steps' deltas pile up in the
+mailboxes (surely in the decode steps between bursts, where steps are
+shortest) however fast or loaded the machine is: coalescing must be seen.
+
+Sizes are for a loaded 2-core CPU (a 32-request decode step takes 0.3-3 s,
+a step with a 256-token prefill chunk 1-10 s): the scenario's shape, smaller
+numbers. A burst of long prompts prefills for ~18 steps, then rests as long
+as it took, so the 24-token streams see both prefill steps and decode steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+
+import aiohttp
+import pytest
+
+from sluice.config import CacheConfig, EngineConfig, SchedulerConfig
+from sluice.frontend.debug import DebugHooks
+from sluice.server.launch import build_engine
+from sluice.testing.contract import Expectations, check_stream, parse_sse, read_body
+from sluice.testing.live_server import LiveServer
+
+pytestmark = pytest.mark.slow
+
+NUM_STREAMS = 32
+MAX_TOKENS = 24
+TOP_LOGPROBS = 2
+# Long prompts arrive this many at a time, burst after burst, until the streams end.
+NUM_CONCURRENT_LONG_PROMPTS = 2
+LONG_PROMPT_TOKENS = 2000
+# Slow readers take this many bytes at a time, then pause.
+SLOW_READ_BYTES = 128
+SLOW_READ_PAUSE_S = 0.1
+# Under load the loop is blocked for a few decode steps, every second.
+LOOP_STALL_EVERY_S = 1.0
+LOOP_STALL_IN_DECODE_STEPS = 2.5
+LOOP_STALL_FOR_S_RANGE = (1.2, 8.0)
+# Streamed and reference runs batch differently: same tokens, logprobs equal
+# up to float32 reduction order.
+LOGPROB_ATOL = 1e-3
+TEST_TIMEOUT_S = 900
+CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_read=300)
+
+OPENINGS = ("Here is a short poem about", "Once upon a time, there was",
+            "A child asked me what makes", "Three facts about")  # fmt: skip
+TOPICS = ("the sea", "a robot", "the moon", "a small town",
+          "coffee", "winter", "a library", "the desert")  # fmt: skip
+STREAM_EXPECT = Expectations(
+    "completion", 1, has_logprobs=True, include_usage=True, continuous_usage_stats=True
+)
+BODY_EXPECT = Expectations("completion", 1, has_logprobs=True)
+
+
+@dataclasses.dataclass(slots=True)
+class StalledServer:
+    live: LiveServer
+    # Off (stalls of 0 s) until the test sizes it.
+    debug: DebugHooks
+    model: str
+
+
+@pytest.fixture(scope="module")
+def server(embedded_model_config):
+    config = EngineConfig(
+        model=dataclasses.replace(embedded_model_config, max_model_len=4096),
+        cache=CacheConfig(kv_cache_memory_bytes=512 << 20),
+        scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=64),
+        multiprocess=True,
+    )
+    assembly = build_engine(config)
+    debug = DebugHooks(loop_stall_every_s=LOOP_STALL_EVERY_S, loop_stall_for_s=0.0)
+    with LiveServer(
+        assembly.engine,
+        assembly.model.tokenizer,
+        model_name=assembly.model.name,
+        max_model_len=assembly.model.max_model_len,
+        stats=assembly.stats,
+        debug=debug,
+        startup_timeout_s=300,
+    ) as live:
+        yield StalledServer(live, debug, assembly.model.name)
+
+
+@dataclasses.dataclass(slots=True)
+class LoadRun:
+    stream_bodies: list[bytes]
+    num_long_prompts: int
+    elapsed_s: float
+
+
+def stream_request(model: str, index: int) -> dict:
+    prompt = f"{OPENINGS[index % len(OPENINGS)]} {TOPICS[index // len(OPENINGS)]}:"
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        # Every stream runs its full length: the same number of tokens to check.
+        "ignore_eos": True,
+        "logprobs": TOP_LOGPROBS,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+
+
+def non_streamed(request: dict) -> dict:
+    return {k: v for k, v in request.items() if k not in ("stream", "stream_options")}
+
+
+async def read_stream(session: aiohttp.ClientSession, url: str, body: dict, is_slow: bool) -> bytes:
+    async with session.post(url, json=body) as response:
+        assert response.status == 200, await response.text()
+        if not is_slow:
+            return await response.read()
+        parts = []
+        while part := await response.content.read(SLOW_READ_BYTES):
+            parts.append(part)
+            await asyncio.sleep(SLOW_READ_PAUSE_S)
+        return b"".join(parts)
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, body: dict) -> bytes:
+    async with session.post(url, json=body) as response:
+        assert response.status == 200, await response.text()
+        return await response.read()
+
+
+async def fetch_references(url: str, model: str) -> list[bytes]:
+    async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
+        requests = [non_streamed(stream_request(model, i)) for i in range(NUM_STREAMS)]
+        return list(await asyncio.gather(*(post_json(session, url, r) for r in requests)))
+
+
+async def feed_long_prompts(
+    session: aiohttp.ClientSession, url: str, body: dict, done: list[bytes]
+) -> None:
+    """Bursts of concurrent long prompts, each burst followed by a rest as long as it took."""
+    while True:
+        started_s = time.monotonic()
+        # A different first token each time: fresh prompts, not repeats.
+        prompts = [
+            [1000 + len(done) + k, *body["prompt"]] for k in range(NUM_CONCURRENT_LONG_PROMPTS)
+        ]
+        done += await asyncio.gather(
+            *(post_json(session, url, body | {"prompt": p}) for p in prompts)
+        )
+        await asyncio.sleep(time.monotonic() - started_s)
+
+
+async def run_under_load(url: str, model: str, long_prompt: list[int]) -> LoadRun:
+    long_body = {"model": model, "prompt": long_prompt, "max_tokens": 1, "temperature": 0}
+    long_prompts_done: list[bytes] = []
+    async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
+        feeder = asyncio.create_task(feed_long_prompts(session, url, long_body, long_prompts_done))
+        started_s = time.monotonic()
+        try:
+            bodies = await asyncio.gather(
+                *(
+                    read_stream(session, url, stream_request(model, i), is_slow=i % 2 == 1)
+                    for i in range(NUM_STREAMS)
+                )
+            )
+        finally:
+            # A burst still in flight is dropped: its clients leave, the engine aborts it.
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeder
+        elapsed_s = time.monotonic() - started_s
+    return LoadRun(list(bodies), len(long_prompts_done), elapsed_s)
+
+
+def tokens_per_chunk(body: bytes) -> list[int]:
+    """Generated tokens in each choice chunk of a completions stream with logprobs."""
+    counts = []
+    for chunk in parse_sse(body):
+        for choice in chunk["choices"]:
+            logprobs = choice["logprobs"]
+            counts.append(len(logprobs["tokens"]) if logprobs else 0)
+    return counts
+
+
+def check_against_reference(stream_body: bytes, reference_body: bytes) -> None:
+    streamed = check_stream(stream_body, STREAM_EXPECT)
+    reference = read_body(reference_body, BODY_EXPECT)
+    (choice,), (expected,) = streamed.choices, reference.choices
+    # I2: the same tokens in the same order, so none duplicated and none skipped.
+    assert choice.token_strings == expected.token_strings
+    assert choice.text == expected.text  # I1
+    assert choice.text_offsets == expected.text_offsets  # I3
+    assert choice.token_logprobs == pytest.approx(expected.token_logprobs, abs=LOGPROB_ATOL)
+    assert choice.finish_reason == expected.finish_reason == "length"
+    assert streamed.usage is not None and reference.usage is not None
+    assert streamed.usage["completion_tokens"] == len(choice.token_strings) == MAX_TOKENS  # I5
+    assert streamed.usage == reference.usage
+
+
+def stall_for_s(decode_step_s: float) -> float:
+    low, high = LOOP_STALL_FOR_S_RANGE
+    return min(high, max(low, LOOP_STALL_IN_DECODE_STEPS * decode_step_s))
+
+
+def test_lagging_streams_under_load_deliver_every_token_once_and_coalesce(server):
+    url = server.live.url + "/v1/completions"
+    filler = server.live.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 250)
+    long_prompt = filler[: LONG_PROMPT_TOKENS - 1]
+
+    async def scenario() -> tuple[list[bytes], float, LoadRun]:
+        started_s = time.monotonic()
+        references = await fetch_references(url, server.model)
+        decode_step_s = (time.monotonic() - started_s) / MAX_TOKENS
+        server.debug.loop_stall_for_s = stall_for_s(decode_step_s)
+        return references, decode_step_s, await run_under_load(url, server.model, long_prompt)
+
+    references, decode_step_s, load = asyncio.run(asyncio.wait_for(scenario(), TEST_TIMEOUT_S))
+    for stream_body, reference_body in zip(load.stream_bodies, references, strict=True):
+        check_against_reference(stream_body, reference_body)
+    counts = [n for body in load.stream_bodies for n in tokens_per_chunk(body)]
+    num_coalesced = sum(n > 1 for n in counts)
+    print(
+        f"\ndecode step ~{decode_step_s:.2f} s, loop stalled {server.debug.loop_stall_for_s:.1f} s "
+        f"every {LOOP_STALL_EVERY_S:.1f} s; {NUM_STREAMS} streams in {load.elapsed_s:.1f} s "
+        f"beside {load.num_long_prompts} long prompts: {num_coalesced} of {len(counts)} chunks "
+        f"carried more than one token (at most {max(counts)}), {sum(counts)} tokens"
+    )
+    assert load.num_long_prompts >= NUM_CONCURRENT_LONG_PROMPTS, "long prompts kept arriving"
+    assert num_coalesced >= 1, "no chunk carried more than one token: the lag was not real"
