@@ -8,6 +8,8 @@ side-by-side step time.
 
     .venv/bin/python benchmarks/model_step.py --threads 2 --compare-hf
     .venv/bin/python benchmarks/model_step.py --threads 1 --clock thread --compare-hf
+    .venv/bin/python benchmarks/model_step.py --threads 1 --clock thread \
+        --dtypes bfloat16 --quantization none int8 int4 --batches 1 16 64
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import transformers
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
 from sluice.models.config import LlamaConfig
 from sluice.models.llama import LlamaForCausalLM
+from sluice.models.quantization import QUANTIZATION_MODES
 
 BLOCK_SIZE = 16
 SMOLLM2_135M = {
@@ -39,6 +42,7 @@ SMOLLM2_135M = {
     "tie_word_embeddings": True,
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+QUANTIZATIONS = ("none", *QUANTIZATION_MODES)
 
 
 def random_hf_model() -> transformers.LlamaForCausalLM:
@@ -47,6 +51,16 @@ def random_hf_model() -> transformers.LlamaForCausalLM:
     config = transformers.LlamaConfig(**SMOLLM2_135M)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     return model.eval()
+
+
+def load_ours(
+    config: LlamaConfig, dtype: torch.dtype, hf_model: transformers.PreTrainedModel, mode: str
+) -> LlamaForCausalLM:
+    model = LlamaForCausalLM(config, dtype, "cpu")
+    model.load_weights(hf_model.state_dict().items())
+    if mode != "none":
+        model.quantize(mode)
+    return model
 
 
 @torch.inference_mode()
@@ -116,6 +130,13 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--compare-hf", action="store_true")
     parser.add_argument(
+        "--quantization",
+        nargs="+",
+        default=["none"],
+        choices=QUANTIZATIONS,
+        help="weight-only modes to time, each on its own copy of the model",
+    )
+    parser.add_argument(
         "--clock",
         choices=["wall", "thread"],
         default="wall",
@@ -131,12 +152,13 @@ def main() -> None:
     hf_model = random_hf_model()
     for dtype_name in args.dtypes:
         dtype = DTYPES[dtype_name]
-        model = LlamaForCausalLM(config, dtype, "cpu")
-        model.load_weights(hf_model.state_dict().items())
+        models = {mode: load_ours(config, dtype, hf_model, mode) for mode in args.quantization}
         hf_model = hf_model.to(dtype)
         for batch in args.batches:
-            times = time_ours(model, batch, args.context, args.steps + args.warmup, clock)
-            report(f"sluice {dtype_name}", times, batch, args.warmup)
+            for mode, model in models.items():
+                times = time_ours(model, batch, args.context, args.steps + args.warmup, clock)
+                label = dtype_name if mode == "none" else f"{dtype_name} {mode}"
+                report(f"sluice {label}", times, batch, args.warmup)
             if args.compare_hf:
                 times = time_transformers(
                     hf_model, batch, args.context, args.steps + args.warmup, clock

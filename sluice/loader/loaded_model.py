@@ -2,7 +2,8 @@
 
 Steps: resolve the source; convert a GGUF to its cached HF folder (once);
 parse config.json; check the files and the tokenizer before allocating
-anything; build `LlamaForCausalLM` and stream the safetensors tensors into it.
+anything; build `LlamaForCausalLM`, stream the safetensors tensors into it,
+and quantize it if `ModelConfig.quantization` asks.
 
 Invariant: every way a model can fail to load (bad path, unsupported
 architecture, missing or corrupt file, impossible max_model_len) surfaces as a
@@ -27,6 +28,7 @@ from sluice.loader.sources import ModelSource, resolve_source
 from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models.config import LlamaConfig
 from sluice.models.llama import LlamaForCausalLM
+from sluice.models.quantization import check_quantization
 from sluice.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -58,12 +60,15 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model_config = LlamaConfig.from_hf_dict(_read_config_json(folder))
     max_model_len = resolve_max_model_len(config.max_model_len, model_config)
     dtype, device = _dtype(config.dtype), _device(config.device)
+    check_quantization(config.quantization, device)
     files = checkpoint_files(folder)
     tokenizer = Tokenizer.from_folder(folder)
     _check_vocab(tokenizer, model_config)
     # 3. Build and fill the model.
     model = LlamaForCausalLM(model_config, dtype, device)
     model.load_weights(iter_weights(files))
+    if config.quantization is not None:
+        model.quantize(config.quantization)
     model.eval()
     return LoadedModel(
         model=model,
