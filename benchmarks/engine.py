@@ -120,11 +120,18 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--skip-mixed", action="store_true")
+    parser.add_argument(
+        "--quantization",
+        default=None,
+        choices=["int8", "int4"],
+        help="weight-only quantization of sluice's decoder layers",
+    )
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
 
     config = EngineConfig(
-        model=ModelConfig(dtype=args.dtype),
+        model=ModelConfig(dtype=args.dtype, quantization=args.quantization),
         multiprocess=False,
         scheduler=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=64),
     )

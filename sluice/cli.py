@@ -118,6 +118,7 @@ def engine_config_from(args: argparse.Namespace, *, multiprocess: bool) -> Engin
         scheduler=scheduler,
         multiprocess=multiprocess,
         heartbeat_timeout_s=args.engine_heartbeat_timeout,
+        num_threads=args.num_threads,
     )
 
 

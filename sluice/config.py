@@ -74,6 +74,10 @@ class EngineConfig:
     # when idle, so this must exceed the longest step: a CPU prefill chunk can
     # take seconds on a loaded machine, hence the generous default.
     heartbeat_timeout_s: float = 60.0
+    # torch intra-op threads of the engine; None: torch's default (all cores).
+    # On a small machine shared with the HTTP process, fewer threads avoid
+    # OpenMP barriers waiting on a descheduled thread.
+    num_threads: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,8 @@ class EngineStatsSnapshot:
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
         self.config = config
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
         self.loaded = loaded or load_model(config.model)
         dtype = _torch_dtype(config.model.dtype)
         device = torch.device(config.model.device)
