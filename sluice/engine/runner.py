@@ -32,7 +32,9 @@ class ModelRunner:
         self.block_size_tokens = block_size_tokens
         self.device = device
         # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]
-        self.kv_caches = allocate_kv_caches(model_config, num_blocks, block_size_tokens, dtype, device)
+        self.kv_caches = allocate_kv_caches(
+            model_config, num_blocks, block_size_tokens, dtype, device
+        )
         self.sampler = Sampler(model_config.vocab_size, eos_token_ids, device)
 
     @torch.inference_mode()
