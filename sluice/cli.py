@@ -84,6 +84,12 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="requests allowed to wait; beyond it new ones get 503",
     )
     group.add_argument(
+        "--num-threads",
+        type=int,
+        default=None,
+        help="torch threads of the engine (default: all cores; 1 avoids contention on 2 cores)",
+    )
+    group.add_argument(
         "--engine-heartbeat-timeout",
         type=float,
         default=60.0,

@@ -40,6 +40,8 @@ def test_serve_flags_become_the_config_tree():
             "exit",
             "--dtype",
             "bfloat16",
+            "--num-threads",
+            "1",
         ]
     )
     config = server_config_from(args)
@@ -52,6 +54,7 @@ def test_serve_flags_become_the_config_tree():
     assert config.engine.scheduler.max_num_seqs == 8
     assert config.engine.scheduler.enable_chunked_prefill is False
     assert config.engine.model.dtype == "bfloat16"
+    assert config.engine.num_threads == 1
 
 
 def test_a_bad_model_path_is_one_error_line_and_exit_status_2(tmp_path, capsys):
