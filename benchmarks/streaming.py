@@ -164,17 +164,18 @@ class BenchReport:
 
 
 def serve_sluice(port_out: Connection, tokenizer_kind: str, cache_dir: Path) -> None:
-    """Process entry: sluice over a FakeEngine stepping on every loop turn."""
+    """Process entry: sluice over a FakeEngine stepping on every loop turn,
+    served as `sluice serve` serves (`launch.serve`: GC tuned, drain on SIGTERM)."""
     from sluice.server.app import create_app
-    from sluice.server.launch import make_server
+    from sluice.server.launch import serve
 
     tokenizer = load_tokenizer(tokenizer_kind, cache_dir)
     engine = FakeEngine(step_interval_s=0.0, max_model_len=MAX_MODEL_LEN)
     config = ServerConfig(host="127.0.0.1", port=0)
-    server = make_server(create_app(config, engine, tokenizer, MODEL, MAX_MODEL_LEN), config)
+    app = create_app(config, engine, tokenizer, MODEL, MAX_MODEL_LEN)
     sock = listening_socket()
     port_out.send(sock.getsockname()[1])
-    server.run(sockets=[sock])
+    serve(app, config, sockets=[sock])
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from sluice.frontend.chat_chunks import ChatChunks
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest, PromptInput
+from sluice.frontend.sse import encode_event
 from sluice.testing import FakeTokenizer
 from sluice.testing.contract import Expectations, check_stream, read_body
 
@@ -141,3 +142,24 @@ def test_without_logprobs_every_chunk_says_null():
     chunks, _, folded = run(make_request())
     assert all(c["choices"][0]["logprobs"] is None for c in chunks)
     assert all(c["logprobs"] is None for c in orjson.loads(folded)["choices"])
+
+
+def test_a_plain_content_chunk_is_spliced_into_exactly_the_bytes_of_the_whole_chunk():
+    chunks = ChatChunks(make_request(), TokenStrings(TOKENIZER))
+    for index, text in ((0, 'a "quoted" \\ line\n'), (1, "😀 語\x01</s>")):
+        delta = ChoiceDelta(text, [T("a"), T("b")], ["", text])
+        choice = {
+            "index": index,
+            "delta": {"content": text},
+            "logprobs": None,
+            "finish_reason": None,
+            "stop_reason": None,
+        }
+        envelope = {
+            "id": "chatcmpl-3",
+            "object": "chat.completion.chunk",
+            "created": 5,
+            "model": "tiny",
+        }
+        assert chunks.delta_event(index, delta) == encode_event(envelope | {"choices": [choice]})
+    assert chunks.usage.total()["completion_tokens"] == 4

@@ -9,7 +9,7 @@ from sluice.frontend.completions_chunks import CompletionChunks
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest, PromptInput
-from sluice.frontend.sse import DONE_EVENT
+from sluice.frontend.sse import DONE_EVENT, encode_event
 from sluice.testing import FakeTokenizer
 from sluice.testing.contract import Expectations, check_stream, read_body
 
@@ -133,3 +133,19 @@ def test_echo_prepends_each_prompt_to_its_choices_first_chunk_and_shifts_offsets
     assert [c.text for c in result.choices] == ["Say:abc", "Say:y", "Hi", "Hix!"]
     assert result.choices[0].text_offsets == [4, 5, 6]
     assert read_body(folded, expectations(request)).choices[3].text_offsets == [2, 3]
+
+
+def test_a_plain_text_chunk_is_spliced_into_exactly_the_bytes_of_the_whole_chunk():
+    chunks = CompletionChunks(make_request(), TokenStrings(TOKENIZER))
+    for index, text in ((0, 'a "quoted" \\ line\n'), (3, "😀 語\x01</s>"), (1, "\x00text\x00")):
+        delta = ChoiceDelta(text, [T("a")], [text])
+        choice = {
+            "index": index,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": None,
+            "stop_reason": None,
+        }
+        envelope = {"id": "cmpl-7", "object": "text_completion", "created": 123, "model": "tiny"}
+        assert chunks.delta_event(index, delta) == encode_event(envelope | {"choices": [choice]})
+    assert chunks.usage.total()["completion_tokens"] == 3

@@ -97,3 +97,62 @@ def test_the_embedded_models_tokenizer_detokenizes_exactly_too(embedded_tokenize
         REPLACEMENT_CHAR
     )
     assert all(REPLACEMENT_CHAR not in piece for piece in pieces[:cut])
+
+
+class _PythonOnly:
+    """The embedded tokenizer seen without its shortcuts: the Python method only."""
+
+    def __init__(self, tokenizer):
+        self.eos_token_ids = tokenizer.eos_token_ids
+        self.decode = tokenizer.decode
+        self.token_bytes = tokenizer.token_bytes
+
+
+class _BackendOnly(_PythonOnly):
+    """... plus its Rust backend, so the detokenizer uses DecodeStream."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.backend = tokenizer.backend
+
+
+def pieces_of(tokenizer, ids: list[int], skip: bool) -> list[str]:
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip)
+    return [detokenizer.push(i) for i in ids] + [detokenizer.flush()]
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_every_shortcut_releases_the_same_pieces_as_the_python_method(embedded_tokenizer, data):
+    text_ids = embedded_tokenizer.encode("Hi 😀 語 ไทย こんにちは café 🧑‍🚀 <|im_end|>")
+    pool = st.one_of(st.sampled_from(text_ids), st.integers(0, embedded_tokenizer.vocab_size - 1))
+    ids = data.draw(st.lists(pool, max_size=30))
+    skip = data.draw(st.booleans())
+    expected = pieces_of(_PythonOnly(embedded_tokenizer), ids, skip)
+    assert pieces_of(embedded_tokenizer, ids, skip) == expected  # context-free texts
+    assert pieces_of(_BackendOnly(embedded_tokenizer), ids, skip) == expected  # DecodeStream
+
+
+def test_context_free_texts_are_whole_characters_of_ordinary_tokens_only(embedded_tokenizer):
+    hello, *_ = embedded_tokenizer.encode("Hello")
+    assert embedded_tokenizer.context_free_text(hello) == "Hello"
+    partial = embedded_tokenizer.encode("😀")
+    assert len(partial) > 1 and embedded_tokenizer.context_free_text(partial[0]) is None
+    (end,) = embedded_tokenizer.encode("<|im_end|>")
+    assert embedded_tokenizer.context_free_text(end) is None  # special: depends on skipping
+
+
+class _RefusingStream:
+    def step(self, backend, token_id):
+        raise Exception("InvalidPrefix")
+
+
+def test_a_window_the_decode_stream_refuses_continues_on_the_python_method(embedded_tokenizer):
+    ids = embedded_tokenizer.encode("Hello there, 語 and 😀 too")
+    expected = pieces_of(_PythonOnly(embedded_tokenizer), ids, True)
+    detokenizer = IncrementalDetokenizer(_BackendOnly(embedded_tokenizer))
+    released = [detokenizer.push(i) for i in ids[:3]]
+    assert detokenizer._stream is not None, "the DecodeStream path is the one under test"
+    detokenizer._stream = _RefusingStream()  # the next step fails as DecodeStream would
+    released += [detokenizer.push(i) for i in ids[3:]] + [detokenizer.flush()]
+    assert released == expected

@@ -117,3 +117,43 @@ def test_merging_a_delta_into_a_finished_one_is_refused():
     finished = step_delta(1, finish=True)
     with pytest.raises(AssertionError):
         finished.merge(step_delta(2))
+
+
+def test_take_returns_nothing_until_a_put_and_wait_is_done_by_then():
+    async def scenario() -> None:
+        mailbox = Mailbox()
+        assert mailbox.take() is None
+        waiter = mailbox.wait()
+        assert not waiter.done()
+        mailbox.put(0, step_delta(1))
+        assert waiter.done()
+        assert mailbox.take()[0].text == "s1 "
+        assert mailbox.take() is None and mailbox.is_empty
+
+    asyncio.run(scenario())
+
+
+def test_wait_is_done_at_once_when_something_is_pending_or_failed():
+    async def scenario() -> None:
+        mailbox = Mailbox()
+        mailbox.put(0, step_delta(1))
+        assert mailbox.wait().done()
+        mailbox.take()
+        mailbox.put_error(EngineDeadError("gone"))
+        assert mailbox.wait().done()
+        with pytest.raises(EngineDeadError):
+            mailbox.take()
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_wait_does_not_break_the_next_put():
+    async def scenario() -> str:
+        mailbox = Mailbox()
+        waiter = mailbox.wait()
+        waiter.cancel()
+        mailbox.put(0, step_delta(2))
+        await mailbox.wait()
+        return mailbox.take()[0].text
+
+    assert asyncio.run(scenario()) == "s2 "

@@ -45,12 +45,13 @@ async def collect(frontend: Frontend, request: GenerationRequest) -> bytes:
 class RecordingObserver:
     calls: list[tuple] = field(default_factory=list)
 
-    def on_first_token(self, ttft_s: float) -> None:
-        self.calls.append(("first_token",))
+    def on_first_token(self, ttft_s: float, num_tokens: int) -> None:
+        assert ttft_s >= 0
+        self.calls.append(("first_token", num_tokens))
 
-    def on_chunk(self, num_tokens: int, gap_s: float) -> None:
-        assert gap_s >= 0
-        self.calls.append(("chunk", num_tokens))
+    def on_chunks(self, num_tokens, gaps_s) -> None:
+        assert len(num_tokens) == len(gaps_s) and all(gap_s >= 0 for gap_s in gaps_s)
+        self.calls.extend(("chunk", n) for n in num_tokens)
 
     def on_finish(self, num_prompt_tokens, num_generation_tokens, e2e_s, finish_reason) -> None:
         self.calls.append(("finish", num_prompt_tokens, num_generation_tokens, finish_reason))
@@ -146,6 +147,23 @@ def test_errors_before_the_first_event_propagate_from_the_first_read():
     asyncio.run(scenario())
 
 
+def test_an_engine_failure_before_the_first_token_propagates_instead_of_an_error_event():
+    async def scenario() -> tuple[FakeEngine, RecordingObserver]:
+        engine = FakeEngine(endless_words, step_interval_s=0.001, prefill_steps=1_000)
+        observer = RecordingObserver()
+        stream = Frontend(engine, TOKENIZER, observer=observer).stream(make_request())
+        first = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0.01)  # both choices are in the engine, nothing produced
+        engine.die()
+        with pytest.raises(EngineDeadError):
+            await first
+        return engine, observer
+
+    engine, observer = asyncio.run(scenario())
+    assert engine.added_request_ids == ["cmpl-9-0", "cmpl-9-1"]
+    assert ("abort",) not in observer.calls  # an error, not a client that left
+
+
 def test_each_choice_gets_its_own_seed_and_engine_request_id():
     seen: dict[str, int | None] = {}
 
@@ -166,10 +184,12 @@ def test_the_observer_sees_first_token_chunks_and_one_finish_per_choice():
     engine = FakeEngine(endless_words, tokens_per_step=3)
     request = make_request(params=SamplingParams(max_tokens=7))
     body = asyncio.run(collect(Frontend(engine, TOKENIZER, observer=observer), request))
-    assert observer.calls[0] == ("first_token",)
+    assert observer.calls[0][0] == "first_token"
+    assert [call[0] for call in observer.calls].count("first_token") == 1
     finishes = [call for call in observer.calls if call[0] == "finish"]
     assert finishes == [("finish", 2, 7, "length")] * 2
-    assert sum(call[1] for call in observer.calls if call[0] == "chunk") == 14
+    chunks = [call for call in observer.calls if call[0] in ("first_token", "chunk")]
+    assert sum(call[1] for call in chunks) == 14
     assert ("abort",) not in observer.calls
     check_stream(body, Expectations("completion", 2))
 

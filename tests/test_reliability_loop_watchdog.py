@@ -12,11 +12,11 @@ by what blocks the loop. What still runs on it for the big request: reading
 and parsing a 100 KB body (orjson, pydantic: a few ms), building the engine
 request from its ~24k prompt ids (a few ms), and the GIL slices the worker
 thread takes around the Rust tokenizer, which runs without it
-(`ServerPreprocessor`). Measured on this 2-core machine under load: the
-server's own loop lag during the message was 5-30 ms, and 150 ms when the
-tokenizer held the GIL, so `LAG_BOUND_S` = 100 ms catches a stall. The
-worst gap the client sees was ~50 ms alone and 45-150 ms with the message:
-it also carries the OS sharing two cores among the server, the tokenizer's
+(`Tokenizer.encode` calls `encode_batch`). Measured on this 2-core machine
+under load: the server's own loop lag during the message was 5-30 ms, and
+150 ms when the tokenizer held the GIL, so `LAG_BOUND_S` = 100 ms catches a
+stall. The worst gap the client sees was ~50 ms alone and 45-150 ms with the
+message: it also carries the OS sharing two cores among the server, the tokenizer's
 thread, the client and other jobs. `GAP_BOUND_S` = 300 ms checks that the
 streams kept flowing through the message, with room for that noise.
 """

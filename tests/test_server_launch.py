@@ -1,7 +1,9 @@
-"""The launcher: uvicorn with uvloop + httptools, logging the address it bound."""
+"""The launcher: uvicorn with uvloop + httptools, logging the address it bound;
+the garbage collector tuned for serving."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -11,7 +13,7 @@ from fastapi import FastAPI
 from starlette.responses import Response
 
 from sluice.config import ServerConfig
-from sluice.server.launch import make_server
+from sluice.server.launch import GC_GEN0_THRESHOLD, make_server, tune_gc_for_serving
 
 
 def hello_app() -> FastAPI:
@@ -48,3 +50,14 @@ def test_the_server_serves_and_logs_the_port_it_actually_bound(caplog):
         thread.join(10)
     messages = [record.getMessage() for record in caplog.records]
     assert f"sluice listening on http://127.0.0.1:{port}" in messages
+
+
+def test_tuning_gc_freezes_what_exists_and_makes_young_collections_rarer():
+    previous = gc.get_threshold()
+    try:
+        tune_gc_for_serving()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (GC_GEN0_THRESHOLD, *previous[1:])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*previous)

@@ -56,14 +56,26 @@ def test_finished_requests_count_tokens_latency_and_reason():
 
 def test_chunks_feed_tokens_per_chunk_and_spread_their_gap_over_their_tokens():
     metrics = ServerMetrics("m")
-    metrics.on_first_token(0.5)
-    metrics.on_chunk(2, 0.5)  # the first chunk: its gap is the TTFT
-    metrics.on_chunk(4, 0.2)
+    metrics.on_first_token(0.5, 2)  # the first chunk: its gap is the TTFT, not an ITL
+    metrics.on_chunks([4], [0.2])
     assert value(metrics, "sluice:time_to_first_token_seconds_count") == 1
     assert value(metrics, "sluice:chunks_sent_total") == 2
     assert value(metrics, "sluice:tokens_per_chunk_sum") == 6
     assert value(metrics, "sluice:inter_token_latency_seconds_count") == 4
     assert abs(value(metrics, "sluice:inter_token_latency_seconds_sum") - 0.2) < 1e-9
+
+
+def test_histogram_buckets_are_cumulative_and_inclusive_of_their_bound():
+    metrics = ServerMetrics("m")
+    metrics.on_chunks([4, 1], [0.04, 3.0])  # 4 tokens 10 ms apart: on the 0.01 bound
+    itl = "sluice:inter_token_latency_seconds_bucket"
+    assert value(metrics, itl, le="0.005") == 0
+    assert value(metrics, itl, le="0.01") == 4
+    assert value(metrics, itl, le="2.5") == 4
+    assert value(metrics, itl, le="5.0") == 5
+    assert value(metrics, itl, le="+Inf") == 5
+    assert value(metrics, "sluice:tokens_per_chunk_bucket", le="1.0") == 1
+    assert value(metrics, "sluice:tokens_per_chunk_bucket", le="4.0") == 2
 
 
 def test_aborts_are_counted():

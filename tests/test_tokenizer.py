@@ -139,6 +139,18 @@ def test_encode_adds_no_special_tokens_by_default(embedded_tokenizer):
     assert 1 not in embedded_tokenizer.encode("Hello")
 
 
+@pytest.mark.parametrize(
+    "text", ["", "Hello world", "<|im_start|>user\nhi😀<|im_end|>", "x" * 5000]
+)
+@pytest.mark.parametrize("add_special_tokens", [False, True])
+def test_encode_gives_the_ids_of_the_backends_plain_encode(
+    embedded_tokenizer, text, add_special_tokens
+):
+    # Tokenizer.encode goes through encode_batch (it releases the GIL): same ids.
+    expected = embedded_tokenizer.backend.encode(text, add_special_tokens=add_special_tokens).ids
+    assert embedded_tokenizer.encode(text, add_special_tokens) == expected
+
+
 def test_ids_convert_to_byte_level_vocabulary_strings(embedded_tokenizer):
     ids = embedded_tokenizer.encode("Hello world")
     assert embedded_tokenizer.convert_ids_to_tokens(ids) == ["Hello", "Ġworld"]
@@ -269,6 +281,17 @@ def test_sentencepiece_style_tokens_map_to_bytes(tmp_path):
         b"there",
     ]
     assert tokenizer.decode([4, 1, 2, 3]) == " hi中"
+    # Not a byte-level decoder ("▁" is a space but not at the start): no shortcut.
+    assert not tokenizer.has_context_free_texts
+    assert tokenizer.context_free_text(4) is None
+
+
+def test_byte_level_tokens_of_whole_characters_have_context_free_texts(embedded_tokenizer):
+    assert embedded_tokenizer.has_context_free_texts
+    ids = embedded_tokenizer.encode("Hello world, café")
+    texts = [embedded_tokenizer.context_free_text(i) for i in ids]
+    assert None not in texts and "".join(texts) == "Hello world, café"
+    assert embedded_tokenizer.context_free_text(embedded_tokenizer.vocab_size) is None
 
 
 def _is_utf8(data: bytes) -> bool:

@@ -22,7 +22,7 @@ import orjson
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.logprob_format import TokenStrings, chat_logprobs
 from sluice.frontend.request import GenerationRequest
-from sluice.frontend.sse import DONE_EVENT, encode_event
+from sluice.frontend.sse import DONE_EVENT, TEXT_PLACEHOLDER, ChunkEvents, TextChoice
 from sluice.frontend.usage import UsageCounter
 
 CHUNK_OBJECT = "chat.completion.chunk"
@@ -45,6 +45,16 @@ class ChatChunks:
         self._request = request
         self._strings = strings
         self.usage = UsageCounter(request)
+        self._events = ChunkEvents(
+            request.response_id, CHUNK_OBJECT, request.created, request.model_name
+        )
+        # The usual chunk is content only: spliced, not built (`sse.TextChoice`).
+        self._text_choices: list[TextChoice] | None = None
+        if request.logprobs is None and not request.continuous_usage_stats:
+            self._text_choices = [
+                TextChoice.around(_choice_dict(index, {"content": TEXT_PLACEHOLDER}, None, None))
+                for index in range(request.num_choices)
+            ]
         self._folded = [_FoldedChoice() for _ in range(request.num_choices)]
         if request.logprobs is not None:
             for folded in self._folded:
@@ -60,6 +70,10 @@ class ChatChunks:
         ]
 
     def delta_event(self, index: int, delta: ChoiceDelta) -> bytes:
+        if self._text_choices is not None and delta.finish_reason is None:
+            assert delta.text, "only a finish chunk may have no content"
+            self.usage.add(index, len(delta.token_ids))
+            return self._events.text_event(self._text_choices[index], delta.text)
         content, entries = self._choice(index, delta)
         assert content or delta.is_finished, "only a finish chunk may have no content"
         message = {"content": content} if content else {}
@@ -69,9 +83,7 @@ class ChatChunks:
     def closing_events(self) -> list[bytes]:
         if not self._request.include_usage:
             return [DONE_EVENT]
-        usage_chunk = self._envelope(CHUNK_OBJECT, [])
-        usage_chunk["usage"] = self.usage.total()
-        return [encode_event(usage_chunk), DONE_EVENT]
+        return [self._events.event(None, self.usage.total()), DONE_EVENT]
 
     # -- non-streamed ----------------------------------------------------------
 
@@ -119,17 +131,10 @@ class ChatChunks:
         finish_reason: str | None,
         stop_reason: str | int | None,
     ) -> bytes:
-        choice = {
-            "index": index,
-            "delta": message,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-            "stop_reason": stop_reason,
-        }
-        chunk = self._envelope(CHUNK_OBJECT, [choice])
+        choice = _choice_dict(index, message, logprobs, finish_reason, stop_reason)
         if self._request.continuous_usage_stats:
-            chunk["usage"] = self.usage.for_choice(index)
-        return encode_event(chunk)
+            return self._events.event(choice, self.usage.for_choice(index))
+        return self._events.event(choice)
 
     def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         request = self._request
@@ -140,3 +145,19 @@ class ChatChunks:
             "model": request.model_name,
             "choices": choices,
         }
+
+
+def _choice_dict(
+    index: int,
+    message: dict[str, str],
+    logprobs: dict[str, Any] | None,
+    finish_reason: str | None,
+    stop_reason: str | int | None = None,
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "delta": message,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+        "stop_reason": stop_reason,
+    }

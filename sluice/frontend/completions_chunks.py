@@ -22,7 +22,7 @@ import orjson
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.logprob_format import TokenStrings, completion_logprobs
 from sluice.frontend.request import GenerationRequest
-from sluice.frontend.sse import DONE_EVENT, encode_event
+from sluice.frontend.sse import DONE_EVENT, TEXT_PLACEHOLDER, ChunkEvents, TextChoice
 from sluice.frontend.usage import UsageCounter
 
 OBJECT = "text_completion"
@@ -45,6 +45,16 @@ class CompletionChunks:
         self._request = request
         self._strings = strings
         self.usage = UsageCounter(request)
+        self._events = ChunkEvents(request.response_id, OBJECT, request.created, request.model_name)
+        self._has_continuous_usage = request.continuous_usage_stats
+        self._wants_logprobs = request.logprobs is not None
+        # The usual chunk is text only: spliced, not built (`sse.TextChoice`).
+        self._text_choices: list[TextChoice] | None = None
+        if not (request.echo or self._wants_logprobs or self._has_continuous_usage):
+            self._text_choices = [
+                TextChoice.around(_choice_dict(index, TEXT_PLACEHOLDER, None, None, None))
+                for index in range(request.num_choices)
+            ]
         self._is_started = [False] * request.num_choices
         self._text_offsets = [0] * request.num_choices
         self._folded = [_FoldedChoice() for _ in range(request.num_choices)]
@@ -58,17 +68,18 @@ class CompletionChunks:
         return []
 
     def delta_event(self, index: int, delta: ChoiceDelta) -> bytes:
-        chunk = self._envelope([self._choice(index, delta)])
-        if self._request.continuous_usage_stats:
-            chunk["usage"] = self.usage.for_choice(index)
-        return encode_event(chunk)
+        if self._text_choices is not None and delta.finish_reason is None:
+            self.usage.add(index, len(delta.token_ids))
+            return self._events.text_event(self._text_choices[index], delta.text)
+        choice = self._choice(index, delta)
+        if self._has_continuous_usage:
+            return self._events.event(choice, self.usage.for_choice(index))
+        return self._events.event(choice)
 
     def closing_events(self) -> list[bytes]:
         if not self._request.include_usage:
             return [DONE_EVENT]
-        usage_chunk = self._envelope([])
-        usage_chunk["usage"] = self.usage.total()
-        return [encode_event(usage_chunk), DONE_EVENT]
+        return [self._events.event(None, self.usage.total()), DONE_EVENT]
 
     # -- non-streamed ----------------------------------------------------------
 
@@ -109,18 +120,12 @@ class CompletionChunks:
                 text = prompt_text + text
                 self._text_offsets[index] = len(prompt_text)
         logprobs = None
-        if self._request.logprobs is not None and delta.token_ids:
+        if self._wants_logprobs and delta.token_ids:
             logprobs, self._text_offsets[index] = completion_logprobs(
                 delta, self._text_offsets[index], self._strings
             )
         self.usage.add(index, len(delta.token_ids))
-        return {
-            "index": index,
-            "text": text,
-            "logprobs": logprobs,
-            "finish_reason": delta.finish_reason,
-            "stop_reason": delta.stop_reason,
-        }
+        return _choice_dict(index, text, logprobs, delta.finish_reason, delta.stop_reason)
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         request = self._request
@@ -131,3 +136,19 @@ class CompletionChunks:
             "model": request.model_name,
             "choices": choices,
         }
+
+
+def _choice_dict(
+    index: int,
+    text: str,
+    logprobs: dict[str, list[Any]] | None,
+    finish_reason: str | None,
+    stop_reason: str | int | None,
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+        "stop_reason": stop_reason,
+    }

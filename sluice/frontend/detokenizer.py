@@ -18,11 +18,27 @@ the text of a window only depends on the window's own ids.
 
 The non-streamed text is built by the same code, so streamed and non-streamed
 outputs agree by construction, the partial character at the end included.
+
+Speed (this runs for every token), fastest first:
+- A tokenizer with context-free texts (`sluice.tokenizer.Tokenizer` with a
+  byte-level decoder): while nothing is held, a token with a context-free
+  text (whole characters) releases exactly that text, as the method above
+  would, without decoding. Other tokens take the method above.
+- Else, a tokenizer with a Rust `backend`: `push` runs the method above as one
+  `tokenizers.decoders.DecodeStream.step` call (about 10x cheaper than two
+  Python `decode` calls), mirroring its offsets here so `flush` can finish in
+  Python. It assumes the tokenizer decodes exactly as its backend does. Where
+  DecodeStream refuses a window (its text does not extend its context's
+  text), that choice continues on the Python method, which releases the same
+  pieces everywhere else.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from tokenizers.decoders import DecodeStream
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -51,6 +67,9 @@ class IncrementalDetokenizer:
         "_ids",
         "_prefix_offset",
         "_read_offset",
+        "_backend",
+        "_stream",
+        "_context_free_text",
     )
 
     def __init__(
@@ -69,11 +88,40 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         # ids[:read_offset] have been released as text.
         self._read_offset = 0
+        # token id -> its text in any context, or None (see the module docstring).
+        self._context_free_text: Callable[[int], str | None] | None = None
+        if getattr(tokenizer, "has_context_free_texts", False):
+            self._context_free_text = tokenizer.context_free_text  # type: ignore[attr-defined]
+        # The Rust tokenizer and its stream over the same ids, when there is one
+        # and no context-free texts (the shortcut would leave the stream behind).
+        self._backend: Any = getattr(tokenizer, "backend", None)
+        self._stream: DecodeStream | None = None
+        if self._backend is not None and self._context_free_text is None:
+            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
 
     def push(self, token_id: int) -> str:
         """Add one generated token; return the text it releases (maybe "")."""
-        self._ids.append(token_id)
-        return self._release(is_final=False)
+        ids = self._ids
+        if self._context_free_text is not None and self._read_offset == len(ids):
+            text = self._context_free_text(token_id)
+            if text is not None:  # what `_release` would return, without decoding
+                ids.append(token_id)
+                self._prefix_offset = self._read_offset
+                self._read_offset = len(ids)
+                return text
+        ids.append(token_id)
+        if self._stream is None:
+            return self._release(is_final=False)
+        try:
+            text = self._stream.step(self._backend, token_id)
+        except Exception:  # DecodeStream's InvalidPrefix: see the module docstring
+            self._stream = None
+            return self._release(is_final=False)
+        if text is None:
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return text
 
     def flush(self) -> str:
         """Release what is held at the end, dropping a dangling partial character."""

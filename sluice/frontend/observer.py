@@ -6,23 +6,35 @@ tokens are handed to the client, not when the engine produced them. A
 Frontend without an observer skips every call.
 
 Call order for one API request: on_first_token once (the first take from the
-mailbox that carries tokens), on_chunk for every take that carries tokens
-(the first one included, its gap being the time to first token), on_finish
-once per choice when its finish is handed over, or on_abort once if the
-client went away first.
+mailbox that carries tokens); on_chunks for the later takes that carry
+tokens, in batches (`ChunkTimer`); on_finish once per choice when its finish
+is handed over; on_abort once if the client went away first. Every take's
+chunk is reported by the time the request ends.
+
+Takes happen once per token when the reader keeps up, so a take costs the
+observer side two list appends: `ChunkTimer` hands the chunks over at most
+`CHUNKS_PER_REPORT` at a time, and never later than `REPORT_EVERY_S` after
+the oldest of them (so a scrape never misses more than that).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Protocol
+
+CHUNKS_PER_REPORT = 64
+REPORT_EVERY_S = 1.0
 
 
 class RequestObserver(Protocol):
-    def on_first_token(self, ttft_s: float) -> None:
-        """Seconds from the request reaching the frontend to its first tokens."""
+    def on_first_token(self, ttft_s: float, num_tokens: int) -> None:
+        """The first tokens (`num_tokens`, all choices together), handed over
+        `ttft_s` seconds after the request reached the frontend."""
 
-    def on_chunk(self, num_tokens: int, gap_s: float) -> None:
-        """`num_tokens` (all choices together) handed over `gap_s` after the previous ones."""
+    def on_chunks(self, num_tokens: Sequence[int], gaps_s: Sequence[float]) -> None:
+        """Later chunks, in order: the tokens of each (all choices together),
+        handed over `gaps_s[i]` seconds after the chunk before it."""
 
     def on_finish(
         self,
@@ -35,3 +47,44 @@ class RequestObserver(Protocol):
 
     def on_abort(self) -> None:
         """The client went away (cancellation) before every choice finished."""
+
+
+class ChunkTimer:
+    """Times one API request's takes and reports them to `observer` in batches."""
+
+    __slots__ = (
+        "started_s",
+        "_observer",
+        "_last_tokens_s",
+        "_num_tokens",
+        "_gaps_s",
+        "_report_due_s",
+    )
+
+    def __init__(self, observer: RequestObserver):
+        self.started_s = time.perf_counter()
+        self._observer = observer
+        self._last_tokens_s: float | None = None
+        # The chunks not reported yet: tokens of each, gap before each.
+        self._num_tokens: list[int] = []
+        self._gaps_s: list[float] = []
+        self._report_due_s = 0.0
+
+    def on_tokens(self, num_tokens: int, now_s: float) -> None:
+        """A take carried `num_tokens` (> 0) at `now_s` (perf_counter seconds)."""
+        last_s, self._last_tokens_s = self._last_tokens_s, now_s
+        if last_s is None:
+            self._observer.on_first_token(now_s - self.started_s, num_tokens)
+            return
+        if not self._num_tokens:
+            self._report_due_s = now_s + REPORT_EVERY_S
+        self._num_tokens.append(num_tokens)
+        self._gaps_s.append(now_s - last_s)
+        if len(self._num_tokens) >= CHUNKS_PER_REPORT or now_s >= self._report_due_s:
+            self.report()
+
+    def report(self) -> None:
+        """Hand over the chunks not reported yet."""
+        if self._num_tokens:
+            self._observer.on_chunks(self._num_tokens, self._gaps_s)
+            self._num_tokens, self._gaps_s = [], []

@@ -46,7 +46,7 @@ class _TokenGroup:
 
 
 class ChoiceStream:
-    """One choice's pipeline: detokenizer, then stop checker."""
+    """One choice's pipeline: detokenizer, then stop checker (if it has stop strings)."""
 
     def __init__(self, index: int, request: GenerationRequest, tokenizer: DecodingTokenizer):
         self.index = index
@@ -61,56 +61,92 @@ class ChoiceStream:
             skip_special_tokens=request.skip_special_tokens,
             spaces_between_special_tokens=request.spaces_between_special_tokens,
         )
-        self._stop_checker: StopChecker[_TokenGroup] = StopChecker(
-            request.stop, include_stop_str_in_output=request.include_stop_str_in_output
-        )
-        self._group = _TokenGroup()
+        # None without stop strings: then text leaves as soon as it is released
+        # (the common case, per token, so it skips the checker's bookkeeping).
+        self._stop_checker: StopChecker[_TokenGroup] | None = None
+        if any(request.stop):
+            self._stop_checker = StopChecker(
+                request.stop, include_stop_str_in_output=request.include_stop_str_in_output
+            )
+        # Tokens whose text is not released yet, and their logprob entries.
+        self._held_token_ids: list[int] = []
+        self._held_logprobs: list[SampledLogprob] = []
+        # No logprobs and no stop strings: a step's token only needs detokenizing.
+        self._is_plain = not self._wants_logprobs and self._stop_checker is None
 
     def process(self, delta: RequestDelta) -> ChoiceDelta | None:
         """The choice delta `delta` releases, or None when it releases nothing."""
-        out = ChoiceDelta(
-            logprobs=[] if self._wants_logprobs else None,
-            num_prompt_tokens=delta.num_prompt_tokens,
-        )
+        if self._is_plain and delta.finish_reason is None and len(delta.new_token_ids) == 1:
+            return self._process_plain_token(delta)
+        out: ChoiceDelta | None = None
         last = len(delta.new_token_ids) - 1
         for position, token_id in enumerate(delta.new_token_ids):
-            self._add_token(token_id, delta.logprobs, position)
+            self._held_token_ids.append(token_id)
+            if self._wants_logprobs and delta.logprobs is not None:
+                self._held_logprobs.append(_sampled_logprob(delta.logprobs, position))
             is_stop_token = position == last and token_id == delta.stop_token_id
             if is_stop_token and not self._detokenizes_stop_token:
                 continue
             text = self._detokenizer.push(token_id)
-            if text and self._release(out, self._push_group(text)):
+            if not text:
+                continue
+            if out is None:
+                out = self._new_delta(delta)
+            if self._release_text(out, text):
                 return out
         if delta.finish_reason is not None:
+            if out is None:
+                out = self._new_delta(delta)
             self._finish(out, delta)
-        return None if out.is_empty else out
+        # Empty when the stop checker held all the text released.
+        return None if out is None or out.is_empty else out
 
-    def _add_token(self, token_id: int, logprobs: TokenLogprobs | None, position: int) -> None:
-        self._group.token_ids.append(token_id)
-        if self._wants_logprobs and logprobs is not None:
-            self._group.logprobs.append(
-                SampledLogprob(
-                    logprobs.logprobs[position],
-                    logprobs.top_token_ids[position],
-                    logprobs.top_logprobs[position],
-                )
-            )
+    def _process_plain_token(self, delta: RequestDelta) -> ChoiceDelta | None:
+        """`process` of the usual step: one token, no logprobs, no stop strings.
+        The same result, with none of the general case's bookkeeping."""
+        (token_id,) = delta.new_token_ids
+        text = self._detokenizer.push(token_id)
+        if not text or self._held_token_ids:
+            self._held_token_ids.append(token_id)
+            if not text:
+                return None
+            out = self._new_delta(delta)
+            self._release_text(out, text)
+            return out
+        return ChoiceDelta(text, [token_id], [text], None, None, None, delta.num_prompt_tokens)
 
-    def _push_group(self, text: str) -> StopRelease[_TokenGroup]:
-        group, self._group = self._group, _TokenGroup()
-        assert group.token_ids, "released text always comes with the tokens that made it"
-        group.text = text
-        return self._stop_checker.push(text, group)
+    def _new_delta(self, delta: RequestDelta) -> ChoiceDelta:
+        logprobs: list[SampledLogprob] | None = [] if self._wants_logprobs else None
+        return ChoiceDelta("", [], [], logprobs, None, None, delta.num_prompt_tokens)
+
+    def _release_text(self, out: ChoiceDelta, text: str) -> bool:
+        """Release `text` with the held tokens that made it; True when that finished the choice."""
+        held_token_ids = self._held_token_ids
+        assert held_token_ids, "released text always comes with the tokens that made it"
+        if self._stop_checker is None:
+            out.text += text
+            out.token_ids += held_token_ids
+            if len(held_token_ids) > 1:
+                out.token_texts += [""] * (len(held_token_ids) - 1)
+            out.token_texts.append(text)
+            held_token_ids.clear()
+            if out.logprobs is not None:
+                out.logprobs += self._held_logprobs
+                self._held_logprobs.clear()
+            return False
+        group = _TokenGroup(held_token_ids, self._held_logprobs, text)
+        self._held_token_ids, self._held_logprobs = [], []
+        return self._release(out, self._stop_checker.push(text, group))
 
     def _release(self, out: ChoiceDelta, release: StopRelease[_TokenGroup]) -> bool:
-        """Append `release` to `out`; True when it finished the choice."""
+        """Append what the stop checker released to `out`; True when it matched."""
         out.text += release.text
         for group in release.payloads:
-            out.token_ids.extend(group.token_ids)
-            out.token_texts.extend([""] * (len(group.token_ids) - 1))
+            out.token_ids += group.token_ids
+            out.token_texts += [""] * (len(group.token_ids) - 1)
             out.token_texts.append(group.text)
             if out.logprobs is not None:
-                out.logprobs.extend(group.logprobs)
+                out.logprobs += group.logprobs
         if release.stop_string is None:
             return False
         self.is_finished = self.is_stopped_early = True
@@ -121,13 +157,22 @@ class ChoiceStream:
     def _finish(self, out: ChoiceDelta, delta: RequestDelta) -> None:
         """The engine finished: flush what is held, then close the choice."""
         text = self._detokenizer.flush()
-        if (text or self._group.token_ids) and self._release(out, self._push_group(text)):
+        if (text or self._held_token_ids) and self._release_text(out, text):
             return
-        self._release(out, self._stop_checker.flush())
+        if self._stop_checker is not None:
+            self._release(out, self._stop_checker.flush())
         self.is_finished = True
         out.finish_reason = delta.finish_reason
         if delta.stop_token_id not in self._eos_token_ids:
             out.stop_reason = delta.stop_token_id  # vLLM reports EOS as None
+
+
+def _sampled_logprob(logprobs: TokenLogprobs, position: int) -> SampledLogprob:
+    return SampledLogprob(
+        logprobs.logprobs[position],
+        logprobs.top_token_ids[position],
+        logprobs.top_logprobs[position],
+    )
 
 
 class OutputProcessor:
@@ -168,7 +213,7 @@ class OutputProcessor:
         out = choice.process(delta)
         if out is not None:
             self._mailbox.put(choice.index, out)
-        if choice.is_stopped_early and not delta.is_finished:
+        if choice.is_stopped_early and delta.finish_reason is None:
             self._engine.abort([delta.request_id])
 
     def on_error(self, error: BaseException) -> None:

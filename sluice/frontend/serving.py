@@ -11,8 +11,9 @@
 
 Invariants:
 - Errors before the first event (a refused request, an engine that is down
-  or full) propagate from the generator's first `__anext__`, so the HTTP edge
-  can still answer with a real HTTP error. After that, an error becomes one
+  or full, a queue timeout or an engine failure before the first token)
+  propagate from the generator's first `__anext__`, so the HTTP edge can still
+  answer with a real HTTP error. After that, an error becomes one
   `data: {"error": ...}` event and then `data: [DONE]`. `complete` lets every
   error propagate.
 - Cancellation is not polled: when the consumer goes away (the generator is
@@ -42,7 +43,7 @@ from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.detokenizer import DecodingTokenizer
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.mailbox import Mailbox
-from sluice.frontend.observer import RequestObserver
+from sluice.frontend.observer import ChunkTimer, RequestObserver
 from sluice.frontend.output_processor import OutputProcessor, engine_request_id
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.sse import DONE_EVENT, encode_event, error_payload
@@ -82,24 +83,36 @@ class Frontend:
         """The SSE events of `request`, one per item, [DONE] last."""
         run = self._start(request)
         chunks = self._chunks(request)
-        is_complete = False
+        # Not cancelled: every event was made, or an error ended the stream.
+        is_ended = False
         try:
-            for event in chunks.opening_events():
+            opening = chunks.opening_events()
+            for event in opening:
                 yield event
+            has_yielded = bool(opening)
             try:
                 while not run.is_done:
                     if self._debug is not None:
                         await self._debug.before_read()
-                    for index, delta in await run.take():
+                    # `run.take()` inlined (it runs for every token): the wait is
+                    # over at once when something is pending, so no empty take.
+                    await run.wait()
+                    if (taken := run.take_nowait()) is None:
+                        continue
+                    for index, delta in taken:
                         yield chunks.delta_event(index, delta)
+                        has_yielded = True
                 closing = chunks.closing_events()
             except Exception as error:
+                if not has_yielded:
+                    is_ended = True
+                    raise  # nothing sent yet: the edge answers with an HTTP error
                 closing = [encode_event(error_payload(_logged(error))), DONE_EVENT]
-            is_complete = True
+            is_ended = True
             for event in closing:
                 yield event
         finally:
-            run.close(is_cancelled=not is_complete)
+            run.close(is_cancelled=not is_ended)
 
     async def complete(self, request: GenerationRequest) -> bytes:
         """The JSON body of `request`; engine errors propagate."""
@@ -172,11 +185,10 @@ class _RequestRun:
         self._processor = processor
         self._mailbox = mailbox
         self._observer = observer
+        self._timer = None if observer is None else ChunkTimer(observer)
         self._num_unfinished = request.num_choices
         # Per choice index: tokens handed over so far.
         self._num_tokens = [0] * request.num_choices
-        self._started_s = time.perf_counter()
-        self._last_tokens_s: float | None = None
 
     @property
     def is_done(self) -> bool:
@@ -185,16 +197,29 @@ class _RequestRun:
 
     async def take(self) -> list[tuple[int, ChoiceDelta]]:
         """Everything released since the last take, by choice index."""
-        taken = sorted((await self._mailbox.get()).items())
+        while (taken := self.take_nowait()) is None:
+            await self._mailbox.wait()
+        return taken
+
+    def take_nowait(self) -> list[tuple[int, ChoiceDelta]] | None:
+        """`take` if anything was released, else None (then await `wait()`)."""
+        slot = self._mailbox.take()
+        if slot is None:
+            return None
+        taken = sorted(slot.items()) if len(slot) > 1 else list(slot.items())
         num_tokens = 0
         for index, delta in taken:
             num_tokens += len(delta.token_ids)
             self._num_tokens[index] += len(delta.token_ids)
-            if delta.is_finished:
+            if delta.finish_reason is not None:
                 self._num_unfinished -= 1
-        if self._observer is not None:
+        if self._timer is not None:
             self._observe(taken, num_tokens)
         return taken
+
+    def wait(self) -> asyncio.Future[None]:
+        """Done once something was released."""
+        return self._mailbox.wait()
 
     def close(self, *, is_cancelled: bool) -> None:
         """Drop the mailbox and abort whatever still runs in the engine."""
@@ -202,23 +227,22 @@ class _RequestRun:
         unfinished = self._processor.unfinished_request_ids
         if unfinished and self._engine.is_alive:
             self._engine.abort(unfinished)
+        if self._timer is not None:
+            self._timer.report()
         if is_cancelled and not self.is_done and self._observer is not None:
             self._observer.on_abort()
 
     def _observe(self, taken: list[tuple[int, ChoiceDelta]], num_tokens: int) -> None:
-        assert self._observer is not None, "called only with an observer"
+        assert self._timer is not None and self._observer is not None, "with an observer only"
         now_s = time.perf_counter()
         if num_tokens:
-            if self._last_tokens_s is None:
-                self._observer.on_first_token(now_s - self._started_s)
-            self._observer.on_chunk(num_tokens, now_s - (self._last_tokens_s or self._started_s))
-            self._last_tokens_s = now_s
+            self._timer.on_tokens(num_tokens, now_s)
         for index, delta in taken:
             if delta.finish_reason is not None:
                 self._observer.on_finish(
                     delta.num_prompt_tokens,
                     self._num_tokens[index],
-                    now_s - self._started_s,
+                    now_s - self._timer.started_s,
                     delta.finish_reason,
                 )
 

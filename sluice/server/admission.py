@@ -94,10 +94,12 @@ class _TrackedSink:
         self.is_open = True
 
     def on_delta(self, delta: RequestDelta) -> None:
+        # Runs for every engine step of every request: the checks are inlined.
         if not self.is_open:
             return
-        self.cancel_deadline()  # it produced something: no longer waiting
-        if delta.is_finished:
+        if self.deadline_handle is not None:
+            self.cancel_deadline()  # it produced something: no longer waiting
+        if delta.finish_reason is not None:
             self._gate._release(self._request_id)
         self._sink.on_delta(delta)
 

@@ -42,22 +42,17 @@ from sluice.engine.supervisor import EngineSupervisor, RestartableEngine
 from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.frontend.debug import DebugHooks
 from sluice.frontend.detokenizer import DecodingTokenizer
-from sluice.frontend.preprocess import PromptTokenizer
+from sluice.frontend.preprocess import Preprocessor, PromptTokenizer
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend
 from sluice.server import admission, protocol, to_internal
 from sluice.server.admission import AdmissionCollector, AdmissionGate, ShuttingDownError
-from sluice.server.errors import (
-    error_event_response,
-    install_error_handlers,
-    unavailable_response,
-)
-from sluice.server.event_stream import EventStreamResponse, UsageCounter, completion_tokens
+from sluice.server.errors import install_error_handlers, unavailable_response
+from sluice.server.event_stream import EventStreamResponse, completion_tokens
 from sluice.server.loop_watchdog import LoopWatchdog
 from sluice.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sluice.server.metrics import ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
-from sluice.server.preprocessing import ServerPreprocessor
 from sluice.server.shutdown import GracefulShutdown
 
 T = TypeVar("T")
@@ -163,7 +158,7 @@ class Routes:
         self.created = int(time.time())
         self.metrics = ServerMetrics(served_name, stats)
         self.frontend = Frontend(gate, tokenizer, observer=self.metrics, debug=debug)
-        self.preprocessor = ServerPreprocessor(tokenizer, max_model_len)
+        self.preprocessor = Preprocessor(tokenizer, max_model_len)
         self.options = to_internal.RequestOptions(served_name, self.preprocessor, config.limits)
 
     # -- generation ------------------------------------------------------------
@@ -205,17 +200,18 @@ class Routes:
         self, request: Request, generation: GenerationRequest, log: RequestLog | None
     ) -> Response:
         events = self.frontend.stream(generation)
-        # Wait for the first event before sending headers: errors up to here are HTTP errors.
-        first_event = await _unless_disconnected(request.receive, anext(events))
+        # Wait for the first event before sending headers: an error up to here
+        # propagates from it and becomes a real HTTP error (errors.py).
+        try:
+            first_event = await _unless_disconnected(request.receive, anext(events))
+        except BaseException:
+            await events.aclose()
+            raise
         if first_event is None:
             await events.aclose()
             return Response(status_code=CLIENT_CLOSED_STATUS)
-        error = error_event_response(first_event)
-        if error is not None:
-            await events.aclose()
-            return error
-        counter = UsageCounter(log) if generation.include_usage else None
-        return EventStreamResponse(first_event, events, counter, self.send_timeout_s)
+        usage_log = log if generation.include_usage else None
+        return EventStreamResponse(first_event, events, self.send_timeout_s, usage_log)
 
     async def _complete(
         self, request: Request, generation: GenerationRequest, log: RequestLog | None

@@ -1,14 +1,18 @@
-"""Stuck clients: a write that cannot complete in time cuts the connection.
+"""What a streamed response needs from its connection beyond plain ASGI.
 
-uvicorn waits for a paused transport to drain before each write, so a client
-that stops reading makes `send` wait forever, and closing the transport
-gracefully would wait for that same drain. Two pieces fix both:
-- `timed_send(send, timeout_s)`: a send that raises `SendTimeoutError` when one
-  message cannot be handed to the transport within `timeout_s`;
 - `AbortableHttpToolsProtocol`: uvicorn's httptools protocol that also puts
-  the transport's `abort` into each request's scope (extension
-  `ABORT_EXTENSION`), so `abort_connection(scope)` drops the socket and its
-  buffers at once. uvicorn then sees a disconnect, as if the client had left.
+  into each request's scope (`extensions`) the transport's `abort`
+  (`ABORT_EXTENSION`), so `abort_connection(scope)` drops the socket and its
+  buffers at once (uvicorn then sees a disconnect, as if the client had
+  left), and a writer of body chunks (`WRITE_EXTENSION`), so a stream can
+  write each event as uvicorn's `send` would, without an ASGI message, without
+  passing through every middleware's send wrapper and, when the transport is
+  not paused, without a coroutine (`body_writer`).
+- `StuckWriteWatch`: one timer per stream that notices a write waiting longer
+  than `timeout_s` (the client stopped reading: uvicorn waits for a paused
+  transport to drain before each write, forever). Only a write that has to
+  wait is watched, at the cost of two attribute stores: no timeout is armed
+  and cancelled per event.
 
 Invariant: only a connection whose writes are stuck is ever aborted; every
 other stream and the engine carry on.
@@ -17,27 +21,17 @@ other stream and the engine carry on.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from starlette.types import Message, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from starlette.types import Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 ABORT_EXTENSION = "sluice.abort_connection"
-
-
-class SendTimeoutError(Exception):
-    """A response message could not be written in time: the client stopped reading."""
-
-
-def timed_send(send: Send, timeout_s: float) -> Send:
-    async def send_or_time_out(message: Message) -> None:
-        try:
-            async with asyncio.timeout(timeout_s):
-                await send(message)
-        except TimeoutError:
-            raise SendTimeoutError(f"a write waited more than {timeout_s:g} s") from None
-
-    return send_or_time_out
+WRITE_EXTENSION = "sluice.write_body"
+# A timer may fire a little early (uvloop counts milliseconds): a write this
+# close to its deadline counts as stuck rather than re-arming the timer.
+_TIMER_SLACK_S = 0.002
 
 
 def abort_connection(scope: Scope) -> bool:
@@ -49,10 +43,118 @@ def abort_connection(scope: Scope) -> bool:
     return True
 
 
+class BodyWriter(Protocol):
+    """Writes non-empty pieces of a started response's body, more to come."""
+
+    def write_now(self, body: bytes) -> bool:
+        """Write `body` if that cannot wait; False: nothing written, `await write`."""
+
+    async def write(self, body: bytes) -> None:
+        """Write `body`, waiting while the transport is paused (flow control)."""
+
+
+def body_writer(scope: Scope, send: Send) -> BodyWriter:
+    """The connection's own writer when the server offers one, else one over `send`.
+
+    Only for the body between the first body message and the last, which the
+    middleware passes through unchanged: the start message and the last body
+    message must still go through `send`, where the middleware sees them
+    (headers, access log).
+    """
+    writer = scope.get("extensions", {}).get(WRITE_EXTENSION)
+    return _SendWriter(send) if writer is None else writer
+
+
+class _SendWriter:
+    """Body pieces as ASGI messages through `send`: never written at once."""
+
+    __slots__ = ("_send",)
+
+    def __init__(self, send: Send):
+        self._send = send
+
+    def write_now(self, body: bytes) -> bool:
+        return False
+
+    async def write(self, body: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+
+class _ChunkWriter:
+    """`cycle.send` of a body piece with more to come, for a chunked response:
+    the same flow control, the same bytes, no message to build and parse."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: RequestResponseCycle):
+        self._cycle = cycle
+
+    def write_now(self, body: bytes) -> bool:
+        cycle = self._cycle
+        if (
+            cycle.flow.write_paused
+            or cycle.disconnected
+            or not cycle.chunked_encoding
+            or cycle.response_complete
+        ):
+            return False
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
+
+    async def write(self, body: bytes) -> None:
+        cycle = self._cycle
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        if not self.write_now(body) and not cycle.disconnected:
+            # Not a chunked body in progress: uvicorn decides what is right.
+            await cycle.send({"type": "http.response.body", "body": body, "more_body": True})
+
+
+class StuckWriteWatch:
+    """Calls `on_stuck` once when a write has waited `timeout_s`.
+
+    The writer sets `write_started_s` (loop time) before each write that may
+    wait and None after it. One timer per stream checks it every `timeout_s`
+    and re-arms itself for the deadline of the write in progress, so a stuck
+    write is noticed `timeout_s` after it started, within the timer's precision.
+    """
+
+    __slots__ = ("write_started_s", "_loop", "_timeout_s", "_on_stuck", "_handle")
+
+    def __init__(self, timeout_s: float, on_stuck: Callable[[], Any]):
+        self.write_started_s: float | None = None
+        self._loop = asyncio.get_running_loop()
+        self._timeout_s = timeout_s
+        self._on_stuck = on_stuck
+        self._handle: asyncio.TimerHandle | None = self._loop.call_later(timeout_s, self._check)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _check(self) -> None:
+        started_s = self.write_started_s
+        now_s = self._loop.time()
+        if started_s is not None and now_s >= started_s + self._timeout_s - _TIMER_SLACK_S:
+            self._handle = None
+            self._on_stuck()
+            return
+        deadline_s = (now_s if started_s is None else started_s) + self._timeout_s
+        self._handle = self._loop.call_at(deadline_s, self._check)
+
+
 class AbortableHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, exposing `transport.abort` to the app."""
+    """uvicorn's httptools protocol, exposing `transport.abort` and a body
+    writer to the app (see the module docstring)."""
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
         extensions[ABORT_EXTENSION] = self.transport.abort
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        # No cycle of its own when the request was an upgrade: nothing to expose.
+        if self.cycle is not None and self.cycle.scope is self.scope:
+            self.scope["extensions"][WRITE_EXTENSION] = _ChunkWriter(self.cycle)  # type: ignore[index]

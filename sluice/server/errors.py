@@ -13,6 +13,11 @@ with the status of the `sluice.errors` class that was raised:
     anything else                   500 with a generic message (sent and logged by
                                     the request-context middleware, outside the routes)
 
+A stream's error before its first event (engine dead, queue timeout) is
+raised from the frontend's first read, before any header is sent, and lands
+here like any other; after the first event it can only be an error event in
+the stream (`sluice.frontend.sse`).
+
 Invariant: a client can reach the 500 branch only through a bug, never by what it sends.
 """
 
@@ -69,37 +74,6 @@ def unavailable_response(exc: ServiceUnavailableError) -> Response:
         exc.message,
         exc.error_type,
         headers={"Retry-After": str(exc.retry_after_s)},
-    )
-
-
-# The frontend's error events carry the same "type" as these HTTP errors.
-_STATUS_BY_ERROR_TYPE = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "not_found_error": 404,
-    "service_unavailable": 503,
-}
-_ERROR_EVENT_PREFIX = b'data: {"error"'
-
-
-def error_event_response(event: bytes) -> Response | None:
-    """A stream whose first event is an error, as that error over HTTP; None if it is not one.
-
-    Nothing was sent yet, so the client gets a real status (503 + Retry-After
-    for a queue timeout or a dead engine) instead of a 200 stream of one error.
-    """
-    if not event.startswith(_ERROR_EVENT_PREFIX):
-        return None
-    error = orjson.loads(event[len(b"data: ") :])["error"]
-    status_code = _STATUS_BY_ERROR_TYPE.get(error.get("type"), 500)
-    headers = None
-    if status_code == 503:
-        headers = {"Retry-After": str(ServiceUnavailableError.retry_after_s)}
-    return Response(
-        orjson.dumps({"error": error}),
-        status_code=status_code,
-        headers=headers,
-        media_type="application/json",
     )
 
 

@@ -1,7 +1,8 @@
 """Run the app under uvicorn (uvloop + httptools), and assemble it for `sluice serve`.
 
 `serve(app, config)` blocks until the server stops, logs the address it
-actually bound (port 0 picks a free one) and returns the exit status.
+actually bound (port 0 picks a free one) and returns the exit status. It
+first tunes the garbage collector for serving (`tune_gc_for_serving`).
 `run_server(config)` is what the CLI calls: it describes the model in this
 process (tokenizer, name, context length: cheap, no weights), builds the
 engine client (its own process by default, else a thread here), and serves.
@@ -17,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -40,6 +43,9 @@ logger = logging.getLogger("sluice.server")
 
 # After the app's own drain, connections still open get this long to flush.
 GRACEFUL_SHUTDOWN_S = 5
+# Tracked allocations (net of frees) between two young-generation collections;
+# CPython's default is 700. See `tune_gc_for_serving`.
+GC_GEN0_THRESHOLD = 20_000
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -66,7 +72,7 @@ class SluiceServer(uvicorn.Server):
             logger.info("sluice listening on http://%s:%d", address[0], address[1])
 
     def bound_addresses(self) -> list[tuple[str, int]]:
-        return [socket.getsockname()[:2] for server in self.servers for socket in server.sockets]
+        return [sock.getsockname()[:2] for server in self.servers for sock in server.sockets]
 
     @property
     def exit_code(self) -> int:
@@ -128,11 +134,33 @@ def make_server(app: FastAPI, config: ServerConfig) -> SluiceServer:
     return SluiceServer(uvicorn_config, shutdown)
 
 
-def serve(app: FastAPI, config: ServerConfig) -> int:
-    """Serve `app` until stopped; the exit status."""
+def serve(app: FastAPI, config: ServerConfig, sockets: list[socket.socket] | None = None) -> int:
+    """Serve `app` until stopped (on `sockets` if given, else config.host:port); the exit status."""
     server = make_server(app, config)
-    server.run()
+    tune_gc_for_serving()
+    server.run(sockets=sockets)
     return server.exit_code
+
+
+def tune_gc_for_serving() -> None:
+    """Make garbage collection cheap for a server whose long-lived objects now exist.
+
+    Call once the app, tokenizer and engine client are built. Streaming
+    allocates a few container objects per token (deltas, chunk dicts,
+    futures); with CPython's default thresholds that meant a young collection
+    every few hundred tokens and, now and then, a full collection walking
+    every object of the process (modules, FastAPI, pydantic, the tokenizer's
+    tables): ~270 ms each, ~14 us per streamed token at 512 streams.
+    `gc.freeze()` moves everything alive now into a permanent generation the
+    collector never walks again, and a larger young generation makes
+    collections rarer (their cost grows with what survives, not with the
+    threshold). Cyclic garbage is still collected; reference counting frees
+    everything else at once, as always.
+    """
+    gc.collect()
+    gc.freeze()
+    _, gen1_threshold, gen2_threshold = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1_threshold, gen2_threshold)
 
 
 @dataclass(frozen=True, slots=True)
