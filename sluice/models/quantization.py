@@ -28,6 +28,7 @@ in the model dtype. CPU only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +103,13 @@ class Int8Linear(nn.Module):
         y = torch.ops.aten._weight_int8pack_mm(x.to(_KERNEL_DTYPE), self.weight_int8, self.scales)
         return _finish(y, self.bias, x.dtype)
 
+    def matmul_for(self, dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
+        """`forward` for inputs of `dtype`, as one kernel call where no cast or bias is due."""
+        if dtype != _KERNEL_DTYPE or self.bias is not None:
+            return self.forward
+        kernel, weight, scales = torch.ops.aten._weight_int8pack_mm, self.weight_int8, self.scales
+        return lambda x: kernel(x, weight, scales)
+
 
 class Int4Linear(nn.Module):
     """y = x W^T + b, W in groups of `group_size` input columns: (q - 8) * scale + zero."""
@@ -149,6 +157,15 @@ class Int4Linear(nn.Module):
             x.to(_KERNEL_DTYPE).contiguous(), self.packed, self.group_size, self.scales_and_zeros
         )
         return _finish(y, self.bias, x.dtype)
+
+    def matmul_for(self, dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
+        """`forward` for inputs of `dtype`, as one kernel call where no cast or bias is due."""
+        if dtype != _KERNEL_DTYPE or self.bias is not None:
+            return self.forward
+        kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
+        packed, group_size, scales_and_zeros = self.packed, self.group_size, self.scales_and_zeros
+        # A one-row view (a decode's gate half) is contiguous already; more rows may not be.
+        return lambda x: kernel(x.contiguous(), packed, group_size, scales_and_zeros)
 
 
 def _finish(y: Tensor, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
