@@ -21,7 +21,9 @@ from sluice.errors import ModelLoadError
 from sluice.models import llama as llama_module
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
 from sluice.models.config import LlamaConfig
-from sluice.models.llama import LlamaForCausalLM, can_prepack, rope_cos_sin, rope_inv_freq
+from sluice.models.linear import can_prepack
+from sluice.models.llama import LlamaForCausalLM
+from sluice.models.rope_norm import rope_cos_sin, rope_inv_freq
 from tests.model_factory import TINY_MODEL_KINDS, TinyModel, build_tiny_model, tiny_hf_config
 
 BLOCK_SIZE = 4

@@ -30,7 +30,8 @@ from sluice.errors import ModelLoadError
 from sluice.loader import load_model
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
 from sluice.models.config import LlamaConfig
-from sluice.models.llama import Linear, LlamaForCausalLM
+from sluice.models.linear import Linear
+from sluice.models.llama import LlamaForCausalLM
 from sluice.models.quantization import (
     MAX_QUANTIZED_TOKENS,
     QUANTIZATION_MODES,

@@ -15,10 +15,12 @@ counts:
 - `quantize(mode)`, if asked, then gives every decoder matrix a weight-only
   int8 or int4 copy that serves steps of a few tokens: fewer bytes read per
   decode step (sluice/models/quantization.py);
-- a layer's forward is plain functional code around its four matmuls;
+- a layer's forward is plain functional code around its four matmuls
+  (`sluice/models/linear.py`), its norms and its rotary embedding
+  (`sluice/models/rope_norm.py`, with few-op paths for decode steps);
 - the RoPE cos/sin table covers `max_position_embeddings` and is computed once,
   in float32 like transformers, then stored in the model dtype; each forward
-  indexes it once for all layers.
+  indexes it once for all layers (`RopeAngles`).
 
 Parameters are created uninitialised: a model is usable only after
 `load_weights`, which refuses any missing or unexpected tensor.
@@ -26,8 +28,6 @@ Parameters are created uninitialised: a model is usable only after
 
 from __future__ import annotations
 
-import math
-import platform
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -37,147 +37,10 @@ from torch import Tensor, nn
 
 from sluice.errors import ModelLoadError
 from sluice.models.attention import AttentionMetadata, paged_attention
-from sluice.models.config import LlamaConfig, UnsupportedRopeScalingError
-from sluice.models.quantization import MAX_QUANTIZED_TOKENS, check_quantization, quantize_weight
-
-
-def rope_inv_freq(config: LlamaConfig) -> Tensor:  # [head_dim // 2] float32
-    """Inverse frequencies of the rotary embedding, scaled as the config says."""
-    dim = config.head_dim
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # [dim // 2]
-    inv_freq = 1.0 / (config.rope_theta**exponents)
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq
-    if scaling["rope_type"] == "linear":
-        return inv_freq / scaling["factor"]
-    if scaling["rope_type"] == "llama3":
-        return _llama3_inv_freq(inv_freq, scaling)
-    raise UnsupportedRopeScalingError(f"unsupported rope_scaling type {scaling['rope_type']!r}")
-
-
-def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
-    # Llama 3.1: long wavelengths are stretched by `factor`, short ones kept, and
-    # the band between is interpolated smoothly.
-    factor = scaling["factor"]
-    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-    old_len = scaling["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq  # [dim // 2]
-    stretched = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    blended = (1 - smooth) * stretched / factor + smooth * stretched
-    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-    return torch.where(is_medium, blended, stretched)
-
-
-def rope_cos_sin(config: LlamaConfig, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
-    """cos and sin tables, each [max_position_embeddings, head_dim // 2]."""
-    positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-    angles = torch.outer(positions, rope_inv_freq(config))  # [max_pos, head_dim // 2]
-    return angles.cos().to(dtype=dtype, device=device), angles.sin().to(dtype=dtype, device=device)
-
-
-def _apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [T, H, D] rotated by its position; cos/sin [T, 1, D // 2] (half-split layout)."""
-    x1, x2 = x.chunk(2, dim=-1)  # [T, H, D // 2] each
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # [T, H, D]
-
-
-def _weight(*shape: int, dtype: torch.dtype, device) -> nn.Parameter:
-    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
-
-
-def can_prepack(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether matrices can be repacked for oneDNN (x86 CPU, and bfloat16 in hardware)."""
-    if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False  # measured on x86 only; oneDNN on ARM goes through other kernels
-    return dtype == torch.float32 or (
-        dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    )
-
-
-class Linear(nn.Module):
-    """y = x W^T + b, with W optionally repacked into oneDNN's blocked layout.
-
-    `prepack` runs once, after the weights are loaded: it replaces W by an
-    opaque oneDNN tensor that only `forward` can use. Same bits as F.linear in
-    bfloat16 (float32 rounds differently, by about 1e-6 relative), and 1.3-1.7x
-    faster bfloat16 matmuls (about 1.1x in float32) at decode batch sizes.
-
-    `forward` is one comparison and one call: each path is a closure bound
-    once, when the weights change (`_bind`), since a decode step runs 120 of
-    these matmuls and every Python call layer on them costs the step time.
-    """
-
-    def __init__(self, in_features: int, out_features: int, has_bias: bool, dtype, device):
-        super().__init__()
-        self.weight = _weight(out_features, in_features, dtype=dtype, device=device)
-        self.bias = _weight(out_features, dtype=dtype, device=device) if has_bias else None
-        self.is_prepacked = False
-        # Set by `quantize`: a weight-only copy of W (Int8Linear / Int4Linear)
-        # for matmuls of at most `max_quantized_tokens` rows.
-        self.quantized: nn.Module | None = None
-        self.max_quantized_tokens = 0
-        self._dense_matmul = self._plain_matmul
-        self._small_matmul = self._plain_matmul
-
-    def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
-        if x.shape[0] <= self.max_quantized_tokens:
-            return self._small_matmul(x)
-        return self._dense_matmul(x)
-
-    def _plain_matmul(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def _bind(self) -> None:
-        weight, bias = self.weight, self.bias
-        if self.is_prepacked:
-            linear_pointwise = torch.ops.mkldnn._linear_pointwise
-
-            def packed_matmul(x: Tensor) -> Tensor:
-                return linear_pointwise(x, weight, bias, "none", [], "")
-
-            self._dense_matmul = packed_matmul
-        else:
-            self._dense_matmul = self._plain_matmul
-        quantized = self.quantized
-        self._small_matmul = (
-            self._dense_matmul if quantized is None else quantized.matmul_for(weight.dtype)
-        )
-
-    def prepack(self) -> None:
-        # The batch-size hint 1 tunes the layout for decode; any batch still works.
-        packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
-        self.weight = nn.Parameter(packed, requires_grad=False)
-        self.is_prepacked = True
-        self._bind()
-
-    def dense_weight(self) -> Tensor:  # [out, in], plain layout
-        # oneDNN reorders a packed weight back to the plain layout bit for bit.
-        return self.weight.to_dense() if self.is_prepacked else self.weight
-
-    @torch.no_grad()
-    def quantize(self, mode: str) -> None:
-        """Add a weight-only `mode` copy of W for small matmuls; W becomes its values.
-
-        The quantized kernels lose to the dense matmul beyond a few rows, so
-        prefill and large batches keep the dense path. It computes with the
-        dequantized values too: a request sees one set of weights whatever the
-        batch it runs in (up to the model dtype's rounding).
-        """
-        dense = self.dense_weight()
-        result = quantize_weight(dense, self.bias, mode)
-        self.quantized = result.layer
-        self.max_quantized_tokens = MAX_QUANTIZED_TOKENS[mode]
-        was_prepacked = self.is_prepacked
-        self.weight = nn.Parameter(result.dequantized.to(dense.dtype), requires_grad=False)
-        self.is_prepacked = False
-        if was_prepacked:
-            self.prepack()
-        else:
-            self._bind()
+from sluice.models.config import LlamaConfig
+from sluice.models.linear import Linear, can_prepack, uninitialised_weight
+from sluice.models.quantization import check_quantization
+from sluice.models.rope_norm import RMSNorm, RopeAngles, rope_cos_sin
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -191,40 +54,39 @@ class LlamaDecoderLayer(nn.Module):
         self.eps = config.rms_norm_eps
         qkv_rows = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         p = {"dtype": dtype, "device": device}
-        self.input_layernorm = _weight(hidden, **p)
+        self.input_layernorm = uninitialised_weight(hidden, **p)
         # Rows: q heads, then k heads, then v heads.
         self.qkv_proj = Linear(hidden, qkv_rows, config.attention_bias, **p)
         self.o_proj = Linear(self.num_heads * head_dim, hidden, config.o_proj_bias, **p)
-        self.post_attention_layernorm = _weight(hidden, **p)
+        self.post_attention_layernorm = uninitialised_weight(hidden, **p)
         # Rows: gate, then up.
         self.gate_up_proj = Linear(hidden, 2 * config.intermediate_size, False, **p)
         self.down_proj = Linear(config.intermediate_size, hidden, False, **p)
 
+    def finish_loading(self) -> None:
+        """Bind the norms to their loaded weights (called once, by `load_weights`)."""
+        self.attention_norm = RMSNorm(self.input_layernorm, self.eps)
+        self.mlp_norm = RMSNorm(self.post_attention_layernorm, self.eps)
+
     def forward(
         self,
         hidden: Tensor,  # [T, hidden], updated in place (the residual stream)
-        cos: Tensor,  # [T, 1, head_dim // 2]
-        sin: Tensor,  # [T, 1, head_dim // 2]
+        rope: RopeAngles,
         kv_cache: Tensor,
         attn: AttentionMetadata,
     ) -> Tensor:
-        hidden += self._attention(
-            self._norm(hidden, self.input_layernorm), cos, sin, kv_cache, attn
-        )
-        hidden += self._mlp(self._norm(hidden, self.post_attention_layernorm))
+        hidden += self._attention(self.attention_norm(hidden), rope, kv_cache, attn)
+        hidden += self._mlp(self.mlp_norm(hidden))
         return hidden
 
-    def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
-        return F.rms_norm(x, weight.shape, weight, self.eps)
-
     def _attention(
-        self, x: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, attn: AttentionMetadata
+        self, x: Tensor, rope: RopeAngles, kv_cache: Tensor, attn: AttentionMetadata
     ) -> Tensor:  # [T, hidden]
         num_tokens = x.shape[0]
         num_qk_heads = self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) * D]
         qkv = qkv.view(num_tokens, num_qk_heads + self.num_kv_heads, self.head_dim)
-        qk = _apply_rope(qkv[:, :num_qk_heads], cos, sin)  # [T, Hq + Hkv, D]
+        qk = rope.rotate(qkv[:, :num_qk_heads])  # [T, Hq + Hkv, D]
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # [T, Hq, D], [T, Hkv, D]
         v = qkv[:, num_qk_heads:]  # [T, Hkv, D]
         out = paged_attention(q, k, v, kv_cache, attn, self.scale)  # [T, Hq, D]
@@ -242,11 +104,11 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.dtype = dtype
         p = {"dtype": dtype, "device": device}
-        self.embed_tokens = _weight(config.vocab_size, config.hidden_size, **p)
+        self.embed_tokens = uninitialised_weight(config.vocab_size, config.hidden_size, **p)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers)
         )
-        self.norm = _weight(config.hidden_size, **p)
+        self.norm = uninitialised_weight(config.hidden_size, **p)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, False, **p)
         if config.tie_word_embeddings:
             # Shared until prepacking, which gives lm_head its own packed copy.
@@ -266,11 +128,10 @@ class LlamaForCausalLM(nn.Module):
         attn: AttentionMetadata,
     ) -> Tensor:  # [num_tokens, hidden], after the final norm
         hidden = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
-        cos = self.rope_cos[positions].unsqueeze(1)  # [T, 1, head_dim // 2]
-        sin = self.rope_sin[positions].unsqueeze(1)  # [T, 1, head_dim // 2]
+        rope = RopeAngles.at(self.rope_cos, self.rope_sin, positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, cos, sin, kv_cache, attn)
-        return F.rms_norm(hidden, self.norm.shape, self.norm, self.config.rms_norm_eps)
+            hidden = layer(hidden, rope, kv_cache, attn)
+        return self.final_norm(hidden)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:  # [n, hidden] -> [n, vocab] float32
         return self.lm_head(hidden).float()
@@ -305,6 +166,9 @@ class LlamaForCausalLM(nn.Module):
                 f"missing {_few(missing)}; unexpected {_few(unexpected)}"
             )
         self.is_loaded = True
+        for layer in self.layers:
+            layer.finish_loading()
+        self.final_norm = RMSNorm(self.norm, self.config.rms_norm_eps)
         if can_prepack(self.dtype, self.embed_tokens.device):
             for module in self.modules():
                 if isinstance(module, Linear):

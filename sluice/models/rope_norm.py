@@ -1,0 +1,111 @@
+"""Rotary position embedding and RMSNorm: the elementwise pieces of a layer.
+
+Both have a second path for steps of at most `FEW_TOKENS` rows (decode
+batches). There, the cost of a step is the number of torch ops, not their
+arithmetic: a 135M model's decode step runs about 40 ops per layer, 30
+layers, and each op costs 1-3 us of dispatch however small its tensors.
+- `RopeAngles.rotate` applies the rotation in 4 ops instead of 8, with
+  full-width tables built once per step and shared by every layer;
+- `RMSNorm` on a few rows runs torch's fused layer_norm kernel on [x, -x],
+  a row whose mean is 0 and whose variance is mean(x^2): its first half is
+  rms_norm(x), one kernel instead of rms_norm's eight ops (2x faster on one
+  row). The two formulas round differently, by float32 rounding
+  (about 1e-8 relative): float32 results agree to that, bfloat16 ones are
+  the same up to a rare last-bit flip.
+Large steps keep torch's plain formulas, which are faster there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sluice.models.config import LlamaConfig, UnsupportedRopeScalingError
+
+# Steps of at most this many tokens take the few-op paths.
+FEW_TOKENS = 8
+
+
+def rope_inv_freq(config: LlamaConfig) -> Tensor:  # [head_dim // 2] float32
+    """Inverse frequencies of the rotary embedding, scaled as the config says."""
+    dim = config.head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # [dim // 2]
+    inv_freq = 1.0 / (config.rope_theta**exponents)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling["rope_type"] == "linear":
+        return inv_freq / scaling["factor"]
+    if scaling["rope_type"] == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling)
+    raise UnsupportedRopeScalingError(f"unsupported rope_scaling type {scaling['rope_type']!r}")
+
+
+def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
+    # Llama 3.1: long wavelengths are stretched by `factor`, short ones kept, and
+    # the band between is interpolated smoothly.
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq  # [dim // 2]
+    stretched = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * stretched / factor + smooth * stretched
+    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(is_medium, blended, stretched)
+
+
+def rope_cos_sin(config: LlamaConfig, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
+    """cos and sin tables, each [max_position_embeddings, head_dim // 2]."""
+    positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+    angles = torch.outer(positions, rope_inv_freq(config))  # [max_pos, head_dim // 2]
+    return angles.cos().to(dtype=dtype, device=device), angles.sin().to(dtype=dtype, device=device)
+
+
+@dataclass(slots=True)
+class RopeAngles:
+    """The rotation of one step's tokens, shared by every layer (half-split layout)."""
+
+    cos: Tensor  # [T, 1, D // 2]
+    sin: Tensor  # [T, 1, D // 2]
+    # For few-token steps: cat(cos, cos) and cat(-sin, sin), so that
+    # rotate(x) = x * cos_full + cat(x2, x1) * sin_signed.
+    cos_full: Tensor | None  # [T, 1, D]
+    sin_signed: Tensor | None  # [T, 1, D]
+
+    @classmethod
+    def at(cls, cos_table: Tensor, sin_table: Tensor, positions: Tensor) -> RopeAngles:
+        """Tables [max_pos, D // 2] indexed at positions [T]."""
+        cos = cos_table[positions].unsqueeze(1)  # [T, 1, D // 2]
+        sin = sin_table[positions].unsqueeze(1)  # [T, 1, D // 2]
+        if positions.shape[0] > FEW_TOKENS:
+            return cls(cos, sin, None, None)
+        return cls(cos, sin, torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1))
+
+    def rotate(self, x: Tensor) -> Tensor:  # [T, H, D] -> [T, H, D], each token by its position
+        x1, x2 = x.chunk(2, dim=-1)  # [T, H, D // 2] each
+        if self.cos_full is None:
+            cos, sin = self.cos, self.sin
+            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return torch.addcmul(x * self.cos_full, torch.cat((x2, x1), dim=-1), self.sin_signed)
+
+
+class RMSNorm:
+    """x * rsqrt(mean(x^2) + eps) * weight over the last dimension."""
+
+    def __init__(self, weight: Tensor, eps: float):
+        self.weight = weight  # [hidden]
+        self.eps = eps
+        self._doubled = torch.cat((weight, weight))  # [2 * hidden], for the few-row path
+
+    def __call__(self, x: Tensor) -> Tensor:  # [T, hidden] -> [T, hidden]
+        num_rows, hidden = x.shape
+        if num_rows > FEW_TOKENS:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        mirrored = torch.cat((x, x.neg()), dim=-1)  # [T, 2 * hidden], every row's mean is 0
+        normed = F.layer_norm(mirrored, self._doubled.shape, self._doubled, None, self.eps)
+        return normed[:, :hidden] if num_rows == 1 else normed[:, :hidden].contiguous()
