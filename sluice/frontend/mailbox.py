@@ -17,14 +17,19 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from sluice.frontend.deltas import ChoiceDelta
 
 
 class Mailbox:
-    __slots__ = ("_slot", "_error", "_waiter", "_loop")
+    __slots__ = ("_slot", "_error", "_waiter", "_loop", "listener")
 
     def __init__(self) -> None:
+        # Called by `put` instead of waking the reader, while its reader is
+        # parked with a direct writer (sluice/frontend/direct_write.py): the
+        # listener takes the slot itself, or calls `wake`.
+        self.listener: Callable[[], None] | None = None
         # The loop of the first wait (a mailbox lives on one loop).
         self._loop: asyncio.AbstractEventLoop | None = None
         # choice index -> everything released for it since the last get.
@@ -46,14 +51,17 @@ class Mailbox:
             self._slot[index] = delta
         else:
             pending.merge(delta)
-        if self._waiter is not None:
-            self._wake()
+        if self.listener is not None:
+            self.listener()
+        elif self._waiter is not None:
+            self.wake()
 
     def put_error(self, error: BaseException) -> None:
         """Fail the reader after it has taken what is pending; the first error wins."""
         if self._error is None:
             self._error = error
-        self._wake()
+        self.listener = None
+        self.wake()
 
     async def get(self) -> dict[int, ChoiceDelta]:
         """Wait for the slot, take all of it (choice index -> merged delta), empty it."""
@@ -88,7 +96,8 @@ class Mailbox:
             self._waiter = waiter
         return waiter
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Finish the reader's wait, whether or not anything is pending."""
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

@@ -41,6 +41,7 @@ from sluice.frontend.completions_chunks import CompletionChunks
 from sluice.frontend.debug import DebugHooks
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.detokenizer import DecodingTokenizer
+from sluice.frontend.direct_write import DirectWrite, DirectWriter
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.mailbox import Mailbox
 from sluice.frontend.observer import ChunkTimer, RequestObserver
@@ -79,10 +80,20 @@ class Frontend:
         self._debug = debug
         self._strings = TokenStrings(tokenizer)
 
-    async def stream(self, request: GenerationRequest) -> AsyncGenerator[bytes, None]:
-        """The SSE events of `request`, one per item, [DONE] last."""
+    async def stream(
+        self, request: GenerationRequest, direct: DirectWrite | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        """The SSE events of `request`, one per item, [DONE] last.
+
+        With `direct` (and no debug hooks), once the edge sets `direct.write`,
+        delta events go straight to it while this generator is parked
+        (sluice/frontend/direct_write.py); it yields the rest.
+        """
         run = self._start(request)
         chunks = self._chunks(request)
+        writer = None
+        if direct is not None and self._debug is None:
+            writer = DirectWriter(direct, run, chunks, run.mailbox)
         # Not cancelled: every event was made, or an error ended the stream.
         is_ended = False
         try:
@@ -91,12 +102,20 @@ class Frontend:
                 yield event
             has_yielded = bool(opening)
             try:
-                while not run.is_done:
+                while not run.is_done or (writer is not None and writer.backlog):
+                    if writer is not None and writer.backlog:
+                        backlog, writer.backlog = writer.backlog, []
+                        for event in backlog:
+                            yield event
+                        continue
                     if self._debug is not None:
                         await self._debug.before_read()
-                    # `run.take()` inlined (it runs for every token): the wait is
-                    # over at once when something is pending, so no empty take.
-                    await run.wait()
+                    if writer is not None and writer.is_enabled:
+                        await self._wait_writing_directly(run, writer)
+                    else:
+                        # `run.take()` inlined (it runs for every token): the wait
+                        # is over at once when something is pending.
+                        await run.wait()
                     if (taken := run.take_nowait()) is None:
                         continue
                     for index, delta in taken:
@@ -113,6 +132,21 @@ class Frontend:
                 yield event
         finally:
             run.close(is_cancelled=not is_ended)
+
+    @staticmethod
+    async def _wait_writing_directly(run: _RequestRun, writer: DirectWriter) -> None:
+        """Park until the direct writer wakes us (or something was pending already)."""
+        mailbox = run.mailbox
+        if not mailbox.is_empty:
+            return
+        mailbox.listener = writer.on_put
+        try:
+            await mailbox.wait()
+        finally:
+            mailbox.listener = None
+        if writer.error is not None:
+            error, writer.error = writer.error, None
+            raise error
 
     async def complete(self, request: GenerationRequest) -> bytes:
         """The JSON body of `request`; engine errors propagate."""
@@ -183,7 +217,7 @@ class _RequestRun:
     ):
         self._engine = engine
         self._processor = processor
-        self._mailbox = mailbox
+        self.mailbox = mailbox
         self._observer = observer
         self._timer = None if observer is None else ChunkTimer(observer)
         self._num_unfinished = request.num_choices
@@ -198,12 +232,12 @@ class _RequestRun:
     async def take(self) -> list[tuple[int, ChoiceDelta]]:
         """Everything released since the last take, by choice index."""
         while (taken := self.take_nowait()) is None:
-            await self._mailbox.wait()
+            await self.mailbox.wait()
         return taken
 
     def take_nowait(self) -> list[tuple[int, ChoiceDelta]] | None:
         """`take` if anything was released, else None (then await `wait()`)."""
-        slot = self._mailbox.take()
+        slot = self.mailbox.take()
         if slot is None:
             return None
         taken = sorted(slot.items()) if len(slot) > 1 else list(slot.items())
@@ -219,7 +253,7 @@ class _RequestRun:
 
     def wait(self) -> asyncio.Future[None]:
         """Done once something was released."""
-        return self._mailbox.wait()
+        return self.mailbox.wait()
 
     def close(self, *, is_cancelled: bool) -> None:
         """Drop the mailbox and abort whatever still runs in the engine."""

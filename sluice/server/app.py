@@ -42,6 +42,7 @@ from sluice.engine.supervisor import EngineSupervisor, RestartableEngine
 from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.frontend.debug import DebugHooks
 from sluice.frontend.detokenizer import DecodingTokenizer
+from sluice.frontend.direct_write import DirectWrite
 from sluice.frontend.preprocess import Preprocessor, PromptTokenizer
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend
@@ -199,7 +200,8 @@ class Routes:
     async def _stream(
         self, request: Request, generation: GenerationRequest, log: RequestLog | None
     ) -> Response:
-        events = self.frontend.stream(generation)
+        direct = DirectWrite()
+        events = self.frontend.stream(generation, direct)
         # Wait for the first event before sending headers: an error up to here
         # propagates from it and becomes a real HTTP error (errors.py).
         try:
@@ -211,7 +213,7 @@ class Routes:
             await events.aclose()
             return Response(status_code=CLIENT_CLOSED_STATUS)
         usage_log = log if generation.include_usage else None
-        return EventStreamResponse(first_event, events, self.send_timeout_s, usage_log)
+        return EventStreamResponse(first_event, events, self.send_timeout_s, usage_log, direct)
 
     async def _complete(
         self, request: Request, generation: GenerationRequest, log: RequestLog | None

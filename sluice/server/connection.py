@@ -46,6 +46,9 @@ def abort_connection(scope: Scope) -> bool:
 class BodyWriter(Protocol):
     """Writes non-empty pieces of a started response's body, more to come."""
 
+    # Whether `write_now` can ever write (else every piece goes through `write`).
+    writes_now: bool
+
     def write_now(self, body: bytes) -> bool:
         """Write `body` if that cannot wait; False: nothing written, `await write`."""
 
@@ -69,6 +72,7 @@ class _SendWriter:
     """Body pieces as ASGI messages through `send`: never written at once."""
 
     __slots__ = ("_send",)
+    writes_now = False
 
     def __init__(self, send: Send):
         self._send = send
@@ -85,6 +89,7 @@ class _ChunkWriter:
     the same flow control, the same bytes, no message to build and parse."""
 
     __slots__ = ("_cycle",)
+    writes_now = True
 
     def __init__(self, cycle: RequestResponseCycle):
         self._cycle = cycle

@@ -65,6 +65,8 @@ class _FakeRequest:
     params: SamplingParams
     sink: DeltaSink
     num_prompt_tokens: int
+    # The most tokens it may generate: max_tokens, or up to the context end.
+    limit: int
     # Finish draws for this request only: reproducible whatever else runs.
     rng: random.Random
     num_generated: int = 0
@@ -131,6 +133,7 @@ class FakeEngine(EngineClient):
             params=params,
             sink=sink,
             num_prompt_tokens=len(prompt),
+            limit=min(params.max_tokens, self._max_model_len - len(prompt)),
             rng=random.Random(f"{self._seed}:{request_id}"),
             num_prefill_steps_left=self._prefill_steps,
         )
@@ -223,7 +226,10 @@ class FakeEngine(EngineClient):
             request.num_prefill_steps_left -= 1
             return None
         new_token_ids: list[int] = []
-        for _ in range(self._num_tokens_this_step()):
+        num_tokens = self._tokens_per_step
+        if not isinstance(num_tokens, int):
+            num_tokens = self._rng.randint(*num_tokens)
+        for _ in range(num_tokens):
             finish = self._generate_one(request, new_token_ids)
             if finish is not None:
                 return self._delta(request, new_token_ids, *finish)
@@ -235,12 +241,15 @@ class FakeEngine(EngineClient):
         self, request: _FakeRequest, new_token_ids: list[int]
     ) -> tuple[FinishReason, int | None] | None:
         """Generate one token into `new_token_ids`; the finish it causes, if any."""
+        # The benchmark's fake runs this for every token it streams: its cost
+        # counts against the frontend's figures, so it stays lean.
         params = request.params
-        limit = min(params.max_tokens, self._max_model_len - request.num_prompt_tokens)
+        limit = request.limit
         if request.num_generated >= limit:
             return "length", None
         can_stop = request.num_generated >= params.min_tokens
-        if can_stop and request.rng.random() < self._finish_probability:
+        probability = self._finish_probability
+        if can_stop and probability and request.rng.random() < probability:
             if self._eos_token_id is None or params.ignore_eos:
                 return "stop", None
             token_id = self._eos_token_id
@@ -256,11 +265,6 @@ class FakeEngine(EngineClient):
         if request.num_generated >= limit:
             return "length", None
         return None
-
-    def _num_tokens_this_step(self) -> int:
-        if isinstance(self._tokens_per_step, int):
-            return self._tokens_per_step
-        return self._rng.randint(*self._tokens_per_step)
 
     def _delta(
         self,
