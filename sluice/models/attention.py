@@ -13,8 +13,10 @@ Invariants of `paged_attention`:
 - the batch's new K/V are written at `slot_mapping` before anything is read,
   so each query sees its whole context: cached tokens plus the new ones;
 - query i of a sequence's chunk attends to keys 0 .. context_len + i (causal);
-- sequences with one new token (decodes, the hot path) run together as one
-  block gather and one batched SDPA call, padded to the longest with a mask;
+- sequences with one new token (decodes, the hot path) run together: on CPU
+  in one call of a C kernel reading the cache in place (sluice/models/native),
+  elsewhere (or without a C compiler) as one block gather and one batched
+  SDPA call, padded to the longest with a mask;
   longer chunks (prefills) run one SDPA call each;
 - the gather plans and masks depend on the batch only, not the layer: they
   are built once per step, in `AttentionMetadata.__post_init__`.
@@ -33,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sluice.models.config import LlamaConfig
+from sluice.models.native import decode_attention_kernel
 
 
 @dataclass(slots=True)
@@ -51,6 +54,8 @@ class DecodePlan:
     # True where a gathered key belongs to its sequence; None when every
     # decode sequence has num_keys tokens (no padding to hide).
     key_mask: Tensor | None  # [num_decodes, 1, 1, num_keys] bool
+    # Keys of each decode sequence (its context plus the new token).
+    seq_lens: Tensor  # [num_decodes] int64
 
 
 @dataclass(slots=True)
@@ -160,6 +165,7 @@ def _plan_decodes(meta: AttentionMetadata) -> DecodePlan | None:
         num_blocks=num_blocks,
         num_keys=max_len,
         key_mask=key_mask,
+        seq_lens=seq_lens,
     )
 
 
@@ -235,6 +241,20 @@ def _decode_attention(
     plan: DecodePlan,
     scale: float,
 ) -> Tensor:  # [num_decodes, num_heads, head_dim]
+    if q.device.type == "cpu" and (kernel := decode_attention_kernel(q.dtype)) is not None:
+        # The C kernel reads K/V in place: no gathered copy (sluice/models/native).
+        block_ids = plan.block_ids.view(q.shape[0], plan.num_blocks)
+        return kernel(q, kv_cache, block_ids, plan.seq_lens, scale)
+    return decode_attention_torch(q, kv_cache, plan, scale)
+
+
+def decode_attention_torch(
+    q: Tensor,  # [num_decodes, num_heads, head_dim]
+    kv_cache: Tensor,
+    plan: DecodePlan,
+    scale: float,
+) -> Tensor:  # [num_decodes, num_heads, head_dim]
+    """Decode attention in torch ops: gather the blocks, one batched SDPA call."""
     num_decodes, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[3]
     blocks = kv_cache.index_select(1, plan.block_ids)  # [2, num_decodes * num_blocks, bs, Hkv, D]

@@ -1,0 +1,188 @@
+"""Small C kernels for the CPU hot path, built with the system C compiler on first use.
+
+`paged_decode_attention.c` reads K/V straight from the paged cache (no
+gathered copy) for decode steps. It is compiled once per machine and source
+into the cache directory (`native_dir`), loaded with ctypes, and called with
+tensors' data pointers: no torch headers, so a build takes about a second.
+
+Invariant: these kernels are an optimisation only. When no compiler is there,
+the build fails, or `SLUICE_NATIVE_KERNELS=0` is set, `decode_attention_kernel`
+returns None and the caller keeps its pure-torch path, which computes the same
+values (tests compare the two).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from sluice.config import default_cache_dir
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("paged_decode_attention.c")
+# Reassociation lets gcc vectorize the dot products (float32 sums in another order).
+_FLAGS = (
+    "-O3",
+    "-march=native",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-shared",
+    "-fPIC",
+)
+_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_void_p]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def native_dir() -> Path:
+    return default_cache_dir() / "native"
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("SLUICE_NATIVE_KERNELS", "1") == "0":
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None or platform.system() != "Linux":
+        return None
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(_FLAGS).encode() + _cpu_model().encode()).hexdigest()
+    target = native_dir() / f"paged_decode_attention-{key[:16]}.so"
+    try:
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # Built beside the target, then renamed: concurrent builders never
+            # load a half-written library.
+            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+                built = Path(scratch) / target.name
+                subprocess.run(
+                    [compiler, *_FLAGS, "-o", str(built), str(_SOURCE), "-lm"],
+                    check=True,
+                    capture_output=True,
+                    timeout=120,
+                )
+                os.replace(built, target)
+        library = ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as error:
+        logger.warning("native kernels unavailable, using the torch path: %s", error)
+        return None
+    for name in ("decode_attention_bf16", "decode_attention_f32"):
+        function = getattr(library, name)
+        function.argtypes = _ARGTYPES
+        function.restype = ctypes.c_int
+    return library
+
+
+@cache
+def decode_attention_kernel(dtype: torch.dtype):
+    """The kernel for `dtype` CPU tensors, or None (then use the torch path)."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        return None
+    library = _library()
+    if library is None:
+        return None
+    function = (
+        library.decode_attention_bf16 if dtype == torch.bfloat16 else library.decode_attention_f32
+    )
+    return _DecodeAttention(function)
+
+
+class _DecodeAttention:
+    """Calls the kernel; batches of `_MIN_SPLIT_SEQS` or more decodes are split
+    in two halves run at once, one on a helper thread (ctypes releases the GIL
+    for the call), when torch may use two threads or more."""
+
+    __slots__ = ("_function",)
+
+    def __init__(self, function):
+        self._function = function
+
+    def __call__(
+        self,
+        q: Tensor,  # [num_seqs, num_heads, head_dim]; heads and dims contiguous
+        kv_cache: Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], contiguous
+        block_ids: Tensor,  # [num_seqs, blocks_per_seq] int64, contiguous
+        seq_lens: Tensor,  # [num_seqs] int64, contiguous
+        scale: float,
+    ) -> Tensor:  # [num_seqs, num_heads, head_dim]
+        num_seqs, num_heads, head_dim = q.shape
+        assert q.stride(2) == 1 and q.stride(1) == head_dim, "heads and dims contiguous"
+        assert kv_cache.is_contiguous() and block_ids.is_contiguous() and seq_lens.is_contiguous()
+        out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype)
+        if num_seqs < _MIN_SPLIT_SEQS or torch.get_num_threads() < 2:
+            self._run(q, kv_cache, block_ids, seq_lens, scale, out, 0, num_seqs)
+            return out
+        half = num_seqs // 2
+        other = _helper().submit(
+            self._run, q, kv_cache, block_ids, seq_lens, scale, out, half, num_seqs
+        )
+        self._run(q, kv_cache, block_ids, seq_lens, scale, out, 0, half)
+        other.result()
+        return out
+
+    def _run(
+        self,
+        q: Tensor,
+        kv_cache: Tensor,
+        block_ids: Tensor,
+        seq_lens: Tensor,
+        scale: float,
+        out: Tensor,
+        start: int,
+        end: int,
+    ) -> None:
+        """The kernel on sequences [start, end)."""
+        _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+        _, num_heads, head_dim = q.shape
+        item = q.element_size()
+        status = self._function(
+            q.data_ptr() + start * q.stride(0) * item,
+            kv_cache.data_ptr(),
+            block_ids.data_ptr() + start * block_ids.stride(0) * 8,
+            seq_lens.data_ptr() + start * 8,
+            q.stride(0),
+            end - start,
+            block_ids.shape[1],
+            num_blocks,
+            block_size,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale,
+            out.data_ptr() + start * num_heads * head_dim * item,
+        )
+        if status != 0:
+            raise ValueError("decode attention: a sequence length or block id is out of range")
+
+
+# Fewer decodes than this run on the calling thread alone: a hand-off costs
+# more than half of their work.
+_MIN_SPLIT_SEQS = 8
+
+
+@cache
+def _helper() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-attention")

@@ -1,0 +1,117 @@
+"""The C decode-attention kernel against the torch path it replaces.
+
+Same values (float32: to float32 rounding; bfloat16: within one rounding of
+the output), for single and split batches, grouped and plain multi-head
+attention, lengths on and off block boundaries, a strided query, and
+scattered block tables; bad lengths raise; with the kernels switched off the
+caller gets None and keeps the torch path.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sluice.models import native
+from sluice.models.attention import AttentionMetadata, decode_attention_torch
+from sluice.models.native import decode_attention_kernel
+
+BLOCK_SIZE = 16
+NUM_BLOCKS = 300
+
+requires_kernel = pytest.mark.skipif(
+    decode_attention_kernel(torch.float32) is None, reason="no C compiler here"
+)
+
+
+def decode_case(
+    lengths: list[int], num_heads: int, num_kv_heads: int, head_dim: int, dtype, seed: int = 0
+):
+    generator = torch.Generator().manual_seed(seed)
+    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator).to(
+        dtype
+    )
+    order = (torch.randperm(NUM_BLOCKS - 1, generator=generator) + 1).tolist()
+    tables = []
+    for length in lengths:
+        count = -(-length // BLOCK_SIZE)
+        tables.append(order[:count])
+        order = order[count:]
+    meta = AttentionMetadata.build(
+        [1] * len(lengths), [n - 1 for n in lengths], tables, BLOCK_SIZE, "cpu"
+    )
+    # A query that is a view into a wider qkv tensor, as in the model.
+    qkv = torch.randn(len(lengths), num_heads + 2 * num_kv_heads, head_dim, generator=generator)
+    q = qkv.to(dtype)[:, :num_heads]
+    return q, cache, meta.decode
+
+
+def run_kernel(q, cache, plan, scale):
+    kernel = decode_attention_kernel(q.dtype)
+    block_ids = plan.block_ids.view(q.shape[0], plan.num_blocks)
+    return kernel(q, cache, block_ids, plan.seq_lens, scale)
+
+
+@requires_kernel
+@pytest.mark.parametrize(
+    "lengths",
+    [[1], [16], [17], [60], [5, 16, 33, 1], [40 + 7 * i for i in range(9)], [3] * 20],
+)
+@pytest.mark.parametrize("heads", [(9, 3), (4, 4), (8, 1)])
+def test_float32_kernel_equals_the_torch_path(lengths, heads):
+    q, cache, plan = decode_case(lengths, *heads, head_dim=64, dtype=torch.float32)
+    expected = decode_attention_torch(q, cache, plan, 0.125)
+    torch.testing.assert_close(run_kernel(q, cache, plan, 0.125), expected, rtol=1e-5, atol=1e-6)
+
+
+@requires_kernel
+@pytest.mark.parametrize("lengths", [[70], [33, 100, 7, 64, 65, 1, 2, 3, 200]])
+def test_bfloat16_kernel_within_one_output_rounding_of_exact(lengths):
+    q, cache, plan = decode_case(lengths, 9, 3, head_dim=64, dtype=torch.bfloat16)
+    # Exact: the same bfloat16 inputs through the float32 torch path.
+    exact = decode_attention_torch(q.float(), cache.float(), plan, 0.125)
+    got = run_kernel(q, cache, plan, 0.125).float()
+    assert ((got - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all()
+    # And no further from exact than torch's own bfloat16 path.
+    torch_error = (decode_attention_torch(q, cache, plan, 0.125).float() - exact).abs().mean()
+    assert (got - exact).abs().mean() <= torch_error
+
+
+@requires_kernel
+def test_other_head_dims_and_scales():
+    q, cache, plan = decode_case([20, 50], 6, 2, head_dim=32, dtype=torch.float32)
+    expected = decode_attention_torch(q, cache, plan, 0.3)
+    torch.testing.assert_close(run_kernel(q, cache, plan, 0.3), expected, rtol=1e-5, atol=1e-6)
+
+
+@requires_kernel
+def test_a_length_beyond_the_block_table_raises():
+    q, cache, plan = decode_case([20, 30], 9, 3, head_dim=64, dtype=torch.float32)
+    block_ids = plan.block_ids.view(2, plan.num_blocks)
+    too_long = torch.tensor([20, plan.num_blocks * BLOCK_SIZE + 1])
+    with pytest.raises(ValueError, match="out of range"):
+        decode_attention_kernel(torch.float32)(q, cache, block_ids, too_long, 0.125)
+
+
+@requires_kernel
+def test_a_block_id_outside_the_pool_raises():
+    q, cache, plan = decode_case([20], 9, 3, head_dim=64, dtype=torch.float32)
+    block_ids = torch.tensor([[1, NUM_BLOCKS]])
+    with pytest.raises(ValueError, match="out of range"):
+        decode_attention_kernel(torch.float32)(q, cache, block_ids, plan.seq_lens, 0.125)
+
+
+def test_switched_off_the_caller_keeps_the_torch_path(monkeypatch):
+    monkeypatch.setenv("SLUICE_NATIVE_KERNELS", "0")
+    native._library.cache_clear()
+    decode_attention_kernel.cache_clear()
+    try:
+        assert decode_attention_kernel(torch.float32) is None
+    finally:
+        monkeypatch.delenv("SLUICE_NATIVE_KERNELS")
+        native._library.cache_clear()
+        decode_attention_kernel.cache_clear()
+
+
+def test_unsupported_dtypes_get_no_kernel():
+    assert decode_attention_kernel(torch.float16) is None
