@@ -4,6 +4,8 @@
 gathered copy) for decode steps. It is compiled once per machine and source
 into the cache directory (`native_dir`), loaded with ctypes, and called with
 tensors' data pointers: no torch headers, so a build takes about a second.
+It is built with OpenMP and loaded after torch, so it shares torch's OpenMP
+runtime (and thread count) rather than starting a second pool.
 
 Invariant: these kernels are an optimisation only. When no compiler is there,
 the build fails, or `SLUICE_NATIVE_KERNELS=0` is set, `decode_attention_kernel`
@@ -21,7 +23,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -37,6 +38,7 @@ _SOURCE = Path(__file__).with_name("paged_decode_attention.c")
 _FLAGS = (
     "-O3",
     "-march=native",
+    "-fopenmp",
     "-fno-math-errno",
     "-fno-trapping-math",
     "-fassociative-math",
@@ -111,10 +113,6 @@ def decode_attention_kernel(dtype: torch.dtype):
 
 
 class _DecodeAttention:
-    """Calls the kernel; batches of `_MIN_SPLIT_SEQS` or more decodes are split
-    in two halves run at once, one on a helper thread (ctypes releases the GIL
-    for the call), when torch may use two threads or more."""
-
     __slots__ = ("_function",)
 
     def __init__(self, function):
@@ -129,42 +127,17 @@ class _DecodeAttention:
         scale: float,
     ) -> Tensor:  # [num_seqs, num_heads, head_dim]
         num_seqs, num_heads, head_dim = q.shape
+        _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
         assert q.stride(2) == 1 and q.stride(1) == head_dim, "heads and dims contiguous"
         assert kv_cache.is_contiguous() and block_ids.is_contiguous() and seq_lens.is_contiguous()
         out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype)
-        if num_seqs < _MIN_SPLIT_SEQS or torch.get_num_threads() < 2:
-            self._run(q, kv_cache, block_ids, seq_lens, scale, out, 0, num_seqs)
-            return out
-        half = num_seqs // 2
-        other = _helper().submit(
-            self._run, q, kv_cache, block_ids, seq_lens, scale, out, half, num_seqs
-        )
-        self._run(q, kv_cache, block_ids, seq_lens, scale, out, 0, half)
-        other.result()
-        return out
-
-    def _run(
-        self,
-        q: Tensor,
-        kv_cache: Tensor,
-        block_ids: Tensor,
-        seq_lens: Tensor,
-        scale: float,
-        out: Tensor,
-        start: int,
-        end: int,
-    ) -> None:
-        """The kernel on sequences [start, end)."""
-        _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
-        _, num_heads, head_dim = q.shape
-        item = q.element_size()
         status = self._function(
-            q.data_ptr() + start * q.stride(0) * item,
+            q.data_ptr(),
             kv_cache.data_ptr(),
-            block_ids.data_ptr() + start * block_ids.stride(0) * 8,
-            seq_lens.data_ptr() + start * 8,
+            block_ids.data_ptr(),
+            seq_lens.data_ptr(),
             q.stride(0),
-            end - start,
+            num_seqs,
             block_ids.shape[1],
             num_blocks,
             block_size,
@@ -172,17 +145,11 @@ class _DecodeAttention:
             num_kv_heads,
             head_dim,
             scale,
-            out.data_ptr() + start * num_heads * head_dim * item,
+            out.data_ptr(),
         )
         if status != 0:
-            raise ValueError("decode attention: a sequence length or block id is out of range")
-
-
-# Fewer decodes than this run on the calling thread alone: a hand-off costs
-# more than half of their work.
-_MIN_SPLIT_SEQS = 8
-
-
-@cache
-def _helper() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-attention")
+            raise ValueError(
+                "decode attention: a sequence length or block id is out of range, "
+                "or the head layout is unsupported"
+            )
+        return out
