@@ -74,15 +74,19 @@ static int check_tables(const int64_t *block_ids, const int64_t *seq_lens, int64
         float qf[MAX_GROUP][MAX_HEAD_DIM];                                                     \
         for (int64_t g = 0; g < group; g++)                                                    \
             for (int64_t d = 0; d < head_dim; d++) qf[g][d] = LOAD(q + g * head_dim + d) * scale; \
-        /* Scores: each key row is read once for the G query heads. */                         \
-        for (int64_t p = 0; p < len; p++) {                                                    \
-            const T *krow = keys + (table[p / block_size] * block_size + p % block_size) * token_stride; \
-            float kf[MAX_HEAD_DIM];                                                            \
-            for (int64_t d = 0; d < head_dim; d++) kf[d] = LOAD(krow + d);                     \
-            for (int64_t g = 0; g < group; g++) {                                              \
-                float s = 0.0f;                                                                \
-                for (int64_t d = 0; d < head_dim; d++) s += qf[g][d] * kf[d];                  \
-                scores[g * len + p] = s;                                                       \
+        /* Scores: each key row is read once for the G query heads; keys are */                \
+        /* walked block by block (no division per key). */                                     \
+        for (int64_t start = 0; start < len; start += block_size) {                            \
+            const T *krow = keys + table[start / block_size] * block_size * token_stride;      \
+            const int64_t end = start + block_size < len ? start + block_size : len;           \
+            for (int64_t p = start; p < end; p++, krow += token_stride) {                      \
+                float kf[MAX_HEAD_DIM];                                                        \
+                for (int64_t d = 0; d < head_dim; d++) kf[d] = LOAD(krow + d);                 \
+                for (int64_t g = 0; g < group; g++) {                                          \
+                    float s = 0.0f;                                                            \
+                    for (int64_t d = 0; d < head_dim; d++) s += qf[g][d] * kf[d];              \
+                    scores[g * len + p] = s;                                                   \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
         /* Softmax per query head. */                                                          \
@@ -103,13 +107,16 @@ static int check_tables(const int64_t *block_ids, const int64_t *seq_lens, int64
         float acc[MAX_GROUP][MAX_HEAD_DIM];                                                    \
         for (int64_t g = 0; g < group; g++)                                                    \
             for (int64_t d = 0; d < head_dim; d++) acc[g][d] = 0.0f;                           \
-        for (int64_t p = 0; p < len; p++) {                                                    \
-            const T *vrow = values + (table[p / block_size] * block_size + p % block_size) * token_stride; \
-            float vf[MAX_HEAD_DIM];                                                            \
-            for (int64_t d = 0; d < head_dim; d++) vf[d] = LOAD(vrow + d);                     \
-            for (int64_t g = 0; g < group; g++) {                                              \
-                const float w = scores[g * len + p];                                           \
-                for (int64_t d = 0; d < head_dim; d++) acc[g][d] += w * vf[d];                 \
+        for (int64_t start = 0; start < len; start += block_size) {                            \
+            const T *vrow = values + table[start / block_size] * block_size * token_stride;    \
+            const int64_t end = start + block_size < len ? start + block_size : len;           \
+            for (int64_t p = start; p < end; p++, vrow += token_stride) {                      \
+                float vf[MAX_HEAD_DIM];                                                        \
+                for (int64_t d = 0; d < head_dim; d++) vf[d] = LOAD(vrow + d);                 \
+                for (int64_t g = 0; g < group; g++) {                                          \
+                    const float w = scores[g * len + p];                                       \
+                    for (int64_t d = 0; d < head_dim; d++) acc[g][d] += w * vf[d];             \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
         for (int64_t g = 0; g < group; g++)                                                    \
