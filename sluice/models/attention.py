@@ -46,7 +46,7 @@ class DecodePlan:
     # (then decode i is token i).
     token_indices: Tensor | None  # [num_decodes] int64
     # Cache blocks to gather, num_blocks per decode sequence, padded with block 0.
-    block_ids: Tensor  # [num_decodes * num_blocks] int64
+    block_ids: Tensor  # [num_decodes * num_blocks] int64, contiguous
     # Blocks per decode sequence: enough for the longest one.
     num_blocks: int
     # Keys each decode reads: the longest sequence's length.
@@ -161,7 +161,7 @@ def _plan_decodes(meta: AttentionMetadata) -> DecodePlan | None:
         key_mask = (key_pos[None, :] < seq_lens[:, None])[:, None, None, :]
     return DecodePlan(
         token_indices=token_indices,
-        block_ids=tables[:, :num_blocks].reshape(-1),
+        block_ids=tables[:, :num_blocks].contiguous().view(-1),
         num_blocks=num_blocks,
         num_keys=max_len,
         key_mask=key_mask,
@@ -243,7 +243,7 @@ def _decode_attention(
 ) -> Tensor:  # [num_decodes, num_heads, head_dim]
     if q.device.type == "cpu" and (kernel := decode_attention_kernel(q.dtype)) is not None:
         # The C kernel reads K/V in place: no gathered copy (sluice/models/native).
-        block_ids = plan.block_ids.view(q.shape[0], plan.num_blocks)
+        block_ids = plan.block_ids.view(q.shape[0], plan.num_blocks)  # contiguous
         return kernel(q, kv_cache, block_ids, plan.seq_lens, scale)
     return decode_attention_torch(q, kv_cache, plan, scale)
 

@@ -122,14 +122,15 @@ class _DecodeAttention:
         self,
         q: Tensor,  # [num_seqs, num_heads, head_dim]; heads and dims contiguous
         kv_cache: Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], contiguous
-        block_ids: Tensor,  # [num_seqs, blocks_per_seq] int64, contiguous
-        seq_lens: Tensor,  # [num_seqs] int64, contiguous
+        block_ids: Tensor,  # [num_seqs, blocks_per_seq] int64
+        seq_lens: Tensor,  # [num_seqs] int64
         scale: float,
     ) -> Tensor:  # [num_seqs, num_heads, head_dim]
         num_seqs, num_heads, head_dim = q.shape
         _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
         assert q.stride(2) == 1 and q.stride(1) == head_dim, "heads and dims contiguous"
-        assert kv_cache.is_contiguous() and block_ids.is_contiguous() and seq_lens.is_contiguous()
+        assert kv_cache.is_contiguous(), "the cache is read through raw offsets"
+        block_ids, seq_lens = block_ids.contiguous(), seq_lens.contiguous()
         out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype)
         status = self._function(
             q.data_ptr(),
