@@ -20,7 +20,10 @@ Invariants:
   closed, or the task awaiting it cancelled), the `finally` below aborts every
   engine request of the API request that is still running, in one call, and
   drops the mailbox.
-- Each yielded item is exactly one SSE event.
+- Each yielded item is exactly one SSE event. With a `DirectWrite` set by
+  the edge, delta events made while the generator is parked are written
+  there instead of yielded (sluice/frontend/direct_write.py); either way each
+  event goes out once, in order, and the closing events are always yielded.
 """
 
 from __future__ import annotations
