@@ -115,3 +115,15 @@ def test_switched_off_the_caller_keeps_the_torch_path(monkeypatch):
 
 def test_unsupported_dtypes_get_no_kernel():
     assert decode_attention_kernel(torch.float16) is None
+
+
+@requires_kernel
+def test_loading_the_kernels_keeps_subnormal_floats():
+    # A library linked with -ffast-math would switch on flush-to-zero for the
+    # whole process as it loads.
+    decode_attention_kernel(torch.bfloat16)
+    tiny = torch.tensor([1e-30], dtype=torch.float32) * 1e-10
+    assert tiny.item() != 0.0
+    import numpy as np
+
+    assert np.float32(1e-30) * np.float32(1e-10) != 0.0

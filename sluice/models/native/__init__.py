@@ -34,18 +34,21 @@ from sluice.config import default_cache_dir
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("paged_decode_attention.c")
-# -ffast-math lets gcc vectorize the dot products (float32 sums in another
-# order) and call glibc's vector expf (30% faster at 64 decodes); inf and NaN
-# keep their meaning (-fno-finite-math-only).
-_FLAGS = (
+# Compiling with -ffast-math lets gcc vectorize the dot products (float32
+# sums in another order) and call glibc's vector expf (30% faster at 64
+# decodes); inf and NaN keep their meaning (-fno-finite-math-only).
+_COMPILE_FLAGS = (
     "-O3",
     "-march=native",
     "-fopenmp",
+    "-fPIC",
     "-ffast-math",
     "-fno-finite-math-only",
-    "-shared",
-    "-fPIC",
 )
+# Linking is a separate step WITHOUT -ffast-math: linked with it, gcc adds
+# crtfastmath.o, whose constructor turns on flush-to-zero for the whole
+# process when the library loads (subnormal floats would vanish everywhere).
+_LINK_FLAGS = ("-shared", "-fopenmp")
 _ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_void_p]
 
 
@@ -71,7 +74,8 @@ def _library() -> ctypes.CDLL | None:
     if compiler is None or platform.system() != "Linux":
         return None
     source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(_FLAGS).encode() + _cpu_model().encode()).hexdigest()
+    flags = " ".join(_COMPILE_FLAGS + _LINK_FLAGS).encode()
+    key = hashlib.sha256(source + flags + _cpu_model().encode()).hexdigest()
     target = native_dir() / f"paged_decode_attention-{key[:16]}.so"
     try:
         if not target.exists():
@@ -79,13 +83,12 @@ def _library() -> ctypes.CDLL | None:
             # Built beside the target, then renamed: concurrent builders never
             # load a half-written library.
             with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-                built = Path(scratch) / target.name
-                subprocess.run(
-                    [compiler, *_FLAGS, "-o", str(built), str(_SOURCE), "-lm"],
-                    check=True,
-                    capture_output=True,
-                    timeout=120,
-                )
+                built, obj = Path(scratch) / target.name, Path(scratch) / "kernel.o"
+                for command in (
+                    [compiler, *_COMPILE_FLAGS, "-c", "-o", str(obj), str(_SOURCE)],
+                    [compiler, *_LINK_FLAGS, "-o", str(built), str(obj), "-lm"],
+                ):
+                    subprocess.run(command, check=True, capture_output=True, timeout=120)
                 os.replace(built, target)
         library = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as error:
