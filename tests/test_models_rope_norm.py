@@ -1,8 +1,9 @@
 """The few-token paths of RoPE and RMSNorm against the plain formulas.
 
-Decode steps (at most FEW_TOKENS rows) take shorter op sequences; these tests
-hold them to the formulas that long steps (and transformers) use: float32 to
-float32 rounding, bfloat16 to one rounding step of the output.
+Decode steps (at most FEW_TOKENS rows) take shorter op sequences, and on CPU
+RMSNorm runs a C kernel; these tests hold every path to the formulas that long
+steps (and transformers) use: float32 to float32 rounding, bfloat16 to one
+rounding step of the output.
 """
 
 from __future__ import annotations
@@ -65,26 +66,43 @@ def test_rope_rotate_is_a_rotation() -> None:
     torch.testing.assert_close(pair_norm(out), pair_norm(x), rtol=1e-5, atol=1e-6)
 
 
+def make_norm(weight: torch.Tensor, path: str) -> RMSNorm:
+    """RMSNorm on its C kernel ("native", where a compiler is) or its torch paths."""
+    norm = RMSNorm(weight, 1e-5)
+    if path == "torch":
+        norm._kernel = None
+    elif norm._kernel is None:
+        pytest.skip("no C compiler here")
+    return norm
+
+
+PATHS = ["native", "torch"]
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("num_rows", [1, 2, FEW_TOKENS, FEW_TOKENS + 1, 64])
 @pytest.mark.parametrize("scale", [1e-3, 0.05, 30.0])
-def test_rms_norm_equals_torch_rms_norm_float32(num_rows: int, scale: float) -> None:
+def test_rms_norm_equals_torch_rms_norm_float32(num_rows: int, scale: float, path: str) -> None:
     weight = torch.randn(HIDDEN)
     x = torch.randn(num_rows, HIDDEN) * scale
-    got = RMSNorm(weight, 1e-5)(x)
+    got = make_norm(weight, path)(x)
     assert got.shape == (num_rows, HIDDEN) and got.is_contiguous()
     torch.testing.assert_close(got, F.rms_norm(x, (HIDDEN,), weight, 1e-5), rtol=1e-5, atol=1e-6)
 
 
-def test_rms_norm_eps_counts_on_tiny_rows() -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_rms_norm_eps_counts_on_tiny_rows(path: str) -> None:
     # A row far below eps: the result is x / sqrt(eps) * w, not x / |x|.
     weight = torch.ones(HIDDEN)
     x = torch.full((1, HIDDEN), 1e-6)
-    torch.testing.assert_close(RMSNorm(weight, 1e-5)(x), x / (1e-5 + 1e-12) ** 0.5)
+    torch.testing.assert_close(make_norm(weight, path)(x), x / (1e-5 + 1e-12) ** 0.5)
 
 
-def test_rms_norm_bfloat16_close_to_exact() -> None:
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("num_rows", [1, FEW_TOKENS, 64])
+def test_rms_norm_bfloat16_close_to_exact(path: str, num_rows: int) -> None:
     weight = torch.randn(HIDDEN).bfloat16()
-    x = torch.randn(FEW_TOKENS, HIDDEN).bfloat16()
-    got = RMSNorm(weight, 1e-5)(x).float()
+    x = torch.randn(num_rows, HIDDEN).bfloat16()
+    got = make_norm(weight, path)(x).float()
     exact = F.rms_norm(x.float(), (HIDDEN,), weight.float(), 1e-5)
     assert ((got - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all()

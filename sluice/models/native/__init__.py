@@ -1,7 +1,7 @@
 """Small C kernels for the CPU hot path, built with the system C compiler on first use.
 
 `paged_decode_attention.c` reads K/V straight from the paged cache (no
-gathered copy) for decode steps. It is compiled once per machine and source
+gathered copy) for decode steps; `rms_norm.c` normalises rows in one pass. It is compiled once per machine and source
 into the cache directory (`native_dir`), loaded with ctypes, and called with
 tensors' data pointers: no torch headers, so a build takes about a second.
 It is built with OpenMP and loaded after torch, so it shares torch's OpenMP
@@ -33,7 +33,9 @@ from sluice.config import default_cache_dir
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("paged_decode_attention.c")
+_SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("paged_decode_attention.c", "rms_norm.c")
+)
 # Compiling with -ffast-math lets gcc vectorize the dot products (float32
 # sums in another order) and call glibc's vector expf (30% faster at 64
 # decodes); inf and NaN keep their meaning (-fno-finite-math-only).
@@ -73,21 +75,24 @@ def _library() -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None or platform.system() != "Linux":
         return None
-    source = _SOURCE.read_bytes()
+    sources = b"".join(path.read_bytes() for path in _SOURCES)
     flags = " ".join(_COMPILE_FLAGS + _LINK_FLAGS).encode()
-    key = hashlib.sha256(source + flags + _cpu_model().encode()).hexdigest()
-    target = native_dir() / f"paged_decode_attention-{key[:16]}.so"
+    key = hashlib.sha256(sources + flags + _cpu_model().encode()).hexdigest()
+    target = native_dir() / f"sluice_kernels-{key[:16]}.so"
     try:
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             # Built beside the target, then renamed: concurrent builders never
             # load a half-written library.
             with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-                built, obj = Path(scratch) / target.name, Path(scratch) / "kernel.o"
-                for command in (
-                    [compiler, *_COMPILE_FLAGS, "-c", "-o", str(obj), str(_SOURCE)],
-                    [compiler, *_LINK_FLAGS, "-o", str(built), str(obj), "-lm"],
-                ):
+                built = Path(scratch) / target.name
+                objects = [str(Path(scratch) / f"{path.stem}.o") for path in _SOURCES]
+                commands = [
+                    [compiler, *_COMPILE_FLAGS, "-c", "-o", obj, str(path)]
+                    for path, obj in zip(_SOURCES, objects, strict=True)
+                ]
+                commands.append([compiler, *_LINK_FLAGS, "-o", str(built), *objects, "-lm"])
+                for command in commands:
                     subprocess.run(command, check=True, capture_output=True, timeout=120)
                 os.replace(built, target)
         library = ctypes.CDLL(str(target))
@@ -98,6 +103,11 @@ def _library() -> ctypes.CDLL | None:
         function = getattr(library, name)
         function.argtypes = _ARGTYPES
         function.restype = ctypes.c_int
+    for name in ("rms_norm_bf16", "rms_norm_f32"):
+        function = getattr(library, name)
+        function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
+        function.argtypes += [ctypes.c_float, ctypes.c_void_p]
+        function.restype = None
     return library
 
 
@@ -157,3 +167,23 @@ class _DecodeAttention:
                 "or the head layout is unsupported"
             )
         return out
+
+
+@cache
+def rms_norm_kernel(dtype: torch.dtype):
+    """x [T, hidden] (rows contiguous), w [hidden] -> rms_norm(x) * w; None: no kernel."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        return None
+    library = _library()
+    if library is None:
+        return None
+    function = library.rms_norm_bf16 if dtype == torch.bfloat16 else library.rms_norm_f32
+
+    def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        rows, hidden = x.shape
+        assert x.stride(1) == 1 and weight.is_contiguous(), "rows and weight contiguous"
+        out = torch.empty((rows, hidden), dtype=x.dtype)
+        function(x.data_ptr(), weight.data_ptr(), rows, hidden, x.stride(0), eps, out.data_ptr())
+        return out
+
+    return rms_norm
