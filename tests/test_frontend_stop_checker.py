@@ -127,3 +127,137 @@ def test_any_split_gives_the_whole_text_answer_and_never_retracts(pieces, stops,
     for release in releases[:-1] if releases[-1].stop_string else releases:
         sent += release.text
         assert not any(stop in sent for stop in stops) or include
+
+
+# -- text no match may end in (min_tokens, a finishing stop token) ------------------
+
+
+def run_flagged(
+    pieces: list[tuple[str, bool]], stops: tuple[str, ...], *, include: bool = False
+) -> list[StopRelease[int]]:
+    """`run` with a `may_match` flag per piece."""
+    checker: StopChecker[int] = StopChecker(stops, include_stop_str_in_output=include)
+    releases = []
+    for number, (piece, may_match) in enumerate(pieces):
+        releases.append(checker.push(piece, number, may_match=may_match))
+        if releases[-1].stop_string is not None:
+            return releases
+    releases.append(checker.flush())
+    return releases
+
+
+def test_a_match_ending_in_unsearched_text_is_not_a_stop():
+    releases = run_flagged([("a.b", False), ("c", True), (".d", True)], (".",))
+    assert texts(releases) == ["a.b", "c", ""]
+    assert releases[-1].stop_string == "."
+
+
+def test_a_match_may_start_in_unsearched_text_and_end_in_searched_text():
+    releases = run_flagged([("x", True), ("ab", False), ("cd", True)], ("abc",))
+    assert texts(releases) == ["x", "", ""]
+    assert (releases[-1].stop_string, releases[-1].payloads) == ("abc", [1, 2])
+
+
+def test_unsearched_text_is_still_held_while_it_could_begin_a_stop_string():
+    releases = run_flagged([("xa", False), ("b", False), ("y", True)], ("abc",))
+    assert texts(releases) == ["", "", "xaby", ""]
+    assert releases[-1].stop_string is None
+
+
+def test_a_stop_string_completed_only_in_unsearched_text_never_matches():
+    releases = run_flagged([("xSTO", True), ("P", False)], ("STOP",), include=True)
+    assert texts(releases) == ["xSTO", "P", ""]
+    assert releases[-1].stop_string is None
+
+
+def flagged_reference(
+    pieces: list[tuple[str, bool]], stops: tuple[str, ...], include: bool
+) -> tuple[str, str | None]:
+    """The whole-text answer among matches that end inside a searchable piece."""
+    text = "".join(piece for piece, _ in pieces)
+    searchable_ends: set[int] = set()
+    offset = 0
+    for piece, may_match in pieces:
+        if may_match:
+            searchable_ends.update(range(offset + 1, offset + len(piece) + 1))
+        offset += len(piece)
+    best = None
+    for stop in stops:
+        start = text.find(stop)
+        while start >= 0:
+            end = start + len(stop)
+            if end in searchable_ends:
+                if best is None or (end, start) < (best[1], best[0]):
+                    best = (start, end, stop)
+                break
+            start = text.find(stop, start + 1)
+    if best is None:
+        return text, None
+    return text[: best[1] if include else best[0]], best[2]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    pieces=st.lists(
+        st.tuples(st.text("abc", min_size=1, max_size=4), st.booleans()), min_size=1, max_size=10
+    ),
+    stops=st.lists(st.text("abc", min_size=1, max_size=4), max_size=3).map(tuple),
+    include=st.booleans(),
+)
+def test_any_split_and_flags_give_the_whole_text_answer(pieces, stops, include):
+    releases = run_flagged(pieces, stops, include=include)
+    released = "".join(texts(releases))
+    assert (released, releases[-1].stop_string) == flagged_reference(pieces, stops, include)
+    payloads = [p for release in releases for p in release.payloads]
+    assert payloads == list(range(len(payloads))), "pieces leave whole and in order"
+
+
+# -- work per piece: the new text plus the longest stop string, not the held text ----
+
+
+class CountingStop(str):
+    """A stop string that counts the characters read out of it."""
+
+    counter: list[int]
+
+    def __getitem__(self, key):  # type: ignore[override]
+        item = super().__getitem__(key)
+        self.counter[0] += len(item)
+        return item
+
+
+def counting_stops(texts: list[str]) -> tuple[tuple[CountingStop, ...], list[int]]:
+    counter = [0]
+    stops = []
+    for text in texts:
+        stop = CountingStop(text)
+        stop.counter = counter
+        stops.append(stop)
+    return tuple(stops), counter
+
+
+def test_a_breaking_piece_after_long_held_prefixes_reads_each_stop_string_a_bounded_number_of_times():
+    # 16 stop strings of 5,000 characters whose 4,999-character prefix is held.
+    length = 5_000
+    stops, counter = counting_stops(["a" * (length - 1) + chr(ord("A") + i) for i in range(16)])
+    checker: StopChecker[int] = StopChecker(stops, include_stop_str_in_output=False)
+    for number in range(length - 1):
+        assert checker.push("a", number).text == ""
+    counter[0] = 0
+    release = checker.push("z", length)
+    assert len(release.text) == length and release.stop_string is None
+    # The old checker tried every held suffix: about 16 * length**2 / 2 characters.
+    assert counter[0] <= 2 * len(stops) * (length + 1)
+
+
+def test_pushing_a_long_held_prefix_piece_by_piece_reads_the_stop_string_linearly():
+    length = 10_000
+    stops, counter = counting_stops(["a" * length])
+    checker: StopChecker[int] = StopChecker(stops, include_stop_str_in_output=False)
+    counter[0] = 0
+    for number in range(length - 1):
+        assert checker.push("a", number).text == ""
+    release = checker.push("a", length)
+    assert release.stop_string == "a" * length
+    # Amortized: a constant number of reads per character pushed, not one per held character.
+    assert counter[0] <= 4 * length
