@@ -11,7 +11,7 @@ from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import EngineDeadError, ServiceUnavailableError
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.mailbox import Mailbox
-from sluice.frontend.output_processor import OutputProcessor
+from sluice.frontend.output_processor import ChoiceStream, OutputProcessor
 from sluice.frontend.request import GenerationRequest, PromptInput
 from sluice.testing import FakeEngine, FakeTokenizer
 
@@ -161,3 +161,127 @@ def test_nothing_is_put_after_close_and_errors_go_through_the_mailbox():
     closed.processor.on_delta(delta([T("a")]))
     closed.processor.on_error(EngineDeadError("gone"))
     assert closed.mailbox.is_empty
+
+
+# -- stop strings against min_tokens and a finishing stop token ----------------------
+
+
+def stream_ids(
+    ids: list[int],
+    *,
+    per_token: bool = True,
+    finish: str = "length",
+    stop_token_id: int | None = None,
+    **overrides,
+) -> tuple[str, list[int], str | None, str | int | None]:
+    """Feed `ids` to one ChoiceStream (one delta each, or one delta in all), the
+    last carrying `finish`; (text, token ids, finish_reason, stop_reason)."""
+    choice = ChoiceStream(0, make_request(**overrides), TOKENIZER)
+    batches = [[token_id] for token_id in ids] if per_token else [ids]
+    text, token_ids, finish_reason, stop_reason = "", [], None, None
+    for number, batch in enumerate(batches):
+        is_last = number == len(batches) - 1
+        out = choice.process(
+            delta(
+                batch,
+                finish=finish if is_last else None,
+                stop_token_id=stop_token_id if is_last else None,
+            )
+        )
+        if out is not None:
+            text += out.text
+            token_ids += out.token_ids
+            finish_reason, stop_reason = out.finish_reason, out.stop_reason
+        if choice.is_finished:
+            break
+    return text, token_ids, finish_reason, stop_reason
+
+
+SENTENCES = TOKENIZER.encode(" a b c. x y. z")  # 13 tokens; "." is token 6 and token 11
+
+
+@pytest.mark.parametrize("per_token", [True, False])
+def test_stop_strings_are_searched_only_after_min_tokens_tokens(per_token):
+    text, token_ids, finish, stop_reason = stream_ids(
+        SENTENCES,
+        per_token=per_token,
+        stop=(".",),
+        params=SamplingParams(max_tokens=100, min_tokens=10),
+    )
+    assert (text, finish, stop_reason) == ("a b c. x y", "stop", ".")
+    assert token_ids == SENTENCES[:11]
+
+
+def test_without_min_tokens_the_first_stop_string_finishes():
+    text, token_ids, _, stop_reason = stream_ids(SENTENCES, stop=(".",))
+    assert (text, len(token_ids), stop_reason) == ("a b c", 6, ".")
+
+
+@pytest.mark.parametrize(
+    ("min_tokens", "stop", "expected"),
+    [
+        # " y." starts in tokens 9-10 and ends in token 11: a stop once 10 came before.
+        (10, " y.", ("a b c. x", "stop", " y.")),
+        # The same match ends in token 11 itself: not a stop when min_tokens is 11.
+        (11, " y.", ("a b c. x y. z", "length", None)),
+        (11, ".", ("a b c. x y. z", "length", None)),
+        # ". " ends in token 7 (too early), then starts in token 11 and ends in 12.
+        (11, ". ", ("a b c. x y", "stop", ". ")),
+    ],
+)
+def test_a_stop_string_counts_when_its_last_character_comes_after_min_tokens(
+    min_tokens, stop, expected
+):
+    params = SamplingParams(max_tokens=100, min_tokens=min_tokens)
+    text, _, finish, stop_reason = stream_ids(SENTENCES, stop=(stop,), params=params)
+    assert (text, finish, stop_reason) == expected
+
+
+@pytest.mark.parametrize("per_token", [True, False])
+@pytest.mark.parametrize("stop", ["</", "b </", "s>"])
+def test_the_eos_text_is_included_but_never_searched_for_stop_strings(per_token, stop):
+    ids = [T("a"), T("▁"), T("b"), EOS]
+    text, token_ids, finish, stop_reason = stream_ids(
+        ids,
+        per_token=per_token,
+        finish="stop",
+        stop_token_id=EOS,
+        stop=(stop,),
+        skip_special_tokens=False,
+        include_stop_str_in_output=True,
+    )
+    assert (text, token_ids, finish, stop_reason) == ("a b </s>", ids, "stop", None)
+
+
+def test_a_stop_token_ids_text_is_never_searched_and_it_stays_the_stop_reason():
+    ids = [T("a"), T("</"), T("end>")]
+    text, token_ids, finish, stop_reason = stream_ids(
+        ids,
+        finish="stop",
+        stop_token_id=T("end>"),
+        stop=("</end>", "end"),
+        include_stop_str_in_output=True,
+    )
+    assert (text, token_ids, finish, stop_reason) == ("a</end>", ids, "stop", T("end>"))
+
+
+def test_a_stop_string_before_the_stop_token_still_wins():
+    ids = [T("a"), T("</"), EOS]
+    text, token_ids, finish, stop_reason = stream_ids(
+        ids, per_token=False, finish="stop", stop_token_id=EOS, stop=("</",),
+        skip_special_tokens=False, include_stop_str_in_output=True,
+    )  # fmt: skip
+    assert (text, token_ids, finish, stop_reason) == ("a</", ids[:2], "stop", "</")
+
+
+@pytest.mark.parametrize(("min_tokens", "expected"), [(1, ("a", "x")), (2, ("ax", None))])
+def test_text_flushed_at_the_end_belongs_to_the_last_token_that_was_detokenized(
+    min_tokens, expected
+):
+    # Token 2 holds "x" with half an emoji; EOS (token 3) ends it: the flush releases "x".
+    ids = [T("a"), T("x😀[:3]"), EOS]
+    params = SamplingParams(max_tokens=100, min_tokens=min_tokens)
+    text, _, finish, stop_reason = stream_ids(
+        ids, finish="stop", stop_token_id=EOS, stop=("x",), params=params
+    )
+    assert (text, stop_reason) == expected and finish == "stop"

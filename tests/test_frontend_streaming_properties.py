@@ -7,7 +7,8 @@ modes, echo, special-token options), token scripts built from the fake
 tokenizer's units (split characters, byte fallback, "▁" word starts, special
 tokens), an engine schedule (tokens per step, random EOS) and reader delays.
 The oracle is computed from the engine's raw token ids alone: a full decode,
-cut at the earliest stop-string match.
+cut at the earliest stop-string match that ends past the text of the first
+`min_tokens` tokens and before a finishing stop token's text.
 """
 
 from __future__ import annotations
@@ -100,9 +101,10 @@ def decode(ids: list[int], request: GenerationRequest) -> str:
 
 def expected_output(generated: Generated, request: GenerationRequest) -> Expected:
     full = decoded(generated, request).rstrip(REPLACEMENT_CHAR)
+    searched, min_end = searched_text(generated, request)
     match = None
     for stop in request.stop:
-        start = full.find(stop)
+        start = searched.find(stop, max(0, min_end - len(stop)))
         if stop and start >= 0 and (match is None or (start + len(stop), start) < match[:2]):
             match = (start + len(stop), start, stop)
     if match is None:
@@ -111,6 +113,25 @@ def expected_output(generated: Generated, request: GenerationRequest) -> Expecte
     end, start, stop = match
     text = full[: end if request.include_stop_str_in_output else start]
     return Expected(text, "stop", stop, completing_token_count(generated, request, end))
+
+
+def searched_text(generated: Generated, request: GenerationRequest) -> tuple[str, int]:
+    """The text stop strings are searched in (a finishing stop token's text left
+    out), and the least end a match in it may have: past the text the first
+    `min_tokens` tokens released."""
+    ids = list(generated.token_ids)
+    if generated.stop_token_id is not None:
+        ids = ids[:-1]
+    searched = decode(ids, request).rstrip(REPLACEMENT_CHAR)
+    min_tokens = request.params.min_tokens
+    if min_tokens >= len(ids):
+        return searched, len(searched) + 1  # even the final flush belongs to them
+    released = ""
+    for k in range(1, min_tokens + 1):
+        text = decode(ids[:k], request)
+        if not text.endswith(REPLACEMENT_CHAR):  # else held with its incomplete character
+            released = text
+    return searched, len(released) + 1
 
 
 def completing_token_count(generated: Generated, request: GenerationRequest, end: int) -> int:
@@ -132,6 +153,8 @@ def scenarios(draw: st.DrawFn) -> tuple[GenerationRequest, dict, list[int]]:
     scripts = [[t for unit in draw(units) for t in unit] for _ in range(num_prompts * n)]
     note(f"token scripts: {scripts}")
     logprobs = draw(st.none() | st.integers(0, 2))
+    max_tokens = draw(st.integers(1, 40))
+    min_tokens = draw(st.sampled_from([0, 0, 1, 3, 8]).filter(lambda m: m <= max_tokens))
     engine_kwargs = {
         "script": lambda rid, prompt, params: scripts[int(rid.rsplit("-", 1)[1])],
         "tokens_per_step": (1, draw(st.integers(1, 5))),
@@ -146,7 +169,7 @@ def scenarios(draw: st.DrawFn) -> tuple[GenerationRequest, dict, list[int]]:
         model_name="fake",
         prompts=PROMPTS[:num_prompts],
         n=n,
-        params=SamplingParams(max_tokens=draw(st.integers(1, 40)), logprobs=logprobs),
+        params=SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, logprobs=logprobs),
         include_stop_str_in_output=draw(st.booleans()),
         skip_special_tokens=draw(st.booleans()),
         spaces_between_special_tokens=draw(st.booleans()),

@@ -15,7 +15,12 @@ released goes into the mailbox as one `ChoiceDelta`. Invariants:
 - "abort" from the engine only happens when the client went away; one that
   reaches a live request is turned into an error.
 - As in vLLM, a finishing stop token (EOS or a stop_token_id) is delivered and
-  counted but not detokenized unless `include_stop_str_in_output`.
+  counted but not detokenized unless `include_stop_str_in_output`; its text
+  is never searched for stop strings, so it keeps its own stop_reason.
+- As in vLLM (since its PR 22014), stop strings wait for `min_tokens`: a match
+  counts only if it ends in text released by output token min_tokens + 1 or
+  later, the rule the engine applies to EOS and stop_token_ids. It may start
+  in earlier text; earlier text alone never matches and is sent as usual.
 """
 
 from __future__ import annotations
@@ -56,6 +61,11 @@ class ChoiceStream:
         self._eos_token_ids = tokenizer.eos_token_ids
         self._wants_logprobs = request.logprobs is not None
         self._detokenizes_stop_token = request.include_stop_str_in_output
+        # Stop strings may only end in text of output tokens after these.
+        self._min_tokens = request.params.min_tokens
+        # Tokens pushed to the detokenizer so far (by the general path: the
+        # plain path has no stop checker, the counter's only reader).
+        self._num_detokenized_tokens = 0
         self._detokenizer = IncrementalDetokenizer(
             tokenizer,
             skip_special_tokens=request.skip_special_tokens,
@@ -87,12 +97,14 @@ class ChoiceStream:
             is_stop_token = position == last and token_id == delta.stop_token_id
             if is_stop_token and not self._detokenizes_stop_token:
                 continue
+            self._num_detokenized_tokens += 1
             text = self._detokenizer.push(token_id)
             if not text:
                 continue
             if out is None:
                 out = self._new_delta(delta)
-            if self._release_text(out, text):
+            may_match = not is_stop_token and self._num_detokenized_tokens > self._min_tokens
+            if self._release_text(out, text, may_match):
                 return out
         if delta.finish_reason is not None:
             if out is None:
@@ -119,8 +131,9 @@ class ChoiceStream:
         logprobs: list[SampledLogprob] | None = [] if self._wants_logprobs else None
         return ChoiceDelta("", [], [], logprobs, None, None, delta.num_prompt_tokens)
 
-    def _release_text(self, out: ChoiceDelta, text: str) -> bool:
-        """Release `text` with the held tokens that made it; True when that finished the choice."""
+    def _release_text(self, out: ChoiceDelta, text: str, may_match: bool = True) -> bool:
+        """Release `text` with the held tokens that made it; True when that finished
+        the choice. Without `may_match`, no stop string may end in `text`."""
         held_token_ids = self._held_token_ids
         assert held_token_ids, "released text always comes with the tokens that made it"
         if self._stop_checker is None:
@@ -136,7 +149,7 @@ class ChoiceStream:
             return False
         group = _TokenGroup(held_token_ids, self._held_logprobs, text)
         self._held_token_ids, self._held_logprobs = [], []
-        return self._release(out, self._stop_checker.push(text, group))
+        return self._release(out, self._stop_checker.push(text, group, may_match=may_match))
 
     def _release(self, out: ChoiceDelta, release: StopRelease[_TokenGroup]) -> bool:
         """Append what the stop checker released to `out`; True when it matched."""
@@ -157,7 +170,10 @@ class ChoiceStream:
     def _finish(self, out: ChoiceDelta, delta: RequestDelta) -> None:
         """The engine finished: flush what is held, then close the choice."""
         text = self._detokenizer.flush()
-        if (text or self._held_token_ids) and self._release_text(out, text):
+        # What the last detokenized token still held: a stop token's is not searched.
+        has_stop_text = delta.stop_token_id is not None and self._detokenizes_stop_token
+        may_match = not has_stop_text and self._num_detokenized_tokens > self._min_tokens
+        if (text or self._held_token_ids) and self._release_text(out, text, may_match):
             return
         if self._stop_checker is not None:
             self._release(out, self._stop_checker.flush())
