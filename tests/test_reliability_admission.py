@@ -18,13 +18,14 @@ import orjson
 import pytest
 
 from sluice.engine.sampling_params import SamplingParams
-from sluice.errors import EngineDeadError, QueueFullError
+from sluice.errors import EngineDeadError, InvalidRequestError, QueueFullError
 from sluice.server.admission import (
     QUEUE_TIMEOUT_HEADER,
     AdmissionGate,
     QueueTimeoutError,
     ShuttingDownError,
     first_token_deadline,
+    queue_timeout_s,
 )
 from sluice.testing import FakeEngine
 from sluice.testing.contract import Expectations, check_stream
@@ -145,6 +146,24 @@ def test_a_request_within_its_deadline_is_served_and_a_bad_deadline_is_a_400(slo
     assert served.json()["choices"][0]["finish_reason"] == "length"
     assert refused.status_code == 400
     assert refused.json()["error"]["param"] == QUEUE_TIMEOUT_HEADER
+
+
+@pytest.mark.parametrize("value", ["5", "0.25", ".5", "86399.9"])
+def test_a_deadline_header_is_ascii_decimal_seconds(value):
+    assert queue_timeout_s(value, None) == float(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "soon", "", "0", "-1", "86400", "nan", "inf", "1e3", "+1", "1_000", "0x10", "5.",
+        " 5", "\u00b2", "\u0661\u0662", "\uff15",  # "²", Arabic-Indic "١٢", fullwidth "５"
+    ],
+)  # fmt: skip
+def test_any_other_deadline_header_is_a_400_naming_it(value):
+    with pytest.raises(InvalidRequestError) as error:
+        queue_timeout_s(value, 5.0)
+    assert error.value.param == QUEUE_TIMEOUT_HEADER
 
 
 # -- the gate's rules, one by one ------------------------------------------------------

@@ -229,3 +229,21 @@ def test_an_assistant_turn_may_have_no_content():
 
 def test_response_format_text_is_accepted():
     assert chat(response_format={"type": "text"}).kind == "chat"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "\u00b2",  # "²": isdigit() is true, int() fails
+        "\u0661\u0662",  # Arabic-Indic "١٢": int() reads 12
+        "\uff11",  # fullwidth "１"
+        "+1", "-1", " 1", "1 ", "1_000", "1.0", "0x1", "", "1" * 21,
+    ],
+)  # fmt: skip
+def test_logit_bias_keys_other_than_ascii_digit_token_ids_are_400s(key):
+    error = refusal(completion, logit_bias={key: 1.0})
+    assert (error.status_code, error.param) == (400, "logit_bias")
+
+
+def test_logit_bias_keys_are_ascii_decimal_token_ids():
+    assert completion(logit_bias={"7": 1.0, "0012": -1.0}).params.logit_bias == {7: 1.0, 12: -1.0}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import re
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -50,14 +51,19 @@ class ShuttingDownError(ServiceUnavailableError):
     """The server is draining for shutdown and takes no new requests."""
 
 
+_DECIMAL_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+", re.ASCII)
+
+
 def queue_timeout_s(header_value: str | None, default_s: float | None) -> float | None:
-    """The deadline a request asked for (header), else the server's default."""
+    """The deadline a request asked for (header), else the server's default.
+
+    Seconds in ASCII decimal ("5", "0.25", ".5"): `float()` alone would also
+    take signs, exponents, underscores, "nan" and other scripts' digits."""
     if header_value is None:
         return default_s
-    try:
+    timeout_s = float("nan")
+    if _DECIMAL_SECONDS.fullmatch(header_value):
         timeout_s = float(header_value)
-    except ValueError:
-        timeout_s = float("nan")
     if not 0 < timeout_s < 86_400:  # NaN fails too
         raise InvalidRequestError(
             f"{QUEUE_TIMEOUT_HEADER} must be a number of seconds in (0, 86400)",

@@ -127,14 +127,19 @@ def sampling_params(
 
 
 def logit_bias(bias: dict[str, float] | None, preprocessor: Preprocessor) -> dict[int, float]:
-    """OpenAI's string-keyed bias as token id -> bias, every id checked."""
+    """OpenAI's string-keyed bias as token id -> bias, every id checked.
+
+    A key is a token id in ASCII decimal digits, nothing else: `int()` would
+    also take signs, spaces, underscores and other scripts' digits ("١٢"),
+    and `str.isdigit()` passes digits `int()` refuses ("²")."""
     if not bias:
         return {}
     biases: dict[int, float] = {}
     for key, value in bias.items():
-        if not key.strip().lstrip("-").isdigit() or len(key) > 20:
+        if not (key.isascii() and key.isdigit()) or len(key) > 20:
             raise InvalidRequestError(
-                f"logit_bias keys must be token ids, got {key[:40]!r}", param="logit_bias"
+                f"logit_bias keys must be token ids in decimal digits, got {key[:40]!r}",
+                param="logit_bias",
             )
         biases[int(key)] = value
     preprocessor.check_token_ids(list(biases), "logit_bias")
