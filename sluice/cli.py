@@ -170,6 +170,12 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         help="the largest max_tokens a client may ask for",
     )
     limits.add_argument("--max-stop-strings", type=int, default=16)
+    limits.add_argument(
+        "--max-stop-string-chars",
+        type=int,
+        default=1024,
+        help="the longest stop string a client may send, in characters",
+    )
     limits.add_argument("--max-logit-bias", type=int, default=1024)
     limits.add_argument("--max-request-body", type=parse_size, default=64 << 20)
 
@@ -180,6 +186,7 @@ def server_config_from(args: argparse.Namespace) -> ServerConfig:
         max_n=args.max_n,
         max_tokens=args.max_tokens_limit,
         max_stop_strings=args.max_stop_strings,
+        max_stop_string_chars=args.max_stop_string_chars,
         max_logit_bias_entries=args.max_logit_bias,
         max_request_body_bytes=args.max_request_body,
     )

@@ -94,6 +94,9 @@ class RequestLimits:
     # Largest max_tokens / max_completion_tokens a client may ask for.
     max_tokens: int | None = None
     max_stop_strings: int = 16
+    # Characters in one stop string: each choice follows every stop string
+    # character by character, and holds back up to this much text.
+    max_stop_string_chars: int = 1024
     max_logit_bias_entries: int = 1024
     # Bodies beyond this are refused while being read: the memory one connection can pin.
     max_request_body_bytes: int = 64 * 1024 * 1024

@@ -36,6 +36,8 @@ def test_serve_flags_become_the_config_tree():
             "http://a,http://b",
             "--max-n",
             "4",
+            "--max-stop-string-chars",
+            "64",
             "--on-engine-death",
             "exit",
             "--dtype",
@@ -48,6 +50,7 @@ def test_serve_flags_become_the_config_tree():
     assert config.port == 9001
     assert config.cors_allowed_origins == ("http://a", "http://b")
     assert config.limits.max_n == 4
+    assert config.limits.max_stop_string_chars == 64
     assert config.on_engine_death == "exit"
     assert config.engine.multiprocess is False
     assert config.engine.cache.kv_cache_memory_bytes == 256 << 20

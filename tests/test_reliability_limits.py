@@ -18,6 +18,7 @@ LIMITS = RequestLimits(
     max_n=2,
     max_tokens=50,
     max_stop_strings=2,
+    max_stop_string_chars=8,
     max_logit_bias_entries=2,
     max_request_body_bytes=4096,
 )
@@ -46,6 +47,8 @@ def http(live):
         ({"n": 3}, "n"),
         ({"max_tokens": 51}, "max_tokens"),
         ({"stop": ["a", "b", "c"]}, "stop"),
+        ({"stop": ["a", "123456789"]}, "stop"),
+        ({"stop": "123456789"}, "stop"),
         ({"logit_bias": {"5": 1, "6": 1, "7": 1}}, "logit_bias"),
         ({"prompt": "hello " * 60}, "prompt"),
     ],
@@ -74,7 +77,7 @@ def test_requests_within_the_limits_are_served_and_a_default_max_tokens_is_cappe
     # Chat's default is the rest of the context; the limit caps it at 50 instead.
     assert body["usage"]["completion_tokens"] == 2 * LIMITS.max_tokens
     ok = http.post(
-        "/v1/completions", json={"prompt": "hello", "stop": ["x", "y"], "max_tokens": 50}
+        "/v1/completions", json={"prompt": "hello", "stop": ["x", "12345678"], "max_tokens": 50}
     )
     assert ok.status_code == 200
 

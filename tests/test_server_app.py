@@ -218,6 +218,7 @@ def test_text_content_parts_are_accepted(http):
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"logit_bias": {"99999": 1}}, "logit_bias"),
         ({"logit_bias": {"\u00b2": 1}}, "logit_bias"),  # "²": isdigit() but not int()
+        ({"stop": ["x" * 1025]}, "stop"),
         ({"max_tokens": 5000}, "max_tokens"),
         ({"prompt": None}, "prompt"),
     ],

@@ -131,6 +131,8 @@ def test_token_prompts_are_taken_as_given_and_decoded_only_for_echo():
         ({"stream": False, "stream_options": {}}, "stream_options"),
         ({"logit_bias": {"abc": 1}}, "logit_bias"),
         ({"logit_bias": {"500": 1}}, "logit_bias"),
+        ({"stop": ["x" * 1025]}, "stop"),
+        ({"stop": "x" * 1025}, "stop"),
         ({"stop_token_ids": [999]}, "stop_token_ids"),
         ({"min_tokens": 17}, "min_tokens"),
         ({"stop": ["a", ""]}, "stop"),

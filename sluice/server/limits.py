@@ -1,8 +1,8 @@
 """Per-request bounds from `RequestLimits`, each a 400 naming the field.
 
 Checked in two places by `to_internal`: `check_body` before any tokenization
-(counts the client states outright: n, stop strings, logit_bias entries,
-max_tokens), `check_prompts` after it (prompt tokens). `cap_max_tokens` bounds
+(counts the client states outright: n, stop strings and their lengths,
+logit_bias entries, max_tokens), `check_prompts` after it (prompt tokens). `cap_max_tokens` bounds
 a default max_tokens (chat's "rest of the context") without refusing.
 The protocol's fixed caps still apply first; these can only be stricter.
 """
@@ -19,9 +19,11 @@ from sluice.server import protocol
 
 def check_body(body: protocol.SamplingFields, limits: RequestLimits) -> None:
     _at_most(body.n or 1, limits.max_n, "n")
-    stop = body.stop
-    num_stop_strings = 0 if stop is None else 1 if isinstance(stop, str) else len(stop)
-    _at_most(num_stop_strings, limits.max_stop_strings, "stop", what="stop strings")
+    stop_strings = [body.stop] if isinstance(body.stop, str) else body.stop or []
+    _at_most(len(stop_strings), limits.max_stop_strings, "stop", what="stop strings")
+    for stop in stop_strings:
+        _at_most(len(stop), limits.max_stop_string_chars, "stop",
+                 what="characters in a stop string")  # fmt: skip
     _at_most(len(body.logit_bias or {}), limits.max_logit_bias_entries, "logit_bias",
              what="logit_bias entries")  # fmt: skip
     if limits.max_tokens is not None:
