@@ -34,6 +34,11 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from sluice.errors import InvalidRequestError, ModelLoadError
 
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+# What a template's code raises when the messages are not what it expects
+# (content of another type, a missing key, a number that does not parse).
+_TEMPLATE_DATA_ERRORS = (TypeError, ValueError, LookupError, ArithmeticError, AttributeError)
+# jinja names the code it compiles from a string so in tracebacks.
+_TEMPLATE_FILENAME = "<template>"
 REPLACEMENT_CHAR = "\ufffd"
 _UNKNOWN = object()
 _BYTE_FALLBACK_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -188,7 +193,10 @@ class Tokenizer:
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """Render a conversation; InvalidRequestError if there is no template or it
-        rejects the messages (e.g. `raise_exception("roles must alternate")`)."""
+        rejects the messages: `raise_exception("roles must alternate")`, or an
+        error the template's own code runs into on what the client sent (adding
+        a number to a content string, a missing key). An error raised outside
+        the template's code is a bug and propagates as itself (a 500)."""
         if self._chat_template is None:
             raise InvalidRequestError("this model has no chat template", param="messages")
         variables = {
@@ -203,6 +211,12 @@ class Tokenizer:
             return self._chat_template.render(**variables)
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"chat template error: {exc}", param="messages") from exc
+        except _TEMPLATE_DATA_ERRORS as exc:
+            if not _is_raised_in_template(exc):
+                raise
+            raise InvalidRequestError(
+                f"chat template error: {type(exc).__name__}: {exc}", param="messages"
+            ) from exc
 
     def _id_of(self, text: str | None) -> int | None:
         return None if text is None else self.backend.token_to_id(text)
@@ -312,6 +326,17 @@ class _GenerationBlock(jinja2.ext.Extension):
 
     def _render(self, caller: Any) -> str:
         return caller()
+
+
+def _is_raised_in_template(exc: BaseException) -> bool:
+    """Whether the template's own code was running when `exc` was raised (jinja
+    rewrites tracebacks to show template lines as frames of `<template>`)."""
+    traceback = exc.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code.co_filename == _TEMPLATE_FILENAME:
+            return True
+        traceback = traceback.tb_next
+    return False
 
 
 def _raise_exception(message: str) -> None:

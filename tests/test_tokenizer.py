@@ -8,6 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
+import httpx2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +18,8 @@ from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer
 
 from sluice.errors import InvalidRequestError, ModelLoadError
+from sluice.testing import FakeEngine
+from sluice.testing.live_server import LiveServer
 from sluice.tokenizer import Tokenizer
 
 SAMPLES = [
@@ -202,6 +205,62 @@ def test_raise_exception_in_a_template_is_an_invalid_request(tokenizer_dir):
     with pytest.raises(InvalidRequestError, match="system message must come first") as info:
         Tokenizer.from_folder(tokenizer_dir).apply_chat_template(messages)
     assert info.value.param == "messages"
+
+
+# A template whose code fails on what a client may send: a tool turn's content is
+# a string, which it adds a number to; an empty content divides by zero.
+FRAGILE_TEMPLATE = """\
+{% for message in messages %}
+{% if message['role'] == 'tool' %}{{ message['content'] + 1 }}{% endif %}
+{{ message['content'] }} {{ 10 // (message['content'] | length) }}
+{% endfor %}"""
+
+
+@pytest.mark.parametrize(
+    ("content", "role", "error"),
+    [("42", "tool", "TypeError"), ("", "user", "ZeroDivisionError")],
+)
+def test_an_error_the_template_raises_on_the_messages_is_an_invalid_request(
+    tokenizer_dir, content, role, error
+):
+    (tokenizer_dir / "chat_template.jinja").write_text(FRAGILE_TEMPLATE)
+    tokenizer = Tokenizer.from_folder(tokenizer_dir)
+    assert "hi 5" in tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    with pytest.raises(InvalidRequestError, match=f"chat template error: {error}") as info:
+        tokenizer.apply_chat_template([{"role": role, "content": content}])
+    assert info.value.param == "messages"
+
+
+def test_an_error_raised_outside_the_template_code_stays_a_bug(tokenizer_dir, monkeypatch):
+    (tokenizer_dir / "chat_template.jinja").write_text(FRAGILE_TEMPLATE)
+    tokenizer = Tokenizer.from_folder(tokenizer_dir)
+
+    def broken_render(**variables):
+        raise TypeError("a bug of the server, not of the messages")
+
+    monkeypatch.setattr(tokenizer._chat_template, "render", broken_render)
+    with pytest.raises(TypeError, match="a bug of the server"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_template_errors_reach_the_client_as_400s_and_bugs_as_500s(tokenizer_dir, monkeypatch):
+    (tokenizer_dir / "chat_template.jinja").write_text(FRAGILE_TEMPLATE)
+    tokenizer = Tokenizer.from_folder(tokenizer_dir)
+    tool_turn = {"messages": [{"role": "tool", "content": "42"}], "max_tokens": 1}
+    with LiveServer(FakeEngine(), tokenizer) as live, httpx2.Client(base_url=live.url) as http:
+        refused = http.post("/v1/chat/completions", json=tool_turn)
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["param"] == "messages" and error["type"] == "invalid_request_error"
+        assert error["message"].startswith("chat template error: TypeError")
+
+        def broken_render(**variables):
+            raise TypeError("a bug of the server")
+
+        monkeypatch.setattr(tokenizer._chat_template, "render", broken_render)
+        failed = http.post("/v1/chat/completions", json=tool_turn)
+        assert failed.status_code == 500
+        assert failed.json()["error"]["type"] == "internal_server_error"
 
 
 def test_strftime_now_renders_the_current_date(tokenizer_dir):
