@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -93,7 +94,10 @@ class _StopMatcher:
         return -1
 
 
-def _fallback_table(stop: str) -> list[int]:
+# Every choice of a request (up to 1,024) follows the same stop strings, and
+# building a table is a Python loop over the string: build it once.
+@lru_cache(maxsize=256)
+def _fallback_table(stop: str) -> tuple[int, ...]:
     """KMP's failure function, indexed by prefix length (0..len(stop))."""
     table = [0] * (len(stop) + 1)
     state = 0
@@ -104,7 +108,7 @@ def _fallback_table(stop: str) -> list[int]:
         if stop[state] == char:
             state += 1
         table[position + 1] = state
-    return table
+    return tuple(table)
 
 
 class StopChecker(Generic[T]):
