@@ -32,7 +32,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sluice.server.loop_watchdog import LoopWatchdog
+from sluice.server.loop_watchdog import SAMPLE_INTERVAL_S, LoopWatchdog
 from tests.test_reliability_support import ServerProcess, read_stream, run
 
 NUM_STREAMS = 16
@@ -131,6 +131,37 @@ def test_the_watchdog_reports_a_blocked_loop_as_its_worst_lag():
         float(re.search(r"^sluice:event_loop_lag_max_seconds (\S+)$", text, re.M).group(1)) > 0.15
     )
     assert 'sluice:event_loop_lag_seconds_bucket{le="0.25"}' in text
+
+
+def test_every_stall_shows_as_a_lag_within_the_sampling_interval():
+    """A 40 ms stall, wherever it falls between two samples, is recorded as at
+    least 40 ms - SAMPLE_INTERVAL_S (at 50 ms sampling most were not seen)."""
+    num_stalls, stall_s = 8, 0.04
+
+    async def go() -> str:
+        registry = CollectorRegistry()
+        watchdog = LoopWatchdog(registry)
+        watchdog.start()
+        for index in range(num_stalls):
+            # Stalls start at different phases of the sampling interval.
+            await asyncio.sleep(0.011 + index * 0.0017)
+            time.sleep(stall_s)
+        await asyncio.sleep(0.02)
+        await watchdog.stop()
+        return generate_latest(registry).decode()
+
+    text = run(go())
+    # The loop's clock counts whole milliseconds: 2 ms of slack.
+    assert stall_s - SAMPLE_INTERVAL_S - 0.002 > 0.025, "every stall lands above 25 ms"
+    total = metric_value(text, "sluice:event_loop_lag_seconds_count")
+    under_25ms = metric_value(text, 'sluice:event_loop_lag_seconds_bucket{le="0.025"}')
+    assert total - under_25ms >= num_stalls
+
+
+def metric_value(text: str, series: str) -> float:
+    match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{series} is exposed"
+    return float(match.group(1))
 
 
 def test_the_worst_lag_forgets_what_is_older_than_its_window():

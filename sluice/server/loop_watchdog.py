@@ -8,6 +8,11 @@ probe and the engine's outputs waiting. Exposed as
     sluice:event_loop_lag_seconds        histogram of every wake-up's lag
     sluice:event_loop_lag_max_seconds    worst lag over the last `window_s`
 
+Resolution: a wake-up is late only by the part of a stall after its timer
+was due, so a stall of S shows as a lag of at least S - `interval_s`.
+Sampling every 5 ms (not the 50 ms it once was) keeps that gap small next to
+the bounds worth checking (tens of milliseconds), at ~200 timers a second.
+
 Invariant: the watchdog itself costs one timer per `interval_s` and never
 blocks; the worst-lag window is kept as per-second maxima, so memory is fixed.
 """
@@ -24,6 +29,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+# How often the loop is sampled: the metric's resolution (see above).
+SAMPLE_INTERVAL_S = 0.005
 LAG_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -31,7 +38,10 @@ class LoopWatchdog(Collector):
     """Measures the running loop's lag; a Prometheus collector of its worst lag."""
 
     def __init__(
-        self, registry: CollectorRegistry, interval_s: float = 0.05, window_s: float = 60.0
+        self,
+        registry: CollectorRegistry,
+        interval_s: float = SAMPLE_INTERVAL_S,
+        window_s: float = 60.0,
     ):
         self.interval_s = interval_s
         self.window_s = window_s
