@@ -2,7 +2,7 @@
 
 The real server (engine in its own process, the embedded model) serves 32
 greedy streaming completions with logprobs and continuous usage stats while
-the event loop is stalled periodically by `DebugHooks`, half the clients read
+the event loop is stalled periodically by a test-owned task, half the clients read
 slowly, and bursts of ~2,000-token prompts keep arriving. Every chunk of
 every stream is checked against the streaming contract
 (`sluice.testing.contract`) and against the non-streamed response of the same
@@ -33,10 +33,10 @@ import aiohttp
 import pytest
 
 from sluice.config import CacheConfig, EngineConfig, SchedulerConfig
-from sluice.frontend.debug import DebugHooks
 from sluice.server.launch import build_engine
 from sluice.testing.contract import Expectations, check_stream, parse_sse, read_body
 from sluice.testing.live_server import LiveServer
+from sluice.testing.loop_stall import LoopStaller
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +73,7 @@ BODY_EXPECT = Expectations("completion", 1, has_logprobs=True)
 class StalledServer:
     live: LiveServer
     # Off (stalls of 0 s) until the test sizes it.
-    debug: DebugHooks
+    staller: LoopStaller
     model: str
 
 
@@ -86,17 +86,21 @@ def server(embedded_model_config):
         multiprocess=True,
     )
     assembly = build_engine(config)
-    debug = DebugHooks(loop_stall_every_s=LOOP_STALL_EVERY_S, loop_stall_for_s=0.0)
+    staller = LoopStaller(every_s=LOOP_STALL_EVERY_S, for_s=0.0)
     with LiveServer(
         assembly.engine,
         assembly.model.tokenizer,
         model_name=assembly.model.name,
         max_model_len=assembly.model.max_model_len,
         stats=assembly.stats,
-        debug=debug,
         startup_timeout_s=300,
     ) as live:
-        yield StalledServer(live, debug, assembly.model.name)
+        assert live.loop is not None, "the server runs"
+        staller.start(live.loop)
+        try:
+            yield StalledServer(live, staller, assembly.model.name)
+        finally:
+            staller.stop()
 
 
 @dataclasses.dataclass(slots=True)
@@ -226,7 +230,7 @@ def test_lagging_streams_under_load_deliver_every_token_once_and_coalesce(server
         started_s = time.monotonic()
         references = await fetch_references(url, server.model)
         decode_step_s = (time.monotonic() - started_s) / MAX_TOKENS
-        server.debug.loop_stall_for_s = stall_for_s(decode_step_s)
+        server.staller.for_s = stall_for_s(decode_step_s)
         return references, decode_step_s, await run_under_load(url, server.model, long_prompt)
 
     references, decode_step_s, load = asyncio.run(asyncio.wait_for(scenario(), TEST_TIMEOUT_S))
@@ -235,7 +239,7 @@ def test_lagging_streams_under_load_deliver_every_token_once_and_coalesce(server
     counts = [n for body in load.stream_bodies for n in tokens_per_chunk(body)]
     num_coalesced = sum(n > 1 for n in counts)
     print(
-        f"\ndecode step ~{decode_step_s:.2f} s, loop stalled {server.debug.loop_stall_for_s:.1f} s "
+        f"\ndecode step ~{decode_step_s:.2f} s, loop stalled {server.staller.for_s:.1f} s "
         f"every {LOOP_STALL_EVERY_S:.1f} s; {NUM_STREAMS} streams in {load.elapsed_s:.1f} s "
         f"beside {load.num_long_prompts} long prompts: {num_coalesced} of {len(counts)} chunks "
         f"carried more than one token (at most {max(counts)}), {sum(counts)} tokens"

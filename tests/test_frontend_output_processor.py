@@ -10,9 +10,9 @@ from sluice.engine.outputs import RequestDelta, TokenLogprobs
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import EngineDeadError, ServiceUnavailableError
 from sluice.frontend.deltas import ChoiceDelta
-from sluice.frontend.mailbox import Mailbox
 from sluice.frontend.output_processor import ChoiceStream, OutputProcessor
 from sluice.frontend.request import GenerationRequest, PromptInput
+from sluice.frontend.stream_output import StreamOutput
 from sluice.testing import FakeEngine, FakeTokenizer
 
 TOKENIZER = FakeTokenizer()
@@ -52,19 +52,29 @@ def delta(
 
 
 class Harness:
+    """The processor feeding a real StreamOutput; `feed` returns what one hand-over takes."""
+
     def __init__(self, **overrides):
         self.engine = FakeEngine()
-        self.mailbox = Mailbox()
-        self.processor = OutputProcessor(
-            make_request(**overrides), TOKENIZER, self.engine, self.mailbox
-        )
+        request = make_request(**overrides)
+        self.taken: list[dict[int, ChoiceDelta]] = []
+        self.output = StreamOutput(request.num_choices, self._render)
+        self.processor = OutputProcessor(request, TOKENIZER, self.engine, self.output)
+
+    def _render(self, taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
+        self.taken.append(dict(taken))
+        return [b"rendered"]
 
     def feed(self, *deltas: RequestDelta) -> dict[int, ChoiceDelta]:
         for item in deltas:
             self.processor.on_delta(item)
-        if self.mailbox.is_empty:
+        if not self.output.has_pending:
             return {}
-        return asyncio.run(self.mailbox.get())
+        return asyncio.run(self.take())
+
+    async def take(self) -> dict[int, ChoiceDelta]:
+        await self.output.next_events()
+        return self.taken.pop()
 
 
 def test_a_delta_without_tokens_or_finish_puts_nothing():
@@ -139,9 +149,9 @@ def test_an_engine_abort_reaching_a_live_request_becomes_an_error():
     harness.processor.on_delta(delta([], finish="abort"))
 
     async def read() -> None:
-        assert (await harness.mailbox.get())[0].text == "a"
+        assert (await harness.take())[0].text == "a"
         with pytest.raises(ServiceUnavailableError):
-            await harness.mailbox.get()
+            await harness.take()
 
     asyncio.run(read())
 
@@ -152,15 +162,15 @@ def test_choices_are_routed_by_engine_request_id():
     assert (out[0].text, out[1].text) == ("b", "a")
 
 
-def test_nothing_is_put_after_close_and_errors_go_through_the_mailbox():
+def test_nothing_is_put_after_close_and_errors_go_through_the_output():
     harness = Harness()
     harness.processor.on_error(EngineDeadError("gone"))
-    assert not harness.mailbox.is_empty
+    assert harness.output.has_pending
     closed = Harness()
     closed.processor.close()
     closed.processor.on_delta(delta([T("a")]))
     closed.processor.on_error(EngineDeadError("gone"))
-    assert closed.mailbox.is_empty
+    assert not closed.output.has_pending
 
 
 # -- stop strings against min_tokens and a finishing stop token ----------------------

@@ -10,9 +10,10 @@ import pytest
 
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import EngineDeadError, InvalidRequestError
-from sluice.frontend import DebugHooks, Frontend, GenerationRequest, PromptInput
+from sluice.frontend import Frontend, GenerationRequest, PromptInput
 from sluice.testing import FakeEngine, FakeTokenizer
 from sluice.testing.contract import Expectations, check_stream, parse_sse, read_body
+from sluice.testing.loop_stall import LoopStaller
 
 TOKENIZER = FakeTokenizer()
 WORDS = TOKENIZER.encode(" hello world 😀 語 ไทย abc")
@@ -37,8 +38,14 @@ def make_request(**overrides) -> GenerationRequest:
     return GenerationRequest(**(fields | overrides))
 
 
-async def collect(frontend: Frontend, request: GenerationRequest) -> bytes:
-    return b"".join([event async for event in frontend.stream(request)])
+async def collect(frontend: Frontend, request: GenerationRequest, pause_s: float = 0.0) -> bytes:
+    """The stream's bytes; with `pause_s`, the reader waits that long before each read."""
+    events = []
+    async for event in frontend.stream(request):
+        events.append(event)
+        if pause_s:
+            await asyncio.sleep(pause_s)
+    return b"".join(events)
 
 
 @dataclass
@@ -206,8 +213,7 @@ def test_a_slow_reader_gets_merged_deltas_and_an_exact_stream():
 
     async def scenario() -> tuple[bytes, bytes, int]:
         engine = FakeEngine(endless_words)
-        slow = Frontend(engine, TOKENIZER, debug=DebugHooks(reader_delay_s=0.002))
-        streamed = await collect(slow, request)
+        streamed = await collect(Frontend(engine, TOKENIZER), request, pause_s=0.002)
         steps = engine.num_steps
         whole = await Frontend(FakeEngine(endless_words), TOKENIZER).complete(request)
         return streamed, whole, steps
@@ -223,18 +229,18 @@ def test_a_slow_reader_gets_merged_deltas_and_an_exact_stream():
 
 def test_a_stalled_event_loop_still_gives_an_exact_stream():
     request = make_request(kind="chat", params=SamplingParams(max_tokens=60))
-    debug = DebugHooks(loop_stall_every_s=0.001, loop_stall_for_s=0.003)
+    staller = LoopStaller(every_s=0.001, for_s=0.003)
 
     async def scenario() -> bytes:
-        frontend = Frontend(
-            FakeEngine(endless_words, step_interval_s=0.0005), TOKENIZER, debug=debug
-        )
+        frontend = Frontend(FakeEngine(endless_words, step_interval_s=0.0005), TOKENIZER)
+        staller.start(asyncio.get_running_loop())
         try:
             return await collect(frontend, request)
         finally:
-            await frontend.aclose()
+            staller.stop()
 
     result = check_stream(asyncio.run(scenario()), Expectations("chat", 2))
+    assert staller.num_stalls > 0
     expected = TOKENIZER.decode((WORDS * 10)[:60])
     assert [c.text for c in result.choices] == [expected, expected]
 

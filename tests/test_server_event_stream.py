@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from sluice.frontend.serving import EventStream
+from sluice.frontend.stream_output import StreamOutput
 from sluice.server.connection import ABORT_EXTENSION, WRITE_EXTENSION
 from sluice.server.event_stream import EventStreamResponse, completion_tokens
 from sluice.server.middleware import RequestLog
@@ -39,6 +41,8 @@ class Source:
 @dataclass
 class Connection:
     """The ASGI side: what went through `send`, what through the writer."""
+
+    writes_now = True
 
     sent: list[dict] = field(default_factory=list)
     written: list[bytes] = field(default_factory=list)
@@ -75,7 +79,7 @@ class Connection:
 async def respond(source: Source, connection: Connection, **options) -> None:
     first, *rest = source.events
     source.events = rest
-    events = source.generate()
+    events = EventStream(source.generate(), StreamOutput(1, lambda taken: []))
     response = EventStreamResponse(first, events, options.pop("send_timeout_s", 30.0), **options)
     await response(connection.scope(), connection.receive, connection.send)
 
@@ -144,7 +148,7 @@ def test_a_failing_source_fails_the_response_and_is_closed():
                 self.is_closed = True
 
     source = Broken([])
-    events = source.generate()
+    events = EventStream(source.generate(), StreamOutput(1, lambda taken: []))
 
     async def scenario() -> None:
         first = await anext(events)

@@ -1,19 +1,18 @@
 """The frontend: requests in, detokenized and stop-checked chunks out."""
 
-from sluice.frontend.debug import DebugHooks
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
-from sluice.frontend.mailbox import Mailbox
 from sluice.frontend.observer import RequestObserver
 from sluice.frontend.request import GenerationRequest, PromptInput
-from sluice.frontend.serving import Frontend
+from sluice.frontend.serving import EventStream, Frontend
+from sluice.frontend.stream_output import StreamOutput
 
 __all__ = [
     "ChoiceDelta",
-    "DebugHooks",
+    "EventStream",
     "Frontend",
     "GenerationRequest",
-    "Mailbox",
     "PromptInput",
     "RequestObserver",
     "SampledLogprob",
+    "StreamOutput",
 ]

@@ -3,7 +3,7 @@
 `OutputProcessor.on_delta` runs on the event loop once per engine step for each
 of the request's engine requests (one per choice, id f"{response_id}-{index}").
 For each token, in order: detokenize, then check stop strings; what can be
-released goes into the mailbox as one `ChoiceDelta`. Invariants:
+released goes into the request's `StreamOutput` as one `ChoiceDelta`. Invariants:
 - Text, the tokens that produced it and their logprob entries leave together:
   a token whose text is held (an incomplete character, a skipped special
   token, a possible stop-string prefix) is held with it, so every non-final
@@ -32,9 +32,9 @@ from sluice.engine.outputs import RequestDelta, TokenLogprobs
 from sluice.errors import ServiceUnavailableError
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.detokenizer import DecodingTokenizer, IncrementalDetokenizer
-from sluice.frontend.mailbox import Mailbox
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.stop_checker import StopChecker, StopRelease
+from sluice.frontend.stream_output import StreamOutput
 
 
 def engine_request_id(response_id: str, index: int) -> str:
@@ -192,17 +192,17 @@ def _sampled_logprob(logprobs: TokenLogprobs, position: int) -> SampledLogprob:
 
 
 class OutputProcessor:
-    """Routes one API request's engine deltas to its choices and its mailbox."""
+    """Routes one API request's engine deltas to its choices and its output."""
 
     def __init__(
         self,
         request: GenerationRequest,
         tokenizer: DecodingTokenizer,
         engine: EngineClient,
-        mailbox: Mailbox,
+        output: StreamOutput,
     ):
         self._engine = engine
-        self._mailbox = mailbox
+        self._output = output
         self._choices = {
             engine_request_id(request.response_id, index): ChoiceStream(index, request, tokenizer)
             for index in range(request.num_choices)
@@ -214,7 +214,7 @@ class OutputProcessor:
         return [rid for rid, choice in self._choices.items() if not choice.is_finished]
 
     def close(self) -> None:
-        """Drop the mailbox: nothing more is put, whatever the engine still sends."""
+        """Stop: nothing more is put, whatever the engine still sends."""
         self._is_closed = True
 
     def on_delta(self, delta: RequestDelta) -> None:
@@ -224,14 +224,14 @@ class OutputProcessor:
         if delta.finish_reason == "abort":
             choice.is_finished = True
             error = ServiceUnavailableError(f"the engine aborted request {delta.request_id}")
-            self._mailbox.put_error(error)
+            self._output.put_error(error)
             return
         out = choice.process(delta)
         if out is not None:
-            self._mailbox.put(choice.index, out)
+            self._output.put(choice.index, out)
         if choice.is_stopped_early and delta.finish_reason is None:
             self._engine.abort([delta.request_id])
 
     def on_error(self, error: BaseException) -> None:
         if not self._is_closed:
-            self._mailbox.put_error(error)
+            self._output.put_error(error)

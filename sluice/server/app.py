@@ -40,9 +40,7 @@ from sluice.config import ServerConfig
 from sluice.engine.client_base import EngineClient, EngineStats
 from sluice.engine.supervisor import EngineSupervisor, RestartableEngine
 from sluice.errors import EngineDeadError, InvalidRequestError
-from sluice.frontend.debug import DebugHooks
 from sluice.frontend.detokenizer import DecodingTokenizer
-from sluice.frontend.direct_write import DirectWrite
 from sluice.frontend.preprocess import Preprocessor, PromptTokenizer
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend
@@ -80,16 +78,11 @@ def create_app(
     model_name: str,
     max_model_len: int,
     stats: Callable[[], EngineStats] | None = None,
-    *,
-    debug: DebugHooks | None = None,
 ) -> FastAPI:
-    """The app serving `engine` as `model_name` (ServerConfig.served_model_name wins).
-
-    `debug` (tests and benchmarks only) stalls the loop or the readers on purpose.
-    """
+    """The app serving `engine` as `model_name` (ServerConfig.served_model_name wins)."""
     served_name = config.served_model_name or model_name
     gate = AdmissionGate(engine, admission.capacity_of(config.engine.scheduler))
-    routes = Routes(config, gate, tokenizer, served_name, max_model_len, stats, debug=debug)
+    routes = Routes(config, gate, tokenizer, served_name, max_model_len, stats)
     supervisor = None
     if isinstance(engine, RestartableEngine):
         supervisor = EngineSupervisor(
@@ -111,7 +104,6 @@ def create_app(
             if supervisor is not None:
                 await supervisor.stop()
             await watchdog.stop()
-            await routes.frontend.aclose()
             await engine.shutdown()
 
     app = FastAPI(
@@ -146,8 +138,6 @@ class Routes:
         served_name: str,
         max_model_len: int,
         stats: Callable[[], EngineStats] | None,
-        *,
-        debug: DebugHooks | None = None,
     ):
         self.gate = gate
         self.tokenizer = tokenizer
@@ -158,7 +148,7 @@ class Routes:
         self.queue_timeout_s = config.queue_timeout_s
         self.created = int(time.time())
         self.metrics = ServerMetrics(served_name, stats)
-        self.frontend = Frontend(gate, tokenizer, observer=self.metrics, debug=debug)
+        self.frontend = Frontend(gate, tokenizer, observer=self.metrics)
         self.preprocessor = Preprocessor(tokenizer, max_model_len)
         self.options = to_internal.RequestOptions(served_name, self.preprocessor, config.limits)
 
@@ -200,8 +190,7 @@ class Routes:
     async def _stream(
         self, request: Request, generation: GenerationRequest, log: RequestLog | None
     ) -> Response:
-        direct = DirectWrite()
-        events = self.frontend.stream(generation, direct)
+        events = self.frontend.stream(generation)
         # Wait for the first event before sending headers: an error up to here
         # propagates from it and becomes a real HTTP error (errors.py).
         try:
@@ -213,7 +202,7 @@ class Routes:
             await events.aclose()
             return Response(status_code=CLIENT_CLOSED_STATUS)
         usage_log = log if generation.include_usage else None
-        return EventStreamResponse(first_event, events, self.send_timeout_s, usage_log, direct)
+        return EventStreamResponse(first_event, events, self.send_timeout_s, usage_log)
 
     async def _complete(
         self, request: Request, generation: GenerationRequest, log: RequestLog | None

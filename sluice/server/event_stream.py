@@ -10,9 +10,10 @@ whole middleware stack's. Invariants:
   middleware's `send` (headers, first-byte time, access log); the events in
   between go to the connection's own writer when the server offers one
   (`connection.body_writer`), one write each, never delayed or merged. That
-  writer's `write_now` is also handed to the frontend (`DirectWrite`), which
-  writes delta events with it while its generator is parked, without waking
-  this task; the closing events always come through here.
+  writer's `write_now` is also attached to the frontend's stream, whose
+  output writes delta events with it while its generator is parked, without
+  waking this task (sluice/frontend/stream_output.py); the closing events
+  always come through here.
 - The frontend's generator is closed in every case (finished, failed, client
   gone, writes stuck), which is what aborts its engine requests.
 - A client that goes away is noticed by one task waiting on `receive` for
@@ -26,14 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
 from typing import Literal
 
 import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from sluice.frontend.direct_write import DirectWrite
+from sluice.frontend.serving import EventStream
 from sluice.server.connection import StuckWriteWatch, abort_connection, body_writer
 from sluice.server.middleware import RequestLog
 
@@ -57,10 +57,9 @@ class EventStreamResponse(Response):
     def __init__(
         self,
         first_event: bytes,
-        events: AsyncGenerator[bytes, None],
+        events: EventStream,
         send_timeout_s: float,
         log: RequestLog | None = None,
-        direct: DirectWrite | None = None,
     ):
         # Not Response.__init__: there is no body to render.
         self.status_code = 200
@@ -70,9 +69,6 @@ class EventStreamResponse(Response):
         self._events = events
         self._send_timeout_s = send_timeout_s
         self._log = log
-        # Given the connection's `write_now` once the first event is out, so
-        # the frontend can write delta events without waking this task.
-        self._direct = direct
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The events are sent from a task of their own: this task's await chain
@@ -89,8 +85,7 @@ class EventStreamResponse(Response):
                 raise  # cancelled from outside (server shutdown): not ours to swallow
         finally:
             watch.close()
-            if self._direct is not None:
-                self._direct.write = None
+            self._events.detach()
             await self._events.aclose()
             if cut.is_aborted:  # let the server see the disconnect before this returns
                 await asyncio.wait({watcher}, timeout=_ABORT_NOTICE_S)
@@ -104,8 +99,8 @@ class EventStreamResponse(Response):
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         await send({"type": "http.response.body", "body": self._first_event, "more_body": True})
         watch.write_started_s = None
-        if self._direct is not None and writer.writes_now:
-            self._direct.write = writer.write_now
+        if writer.writes_now:  # delta events may now be written without waking us
+            self._events.attach(writer.write_now)
         previous, last = b"", self._first_event
         async for event in self._events:
             if not writer.write_now(event):  # only a write that must wait is watched

@@ -15,13 +15,13 @@ for its thread, which shuts the engine down.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
 
 from sluice.config import ServerConfig
 from sluice.engine.client_base import EngineClient, EngineStats
-from sluice.frontend.debug import DebugHooks
 from sluice.server.app import ServedTokenizer, create_app
 from sluice.server.launch import make_server
 
@@ -37,7 +37,6 @@ class LiveServer:
         model_name: str = DEFAULT_MODEL_NAME,
         max_model_len: int = 4096,
         stats: Callable[[], EngineStats] | None = None,
-        debug: DebugHooks | None = None,
         # Starting a real engine (its own process, loading weights) takes a while.
         startup_timeout_s: float = 10.0,
         **config,
@@ -45,12 +44,19 @@ class LiveServer:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = ServerConfig(host="127.0.0.1", port=0, **config)
-        self.app = create_app(
-            self.config, engine, tokenizer, model_name, max_model_len, stats, debug=debug
-        )
+        self.app = create_app(self.config, engine, tokenizer, model_name, max_model_len, stats)
         self.server = make_server(self.app, self.config)
         self.startup_timeout_s = startup_timeout_s
         self.url = ""
+        # The server's event loop, once it runs (for test-owned tasks on it).
+        self.loop: asyncio.AbstractEventLoop | None = None
+        startup = self.server.startup
+
+        async def startup_noting_the_loop(*args, **kwargs):
+            self.loop = asyncio.get_running_loop()
+            return await startup(*args, **kwargs)
+
+        self.server.startup = startup_noting_the_loop  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> LiveServer:
