@@ -61,3 +61,12 @@ def test_continuous_usage_may_not_run_ahead_of_the_tokens():
 def test_events_must_be_single_data_lines():
     with pytest.raises(AssertionError, match="not a data event"):
         parse_sse(b"event: x\n\ndata: [DONE]\n\n")
+
+
+def test_a_stream_that_failed_half_way_passes_only_when_the_error_is_expected():
+    error = {"error": {"message": "the engine died", "type": "service_unavailable"}}
+    body = sse(ROLE, chunk({"content": "hi"}), error)
+    with pytest.raises(AssertionError, match="ended with an error event"):
+        check_stream(body, CHAT)
+    result = check_stream(body, Expectations("chat", 1, allows_error=True))
+    assert result.error == error["error"] and result.choices[0].text == "hi"

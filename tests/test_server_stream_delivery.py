@@ -153,3 +153,38 @@ def test_bursts_of_steps_with_a_paused_reader_stay_exact(num_steps_per_pass):
     result = check_stream(body, EXPECT)
     ids = [i for word in words for i in word] + PIECES[0]
     assert result.choices[0].text == TOKENIZER.decode(ids)
+
+
+class BreakingTokenizer(ChatFakeTokenizer):
+    """Decoding one token id raises: a fault inside the stream's delta sink."""
+
+    BROKEN_ID = PIECES[2][0]
+
+    def decode(self, ids, *args, **kwargs):
+        if self.BROKEN_ID in ids:
+            raise RuntimeError("the detokenizer broke")
+        return super().decode(ids, *args, **kwargs)
+
+
+def test_a_failing_delta_sink_ends_its_stream_with_one_error_and_aborts_the_request():
+    async def scenario() -> tuple[bytes, ManualEngine]:
+        harness = Harness()
+        harness.app = create_app(
+            ServerConfig(host="127.0.0.1", port=0),
+            harness.engine,
+            BreakingTokenizer(),
+            "fake-model",
+            4096,
+            stats=lambda: harness.engine,
+        )
+        request_id = await harness.start()
+        harness.engine.deliver(request_id, PIECES[0])
+        harness.engine.deliver(request_id, PIECES[2])  # the sink raises
+        body = await harness.finish()
+        return body, harness.engine
+
+    body, engine = asyncio.run(scenario())
+    payloads = parse_sse(body)
+    assert [p for p in payloads if "error" in p] == [payloads[-1]]
+    assert payloads[-1]["error"]["type"] == "internal_server_error"  # no internals leak
+    assert engine.aborted_request_ids  # the engine stops computing it

@@ -13,7 +13,9 @@ Guarantees every implementation keeps:
 - `abort` is idempotent and takes effect at the engine's next step; the
   request's final delta then carries finish_reason "abort" (unless it had
   already finished);
-- if the engine dies, every open sink gets on_error(EngineDeadError) once.
+- if the engine dies, every open sink gets on_error(EngineDeadError) once;
+- a sink whose on_delta raises gets that error through on_error, then nothing
+  more (`sink_router.deliver_delta`); the other sinks are not affected.
 """
 
 from __future__ import annotations

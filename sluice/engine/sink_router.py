@@ -3,7 +3,9 @@
 Owned by the event loop. It keeps the client-side promise of
 `client_base.EngineClient`: each delta reaches its sink once, in order; after a
 finishing delta or an error the sink hears nothing more; if the engine dies,
-every open sink gets one EngineDeadError.
+every open sink gets one EngineDeadError; a sink whose `on_delta` raises gets
+that error through `on_error` (its stream ends with an error event instead of
+hanging) and hears nothing more, and the other sinks carry on.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class SinkRouter:
                 continue  # already finished or unregistered (aborted by its consumer)
             if delta.is_finished:
                 del self._sinks[delta.request_id]
-            _deliver(sink.on_delta, delta)
+            if not deliver_delta(sink, delta):
+                self._sinks.pop(delta.request_id, None)
         for error in errors:
             sink = self._sinks.pop(error.request_id, None)
             if sink is not None:
@@ -52,6 +55,17 @@ class SinkRouter:
         sinks, self._sinks = self._sinks, {}
         for sink in sinks.values():
             _deliver(sink.on_error, EngineDeadError(message))
+
+
+def deliver_delta(sink: DeltaSink, delta: RequestDelta) -> bool:
+    """Hand `delta` to `sink`; False when the sink failed (it then got the error)."""
+    try:
+        sink.on_delta(delta)
+    except Exception as error:
+        logger.exception("delta sink raised; its request ends with the error")
+        _deliver(sink.on_error, error)
+        return False
+    return True
 
 
 def _deliver(method, value) -> None:

@@ -32,6 +32,9 @@ class Expectations:
     # Only for generations holding invalid UTF-8 (bytes of a character cut
     # by a special token), where a full decode has U+FFFD too.
     allows_replacement_char: bool = False
+    # A stream may end with an error event (then [DONE]) only when the test
+    # expects one: a stream that failed half way is not a whole stream.
+    allows_error: bool = False
 
 
 @dataclass(slots=True)
@@ -76,6 +79,7 @@ def check_stream(body: bytes, expect: Expectations) -> ResponseResult:
     result = ResponseResult([ChoiceResult() for _ in range(expect.num_choices)])
     if payloads and "error" in payloads[-1]:
         result.error = payloads.pop()["error"]
+        assert expect.allows_error, f"the stream ended with an error event: {result.error}"
     _check_envelopes(payloads, expect)
     for position, chunk in enumerate(payloads):
         if chunk["choices"]:

@@ -34,6 +34,7 @@ from itertools import cycle
 from sluice.engine.client_base import DeltaSink, EngineClient
 from sluice.engine.outputs import FinishReason, RequestDelta, TokenLogprobs
 from sluice.engine.sampling_params import SamplingParams
+from sluice.engine.sink_router import deliver_delta
 from sluice.errors import EngineDeadError
 
 TokenScript = Callable[[str, tuple[int, ...], SamplingParams], Iterable[int]]
@@ -216,7 +217,8 @@ class FakeEngine(EngineClient):
                 del self._requests[request.request_id]
             deliveries.append((request.sink, delta))
         for sink, delta in deliveries:
-            sink.on_delta(delta)
+            if not deliver_delta(sink, delta):
+                self._requests.pop(delta.request_id, None)
         self._schedule_step()
 
     def _advance(self, request: _FakeRequest) -> RequestDelta | None:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from sluice.engine.client_base import DeltaSink, EngineClient
 from sluice.engine.outputs import FinishReason, RequestDelta, TokenLogprobs
 from sluice.engine.sampling_params import SamplingParams
+from sluice.engine.sink_router import deliver_delta
 from sluice.errors import EngineDeadError
 from sluice.testing.fake_engine import fake_logprobs
 
@@ -116,16 +117,16 @@ class ManualEngine(EngineClient):
             )
         if finish_reason is not None:
             del self._sinks[request_id]
-        sink.on_delta(
-            RequestDelta(
-                request_id=request_id,
-                new_token_ids=tuple(token_ids),
-                logprobs=logprobs,
-                finish_reason=finish_reason,
-                stop_token_id=stop_token_id,
-                num_prompt_tokens=self._num_prompt_tokens[request_id],
-            )
+        delta = RequestDelta(
+            request_id=request_id,
+            new_token_ids=tuple(token_ids),
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            stop_token_id=stop_token_id,
+            num_prompt_tokens=self._num_prompt_tokens[request_id],
         )
+        if not deliver_delta(sink, delta):
+            self._sinks.pop(request_id, None)
 
     def step_aborts(self) -> None:
         """End every aborted request still open with an "abort" delta."""
