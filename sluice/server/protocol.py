@@ -6,13 +6,17 @@ unknown fields are ignored, `null` is accepted for every optional field and
 means "the default", NaN and infinities are refused, and every numeric range
 the API documents is checked here so the error names the field.
 `parse_body` is the one way a body becomes a model: bad JSON, a wrong
-Content-Type and invalid fields all become a 400 `InvalidRequestError`.
+Content-Type and invalid fields all become a 400 `InvalidRequestError`. Its
+steps (`check_content_type`, `json_object`, `validate_body`) are public for
+`sluice.server.body`, which runs them off the event loop, in pieces, for large
+bodies.
 Checks that need the model (vocabulary, context length, the served name) or
 relate several fields live in `to_internal`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -101,7 +105,7 @@ class CompletionRequest(SamplingFields):
     @field_validator("prompt", mode="before")
     @classmethod
     def _check_prompt_shape(cls, value: Any) -> Any:
-        if value is None or isinstance(value, str) or _is_prompt_list(value):
+        if value is None or isinstance(value, str) or is_prompt_list(value):
             return value
         raise ValueError(
             "prompt must be a string, a list of strings, a list of token ids "
@@ -109,7 +113,8 @@ class CompletionRequest(SamplingFields):
         )
 
 
-def _is_prompt_list(value: Any) -> bool:
+def is_prompt_list(value: Any) -> bool:
+    """Whether `value` is a list `prompt` accepts: all strings, ids or id lists."""
     if not isinstance(value, list):
         return False
     kinds = {_prompt_item_kind(item) for item in value}
@@ -180,16 +185,31 @@ Body = TypeVar("Body", bound=OpenAIModel)
 
 def parse_body(raw: bytes, content_type: str | None, model: type[Body]) -> Body:
     """A request body as `model`; InvalidRequestError (400) for anything malformed."""
+    check_content_type(content_type)
+    return validate_body(json_object(raw), model)
+
+
+def check_content_type(content_type: str | None) -> None:
     if content_type is not None and not _is_json_media_type(content_type):
         raise InvalidRequestError(
             f"Content-Type must be application/json, got {content_type[:80]!r}"
         )
+
+
+def json_object(
+    raw: bytes | bytearray, loads: Callable[[bytes | bytearray], Any] = orjson.loads
+) -> dict[str, Any]:
+    """The body's JSON object, parsed by `loads` (which raises ValueError on bad JSON)."""
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        data = loads(raw)
+    except ValueError as exc:
         raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequestError("the request body must be a JSON object")
+    return data
+
+
+def validate_body(data: dict[str, Any], model: type[Body]) -> Body:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
