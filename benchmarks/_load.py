@@ -1,4 +1,4 @@
-"""Streaming load generator and its statistics, for benchmarks/serve.py.
+"""Streaming load generator and its statistics, for benchmarks/serve.py and peers.py.
 
 One concurrency level: C workers share a request counter and each sends
 streaming requests (chat or completions) until N requests are done. Request i
@@ -30,6 +30,7 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -237,12 +238,14 @@ async def _read_sse(
 
 
 async def send_request(
-    session: aiohttp.ClientSession, spec: LoadSpec, prompt_index: int
+    session: aiohttp.ClientSession, spec: LoadSpec, prompt_index: int, prompt: str | None = None
 ) -> RequestRecord:
-    """One streaming request, start to [DONE]; never raises, failures land in .error."""
+    """One streaming request, start to [DONE]; never raises, failures land in .error.
+
+    The prompt is `PROMPTS[prompt_index % len(PROMPTS)]` unless `prompt` is given."""
     record = RequestRecord(prompt_index=prompt_index)
     path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
-    body = request_body(spec, PROMPTS[prompt_index % len(PROMPTS)])
+    body = request_body(spec, PROMPTS[prompt_index % len(PROMPTS)] if prompt is None else prompt)
     start_s = time.perf_counter()
     reader = _StreamReader(record, spec.api, start_s)
     timeout = aiohttp.ClientTimeout(total=spec.request_timeout_s)
@@ -261,9 +264,13 @@ async def send_request(
 
 
 async def run_level(
-    session: aiohttp.ClientSession, spec: LoadSpec, concurrency: int, num_requests: int
+    session: aiohttp.ClientSession,
+    spec: LoadSpec,
+    concurrency: int,
+    num_requests: int,
+    on_record: Callable[[RequestRecord], None] | None = None,
 ) -> LevelRun:
-    """Send num_requests requests with `concurrency` workers."""
+    """Send num_requests requests with `concurrency` workers; `on_record` sees each as it ends."""
     next_index = 0
     records: list[RequestRecord] = []
 
@@ -272,6 +279,8 @@ async def run_level(
         while next_index < num_requests:  # bounded: each pass consumes one index
             index, next_index = next_index, next_index + 1
             records.append(await send_request(session, spec, index))
+            if on_record is not None:
+                on_record(records[-1])
 
     start_s = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
