@@ -86,22 +86,22 @@ def test_the_final_delta_names_the_finish_reason_and_stop_token():
     assert (delta.finish_reason, delta.stop_token_id) == ("stop", 2)
 
 
-def test_logprobs_have_one_entry_per_token_trimmed_to_the_requested_top_k():
+def test_logprobs_have_one_entry_per_token_with_the_samplers_top_k():
     request = make_request(logprobs=2)
-    request.append_output_token(sampled(8))
-    request.append_output_token(sampled(9))
+    request.append_output_token(sampled(8, k=2))
+    request.append_output_token(sampled(9, k=2))
     logprobs = request.take_delta().logprobs
     assert logprobs is not None
     assert logprobs.logprobs == (-0.5, -0.5)
     assert logprobs.top_token_ids == ((100, 101), (100, 101))
     assert logprobs.top_logprobs == ((-0.0, -1.0), (-0.0, -1.0))
-    request.append_output_token(sampled(10))
+    request.append_output_token(sampled(10, k=2))
     assert request.take_delta().logprobs.logprobs == (-0.5,)
 
 
 def test_logprobs_zero_keeps_only_the_sampled_tokens_logprob():
     request = make_request(logprobs=0)
-    request.append_output_token(sampled(8))
+    request.append_output_token(sampled(8, k=0))
     logprobs = request.take_delta().logprobs
     assert logprobs.logprobs == (-0.5,)
     assert logprobs.top_token_ids == ((),)

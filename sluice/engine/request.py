@@ -106,15 +106,15 @@ class Request:
         """Record one sampled token (and its logprobs, if the request asked)."""
         self.output_token_ids.append(sampled.token_id)
         self.all_token_ids.append(sampled.token_id)
-        k = self.params.logprobs
-        if k is None:
+        if self.params.logprobs is None:
             return
         assert sampled.logprob is not None, (
             f"request {self.request_id} asked for logprobs but the sampler gave none"
         )
+        # The sampler gives exactly this request's top k (logprobs.to_sampled_tokens).
         self.pending_logprobs.append(sampled.logprob)
-        self.pending_top_token_ids.append(tuple(sampled.top_token_ids[:k]))
-        self.pending_top_logprobs.append(tuple(sampled.top_logprobs[:k]))
+        self.pending_top_token_ids.append(sampled.top_token_ids)
+        self.pending_top_logprobs.append(sampled.top_logprobs)
 
     def take_delta(self) -> RequestDelta:
         """The tokens since the previous delta (and the finish reason, if any);

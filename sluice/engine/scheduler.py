@@ -71,9 +71,6 @@ class SchedulerPlan:
     num_batched_tokens: int = 0
     # Requests that lost their KV blocks this step (to be recomputed later).
     preempted_ids: list[str] = field(default_factory=list)
-    # Requests finished or aborted since the previous plan: the runner may
-    # drop any per-request state it keeps (e.g. seeded generators).
-    finished_ids: list[str] = field(default_factory=list)
 
     @property
     def num_sampling(self) -> int:
@@ -101,7 +98,6 @@ class Scheduler:
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._num_arrived = 0
-        self._finished_ids: list[str] = []
         # The plan `update` must be given next; None between steps.
         self._pending_plan: SchedulerPlan | None = None
 
@@ -163,9 +159,8 @@ class Scheduler:
         #    take the blocks just freed and be preempted again.
         if not plan.preempted_ids:
             self._schedule_waiting(plan)
-        # 3. Hand over the finished ids with work the runner will see.
+        # 3. A plan with work must come back through `update`.
         if not plan.is_empty:
-            plan.finished_ids, self._finished_ids = self._finished_ids, []
             self._pending_plan = plan
         return plan
 
@@ -312,7 +307,6 @@ class Scheduler:
         request.status = status
         self.kv.free(request)
         del self._requests[request.request_id]
-        self._finished_ids.append(request.request_id)
 
     def _check_fits(self, request: Request) -> None:
         num_prompt, max_tokens = request.num_prompt_tokens, request.params.max_tokens
