@@ -177,7 +177,13 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         help="the longest stop string a client may send, in characters",
     )
     limits.add_argument("--max-logit-bias", type=int, default=1024)
-    limits.add_argument("--max-request-body", type=parse_size, default=64 << 20)
+    limits.add_argument(
+        "--max-chat-messages",
+        type=int,
+        default=10_000,
+        help="the most messages one chat request may hold",
+    )
+    limits.add_argument("--max-request-body", type=parse_size, default=4 << 20)
 
 
 def server_config_from(args: argparse.Namespace) -> ServerConfig:
@@ -188,6 +194,7 @@ def server_config_from(args: argparse.Namespace) -> ServerConfig:
         max_stop_strings=args.max_stop_strings,
         max_stop_string_chars=args.max_stop_string_chars,
         max_logit_bias_entries=args.max_logit_bias,
+        max_chat_messages=args.max_chat_messages,
         max_request_body_bytes=args.max_request_body,
     )
     return ServerConfig(

@@ -98,8 +98,14 @@ class RequestLimits:
     # character by character, and holds back up to this much text.
     max_stop_string_chars: int = 1024
     max_logit_bias_entries: int = 1024
-    # Bodies beyond this are refused while being read: the memory one connection can pin.
-    max_request_body_bytes: int = 64 * 1024 * 1024
+    # Messages of one chat request (counted before they are validated): each
+    # costs ~10 us to validate, convert and render, off the loop.
+    max_chat_messages: int = 10_000
+    # Bodies beyond this are a 413: by their Content-Length before a byte is
+    # read, or once that many bytes arrived. Besides the memory one connection
+    # can pin, this bounds the few steps of a large body still done in one
+    # call (copying ~2M prompt token ids into a tuple: ~5 ms; sluice/server/body.py).
+    max_request_body_bytes: int = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@
     ├── ModelLoadError            bad model path, unsupported architecture, missing file
     ├── RequestError              something the client sent (HTTP 4xx)
     │   ├── InvalidRequestError   400, names the offending `param`
+    │   ├── RequestTooLargeError  413, the body is longer than the server reads
     │   ├── AuthenticationError   401
     │   ├── ModelNotFoundError    404
     │   └── ContextLengthError    400, prompt + max_tokens beyond the context
@@ -40,6 +41,10 @@ class RequestError(SluiceError):
 
 class InvalidRequestError(RequestError):
     pass
+
+
+class RequestTooLargeError(RequestError):
+    status_code = 413
 
 
 class AuthenticationError(RequestError):

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from sluice.cli import build_parser, main, parse_size, server_config_from
+from sluice.config import RequestLimits
 
 
 def test_sizes_read_binary_and_decimal_units():
@@ -38,6 +39,10 @@ def test_serve_flags_become_the_config_tree():
             "4",
             "--max-stop-string-chars",
             "64",
+            "--max-chat-messages",
+            "7",
+            "--max-request-body",
+            "1MiB",
             "--on-engine-death",
             "exit",
             "--dtype",
@@ -51,6 +56,8 @@ def test_serve_flags_become_the_config_tree():
     assert config.cors_allowed_origins == ("http://a", "http://b")
     assert config.limits.max_n == 4
     assert config.limits.max_stop_string_chars == 64
+    assert config.limits.max_chat_messages == 7
+    assert config.limits.max_request_body_bytes == 1 << 20
     assert config.on_engine_death == "exit"
     assert config.engine.multiprocess is False
     assert config.engine.cache.kv_cache_memory_bytes == 256 << 20
@@ -58,6 +65,11 @@ def test_serve_flags_become_the_config_tree():
     assert config.engine.scheduler.enable_chunked_prefill is False
     assert config.engine.model.dtype == "bfloat16"
     assert config.engine.num_threads == 1
+
+
+def test_the_limit_flags_default_to_the_config_defaults():
+    limits = server_config_from(build_parser().parse_args(["serve"])).limits
+    assert limits == RequestLimits()
 
 
 def test_a_bad_model_path_is_one_error_line_and_exit_status_2(tmp_path, capsys):

@@ -84,8 +84,8 @@ def test_requests_within_the_limits_are_served_and_a_default_max_tokens_is_cappe
 
 def test_a_body_beyond_the_byte_limit_is_refused(http):
     response = http.post("/v1/completions", json={"prompt": "x" * 5000, "max_tokens": 1})
-    assert response.status_code == 400
-    assert "exceeds 4096 bytes" in response.json()["error"]["message"]
+    assert response.status_code == 413
+    assert "limit of 4096 bytes" in response.json()["error"]["message"]
 
 
 def test_connections_beyond_the_cap_get_503_while_the_others_are_served(live):

@@ -4,9 +4,10 @@
     GET  /v1/models, /version, /health, /metrics
     POST /tokenize, /detokenize                  vLLM's helpers
 
-Each generation route: parse the body (protocol) -> check it and tokenize
-(to_internal, preprocess) -> hand the frozen `GenerationRequest` to the
-`Frontend`. Invariants:
+Each generation route: parse the body (body, protocol) -> check it and
+tokenize (to_internal, preprocess) -> hand the frozen `GenerationRequest` to
+the `Frontend`; a large body is parsed and converted off the loop (body.py).
+Invariants:
 - Nothing is sent before the first event exists, so an error before the first
   token (engine dead, queue full) is a real HTTP error, not a 200 stream.
 - A client that goes away is noticed by waiting on the ASGI `receive` channel
@@ -46,6 +47,7 @@ from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend
 from sluice.server import admission, protocol, to_internal
 from sluice.server.admission import AdmissionCollector, AdmissionGate, ShuttingDownError
+from sluice.server.body import BodyReader
 from sluice.server.errors import install_error_handlers, unavailable_response
 from sluice.server.event_stream import EventStreamResponse, completion_tokens
 from sluice.server.loop_watchdog import LoopWatchdog
@@ -55,7 +57,6 @@ from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middlewar
 from sluice.server.shutdown import GracefulShutdown
 
 T = TypeVar("T")
-Body = TypeVar("Body", bound=protocol.OpenAIModel)
 
 
 class ServedTokenizer(PromptTokenizer, DecodingTokenizer, Protocol):
@@ -143,7 +144,6 @@ class Routes:
         self.tokenizer = tokenizer
         self.served_name = served_name
         self.max_model_len = max_model_len
-        self.max_body_bytes = config.limits.max_request_body_bytes
         self.send_timeout_s = config.send_timeout_s
         self.queue_timeout_s = config.queue_timeout_s
         self.created = int(time.time())
@@ -151,19 +151,20 @@ class Routes:
         self.frontend = Frontend(gate, tokenizer, observer=self.metrics)
         self.preprocessor = Preprocessor(tokenizer, max_model_len)
         self.options = to_internal.RequestOptions(served_name, self.preprocessor, config.limits)
+        self.bodies = BodyReader(config.limits, self.options)
 
     # -- generation ------------------------------------------------------------
 
     async def completions(self, request: Request) -> Response:
-        body = await read_body(request, protocol.CompletionRequest, self.max_body_bytes)
+        body = await self.bodies.parse(request, protocol.CompletionRequest)
         timeout_s = self._admit(request)
-        generation = await to_internal.completion_request(body, self.options)
+        generation = await self.bodies.convert(body, to_internal.completion_request)
         return await self._respond(request, generation, timeout_s)
 
     async def chat_completions(self, request: Request) -> Response:
-        body = await read_body(request, protocol.ChatCompletionRequest, self.max_body_bytes)
+        body = await self.bodies.parse(request, protocol.ChatCompletionRequest)
         timeout_s = self._admit(request)
-        generation = await to_internal.chat_request(body, self.options)
+        generation = await self.bodies.convert(body, to_internal.chat_request)
         return await self._respond(request, generation, timeout_s)
 
     def _admit(self, request: Request) -> float | None:
@@ -242,9 +243,14 @@ class Routes:
         return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     async def tokenize(self, request: Request) -> Response:
-        body = await read_body(request, protocol.TokenizeRequest, self.max_body_bytes)
-        to_internal.check_model(body.model, self.served_name)
-        token_ids = await self._tokenize(body)
+        body = await self.bodies.parse(request, protocol.TokenizeRequest)
+        return _json_bytes(await self.bodies.convert(body, self._tokenized))
+
+    async def _tokenized(
+        self, body: protocol.TokenizeRequest, options: to_internal.RequestOptions
+    ) -> bytes:
+        to_internal.check_model(body.model, options.served_model_name)
+        token_ids = await self._tokenize(body, options.preprocessor)
         result: dict[str, object] = {
             "count": len(token_ids),
             "max_model_len": self.max_model_len,
@@ -252,37 +258,36 @@ class Routes:
         }
         if body.return_token_strs:
             result["token_strs"] = self.tokenizer.convert_ids_to_tokens(token_ids)
-        return _json(result)
+        return orjson.dumps(result)
 
-    async def _tokenize(self, body: protocol.TokenizeRequest) -> list[int]:
+    async def _tokenize(
+        self, body: protocol.TokenizeRequest, preprocessor: Preprocessor
+    ) -> list[int]:
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequestError("give exactly one of 'prompt' and 'messages'", param="prompt")
         if body.prompt is not None:
             add_special_tokens = (
                 True if body.add_special_tokens is None else body.add_special_tokens
             )
-            return await self.preprocessor.encode(body.prompt, add_special_tokens)
+            return await preprocessor.encode(body.prompt, add_special_tokens)
         messages = to_internal.chat_messages(body.messages)
         add_generation_prompt = body.add_generation_prompt is not False
-        text = await self.preprocessor.render_chat(messages, add_generation_prompt)
-        return await self.preprocessor.encode(text, bool(body.add_special_tokens))
+        text = await preprocessor.render_chat(messages, add_generation_prompt)
+        return await preprocessor.encode(text, bool(body.add_special_tokens))
 
     async def detokenize(self, request: Request) -> Response:
-        body = await read_body(request, protocol.DetokenizeRequest, self.max_body_bytes)
-        to_internal.check_model(body.model, self.served_name)
-        if body.tokens is None:
-            raise InvalidRequestError("'tokens' is required", param="tokens")
-        self.preprocessor.check_token_ids(body.tokens, "tokens")
-        return _json({"prompt": await self.preprocessor.decode(body.tokens)})
+        body = await self.bodies.parse(request, protocol.DetokenizeRequest)
+        return _json_bytes(await self.bodies.convert(body, _detokenized))
 
 
-async def read_body(request: Request, model: type[Body], max_bytes: int) -> Body:
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > max_bytes:
-            raise InvalidRequestError(f"the request body exceeds {max_bytes} bytes")
-    return protocol.parse_body(bytes(raw), request.headers.get("content-type"), model)
+async def _detokenized(
+    body: protocol.DetokenizeRequest, options: to_internal.RequestOptions
+) -> bytes:
+    to_internal.check_model(body.model, options.served_model_name)
+    if body.tokens is None:
+        raise InvalidRequestError("'tokens' is required", param="tokens")
+    options.preprocessor.check_token_ids(body.tokens, "tokens")
+    return orjson.dumps({"prompt": await options.preprocessor.decode(body.tokens)})
 
 
 async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T | None:
@@ -316,4 +321,8 @@ def _request_log(request: Request) -> RequestLog | None:
 
 
 def _json(content: object) -> Response:
-    return Response(orjson.dumps(content), media_type="application/json")
+    return _json_bytes(orjson.dumps(content))
+
+
+def _json_bytes(body: bytes) -> Response:
+    return Response(body, media_type="application/json")

@@ -5,16 +5,33 @@ Checked in two places by `to_internal`: `check_body` before any tokenization
 logit_bias entries, max_tokens), `check_prompts` after it (prompt tokens). `cap_max_tokens` bounds
 a default max_tokens (chat's "rest of the context") without refusing.
 The protocol's fixed caps still apply first; these can only be stricter.
+`check_parsed` runs earlier, by `sluice.server.body` on the parsed JSON before
+pydantic sees it: counts that bound validation's own cost (chat messages,
+logit_bias entries, which pydantic validates in one call).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sluice.config import RequestLimits
 from sluice.errors import InvalidRequestError
 from sluice.frontend.request import PromptInput
 from sluice.server import protocol
+
+
+def check_parsed(
+    data: dict[str, Any], model: type[protocol.OpenAIModel], limits: RequestLimits
+) -> None:
+    """Counts in a parsed body, for the fields `model` reads, before validation."""
+    messages = data.get("messages")
+    if "messages" in model.model_fields and isinstance(messages, list):
+        _at_most(len(messages), limits.max_chat_messages, "messages")
+    logit_bias = data.get("logit_bias")
+    if "logit_bias" in model.model_fields and isinstance(logit_bias, dict):
+        _at_most(len(logit_bias), limits.max_logit_bias_entries, "logit_bias",
+                 what="logit_bias entries")  # fmt: skip
 
 
 def check_body(body: protocol.SamplingFields, limits: RequestLimits) -> None:

@@ -1,0 +1,242 @@
+"""Request bodies: read within the size limit, parsed and converted off the loop.
+
+    parse:   size (413) -> JSON -> counts (limits.check_parsed) -> pydantic
+    convert: the route's conversion (to_internal: template, tokens, checks)
+
+A route parses, admits (its own business, on the loop), then converts.
+A small body (up to OFFLOAD_THRESHOLD_BYTES) is parsed and converted on the
+event loop: at most a millisecond or two, less than the thread hops would
+add. A larger one is parsed and converted in a worker thread, one large body
+at a time, and in pieces: a worker holding the GIL stalls the loop as surely
+as the loop's own code (Python hands the GIL over every switch interval, 5 ms,
+but never in the middle of a call into C). So:
+- JSON is parsed by orjson ~64 KiB at a time (`json_pieces`), and pydantic
+  validates a window of list elements at a time (`validation_windows`);
+- conversion runs with a preprocessor that does everything inline (template,
+  tokenizer: the Rust tokenizer releases the GIL while it encodes);
+- meanwhile automatic garbage collection is paused (a collection walks every
+  object the body made, holding the GIL: 60 ms for a 50,000-part message),
+  and threads switch every WORKER_SWITCH_INTERVAL_S instead of every 5 ms (a
+  worker running Python, the template or a fake tokenizer, gives the GIL up
+  that often; with a third thread waiting too, the loop could wait 3 intervals);
+- what the body made is dropped a piece at a time (`release_in_pieces`):
+  freeing a large structure at once is one long call too.
+
+Invariants:
+- A body longer than `max_request_body_bytes` is a 413 in the OpenAI error
+  format: by its Content-Length before a byte is read, or, streamed, as soon
+  as that many bytes arrived. A wrong Content-Type is a 400 before reading.
+- Both paths give the same result for the same body: the same request, or
+  the same error (but for the wording of a JSON syntax error).
+- Left as one call for a body within the limits: steps that copy a prompt's
+  token ids whole (the tokenizer's list of ids, the prompt's tuple, freeing
+  them), ~5 ms for the ~2M ids of a 4 MiB body on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
+from starlette.requests import Request
+
+from sluice.config import RequestLimits
+from sluice.errors import RequestTooLargeError
+from sluice.frontend.preprocess import Preprocessor
+from sluice.server import json_pieces, limits, protocol, validation_windows
+from sluice.server.to_internal import RequestOptions
+
+# Bodies longer than this are parsed and converted in a worker thread. 16 KiB
+# of JSON validates in ~2 ms at worst (token ids, ~0.4 us each).
+OFFLOAD_THRESHOLD_BYTES = 16 * 1024
+# Items freed at once by `release_in_pieces` (~0.1-0.5 ms).
+RELEASE_PIECE_ITEMS = 4096
+# How often threads switch while a worker handles a large body (Python's default: 5 ms).
+WORKER_SWITCH_INTERVAL_S = 0.001
+
+Body = TypeVar("Body", bound=protocol.OpenAIModel)
+T = TypeVar("T")
+# A route's conversion of its body: to_internal.chat_request and the like.
+Converter = Callable[[Body, RequestOptions], Awaitable[T]]
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedBody(Generic[Body]):
+    """A validated body, and which path it takes."""
+
+    value: Body
+    # Longer than the threshold: parsed, and to be converted, in a worker thread.
+    is_large: bool
+
+
+class BodyReader:
+    """Reads, parses and converts the bodies of one app's routes."""
+
+    def __init__(
+        self,
+        request_limits: RequestLimits,
+        options: RequestOptions,
+        offload_threshold_bytes: int = OFFLOAD_THRESHOLD_BYTES,
+    ):
+        self.limits = request_limits
+        self.options = options
+        on_loop = options.preprocessor
+        # The same conversion for the worker thread: it hands nothing to another thread.
+        self.worker_options = dataclasses.replace(
+            options,
+            preprocessor=Preprocessor(
+                on_loop.tokenizer, on_loop.max_model_len, offload_threshold_chars=sys.maxsize
+            ),
+        )
+        self.offload_threshold_bytes = offload_threshold_bytes
+        # One large body at a time: two workers would take turns at the GIL with the loop.
+        self._worker_lock = asyncio.Lock()
+
+    async def parse(self, request: Request, model: type[Body]) -> ParsedBody[Body]:
+        """The request's body as `model`; RequestError (400, 413) for what is refused."""
+        self._check_declared_length(request.headers.get("content-length"))
+        protocol.check_content_type(request.headers.get("content-type"))
+        chunks = await self._read(request)
+        if sum(len(chunk) for chunk in chunks) <= self.offload_threshold_bytes:
+            data = protocol.json_object(b"".join(chunks))
+            limits.check_parsed(data, model, self.limits)
+            return ParsedBody(protocol.validate_body(data, model), is_large=False)
+        async with self._worker_lock:
+            value = await asyncio.to_thread(_in_worker_mode, _parse, chunks, model, self.limits)
+        return ParsedBody(value, is_large=True)
+
+    async def convert(self, body: ParsedBody[Body], convert: Converter[Body, T]) -> T:
+        """`convert(body)`; for a large body in the worker thread, which then drops the body."""
+        if not body.is_large:
+            return await convert(body.value, self.options)
+        async with self._worker_lock:
+            return await asyncio.to_thread(
+                _in_worker_mode, _convert, body.value, convert, self.worker_options
+            )
+
+    def _check_declared_length(self, content_length: str | None) -> None:
+        if content_length is None or not (content_length.isascii() and content_length.isdigit()):
+            return  # none declared (chunked), or uvicorn refuses it itself
+        if int(content_length) > self.limits.max_request_body_bytes:
+            raise _too_large(self.limits.max_request_body_bytes)
+
+    async def _read(self, request: Request) -> list[bytes]:
+        """The body's chunks as they came: joined later, off the loop if large (a
+        bytearray grown chunk by chunk copied itself over and over, ~2 ms a chunk)."""
+        chunks, num_bytes = [], 0
+        async for chunk in request.stream():
+            num_bytes += len(chunk)
+            if num_bytes > self.limits.max_request_body_bytes:
+                raise _too_large(self.limits.max_request_body_bytes)
+            chunks.append(chunk)
+        return chunks
+
+
+def _too_large(max_bytes: int) -> RequestTooLargeError:
+    return RequestTooLargeError(
+        f"the request body is longer than this server's limit of {max_bytes} bytes",
+        code="request_too_large",
+    )
+
+
+# -- in the worker thread --------------------------------------------------------
+
+
+def _parse(chunks: list[bytes], model: type[Body], request_limits: RequestLimits) -> Body:
+    data = protocol.json_object(b"".join(chunks), loads=json_pieces.loads)
+    try:
+        limits.check_parsed(data, model, request_limits)
+        return validation_windows.validate(model, data)
+    finally:
+        # The model shares no list or dict with the JSON it was validated from.
+        release_in_pieces(data)
+
+
+def _convert(body: Body, convert: Converter[Body, T], options: RequestOptions) -> T:
+    try:
+        return _run_inline(convert(body, options))  # type: ignore[arg-type]
+    finally:
+        # Conversion copies what it keeps (tuples of ids, strings): the body is done.
+        release_in_pieces(body)
+
+
+def _run_inline(coroutine: Coroutine[Any, Any, T]) -> T:
+    """The result of a coroutine that never suspends, run in this thread."""
+    try:
+        coroutine.send(None)
+    except StopIteration as finished:
+        return finished.value  # type: ignore[no-any-return]
+    coroutine.close()
+    raise AssertionError("a conversion suspended in the worker thread; it must run inline")
+
+
+def release_in_pieces(value: object) -> None:
+    """Empty `value`'s lists and dicts (and a model's), RELEASE_PIECE_ITEMS at a
+    time: each step frees at most that many items, whose own containers are
+    emptied the same way. The caller's references remain, to empty shells."""
+    containers = [value]
+    while containers:
+        container = containers.pop()
+        if isinstance(container, BaseModel):
+            containers.extend(v for v in container.__dict__.values() if _is_container(v))
+        elif isinstance(container, list):
+            while container:
+                piece = container[-RELEASE_PIECE_ITEMS:]
+                del container[-RELEASE_PIECE_ITEMS:]
+                containers.extend(item for item in piece if _is_container(item))
+        elif isinstance(container, dict):
+            while container:
+                _, item = container.popitem()
+                if _is_container(item):
+                    containers.append(item)
+
+
+def _is_container(value: object) -> bool:
+    return isinstance(value, list | dict | BaseModel)
+
+
+class _WorkerMode:
+    """While any worker handles a large body: automatic garbage collection off,
+    and threads switching every WORKER_SWITCH_INTERVAL_S.
+
+    Both settings are the interpreter's, so this is too (one instance, below):
+    the first worker in sets them, the last one out restores what it found.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._num_workers = 0
+        self._was_collecting = False
+        self._switch_interval_s = 0.0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._num_workers == 0:
+                self._was_collecting = gc.isenabled()
+                self._switch_interval_s = sys.getswitchinterval()
+                gc.disable()
+                sys.setswitchinterval(min(WORKER_SWITCH_INTERVAL_S, self._switch_interval_s))
+            self._num_workers += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self._num_workers -= 1
+            if self._num_workers == 0:
+                sys.setswitchinterval(self._switch_interval_s)
+                if self._was_collecting:
+                    gc.enable()
+
+
+_WORKER_MODE = _WorkerMode()
+
+
+def _in_worker_mode(function: Callable[..., T], *args: Any) -> T:
+    with _WORKER_MODE:
+        return function(*args)
