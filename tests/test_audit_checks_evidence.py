@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sluice.audit.checks import CHECKS
+from sluice.audit.checks.catalogue import CHECKS
 from sluice.audit.checks.evidence import escape_bytes, finding, merge_findings, request_text
 from sluice.audit.records import CHAT
 from tests.broken_servers import recorded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sluice.audit.checks import check_exchange
+from sluice.audit.checks.exchange import check_exchange
 from sluice.audit.records import CHAT, Exchange
 from tests.broken_servers import chat_chunk, recorded, sse
 

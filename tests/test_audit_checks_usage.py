@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sluice.audit.checks import check_exchange
+from sluice.audit.checks.exchange import check_exchange
 from sluice.audit.records import COMPLETIONS
 from tests.broken_servers import completion_chunk, recorded, sse, usage_chunk
 

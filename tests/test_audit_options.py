@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from sluice.audit.options import FULL, PROFILE_SCENARIOS, QUICK, SCENARIO_NAMES, with_overrides
-from sluice.audit.scenarios import SCENARIOS
+from sluice.audit.scenarios.registry import SCENARIOS
 
 
 def test_every_scenario_has_a_size_and_a_runner():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sluice.audit.checks import ensure_view
+from sluice.audit.checks.exchange import ensure_view
 from sluice.audit.records import Exchange, ScenarioResult
 from sluice.audit.stream_view import ChoiceChunk
 

@@ -99,7 +99,7 @@ class Exchange:
 class Finding:
     """One anomaly, with what a person needs to reproduce and see it."""
 
-    # Stable id, e.g. "usage_frozen" (the list is in sluice.audit.checks).
+    # Stable id, e.g. "usage_frozen" (the list is in sluice.audit.checks.catalogue).
     check_id: str
     # "invariant": the contract broke (exit status 1); "note": reported, not failed.
     severity: Severity

@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from sluice.audit.checks import CHECKS
+from sluice.audit.checks.catalogue import CHECKS
 from sluice.audit.compare import COMPARED_METRICS
 from sluice.audit.metrics import (
     ScenarioMetrics,

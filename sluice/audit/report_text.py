@@ -5,7 +5,7 @@ raw bytes, the determinism figure, the scenarios' own figures and a verdict.
 
 from __future__ import annotations
 
-from sluice.audit.checks import CHECKS
+from sluice.audit.checks.catalogue import CHECKS
 from sluice.audit.compare import COMPARED_METRICS
 from sluice.audit.metrics import Percentiles, ScenarioMetrics
 from sluice.audit.records import AuditResult, Finding

@@ -15,11 +15,12 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sluice.audit.checks import check_exchange
+from sluice.audit.checks.exchange import check_exchange
 from sluice.audit.options import AuditOptions
 from sluice.audit.progress import Progress
 from sluice.audit.records import AuditResult, ScenarioResult, Target
-from sluice.audit.scenarios import SCENARIOS, ScenarioContext
+from sluice.audit.scenarios.base import ScenarioContext
+from sluice.audit.scenarios.registry import SCENARIOS
 from sluice.audit.transport import Client
 
 

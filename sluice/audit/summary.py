@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sluice.audit.checks import ensure_view
+from sluice.audit.checks.exchange import ensure_view
 from sluice.audit.compare import ratios
 from sluice.audit.metrics import ScenarioMetrics, summarize
 from sluice.audit.records import AuditResult, Exchange

@@ -1,6 +1,23 @@
-"""The OpenAI-compatible HTTP edge: app factory, launcher, metrics."""
+"""The OpenAI-compatible HTTP edge: app factory, launcher, metrics.
 
-from sluice.server.app import create_app
-from sluice.server.launch import run_server, serve
+Re-exports lazily (`sluice.lazy_exports`): the edge's modules import each
+other, never this package's names.
+"""
+
+from typing import TYPE_CHECKING
+
+from sluice.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from sluice.server.app import create_app
+    from sluice.server.launch import run_server, serve
 
 __all__ = ["create_app", "run_server", "serve"]
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "create_app": "sluice.server.app",
+        "run_server": "sluice.server.launch",
+        "serve": "sluice.server.launch",
+    },
+)

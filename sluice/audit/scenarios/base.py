@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.audit.checks import ensure_view
+from sluice.audit.checks.exchange import ensure_view
 from sluice.audit.options import AuditOptions, Sizes
 from sluice.audit.records import CHAT, COMPLETIONS, Exchange, Reader, ScenarioResult
 from sluice.audit.transport import Client, Probe

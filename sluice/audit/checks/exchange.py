@@ -1,0 +1,60 @@
+"""All the per-response checks on one exchange (and on its non-streamed twin).
+
+Each check is a function `(Exchange, StreamView) -> list[Finding]`; the ids
+they report are listed with their severities in `catalogue.CHECKS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sluice.audit.checks.catalogue import SUBSUMED_BY
+from sluice.audit.checks.evidence import merge_findings
+from sluice.audit.checks.logprobs import check_logprobs
+from sluice.audit.checks.shape import check_shape
+from sluice.audit.checks.text import check_text
+from sluice.audit.checks.usage import check_usage
+from sluice.audit.checks.wire import check_status, check_stream_framing
+from sluice.audit.records import Exchange, Finding
+from sluice.audit.stream_view import StreamView, view_exchange
+
+Check = Callable[[Exchange, StreamView], list[Finding]]
+
+RESPONSE_CHECKS: tuple[Check, ...] = (
+    check_status,
+    check_stream_framing,
+    check_shape,
+    check_usage,
+    check_logprobs,
+    check_text,
+)
+
+
+def ensure_view(exchange: Exchange) -> StreamView:
+    if exchange.view is None:
+        exchange.view = view_exchange(exchange)
+    return exchange.view
+
+
+def check_exchange(exchange: Exchange, *, include_twin: bool = True) -> list[Finding]:
+    """Every response check on one exchange (and on its twin, unless that twin
+    is shared and was checked already), one finding per id and response."""
+    if exchange.twin is not None:
+        ensure_view(exchange.twin)
+    view = ensure_view(exchange)
+    findings = _primary(
+        merge_findings([item for check in RESPONSE_CHECKS for item in check(exchange, view)])
+    )
+    if exchange.twin is not None and include_twin:
+        twin_view = ensure_view(exchange.twin)
+        twin_findings = [
+            item for check in RESPONSE_CHECKS for item in check(exchange.twin, twin_view)
+        ]
+        findings += merge_findings(twin_findings)
+    return findings
+
+
+def _primary(findings: list[Finding]) -> list[Finding]:
+    """Drop findings explained by another finding on the same response."""
+    ids = {finding.check_id for finding in findings}
+    return [f for f in findings if not SUBSUMED_BY.get(f.check_id, frozenset()) & ids]

@@ -1,0 +1,31 @@
+"""The audit's scenarios, by name."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from sluice.audit.records import ScenarioResult
+from sluice.audit.scenarios.bad_inputs import run_bad_inputs
+from sluice.audit.scenarios.base import ScenarioContext
+from sluice.audit.scenarios.choices import run_choices
+from sluice.audit.scenarios.disconnect import run_disconnect
+from sluice.audit.scenarios.lag import run_lag
+from sluice.audit.scenarios.logprobs import run_logprobs
+from sluice.audit.scenarios.soak import run_soak
+from sluice.audit.scenarios.stops import run_stops
+from sluice.audit.scenarios.usage import run_usage
+from sluice.audit.scenarios.utf8 import run_utf8
+
+Scenario = Callable[[ScenarioContext], Awaitable[ScenarioResult]]
+
+SCENARIOS: dict[str, Scenario] = {
+    "lag": run_lag,
+    "logprobs": run_logprobs,
+    "choices": run_choices,
+    "stops": run_stops,
+    "utf8": run_utf8,
+    "usage": run_usage,
+    "bad_inputs": run_bad_inputs,
+    "disconnect": run_disconnect,
+    "soak": run_soak,
+}
