@@ -12,12 +12,22 @@
         ├── QueueFullError        the waiting queue is full
         └── EngineDeadError       the engine process died or stopped answering
 
-The HTTP edge maps these to the OpenAI error object in one place
-(`sluice.server.errors`). Cancellation is not an error: it is
-`asyncio.CancelledError` and the normal abort path.
+`openai_error_of` turns any of them (or any other exception) into the
+OpenAI error object, the one place that object's shape is spelled: the HTTP
+edge (`sluice.server.errors`) sends it with the error's status, a stream that
+already started sends it as its last event (`sluice.frontend.serving`).
+Cancellation is not an error: it is `asyncio.CancelledError` and the normal
+abort path.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+# What a client learns of an error sluice did not raise on purpose (a bug):
+# nothing of its cause, which the server logs.
+INTERNAL_ERROR_MESSAGE = "internal server error; the server logged the details"
+INTERNAL_ERROR_TYPE = "internal_server_error"
 
 
 class SluiceError(Exception):
@@ -77,3 +87,20 @@ class QueueFullError(ServiceUnavailableError):
 
 class EngineDeadError(ServiceUnavailableError):
     pass
+
+
+def openai_error(
+    message: str, error_type: str, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
+    """The OpenAI error object: {"error": {"message", "type", "param", "code"}}."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def openai_error_of(error: BaseException) -> dict[str, Any]:
+    """`error` as a client may see it: a typed error's message, type, param
+    and code; anything else the generic internal error."""
+    if isinstance(error, RequestError):
+        return openai_error(error.message, error.error_type, error.param, error.code)
+    if isinstance(error, ServiceUnavailableError):
+        return openai_error(error.message, error.error_type)
+    return openai_error(INTERNAL_ERROR_MESSAGE, INTERNAL_ERROR_TYPE)

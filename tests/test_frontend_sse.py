@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import orjson
 
-from sluice.errors import InvalidRequestError
 from sluice.frontend.sse import (
     DONE_EVENT,
     TEXT_PLACEHOLDER,
     ChunkEvents,
     TextChoice,
     encode_event,
-    error_payload,
 )
 
 ENVELOPE = {
@@ -48,18 +46,6 @@ def test_events_are_one_data_line_of_compact_json():
     assert event.count(b"\n") == 2
     assert orjson.loads(event[len(b"data: ") :])["choices"] == [CHOICE]
     assert DONE_EVENT == b"data: [DONE]\n\n"
-
-
-def test_error_payloads_keep_client_errors_and_hide_internal_ones():
-    client = error_payload(InvalidRequestError("bad n", param="n"))["error"]
-    assert (client["message"], client["type"], client["param"]) == (
-        "bad n",
-        "invalid_request_error",
-        "n",
-    )
-    internal = error_payload(RuntimeError("secret detail"))["error"]
-    assert internal["type"] == "internal_server_error"
-    assert "secret" not in internal["message"]
 
 
 def test_a_text_choice_splices_any_text_where_the_placeholder_was():

@@ -19,7 +19,6 @@ from sluice.errors import (
     QueueFullError,
 )
 from sluice.server.errors import (
-    error_body,
     install_error_handlers,
     internal_error_response,
     param_from_location,
@@ -31,13 +30,6 @@ from sluice.server.errors import (
 
 def error_of(response) -> dict:
     return orjson.loads(response.body)["error"]
-
-
-def test_the_error_object_has_exactly_the_openai_keys():
-    body = orjson.loads(error_body("bad", "invalid_request_error", "n", "code"))
-    assert body == {
-        "error": {"message": "bad", "type": "invalid_request_error", "param": "n", "code": "code"}
-    }
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ import msgspec
 
 from sluice.engine.client_base import EngineClient
 from sluice.engine.sampling_params import SamplingParams
-from sluice.errors import InvalidRequestError, SluiceError
+from sluice.errors import InvalidRequestError, SluiceError, openai_error_of
 from sluice.frontend.chat_chunks import ChatChunks
 from sluice.frontend.completions_chunks import CompletionChunks
 from sluice.frontend.deltas import ChoiceDelta
@@ -46,7 +46,7 @@ from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.observer import ChunkTimer, RequestObserver
 from sluice.frontend.output_processor import OutputProcessor, engine_request_id
 from sluice.frontend.request import GenerationRequest
-from sluice.frontend.sse import DONE_EVENT, encode_event, error_payload
+from sluice.frontend.sse import DONE_EVENT, encode_event
 from sluice.frontend.stream_output import StreamOutput, WriteNow
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class Frontend:
                 if not has_yielded:
                     is_ended = True
                     raise  # nothing sent yet: the edge answers with an HTTP error
-                closing = [encode_event(error_payload(_logged(error))), DONE_EVENT]
+                closing = [encode_event(openai_error_of(_logged(error))), DONE_EVENT]
             is_ended = True
             for event in closing:
                 yield event

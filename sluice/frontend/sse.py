@@ -16,10 +16,7 @@ from typing import Any
 
 import orjson
 
-from sluice.errors import RequestError, ServiceUnavailableError
-
 DONE_EVENT = b"data: [DONE]\n\n"
-_INTERNAL_MESSAGE = "internal server error; the server logged the details"
 
 
 def encode_event(payload: dict[str, Any]) -> bytes:
@@ -76,20 +73,3 @@ class TextChoice:
         head, placeholder, tail = orjson.dumps(choice).partition(orjson.dumps(TEXT_PLACEHOLDER))
         assert placeholder and TEXT_PLACEHOLDER.encode() not in tail, "exactly one placeholder"
         return cls(head, tail)
-
-
-def error_payload(error: BaseException) -> dict[str, Any]:
-    """The OpenAI error object of an error raised after the stream started,
-    shaped as `sluice.server.errors` shapes HTTP errors (no internals leak)."""
-    if isinstance(error, RequestError | ServiceUnavailableError):
-        message, error_type = error.message, error.error_type
-    else:
-        message, error_type = _INTERNAL_MESSAGE, "internal_server_error"
-    return {
-        "error": {
-            "message": message,
-            "type": error_type,
-            "param": getattr(error, "param", None),
-            "code": getattr(error, "code", None),
-        }
-    }

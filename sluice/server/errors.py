@@ -1,6 +1,7 @@
-"""The one place where errors become OpenAI error objects.
+"""The one place where errors become HTTP responses.
 
-Every response that is not a success carries
+Every response that is not a success carries the OpenAI error object
+(`sluice.errors.openai_error`)
 
     {"error": {"message": str, "type": str, "param": str | None, "code": str | int | None}}
 
@@ -16,7 +17,7 @@ with the status of the `sluice.errors` class that was raised:
 A stream's error before its first event (engine dead, queue timeout) is
 raised from the frontend's first read, before any header is sent, and lands
 here like any other; after the first event it can only be an error event in
-the stream (`sluice.frontend.sse`).
+the stream (`sluice.frontend.serving`), carrying the same object.
 
 Invariant: a client can reach the 500 branch only through a bug, never by what it sends.
 """
@@ -32,20 +33,19 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from sluice.errors import InvalidRequestError, RequestError, ServiceUnavailableError
+from sluice.errors import (
+    INTERNAL_ERROR_MESSAGE,
+    INTERNAL_ERROR_TYPE,
+    InvalidRequestError,
+    RequestError,
+    ServiceUnavailableError,
+    openai_error,
+    openai_error_of,
+)
 
-_INTERNAL_MESSAGE = "internal server error; the server logged the details"
 # Pydantic names union branches and wrappers in error locations ("str",
 # "list[int]", "function-after[...]"); they are not part of the client's JSON path.
 _PYDANTIC_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
-
-
-def error_body(
-    message: str, error_type: str, param: str | None = None, code: str | int | None = None
-) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-    )
 
 
 def error_response(
@@ -56,29 +56,28 @@ def error_response(
     code: str | int | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response:
-    return Response(
-        error_body(message, error_type, param, code),
-        status_code=status_code,
-        headers=headers,
-        media_type="application/json",
-    )
+    return _response(status_code, openai_error(message, error_type, param, code), headers)
 
 
 def request_error_response(exc: RequestError) -> Response:
-    return error_response(exc.status_code, exc.message, exc.error_type, exc.param, exc.code)
+    return _response(exc.status_code, openai_error_of(exc))
 
 
 def unavailable_response(exc: ServiceUnavailableError) -> Response:
-    return error_response(
-        exc.status_code,
-        exc.message,
-        exc.error_type,
-        headers={"Retry-After": str(exc.retry_after_s)},
-    )
+    headers = {"Retry-After": str(exc.retry_after_s)}
+    return _response(exc.status_code, openai_error_of(exc), headers)
 
 
 def internal_error_response() -> Response:
-    return error_response(500, _INTERNAL_MESSAGE, "internal_server_error")
+    return _response(500, openai_error(INTERNAL_ERROR_MESSAGE, INTERNAL_ERROR_TYPE))
+
+
+def _response(
+    status_code: int, error: dict[str, Any], headers: dict[str, str] | None = None
+) -> Response:
+    return Response(
+        orjson.dumps(error), status_code=status_code, headers=headers, media_type="application/json"
+    )
 
 
 def param_from_location(location: Sequence[Any]) -> str | None:
