@@ -19,7 +19,7 @@ from sluice.errors import InvalidRequestError, RequestError, RequestTooLargeErro
 from sluice.frontend.preprocess import Preprocessor
 from sluice.server import body as body_module
 from sluice.server import protocol, to_internal
-from sluice.server.body import BodyReader, ParsedBody, release_in_pieces
+from sluice.server.body import HUGE_BODY_BYTES, BodyReader, release_in_pieces
 from sluice.testing import FakeEngine
 from sluice.testing.fake_server import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer
@@ -120,7 +120,7 @@ def test_a_body_of_exactly_the_limit_is_read(chunked):
                 request_of(body, chunked=chunked), protocol.CompletionRequest
             )
         )
-        assert parsed.value.prompt == "hi" and parsed.is_large == (threshold == 0)
+        assert parsed.value.prompt == "hi" and parsed.num_bytes == len(body)
 
 
 def test_the_413_reaches_the_client_in_the_openai_format():
@@ -204,13 +204,13 @@ def outcome(reader_: BodyReader, body: dict):
 
     async def go():
         parsed = await reader_.parse(request_of(orjson.dumps(body)), model)
-        return parsed.is_large, await reader_.convert(parsed, convert)
+        return await reader_.convert(parsed, convert)
 
     try:
-        is_large, generation = asyncio.run(go())
+        generation = asyncio.run(go())
     except RequestError as exc:
         return type(exc), exc.message, exc.param, exc.code
-    return is_large, dataclasses.replace(generation, response_id="", created=0)
+    return dataclasses.replace(generation, response_id="", created=0)
 
 
 @pytest.mark.parametrize("body", SAME_BODIES)
@@ -218,12 +218,8 @@ def test_a_request_through_the_worker_is_what_it_is_on_the_loop(body):
     on_loop, in_worker = ThreadNotingTokenizer(), ThreadNotingTokenizer()
     expected = outcome(reader(on_loop, offload_threshold_bytes=10**6), body)
     got = outcome(reader(in_worker, offload_threshold_bytes=0), body)
-    if isinstance(expected[0], bool):
-        assert (expected[0], got[0]) == (False, True), "the small and the large path ran"
-        assert got[1] == expected[1]
-        assert on_loop.threads <= {"event loop"} and in_worker.threads <= {"worker"}
-    else:
-        assert got == expected
+    assert got == expected
+    assert on_loop.threads <= {"event loop"} and in_worker.threads <= {"worker"}
 
 
 def test_tokenize_and_detokenize_take_the_worker_path_too():
@@ -290,6 +286,10 @@ def test_the_worker_mode_restores_the_collector_and_the_switch_interval():
     assert seen == [(False, pytest.approx(interval))] * 3
 
 
-def test_a_parsed_body_remembers_its_path():
-    parsed = ParsedBody(protocol.CompletionRequest(), is_large=True)
-    assert parsed.is_large and parsed.value.prompt is None
+def test_bodies_take_the_loop_or_one_of_two_worker_lanes():
+    bodies = reader(ChatFakeTokenizer(), offload_threshold_bytes=100)
+    lanes = [
+        bodies._lane(num_bytes) for num_bytes in (100, 101, HUGE_BODY_BYTES, HUGE_BODY_BYTES + 1)
+    ]
+    assert lanes[0] is None and lanes[1] is lanes[2] is not None
+    assert lanes[3] is not None and lanes[3] is not lanes[2]

@@ -5,11 +5,15 @@
 
 A route parses, admits (its own business, on the loop), then converts.
 A small body (up to OFFLOAD_THRESHOLD_BYTES) is parsed and converted on the
-event loop: at most a millisecond or two, less than the thread hops would
-add. A larger one is parsed and converted in a worker thread, one large body
-at a time, and in pieces: a worker holding the GIL stalls the loop as surely
-as the loop's own code (Python hands the GIL over every switch interval, 5 ms,
-but never in the middle of a call into C). So:
+event loop: a few milliseconds at worst (270 empty messages through a jinja
+template), less than the thread hops would add for most. A larger one is
+parsed and converted in a worker thread, in one of two lanes that each take
+one body at a time: bodies over HUGE_BODY_BYTES (up to seconds of work) in
+one, the rest in the other, so an ordinary request never queues behind a
+huge one, and the loop never competes with more than two workers for the
+GIL. A worker holding the GIL stalls the loop as surely as the loop's own
+code (Python hands the GIL over every switch interval, 5 ms, but never in
+the middle of a call into C), so a worker works in pieces:
 - JSON is parsed by orjson ~64 KiB at a time (`json_pieces`), and pydantic
   validates a window of list elements at a time (`validation_windows`);
 - conversion runs with a preprocessor that does everything inline (template,
@@ -53,9 +57,11 @@ from sluice.frontend.preprocess import Preprocessor
 from sluice.server import json_pieces, limits, protocol, validation_windows
 from sluice.server.to_internal import RequestOptions
 
-# Bodies longer than this are parsed and converted in a worker thread. 16 KiB
-# of JSON validates in ~2 ms at worst (token ids, ~0.4 us each).
-OFFLOAD_THRESHOLD_BYTES = 16 * 1024
+# Bodies longer than this are parsed and converted in a worker thread (as
+# `preprocess` tokenizes texts longer than 8,192 characters in one).
+OFFLOAD_THRESHOLD_BYTES = 8 * 1024
+# Bodies longer than this take the worker lane of their own.
+HUGE_BODY_BYTES = 256 * 1024
 # Items freed at once by `release_in_pieces` (~0.1-0.5 ms).
 RELEASE_PIECE_ITEMS = 4096
 # How often threads switch while a worker handles a large body (Python's default: 5 ms).
@@ -69,11 +75,10 @@ Converter = Callable[[Body, RequestOptions], Awaitable[T]]
 
 @dataclass(frozen=True, slots=True)
 class ParsedBody(Generic[Body]):
-    """A validated body, and which path it takes."""
+    """A validated body, and how long it was: which path it takes."""
 
     value: Body
-    # Longer than the threshold: parsed, and to be converted, in a worker thread.
-    is_large: bool
+    num_bytes: int
 
 
 class BodyReader:
@@ -96,30 +101,40 @@ class BodyReader:
             ),
         )
         self.offload_threshold_bytes = offload_threshold_bytes
-        # One large body at a time: two workers would take turns at the GIL with the loop.
-        self._worker_lock = asyncio.Lock()
+        # The worker lanes: one body at a time in each.
+        self._large_lane = asyncio.Lock()
+        self._huge_lane = asyncio.Lock()
 
     async def parse(self, request: Request, model: type[Body]) -> ParsedBody[Body]:
         """The request's body as `model`; RequestError (400, 413) for what is refused."""
         self._check_declared_length(request.headers.get("content-length"))
         protocol.check_content_type(request.headers.get("content-type"))
         chunks = await self._read(request)
-        if sum(len(chunk) for chunk in chunks) <= self.offload_threshold_bytes:
+        num_bytes = sum(len(chunk) for chunk in chunks)
+        lane = self._lane(num_bytes)
+        if lane is None:
             data = protocol.json_object(b"".join(chunks))
             limits.check_parsed(data, model, self.limits)
-            return ParsedBody(protocol.validate_body(data, model), is_large=False)
-        async with self._worker_lock:
+            return ParsedBody(protocol.validate_body(data, model), num_bytes)
+        async with lane:
             value = await asyncio.to_thread(_in_worker_mode, _parse, chunks, model, self.limits)
-        return ParsedBody(value, is_large=True)
+        return ParsedBody(value, num_bytes)
 
     async def convert(self, body: ParsedBody[Body], convert: Converter[Body, T]) -> T:
-        """`convert(body)`; for a large body in the worker thread, which then drops the body."""
-        if not body.is_large:
+        """`convert(body)`; for a large body in a worker thread, which then drops the body."""
+        lane = self._lane(body.num_bytes)
+        if lane is None:
             return await convert(body.value, self.options)
-        async with self._worker_lock:
+        async with lane:
             return await asyncio.to_thread(
                 _in_worker_mode, _convert, body.value, convert, self.worker_options
             )
+
+    def _lane(self, num_bytes: int) -> asyncio.Lock | None:
+        """The worker lane of a body this long; None: the event loop."""
+        if num_bytes <= self.offload_threshold_bytes:
+            return None
+        return self._huge_lane if num_bytes > HUGE_BODY_BYTES else self._large_lane
 
     def _check_declared_length(self, content_length: str | None) -> None:
         if content_length is None or not (content_length.isascii() and content_length.isdigit()):
