@@ -148,6 +148,12 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         help="seconds a stream's write may block before it is aborted",
     )
     reliability.add_argument(
+        "--send-buffer-bytes",
+        type=int,
+        default=64 * 1024,
+        help="kernel send buffer and transport high-water mark per connection (0: the defaults)",
+    )
+    reliability.add_argument(
         "--queue-timeout",
         type=float,
         default=None,
@@ -207,6 +213,7 @@ def server_config_from(args: argparse.Namespace) -> ServerConfig:
         limits=limits,
         max_connections=args.max_connections,
         send_timeout_s=args.send_timeout,
+        send_buffer_bytes=args.send_buffer_bytes or None,
         queue_timeout_s=args.queue_timeout,
         drain_timeout_s=args.drain_timeout,
         on_engine_death=args.on_engine_death,

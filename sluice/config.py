@@ -123,6 +123,12 @@ class ServerConfig:
     # A stream whose next chunk cannot be written for this long (the client
     # stopped reading) is cut and its engine requests aborted.
     send_timeout_s: float = 30.0
+    # Per connection: the kernel's send buffer (SO_SNDBUF) and the transport's
+    # high-water mark (None: the OS's and uvloop's own; Linux grows the send
+    # buffer to 4 MiB). Bounded, a client that stops reading holds little
+    # memory, and its stream coalesces in sluice (where deltas merge) instead
+    # of queueing in buffers.
+    send_buffer_bytes: int | None = 64 * 1024
     # Longest a request may wait for its first token unless it asks for less
     # (header X-Sluice-Queue-Timeout, seconds); None: no deadline.
     queue_timeout_s: float | None = None

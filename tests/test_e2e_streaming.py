@@ -3,7 +3,9 @@
 The real server (engine in its own process, the embedded model) serves 32
 greedy streaming completions with logprobs and continuous usage stats while
 the event loop is stalled periodically by a test-owned task, half the clients read
-slowly, and bursts of ~2,000-token prompts keep arriving. Every chunk of
+slowly through a tiny TCP receive window, in bursts (so the server's transport
+really pauses: its `sluice:stream_write_waits` counter must move), and bursts
+of ~2,000-token prompts keep arriving. Every chunk of
 every stream is checked against the streaming contract
 (`sluice.testing.contract`) and against the non-streamed response of the same
 request: each token delivered exactly once, usage equal to the tokens
@@ -37,18 +39,23 @@ from sluice.server.launch import build_engine
 from sluice.testing.contract import Expectations, check_stream, parse_sse, read_body
 from sluice.testing.live_server import LiveServer
 from sluice.testing.loop_stall import LoopStaller
+from sluice.testing.slow_socket import read_slowly
 
 pytestmark = pytest.mark.slow
 
 NUM_STREAMS = 32
 MAX_TOKENS = 24
-TOP_LOGPROBS = 2
+# Many alternatives make big chunks: a slow reader's connection fills up.
+TOP_LOGPROBS = 20
 # Long prompts arrive this many at a time, burst after burst, until the streams end.
 NUM_CONCURRENT_LONG_PROMPTS = 2
 LONG_PROMPT_TOKENS = 2000
-# Slow readers take this many bytes at a time, then pause.
-SLOW_READ_BYTES = 128
+# Slow readers take this many bytes at a time, then pause; their receive
+# window and the server's buffers per connection are tiny.
+SLOW_READ_BYTES = 512
 SLOW_READ_PAUSE_S = 0.1
+RECEIVE_BUFFER_BYTES = 1024
+SEND_BUFFER_BYTES = 4096
 # Under load the loop is blocked for a few decode steps, every second.
 LOOP_STALL_EVERY_S = 1.0
 LOOP_STALL_IN_DECODE_STEPS = 2.5
@@ -94,6 +101,7 @@ def server(embedded_model_config):
         max_model_len=assembly.model.max_model_len,
         stats=assembly.stats,
         startup_timeout_s=300,
+        send_buffer_bytes=SEND_BUFFER_BYTES,
     ) as live:
         assert live.loop is not None, "the server runs"
         staller.start(live.loop)
@@ -108,6 +116,8 @@ class LoadRun:
     stream_bodies: list[bytes]
     num_long_prompts: int
     elapsed_s: float
+    # Stream events that had to wait for a paused connection (the server's count).
+    num_write_waits: int = 0
 
 
 def stream_request(model: str, index: int) -> dict:
@@ -130,15 +140,20 @@ def non_streamed(request: dict) -> dict:
 
 
 async def read_stream(session: aiohttp.ClientSession, url: str, body: dict, is_slow: bool) -> bytes:
+    if is_slow:
+        status, raw = await asyncio.to_thread(
+            read_slowly,
+            url,
+            body,
+            burst_bytes=SLOW_READ_BYTES,
+            pause_s=SLOW_READ_PAUSE_S,
+            receive_buffer_bytes=RECEIVE_BUFFER_BYTES,
+        )
+        assert status == 200, raw
+        return raw
     async with session.post(url, json=body) as response:
         assert response.status == 200, await response.text()
-        if not is_slow:
-            return await response.read()
-        parts = []
-        while part := await response.content.read(SLOW_READ_BYTES):
-            parts.append(part)
-            await asyncio.sleep(SLOW_READ_PAUSE_S)
-        return b"".join(parts)
+        return await response.read()
 
 
 async def post_json(session: aiohttp.ClientSession, url: str, body: dict) -> bytes:
@@ -191,6 +206,16 @@ async def run_under_load(url: str, model: str, long_prompt: list[int]) -> LoadRu
     return LoadRun(list(bodies), len(long_prompts_done), elapsed_s)
 
 
+async def write_waits(base_url: str) -> int:
+    """The server's `sluice:stream_write_waits_total`."""
+    async with aiohttp.ClientSession() as session, session.get(base_url + "/metrics") as response:
+        text = await response.text()
+    (line,) = [
+        line for line in text.splitlines() if line.startswith("sluice:stream_write_waits_total")
+    ]
+    return int(float(line.split()[-1]))
+
+
 def tokens_per_chunk(body: bytes) -> list[int]:
     """Generated tokens in each choice chunk of a completions stream with logprobs."""
     counts = []
@@ -231,7 +256,10 @@ def test_lagging_streams_under_load_deliver_every_token_once_and_coalesce(server
         references = await fetch_references(url, server.model)
         decode_step_s = (time.monotonic() - started_s) / MAX_TOKENS
         server.staller.for_s = stall_for_s(decode_step_s)
-        return references, decode_step_s, await run_under_load(url, server.model, long_prompt)
+        waits_before = await write_waits(server.live.url)
+        load = await run_under_load(url, server.model, long_prompt)
+        load.num_write_waits = await write_waits(server.live.url) - waits_before
+        return references, decode_step_s, load
 
     references, decode_step_s, load = asyncio.run(asyncio.wait_for(scenario(), TEST_TIMEOUT_S))
     for stream_body, reference_body in zip(load.stream_bodies, references, strict=True):
@@ -242,7 +270,10 @@ def test_lagging_streams_under_load_deliver_every_token_once_and_coalesce(server
         f"\ndecode step ~{decode_step_s:.2f} s, loop stalled {server.staller.for_s:.1f} s "
         f"every {LOOP_STALL_EVERY_S:.1f} s; {NUM_STREAMS} streams in {load.elapsed_s:.1f} s "
         f"beside {load.num_long_prompts} long prompts: {num_coalesced} of {len(counts)} chunks "
-        f"carried more than one token (at most {max(counts)}), {sum(counts)} tokens"
+        f"carried more than one token (at most {max(counts)}), {sum(counts)} tokens; "
+        f"{load.num_write_waits} events waited for a paused connection"
     )
     assert load.num_long_prompts >= NUM_CONCURRENT_LONG_PROMPTS, "long prompts kept arriving"
+    assert server.staller.num_stalls >= 1, "the loop was stalled"
+    assert load.num_write_waits >= 1, "no slow reader's transport paused: the test proved nothing"
     assert num_coalesced >= 1, "no chunk carried more than one token: the lag was not real"

@@ -203,7 +203,13 @@ class Routes:
             await events.aclose()
             return Response(status_code=CLIENT_CLOSED_STATUS)
         usage_log = log if generation.include_usage else None
-        return EventStreamResponse(first_event, events, self.send_timeout_s, usage_log)
+        return EventStreamResponse(
+            first_event,
+            events,
+            self.send_timeout_s,
+            usage_log,
+            on_write_wait=self.metrics.stream_write_waits.inc,
+        )
 
     async def _complete(
         self, request: Request, generation: GenerationRequest, log: RequestLog | None

@@ -8,6 +8,10 @@
   write each event as uvicorn's `send` would, without an ASGI message, without
   passing through every middleware's send wrapper and, when the transport is
   not paused, without a coroutine (`body_writer`).
+- Each connection's kernel send buffer and its transport's high-water mark
+  are `send_buffer_bytes` (ServerConfig), so a client that stops reading
+  pauses its stream's transport after a bounded amount: from there its
+  deltas coalesce in sluice rather than queueing in buffers.
 - `StuckWriteWatch`: one timer per stream that notices a write waiting longer
   than `timeout_s` (the client stopped reading: uvicorn waits for a paused
   transport to drain before each write, forever). Only a write that has to
@@ -21,6 +25,7 @@ other stream and the engine carry on.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -152,6 +157,19 @@ class StuckWriteWatch:
 class AbortableHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, exposing `transport.abort` and a body
     writer to the app (see the module docstring)."""
+
+    def __init__(self, *args: Any, send_buffer_bytes: int | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._send_buffer_bytes = send_buffer_bytes
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if self._send_buffer_bytes is None:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._send_buffer_bytes)
+        transport.set_write_buffer_limits(high=self._send_buffer_bytes)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

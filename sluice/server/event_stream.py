@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Literal
 
 import orjson
@@ -49,7 +50,8 @@ class EventStreamResponse(Response):
     """SSE events, the first already in hand; the event source is always closed.
 
     `log` (None: no access log, or no usage chunk to read) gets the completion
-    tokens of the usage chunk that precedes [DONE].
+    tokens of the usage chunk that precedes [DONE]; `on_write_wait` is called
+    for each event that has to wait for a paused connection.
     """
 
     media_type = "text/event-stream"
@@ -60,6 +62,7 @@ class EventStreamResponse(Response):
         events: EventStream,
         send_timeout_s: float,
         log: RequestLog | None = None,
+        on_write_wait: Callable[[], object] | None = None,
     ):
         # Not Response.__init__: there is no body to render.
         self.status_code = 200
@@ -69,6 +72,7 @@ class EventStreamResponse(Response):
         self._events = events
         self._send_timeout_s = send_timeout_s
         self._log = log
+        self._on_write_wait = on_write_wait
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The events are sent from a task of their own: this task's await chain
@@ -104,6 +108,8 @@ class EventStreamResponse(Response):
         previous, last = b"", self._first_event
         async for event in self._events:
             if not writer.write_now(event):  # only a write that must wait is watched
+                if self._on_write_wait is not None:
+                    self._on_write_wait()
                 watch.write_started_s = loop_time()
                 await writer.write(event)
                 watch.write_started_s = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -52,9 +53,15 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class SluiceServer(uvicorn.Server):
     """uvicorn's server: logs the bound address, drains the app on SIGTERM."""
 
-    def __init__(self, config: uvicorn.Config, shutdown: GracefulShutdown | None = None):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        shutdown: GracefulShutdown | None = None,
+        send_buffer_bytes: int | None = None,
+    ):
         super().__init__(config)
         self.shutdown_plan = shutdown
+        self.send_buffer_bytes = send_buffer_bytes
         self._loop: asyncio.AbstractEventLoop | None = None
         self._num_signals = 0
 
@@ -64,7 +71,9 @@ class SluiceServer(uvicorn.Server):
             self.config.load()
         if self.config.http_protocol_class is HttpToolsProtocol:
             # Same protocol, plus a way for the app to drop a stuck connection.
-            self.config.http_protocol_class = AbortableHttpToolsProtocol
+            self.config.http_protocol_class = functools.partial(
+                AbortableHttpToolsProtocol, send_buffer_bytes=self.send_buffer_bytes
+            )
         if self.shutdown_plan is not None:
             self.shutdown_plan.bind(self._stop)
         await super().startup(sockets)
@@ -131,7 +140,7 @@ def make_server(app: FastAPI, config: ServerConfig) -> SluiceServer:
     )
     # create_app leaves its drain plan here; other apps stop the uvicorn way.
     shutdown = getattr(app.state, "shutdown", None)
-    return SluiceServer(uvicorn_config, shutdown)
+    return SluiceServer(uvicorn_config, shutdown, config.send_buffer_bytes)
 
 
 def serve(app: FastAPI, config: ServerConfig, sockets: list[socket.socket] | None = None) -> int:

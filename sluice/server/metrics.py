@@ -148,6 +148,11 @@ class ServerMetrics:
         self.requests_aborted = Counter(
             "sluice:request_aborted", "Requests whose client went away.", **labels
         ).labels(model_name)
+        self.stream_write_waits = Counter(
+            "sluice:stream_write_waits",
+            "Stream events that waited for a paused connection (a client reading slowly).",
+            **labels,
+        ).labels(model_name)
         self._success = Counter(
             "sluice:request_success",
             "Finished requests by finish reason.",
