@@ -26,7 +26,9 @@ same seed produce the same tokens for the same request ids.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import random
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import cycle
@@ -297,3 +299,54 @@ class FakeEngine(EngineClient):
             stop_token_id=stop_token_id,
             num_prompt_tokens=request.num_prompt_tokens,
         )
+
+
+class LoopFakeEngine(FakeEngine):
+    """A FakeEngine that a test on another thread drives and waits on: it
+    remembers the loop it runs on (a `LiveServer`'s) to die and revive there,
+    returning once done, and wakes `wait_until` whenever a request is added
+    or aborted."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._changed = threading.Condition()
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().start()
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: DeltaSink,
+    ) -> None:
+        super().add_request(request_id, prompt_token_ids, params, sink)
+        with self._changed:
+            self._changed.notify_all()
+
+    def abort(self, request_ids: list[str]) -> None:
+        super().abort(request_ids)
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_until(self, predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+        """Block (another thread than the engine's) until `predicate()` holds,
+        checked whenever a request is added or aborted; TimeoutError after `timeout_s`."""
+        with self._changed:
+            if not self._changed.wait_for(predicate, timeout_s):
+                raise TimeoutError(f"the fake engine did not reach the state in {timeout_s} s")
+
+    def die_threadsafe(self) -> None:
+        """`die()` on the engine's loop; returns once it has died."""
+        self._on_loop(self.die)
+
+    def revive_threadsafe(self) -> None:
+        """`revive()` on the engine's loop; returns once it is alive."""
+        self._on_loop(self.revive)
+
+    def _on_loop(self, action: Callable[[], object], timeout_s: float = 30.0) -> None:
+        done = concurrent.futures.Future()
+        self.loop.call_soon_threadsafe(lambda: done.set_result(action()))
+        done.result(timeout_s)

@@ -17,19 +17,9 @@ from pathlib import Path
 
 from sluice.config import EngineConfig, SchedulerConfig, ServerConfig
 from sluice.testing.fake_engine import FakeEngine
-from sluice.testing.fake_tokenizer import FakeTokenizer
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 
 MODEL_NAME = "fake-model"
-
-
-class ChatFakeTokenizer(FakeTokenizer):
-    """The fake tokenizer with a minimal chat template."""
-
-    has_chat_template = True
-
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        text = "".join(f"<|sep|>{m['role']}: {m['content']}\n" for m in messages)
-        return text + ("<|sep|>assistant: " if add_generation_prompt else "")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -159,3 +159,13 @@ class FakeTokenizer:
             if token_id is not None and token_id >= _FIRST_PIECE_ID:
                 return token_id, size
         return None, 0
+
+
+class ChatFakeTokenizer(FakeTokenizer):
+    """The fake tokenizer with a minimal chat template."""
+
+    has_chat_template = True
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        text = "".join(f"<|sep|>{m['role']}: {m['content']}\n" for m in messages)
+        return text + ("<|sep|>assistant: " if add_generation_prompt else "")
