@@ -109,9 +109,10 @@ class Frontend:
         self._observer = observer
         self._strings = TokenStrings(tokenizer)
 
-    def stream(self, request: GenerationRequest) -> EventStream:
-        """The SSE events of `request`; nothing starts before the first `__anext__`."""
-        run = _RequestRun(request, self._engine, self._observer)
+    def stream(self, request: GenerationRequest, engine: EngineClient | None = None) -> EventStream:
+        """The SSE events of `request`; nothing starts before the first `__anext__`.
+        Its engine requests go through `engine` (default: the frontend's)."""
+        run = _RequestRun(request, engine or self._engine, self._observer)
         chunks = self._chunks(request)
 
         def render(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
@@ -149,9 +150,12 @@ class Frontend:
         finally:
             run.close(is_cancelled=not is_ended)
 
-    async def complete(self, request: GenerationRequest) -> bytes:
-        """The JSON body of `request`; engine errors propagate."""
-        run = _RequestRun(request, self._engine, self._observer)
+    async def complete(
+        self, request: GenerationRequest, engine: EngineClient | None = None
+    ) -> bytes:
+        """The JSON body of `request`; engine errors propagate. Its engine
+        requests go through `engine` (default: the frontend's)."""
+        run = _RequestRun(request, engine or self._engine, self._observer)
         chunks = self._chunks(request)
 
         def fold(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:

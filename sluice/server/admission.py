@@ -7,7 +7,8 @@ error, or it is aborted. Invariants:
   engine runs at most max_num_seqs at once, so capacity = max_num_seqs +
   max_waiting_requests bounds its waiting queue. Beyond it `add_request`
   raises QueueFullError at once (503 with Retry-After): nothing piles up.
-- A request admitted under `first_token_deadline(timeout_s)` that has
+- A request added with `first_token_timeout_s` (the route passes the gate's
+  `with_first_token_deadline(timeout_s)` view to the frontend) that has
   produced nothing when the timeout expires is aborted in the engine and its
   sink gets one QueueTimeoutError: a 503 if its stream has not started, an
   error event and [DONE] if it has. Never a silent drop.
@@ -20,8 +21,6 @@ error, or it is aborted. Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import re
 from collections.abc import Iterator
 
@@ -36,11 +35,6 @@ from sluice.errors import InvalidRequestError, QueueFullError, ServiceUnavailabl
 
 # Request header: the longest this request may wait for its first token, in seconds.
 QUEUE_TIMEOUT_HEADER = "x-sluice-queue-timeout"
-
-# Set by the route around the frontend call; read by `add_request` on the same task.
-_first_token_timeout_s: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "sluice_first_token_timeout_s", default=None
-)
 
 
 class QueueTimeoutError(ServiceUnavailableError):
@@ -70,17 +64,6 @@ def queue_timeout_s(header_value: str | None, default_s: float | None) -> float 
             param=QUEUE_TIMEOUT_HEADER,
         )
     return timeout_s
-
-
-@contextlib.contextmanager
-def first_token_deadline(timeout_s: float | None) -> Iterator[None]:
-    """Engine requests added inside this block (on this task, or tasks it
-    creates) are aborted if they produce nothing within `timeout_s`."""
-    token = _first_token_timeout_s.set(timeout_s)
-    try:
-        yield
-    finally:
-        _first_token_timeout_s.reset(token)
 
 
 def capacity_of(config: SchedulerConfig) -> int:
@@ -168,7 +151,10 @@ class AdmissionGate(EngineClient):
         prompt_token_ids: list[int],
         params: SamplingParams,
         sink: DeltaSink,
+        first_token_timeout_s: float | None = None,
     ) -> None:
+        """Admit and add one engine request; with `first_token_timeout_s`, end
+        it with QueueTimeoutError if it produces nothing within that time."""
         self.check_open()
         tracked = _TrackedSink(self, request_id, sink)
         self._open[request_id] = tracked
@@ -178,11 +164,10 @@ class AdmissionGate(EngineClient):
         except BaseException:
             tracked.end()
             raise
-        timeout_s = _first_token_timeout_s.get()
-        if timeout_s is not None and tracked.is_open:
+        if first_token_timeout_s is not None and tracked.is_open:
             loop = asyncio.get_running_loop()
             tracked.deadline_handle = loop.call_later(
-                timeout_s, self._expire, request_id, timeout_s
+                first_token_timeout_s, self._expire, request_id, first_token_timeout_s
             )
 
     def abort(self, request_ids: list[str]) -> None:
@@ -205,6 +190,13 @@ class AdmissionGate(EngineClient):
 
     async def shutdown(self) -> None:
         await self.engine.shutdown()
+
+    def with_first_token_deadline(self, timeout_s: float | None) -> EngineClient:
+        """The gate as one API request's engine client: every engine request it
+        adds gets `timeout_s` as its first-token deadline (None: no deadline)."""
+        if timeout_s is None:
+            return self
+        return _DeadlineClient(self, timeout_s)
 
     # -- draining ----------------------------------------------------------------
 
@@ -252,6 +244,43 @@ class AdmissionGate(EngineClient):
             tracked.is_open = False
         if not self._open:
             self._idle.set()
+
+
+class _DeadlineClient(EngineClient):
+    """`AdmissionGate.with_first_token_deadline`: adds with the deadline, the
+    rest is the gate's."""
+
+    def __init__(self, gate: AdmissionGate, first_token_timeout_s: float):
+        self._gate = gate
+        self._first_token_timeout_s = first_token_timeout_s
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: DeltaSink,
+    ) -> None:
+        self._gate.add_request(
+            request_id, prompt_token_ids, params, sink, self._first_token_timeout_s
+        )
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._gate.abort(request_ids)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._gate.is_alive
+
+    @property
+    def max_model_len(self) -> int:
+        return self._gate.max_model_len
+
+    async def start(self) -> None:
+        raise AssertionError("a per-request view: the app starts the gate itself")
+
+    async def shutdown(self) -> None:
+        raise AssertionError("a per-request view: the app shuts the gate down itself")
 
 
 class AdmissionCollector(Collector):

@@ -183,15 +183,19 @@ class Routes:
         log = _request_log(request)
         if log is not None:
             log.num_prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
-        with admission.first_token_deadline(timeout_s):
-            if generation.stream:
-                return await self._stream(request, generation, log)
-            return await self._complete(request, generation, log)
+        engine = self.gate.with_first_token_deadline(timeout_s)
+        if generation.stream:
+            return await self._stream(request, generation, engine, log)
+        return await self._complete(request, generation, engine, log)
 
     async def _stream(
-        self, request: Request, generation: GenerationRequest, log: RequestLog | None
+        self,
+        request: Request,
+        generation: GenerationRequest,
+        engine: EngineClient,
+        log: RequestLog | None,
     ) -> Response:
-        events = self.frontend.stream(generation)
+        events = self.frontend.stream(generation, engine)
         # Wait for the first event before sending headers: an error up to here
         # propagates from it and becomes a real HTTP error (errors.py).
         try:
@@ -212,9 +216,15 @@ class Routes:
         )
 
     async def _complete(
-        self, request: Request, generation: GenerationRequest, log: RequestLog | None
+        self,
+        request: Request,
+        generation: GenerationRequest,
+        engine: EngineClient,
+        log: RequestLog | None,
     ) -> Response:
-        body = await _unless_disconnected(request.receive, self.frontend.complete(generation))
+        body = await _unless_disconnected(
+            request.receive, self.frontend.complete(generation, engine)
+        )
         if body is None:
             return Response(status_code=CLIENT_CLOSED_STATUS)
         if log is not None:
