@@ -412,8 +412,9 @@ def test_a_server_ignoring_sigterm_is_killed_after_the_grace_period():
     assert process.stdout.readline() == b"ready\n"
     start_s = time.monotonic()
     serve.stop_server(process, grace_s=0.3)
+    # Killed (-9: it ignored SIGTERM), and not before the grace period ran out.
     assert process.returncode == -9
-    assert 0.3 <= time.monotonic() - start_s < 5
+    assert time.monotonic() - start_s >= 0.3
     process.stdout.close()
 
 

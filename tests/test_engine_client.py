@@ -19,9 +19,9 @@ import torch
 from sluice.config import CacheConfig, EngineConfig
 from sluice.engine.client import MultiprocessEngineClient
 from sluice.engine.inproc_client import InProcessEngineClient
-from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import EngineDeadError, ModelLoadError
+from sluice.testing.recording_sink import RecordingSink
 from tests.test_engine_core import loaded, make_core, tiny  # noqa: F401 - fixtures
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -35,27 +35,6 @@ def run_async(test):
         return asyncio.run(asyncio.wait_for(test(*args, **kwargs), 300))
 
     return wrapper
-
-
-class RecordingSink:
-    def __init__(self) -> None:
-        self.deltas: list[RequestDelta] = []
-        self.errors: list[BaseException] = []
-        self.done = asyncio.Event()
-        self.thread_ids: set[int] = set()
-
-    def on_delta(self, delta: RequestDelta) -> None:
-        self.deltas.append(delta)
-        if delta.is_finished:
-            self.done.set()
-
-    def on_error(self, error: BaseException) -> None:
-        self.errors.append(error)
-        self.done.set()
-
-    @property
-    def token_ids(self) -> list[int]:
-        return [t for d in self.deltas for t in d.new_token_ids]
 
 
 @run_async
@@ -118,9 +97,11 @@ def engine_config(model_config) -> EngineConfig:
     )
 
 
+@pytest.mark.slow
 @run_async
 async def test_engine_process_streams_tokens_and_reports_its_death(embedded_model_config):
-    client = MultiprocessEngineClient(engine_config(embedded_model_config))
+    config = engine_config(embedded_model_config)
+    client = MultiprocessEngineClient(config)
     await client.start()
     try:
         assert client.is_alive
@@ -134,10 +115,10 @@ async def test_engine_process_streams_tokens_and_reports_its_death(embedded_mode
         hanging = RecordingSink()
         long_params = SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True)
         client.add_request("long", [1, 4093, 198], long_params, hanging)
-        while not hanging.deltas:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(hanging.has_delta.wait(), 120)
         os.kill(client._process.pid, signal.SIGKILL)
-        await asyncio.wait_for(hanging.done.wait(), 2.0)
+        # At once (the process sentinel), not by the heartbeat's silence: well within it.
+        await asyncio.wait_for(hanging.done.wait(), config.heartbeat_timeout_s / 4)
         assert len(hanging.errors) == 1
         assert isinstance(hanging.errors[0], EngineDeadError)
         assert not client.is_alive

@@ -47,9 +47,10 @@ from sluice.config import RequestLimits
 from sluice.server.launch import tune_gc_for_serving
 from sluice.server.loop_watchdog import SAMPLE_INTERVAL_S
 from sluice.testing import FakeEngine
-from sluice.testing.fake_server import ChatFakeTokenizer
+from sluice.testing.event_loops import run
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer
-from tests.test_reliability_support import read_stream, run
+from sluice.testing.stream_reader import read_stream
 
 NUM_STREAMS = 32
 LAG_BOUND_S = 0.05

@@ -9,9 +9,11 @@ import httpx2
 import pytest
 
 from sluice.config import RequestLimits
+from sluice.testing.event_loops import run
+from sluice.testing.fake_engine import LoopFakeEngine
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer
-from tests.test_reliability_support import completion_body, read_stream, run
-from tests.test_server_app import ChatFakeTokenizer, LoopFakeEngine
+from sluice.testing.stream_reader import completion_body, read_stream
 
 LIMITS = RequestLimits(
     max_prompt_tokens=40,

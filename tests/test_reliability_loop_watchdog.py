@@ -1,24 +1,20 @@
 """The event loop stays responsive, and /metrics says how responsive it was.
 
-A 100,000-character chat message arrives while 16 streams run (real chat
-template and tokenizer, fake engine, server in its own process): its
-template and tokenization run off the loop, so the server's loop lag stays
-under `LAG_BOUND_S` and the streams' worst inter-token gap under
-`GAP_BOUND_S`. The watchdog's metrics are checked on their own with a
-deliberately blocked loop.
+A 1,000,000-character chat message arrives while 16 streams run (real chat
+template and tokenizer, fake engine, server in its own process): its body,
+template and tokenization are handled off the loop, so neither the server's
+own worst loop lag (`sluice:event_loop_lag_max_seconds`) nor the streams'
+worst inter-token gap comes near the time the message took.
 
-Why the bounds: the engine steps every 20 ms and a stream's gap grows only
-by what blocks the loop. What still runs on it for the big request: reading
-and parsing a 100 KB body (orjson, pydantic: a few ms), building the engine
-request from its ~24k prompt ids (a few ms), and the GIL slices the worker
-thread takes around the Rust tokenizer, which runs without it
-(`Tokenizer.encode` calls `encode_batch`). Measured on this 2-core machine
-under load: the server's own loop lag during the message was 5-30 ms, and
-150 ms when the tokenizer held the GIL, so `LAG_BOUND_S` = 100 ms catches a
-stall. The worst gap the client sees was ~50 ms alone and 45-150 ms with the
-message: it also carries the OS sharing two cores among the server, the tokenizer's
-thread, the client and other jobs. `GAP_BOUND_S` = 300 ms checks that the
-streams kept flowing through the message, with room for that noise.
+Why those ratios: had the message been handled on the loop, the loop would
+have stalled for most of the message's time (so would every stream), and
+both ratios would be near 1. Handled off it, only the slices the worker
+thread takes of the GIL remain: measured here, the message took 0.45-0.5 s,
+the loop lagged 16 ms at worst (1/30 of it) and the worst gap was 45 ms, as
+without the message (1/10). A loaded machine stretches the message's time as
+much as the gaps, so `LAG_SHARE` = 1/4 and `GAP_SHARE` = 1/2 keep a margin
+of several times on both sides; no bound is in seconds. The watchdog's
+metrics are checked on their own with a deliberately blocked loop.
 """
 
 from __future__ import annotations
@@ -33,12 +29,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sluice.server.loop_watchdog import SAMPLE_INTERVAL_S, LoopWatchdog
-from tests.test_reliability_support import ServerProcess, read_stream, run
+from sluice.testing.event_loops import run
+from sluice.testing.server_process import ServerProcess
+from sluice.testing.stream_reader import read_stream
 
 NUM_STREAMS = 16
-LAG_BOUND_S = 0.1
-GAP_BOUND_S = 0.3
-BIG_MESSAGE_CHARS = 100_000
+# At most these shares of the big message's own time (see the module docstring).
+LAG_SHARE = 1 / 4
+GAP_SHARE = 1 / 2
+BIG_MESSAGE_CHARS = 1_000_000
 
 
 def big_message() -> str:
@@ -83,7 +82,7 @@ def worst_gap_s(records) -> float:
 
 def test_a_huge_chat_message_does_not_stall_running_streams(tmp_path, embedded_model_dir):
     server = ServerProcess(
-        "--tokenizer", str(embedded_model_dir), "--max-model-len", "200000",
+        "--tokenizer", str(embedded_model_dir), "--max-model-len", "2000000",
         "--step-interval-s", "0.02", log_path=tmp_path / "server.log",
     )  # fmt: skip
 
@@ -98,11 +97,12 @@ def test_a_huge_chat_message_does_not_stall_running_streams(tmp_path, embedded_m
     with server:
         baseline, loaded, big, metrics = run(go())
     assert big.status == 200, big.body
+    big_s = big.ended_s - big.sent_s
     print(f"worst gap: {worst_gap_s(baseline):.3f} s alone, {worst_gap_s(loaded):.3f} s with "
-          f"the 100k message; {lag_max_s(metrics):.3f} s worst loop lag")  # fmt: skip
+          f"the 1M message, which took {big_s:.3f} s; {lag_max_s(metrics):.3f} s worst loop lag")  # fmt: skip
     assert all(r.is_done for r in loaded)
-    assert lag_max_s(metrics) < LAG_BOUND_S
-    assert worst_gap_s(loaded) < GAP_BOUND_S
+    assert lag_max_s(metrics) < LAG_SHARE * big_s
+    assert worst_gap_s(loaded) < GAP_SHARE * big_s
 
 
 def lag_max_s(metrics: str) -> float:
@@ -118,12 +118,15 @@ def test_the_watchdog_reports_a_blocked_loop_as_its_worst_lag():
     async def go() -> bytes:
         registry = CollectorRegistry()
         watchdog = LoopWatchdog(registry, interval_s=0.01)
+        loop = asyncio.get_running_loop()
+        started_s = loop.time()
         watchdog.start()
         await asyncio.sleep(0.05)
         time.sleep(0.2)  # block the loop
         await asyncio.sleep(0.05)
         await watchdog.stop()
-        assert 0.15 < watchdog.worst_lag_s() < 1.0
+        # The block less one sampling interval, at least; at most all the time that passed.
+        assert 0.15 < watchdog.worst_lag_s() <= loop.time() - started_s
         return generate_latest(registry)
 
     text = run(go()).decode()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 import aiohttp
@@ -17,33 +18,10 @@ import orjson
 import pytest
 
 from sluice.errors import QueueFullError
-from sluice.testing import FakeEngine, FakeTokenizer
+from sluice.testing.fake_engine import LoopFakeEngine
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL
 from sluice.testing.live_server import LiveServer
-
-
-class ChatFakeTokenizer(FakeTokenizer):
-    """The fake tokenizer plus a minimal chat template."""
-
-    has_chat_template = True
-
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
-        text = "".join(f"<|sep|>{m['role']}: {m['content']}\n" for m in messages)
-        return text + ("<|sep|>assistant: " if add_generation_prompt else "")
-
-
-class LoopFakeEngine(FakeEngine):
-    """A FakeEngine that remembers its loop, so tests can drive it thread-safely."""
-
-    async def start(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        await super().start()
-
-    def die_soon(self) -> None:
-        self.loop.call_soon_threadsafe(self.die)
-
-    def revive_soon(self) -> None:
-        self.loop.call_soon_threadsafe(self.revive)
 
 
 @pytest.fixture(scope="module")
@@ -293,15 +271,13 @@ def test_a_dead_engine_means_503_with_retry_after_until_it_is_back():
         LiveServer(engine, ChatFakeTokenizer()) as live,
         httpx2.Client(base_url=live.url) as client,
     ):
-        engine.die_soon()
-        time.sleep(0.05)
+        engine.die_threadsafe()
         assert client.get("/health").status_code == 503
         for response in (completion(client), completion(client, stream=True), chat(client)):
             assert response.status_code == 503
             assert response.headers["retry-after"] == "1"
             assert error_of(response)["type"] == "service_unavailable"
-        engine.revive_soon()
-        time.sleep(0.05)
+        engine.revive_threadsafe()
         assert client.get("/health").status_code == 200
 
 
@@ -393,7 +369,7 @@ def test_closing_a_stream_mid_way_aborts_its_engine_request():
             await response.content.readuntil(b"\n\n")
             response.close()  # drops the connection mid-stream
         request_id = orjson.loads(first[len(b"data: ") :])["id"] + "-0"
-        await wait_until(lambda: request_id in engine.aborted_request_ids)
+        await asyncio.to_thread(engine.wait_until, lambda: request_id in engine.aborted_request_ids)
         return request_id
 
     with LiveServer(engine, ChatFakeTokenizer()) as live:
@@ -410,7 +386,7 @@ def test_a_client_leaving_a_non_streamed_request_aborts_it():
             with pytest.raises(asyncio.TimeoutError):
                 timeout = aiohttp.ClientTimeout(total=0.3)
                 await session.post(live.url + "/v1/completions", json=body, timeout=timeout)
-        await wait_until(lambda: engine.added_request_ids[-1:] == engine.aborted_request_ids[-1:])
+        await asyncio.to_thread(engine.wait_until, lambda: last_added_was_aborted(engine))
 
     with LiveServer(engine, ChatFakeTokenizer()) as live:
         asyncio.run(go())
@@ -428,7 +404,7 @@ def test_a_client_leaving_before_the_first_token_aborts_the_stream(caplog):
             with pytest.raises(asyncio.TimeoutError):
                 timeout = aiohttp.ClientTimeout(total=0.3)
                 await session.post(live.url + "/v1/completions", json=body, timeout=timeout)
-        await wait_until(lambda: engine.added_request_ids[-1:] == engine.aborted_request_ids[-1:])
+        await asyncio.to_thread(engine.wait_until, lambda: last_added_was_aborted(engine))
 
     with LiveServer(engine, ChatFakeTokenizer()) as live:
         asyncio.run(go())
@@ -437,34 +413,52 @@ def test_a_client_leaving_before_the_first_token_aborts_the_stream(caplog):
     assert any('"POST /v1/completions" 499' in line for line in lines)
 
 
-class SlowTemplateTokenizer(ChatFakeTokenizer):
-    """Rendering a large conversation takes a second of blocking work."""
+def last_added_was_aborted(engine: LoopFakeEngine) -> bool:
+    return (
+        bool(engine.added_request_ids)
+        and engine.added_request_ids[-1:] == (engine.aborted_request_ids[-1:])
+    )
+
+
+class BlockingTemplateTokenizer(ChatFakeTokenizer):
+    """Rendering a large conversation blocks until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.is_rendering = threading.Event()
+        self.release = threading.Event()
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
         if sum(len(m["content"]) for m in messages) > 8192:
-            time.sleep(1.0)
+            self.is_rendering.set()
+            assert self.release.wait(30), "the test never released the template"
         return super().apply_chat_template(messages[-1:], add_generation_prompt)
 
 
 def test_a_huge_conversation_does_not_stall_other_requests():
+    """/health answers while a conversation's template is still rendering: the
+    render runs off the loop (if it ran on it, /health would wait for it)."""
     big = [{"role": "user", "content": "x" * 10_000}, {"role": "user", "content": "hi"}]
+    tokenizer = BlockingTemplateTokenizer()
 
-    async def go() -> float:
+    async def go() -> None:
         async with aiohttp.ClientSession() as session:
             url = live.url + "/v1/chat/completions"
             slow = asyncio.create_task(
                 session.post(url, json={"model": MODEL, "messages": big, "max_tokens": 1})
             )
-            await asyncio.sleep(0.2)  # the template is rendering now
-            start = time.monotonic()
+            assert await asyncio.to_thread(tokenizer.is_rendering.wait, 30)
+            # Answered while the render is blocked (only this test releases it).
             async with session.get(live.url + "/health") as health:
                 assert health.status == 200
-            health_s = time.monotonic() - start
+            tokenizer.release.set()
             assert (await slow).status == 200
-            return health_s
 
-    with LiveServer(LoopFakeEngine(), SlowTemplateTokenizer()) as live:
-        assert asyncio.run(go()) < 0.5
+    with LiveServer(LoopFakeEngine(), tokenizer) as live:
+        try:
+            asyncio.run(asyncio.wait_for(go(), 60))
+        finally:
+            tokenizer.release.set()
 
 
 # -- the real chat template -----------------------------------------------------------

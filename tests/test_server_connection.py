@@ -1,6 +1,9 @@
 """The connection helpers: the stuck-write watch, the body writer, the abort hook.
 
-The watch and the writer fallback are driven by hand on an event loop; the
+The watch runs in virtual time (`run_in_virtual_time`): writes last exactly
+what the test says and the watch fires exactly when due, so its timing is
+asserted exactly, whatever the machine's load. The writer fallback is driven
+by hand on an event loop; the
 uvicorn protocol's writer is checked over a real socket, under `make_server`,
 with a bare ASGI app: the bytes a client reads are exactly the pieces written.
 """
@@ -23,6 +26,7 @@ from sluice.server.connection import (
     body_writer,
 )
 from sluice.server.launch import make_server
+from sluice.testing.event_loops import run_in_virtual_time
 
 TIMEOUT_S = 0.05
 
@@ -47,14 +51,20 @@ async def watch_writes(write_s: list[float | None], gap_s: float) -> list[float]
 
 
 def test_a_write_stuck_past_the_timeout_fires_the_watch_once():
-    fired = asyncio.run(watch_writes([0.001, None], gap_s=0.001))
-    assert len(fired) == 1
-    assert TIMEOUT_S <= fired[0] < 0.5
+    # A 1 ms write, a 1 ms gap, then a write that never ends.
+    (fired_s,) = run_in_virtual_time(watch_writes([0.001, None], gap_s=0.001))
+    stuck_since_s, timer_slack_s = 0.002, 0.002
+    # When the stuck write has waited the timeout (the watch's timer may fire 2 ms early).
+    assert stuck_since_s + TIMEOUT_S - timer_slack_s <= fired_s <= stuck_since_s + TIMEOUT_S
 
 
 def test_writes_that_complete_never_fire_however_long_the_stream_lasts():
     # 12 writes of 20 ms each, 10 ms apart: the stream outlives several timeouts.
-    assert asyncio.run(watch_writes([0.02] * 12, gap_s=0.01)) == []
+    assert run_in_virtual_time(watch_writes([0.02] * 12, gap_s=0.01)) == []
+
+
+def test_a_write_just_shorter_than_the_timeout_never_fires():
+    assert run_in_virtual_time(watch_writes([TIMEOUT_S * 0.9] * 4, gap_s=0.0)) == []
 
 
 def test_a_closed_watch_never_fires():
@@ -66,7 +76,7 @@ def test_a_closed_watch_never_fires():
         await asyncio.sleep(0.05)
         return fired
 
-    assert asyncio.run(scenario()) == []
+    assert run_in_virtual_time(scenario()) == []
 
 
 def test_without_the_servers_writer_body_pieces_go_through_send():

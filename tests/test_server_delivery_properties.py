@@ -32,7 +32,7 @@ from sluice.server.app import create_app
 from sluice.testing import fake_logprobs
 from sluice.testing.asgi_connection import PausableConnection
 from sluice.testing.contract import Expectations, check_stream
-from sluice.testing.fake_server import ChatFakeTokenizer
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.manual_engine import ManualEngine
 
 TOKENIZER = ChatFakeTokenizer()

@@ -15,8 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sluice.testing.fake_engine import LoopFakeEngine
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL
 from sluice.testing.live_server import LiveServer
-from tests.test_server_app import MODEL, ChatFakeTokenizer, LoopFakeEngine
 
 MAX_MODEL_LEN = 64
 NUM_EXAMPLES = 300

@@ -5,8 +5,10 @@ from __future__ import annotations
 import openai
 import pytest
 
+from sluice.testing.fake_engine import LoopFakeEngine
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL
 from sluice.testing.live_server import LiveServer
-from tests.test_server_app import MODEL, ChatFakeTokenizer, LoopFakeEngine
 
 API_KEY = "sesame"
 MESSAGES = [{"role": "user", "content": "hello world"}]

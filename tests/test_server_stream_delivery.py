@@ -18,7 +18,7 @@ from sluice.config import ServerConfig
 from sluice.server.app import create_app
 from sluice.testing.asgi_connection import PausableConnection
 from sluice.testing.contract import Expectations, check_stream, parse_sse
-from sluice.testing.fake_server import ChatFakeTokenizer
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.manual_engine import ManualEngine
 
 TOKENIZER = ChatFakeTokenizer()
