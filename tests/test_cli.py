@@ -81,6 +81,7 @@ def test_a_bad_model_path_is_one_error_line_and_exit_status_2(tmp_path, capsys):
     assert "\n" not in err
 
 
+@pytest.mark.slow
 def test_generate_prints_the_embedded_models_answer(embedded_model_config):
     command = [
         sys.executable,
