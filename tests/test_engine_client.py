@@ -74,15 +74,12 @@ async def test_in_process_abort_silences_the_sink_and_frees_blocks(loaded):  # n
         sink = RecordingSink()
         params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
         client.add_request("long", [7, 8, 9], params, sink)
-        while not sink.deltas:
-            await asyncio.sleep(0.01)
+        await sink.has_delta.wait()
         client.abort(["long"])
         client.abort(["long"])  # idempotent
-        for _ in range(200):
-            if not core.has_unfinished_requests():
-                break
-            await asyncio.sleep(0.01)
-        assert not core.has_unfinished_requests()
+        async with asyncio.timeout(60):  # the engine thread's next step applies it
+            while core.has_unfinished_requests():
+                await asyncio.sleep(0.01)
         assert core.kv.num_free_blocks == 64
         assert all(not d.is_finished for d in sink.deltas)
     finally:
