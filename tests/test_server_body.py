@@ -262,28 +262,29 @@ def test_a_conversion_that_suspends_is_a_bug_not_a_hang():
         body_module._run_inline(suspends())
 
 
-def test_the_worker_mode_restores_the_collector_and_the_switch_interval():
+def test_workers_set_the_switch_interval_and_huge_ones_pause_the_collector():
     switch_interval_s = sys.getswitchinterval()
+    fast_switch_s = pytest.approx(min(body_module.WORKER_SWITCH_INTERVAL_S, switch_interval_s))
+    settings = body_module._WORKER_SETTINGS
     gc_was_enabled = gc.isenabled()
-    seen = []
 
-    def work():
-        seen.append((gc.isenabled(), sys.getswitchinterval()))
+    def state():
+        return gc.isenabled(), sys.getswitchinterval()
 
     gc.enable()
     try:
-        with body_module._WORKER_MODE:
-            body_module._in_worker_mode(work)
-            seen.append((gc.isenabled(), sys.getswitchinterval()))
-        assert gc.isenabled() and sys.getswitchinterval() == switch_interval_s
+        with settings.applied(pause_collector=False):
+            assert state() == (True, fast_switch_s)
+            with settings.applied(pause_collector=True):
+                assert state() == (False, fast_switch_s)
+            assert state() == (True, fast_switch_s)
+        assert state() == (True, switch_interval_s)
         gc.disable()
-        body_module._in_worker_mode(work)
+        assert body_module._in_worker(True, state) == (False, fast_switch_s)
         assert not gc.isenabled(), "a collector that was off stays off"
     finally:
         if gc_was_enabled:
             gc.enable()
-    interval = min(body_module.WORKER_SWITCH_INTERVAL_S, switch_interval_s)
-    assert seen == [(False, pytest.approx(interval))] * 3
 
 
 def test_bodies_take_the_loop_or_one_of_two_worker_lanes():

@@ -18,11 +18,13 @@ the middle of a call into C), so a worker works in pieces:
   validates a window of list elements at a time (`validation_windows`);
 - conversion runs with a preprocessor that does everything inline (template,
   tokenizer: the Rust tokenizer releases the GIL while it encodes);
-- meanwhile automatic garbage collection is paused (a collection walks every
-  object the body made, holding the GIL: 60 ms for a 50,000-part message),
-  and threads switch every WORKER_SWITCH_INTERVAL_S instead of every 5 ms (a
-  worker running Python, the template or a fake tokenizer, gives the GIL up
-  that often; with a third thread waiting too, the loop could wait 3 intervals);
+- meanwhile threads switch every WORKER_SWITCH_INTERVAL_S instead of every
+  5 ms (a worker running Python, the template or a fake tokenizer, gives the
+  GIL up that often; with a third thread waiting too, the loop could wait 3
+  intervals), and while a huge body's worker runs, automatic garbage
+  collection is paused (a collection walks every object the body made,
+  holding the GIL: 60 ms for a 50,000-part message). Not for the other lane:
+  with its bodies back to back the collector would hardly ever run;
 - what the body made is dropped a piece at a time (`release_in_pieces`):
   freeing a large structure at once is one long call too.
 
@@ -40,12 +42,14 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -117,7 +121,9 @@ class BodyReader:
             limits.check_parsed(data, model, self.limits)
             return ParsedBody(protocol.validate_body(data, model), num_bytes)
         async with lane:
-            value = await asyncio.to_thread(_in_worker_mode, _parse, chunks, model, self.limits)
+            value = await asyncio.to_thread(
+                _in_worker, lane is self._huge_lane, _parse, chunks, model, self.limits
+            )
         return ParsedBody(value, num_bytes)
 
     async def convert(self, body: ParsedBody[Body], convert: Converter[Body, T]) -> T:
@@ -127,7 +133,12 @@ class BodyReader:
             return await convert(body.value, self.options)
         async with lane:
             return await asyncio.to_thread(
-                _in_worker_mode, _convert, body.value, convert, self.worker_options
+                _in_worker,
+                lane is self._huge_lane,
+                _convert,
+                body.value,
+                convert,
+                self.worker_options,
             )
 
     def _lane(self, num_bytes: int) -> asyncio.Lock | None:
@@ -205,7 +216,9 @@ def release_in_pieces(value: object) -> None:
             while container:
                 piece = container[-RELEASE_PIECE_ITEMS:]
                 del container[-RELEASE_PIECE_ITEMS:]
-                containers.extend(item for item in piece if _is_container(item))
+                # A piece of plain values (token ids, strings) is checked in C.
+                if any(map(isinstance, piece, repeat(_CONTAINER_TYPES))):
+                    containers.extend(item for item in piece if _is_container(item))
         elif isinstance(container, dict):
             while container:
                 _, item = container.popitem()
@@ -213,45 +226,57 @@ def release_in_pieces(value: object) -> None:
                     containers.append(item)
 
 
+_CONTAINER_TYPES = (list, dict, BaseModel)
+
+
 def _is_container(value: object) -> bool:
-    return isinstance(value, list | dict | BaseModel)
+    return isinstance(value, _CONTAINER_TYPES)
 
 
-class _WorkerMode:
-    """While any worker handles a large body: automatic garbage collection off,
-    and threads switching every WORKER_SWITCH_INTERVAL_S.
+class _WorkerSettings:
+    """The interpreter's settings while workers run: threads switch every
+    WORKER_SWITCH_INTERVAL_S while any runs, and automatic garbage collection
+    is off while any that pauses it runs.
 
     Both settings are the interpreter's, so this is too (one instance, below):
-    the first worker in sets them, the last one out restores what it found.
+    the first worker in sets a setting, the last one out restores what it found.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._num_workers = 0
-        self._was_collecting = False
+        self._num_pausing = 0
         self._switch_interval_s = 0.0
+        self._was_collecting = False
 
-    def __enter__(self) -> None:
+    @contextlib.contextmanager
+    def applied(self, pause_collector: bool) -> Iterator[None]:
         with self._lock:
             if self._num_workers == 0:
-                self._was_collecting = gc.isenabled()
                 self._switch_interval_s = sys.getswitchinterval()
-                gc.disable()
                 sys.setswitchinterval(min(WORKER_SWITCH_INTERVAL_S, self._switch_interval_s))
             self._num_workers += 1
+            if pause_collector:
+                if self._num_pausing == 0:
+                    self._was_collecting = gc.isenabled()
+                    gc.disable()
+                self._num_pausing += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._num_workers -= 1
+                if self._num_workers == 0:
+                    sys.setswitchinterval(self._switch_interval_s)
+                if pause_collector:
+                    self._num_pausing -= 1
+                    if self._num_pausing == 0 and self._was_collecting:
+                        gc.enable()
 
-    def __exit__(self, *exc_info: object) -> None:
-        with self._lock:
-            self._num_workers -= 1
-            if self._num_workers == 0:
-                sys.setswitchinterval(self._switch_interval_s)
-                if self._was_collecting:
-                    gc.enable()
+
+_WORKER_SETTINGS = _WorkerSettings()
 
 
-_WORKER_MODE = _WorkerMode()
-
-
-def _in_worker_mode(function: Callable[..., T], *args: Any) -> T:
-    with _WORKER_MODE:
+def _in_worker(pause_collector: bool, function: Callable[..., T], *args: Any) -> T:
+    with _WORKER_SETTINGS.applied(pause_collector):
         return function(*args)

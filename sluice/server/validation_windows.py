@@ -88,11 +88,18 @@ def validate(model: type[Body], data: dict[str, Any]) -> Body:
     if (
         windowed is None
         or not isinstance(items, list)
-        or sum(_weight(item, windowed.inner) for item in items) <= windowed.window_items
+        or not _weighs_more(items, windowed.inner, windowed.window_items)
         or (windowed.shape_check is not None and not windowed.shape_check(items))
     ):
         return protocol.validate_body(data, model)
     return _WindowedValidation(model, data, windowed, items).run()  # type: ignore[no-any-return]
+
+
+def _weighs_more(items: list, inner: str | None, budget: int) -> bool:
+    """Whether `items` weigh more than `budget` (looking no further than that)."""
+    if len(items) > budget:
+        return True
+    return sum(_weight(item, inner) for item in items) > budget
 
 
 def _weight(item: Any, inner: str | None) -> int:
