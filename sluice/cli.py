@@ -51,13 +51,19 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         default=EMBEDDED_MODEL,
         help="'embedded' (SmolLM2-135M-Instruct), an HF folder, or a .gguf file",
     )
-    group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    group.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="auto: bfloat16 where the hardware has it, else float32",
+    )
     group.add_argument("--device", default="cpu", help="cpu or cuda")
     group.add_argument(
         "--quantization",
-        default=None,
-        choices=["int8", "int4"],
-        help="weight-only quantization of the decoder matrices (CPU): faster small-batch decode",
+        default="auto",
+        choices=["auto", "none", "int8", "int4"],
+        help="weight-only quantization of the decoder matrices (CPU): faster small-batch "
+        "decode; auto: int4 when the weights came in 4 bits (the embedded model), else none",
     )
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")
@@ -104,7 +110,7 @@ def engine_config_from(args: argparse.Namespace, *, multiprocess: bool) -> Engin
         dtype=args.dtype,
         device=args.device,
         max_model_len=args.max_model_len,
-        quantization=args.quantization,
+        quantization=None if args.quantization == "none" else args.quantization,
         cache_dir=default_cache_dir() if args.cache_dir is None else Path(args.cache_dir),
     )
     cache = CacheConfig(

@@ -26,8 +26,9 @@ def default_cache_dir() -> Path:
 class ModelConfig:
     # "embedded", a Hugging Face folder, or a path to a .gguf file.
     model: str = EMBEDDED_MODEL
-    # "float32" or "bfloat16".
-    dtype: str = "float32"
+    # "float32", "bfloat16", or "auto": bfloat16 where the hardware has it
+    # (sluice/loader/choices.py).
+    dtype: str = "auto"
     # "cpu" or "cuda".
     device: str = "cpu"
     # Cap on prompt + generated tokens; None means the model's own limit.
@@ -38,7 +39,8 @@ class ModelConfig:
     # keeps the model dtype. Small decode batches read the quantized copy
     # (int4: ~1.6x faster single-stream); prefill and large batches keep the
     # dense matmul on the same quantized values (sluice/models/quantization.py).
-    quantization: str | None = None
+    # "auto": int4 when the weights came in 4 bits (a Q4 GGUF), else None.
+    quantization: str | None = "auto"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from sluice.config import CacheConfig, EngineConfig, SchedulerConfig
 from sluice.engine.core import EngineCore
 from sluice.engine.sampling_params import SamplingParams
 from sluice.loader import LoadedModel
+from sluice.loader.choices import ModelChoices
 from sluice.models.attention import kv_cache_bytes_per_block
 from sluice.models.config import LlamaConfig
 from sluice.models.llama import LlamaForCausalLM
@@ -40,6 +41,7 @@ def loaded(tiny) -> LoadedModel:
         name="tiny",
         eos_token_ids=frozenset({2}),
         folder=tiny.path,
+        choices=ModelChoices("float32", None, "as asked"),
     )
 
 

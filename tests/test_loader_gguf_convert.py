@@ -169,7 +169,10 @@ def test_tiny_gguf_tokenizer_and_chat_template_survive_conversion(tiny_gguf, tmp
 
 
 def test_load_model_runs_a_gguf_file_like_transformers_runs_the_original(tiny, tiny_gguf, tmp_path):
-    loaded = load_model(ModelConfig(model=str(tiny_gguf), cache_dir=tmp_path / "cache"))
+    config = ModelConfig(
+        model=str(tiny_gguf), cache_dir=tmp_path / "cache", dtype="float32", quantization=None
+    )
+    loaded = load_model(config)
     assert loaded.name == "Tiny"
     prompt = [5, 17, 42, 99, 300]
     kv_caches = allocate_kv_caches(loaded.model_config, 1, 16, torch.float32, "cpu")

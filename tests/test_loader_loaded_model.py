@@ -53,7 +53,11 @@ def model_dir(tiny_folder, tmp_path) -> Path:
 
 def load(folder: Path, **overrides) -> LoadedModel:
     return load_model(
-        ModelConfig(model=str(folder), cache_dir=folder.parent / "cache", **overrides)
+        ModelConfig(
+            model=str(folder),
+            cache_dir=folder.parent / "cache",
+            **({"dtype": "float32", "quantization": None} | overrides),
+        )
     )
 
 

@@ -55,7 +55,7 @@ class EngineCore:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.loaded = loaded or load_model(config.model)
-        dtype = _torch_dtype(config.model.dtype)
+        dtype = _torch_dtype(self.loaded.choices.dtype)
         device = torch.device(config.model.device)
         block_size = config.cache.block_size_tokens
         num_blocks = _num_kv_blocks(config.cache, self.loaded.model_config, dtype, device)
@@ -87,11 +87,14 @@ class EngineCore:
             vocab_size=self.loaded.model_config.vocab_size,
         )
         logger.info(
-            "engine ready: model %s, %s on %s, max_model_len %d, %d KV blocks of %d tokens "
-            "(%d tokens), max_num_batched_tokens %d, max_num_seqs %d",
+            "engine ready: model %s, %s%s on %s with %d threads (%s), max_model_len %d, "
+            "%d KV blocks of %d tokens (%d tokens), max_num_batched_tokens %d, max_num_seqs %d",
             self.loaded.name,
-            config.model.dtype,
+            self.loaded.choices.dtype,
+            f" + {self.loaded.choices.quantization}" if self.loaded.choices.quantization else "",
             device,
+            torch.get_num_threads(),
+            self.loaded.choices.reason,
             self.max_model_len,
             num_blocks,
             block_size,

@@ -9,7 +9,7 @@ GGUF is converted once into a folder under `ModelConfig.cache_dir`:
     tokenizer_config.json       special tokens
     chat_template.jinja         the GGUF's tokenizer.chat_template, when it has one
     generation_config.json      eos/bos token ids
-    sluice_source.json          which file this came from
+    sluice_source.json          which file this came from, and its tensor types
 
 Invariants:
 - the folder name is keyed by the GGUF's absolute path, size and mtime (and a
@@ -36,7 +36,7 @@ from sluice.errors import ModelLoadError
 from sluice.loader import gguf_llama
 
 # Bump when the folder layout or tensor conversion changes: old caches are ignored.
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2
 SOURCE_FILE = "sluice_source.json"
 
 
@@ -88,8 +88,23 @@ def write_hf_folder(gguf_path: Path, folder: Path) -> None:
         "size_bytes": stat.st_size,
         "mtime_ns": stat.st_mtime_ns,
         "conversion_version": CONVERSION_VERSION,
+        # GGUF name -> GGUF type ("Q4_1", "F32", ...): how the weights came.
+        "tensor_types": {tensor.name: tensor.tensor_type.name for tensor in reader.tensors},
     }
     _write_json(folder / SOURCE_FILE, source)
+
+
+def source_tensor_types(folder: Path) -> dict[str, str] | None:
+    """The GGUF tensor types a converted folder came from; None for other folders."""
+    path = folder / SOURCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    types = value.get("tensor_types") if isinstance(value, dict) else None
+    return types if isinstance(types, dict) else None
 
 
 def _open_reader(gguf_path: Path) -> GGUFReader:

@@ -3,7 +3,9 @@
 Steps: resolve the source; convert a GGUF to its cached HF folder (once);
 parse config.json; check the files and the tokenizer before allocating
 anything; build `LlamaForCausalLM`, stream the safetensors tensors into it,
-and quantize it if `ModelConfig.quantization` asks.
+and quantize it if `ModelConfig.quantization` asks. "auto" dtype and
+quantization are resolved here, from the hardware and from how the weights
+came (sluice/loader/choices.py).
 
 Invariant: every way a model can fail to load (bad path, unsupported
 architecture, missing or corrupt file, impossible max_model_len) surfaces as a
@@ -23,7 +25,8 @@ import torch
 
 from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
-from sluice.loader.gguf_convert import cache_folder_for, converted_folder
+from sluice.loader import choices
+from sluice.loader.gguf_convert import cache_folder_for, converted_folder, source_tensor_types
 from sluice.loader.sources import ModelSource, resolve_source
 from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models.config import LlamaConfig
@@ -49,6 +52,8 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     # The HF folder the weights came from (the cache folder for a GGUF).
     folder: Path
+    # What "auto" became (or what was asked): dtype, quantization, and why.
+    choices: choices.ModelChoices
 
 
 def load_model(config: ModelConfig) -> LoadedModel:
@@ -59,16 +64,23 @@ def load_model(config: ModelConfig) -> LoadedModel:
     # 2. Everything that can be checked without allocating the model.
     model_config = LlamaConfig.from_hf_dict(_read_config_json(folder))
     max_model_len = resolve_max_model_len(config.max_model_len, model_config)
-    dtype, device = _dtype(config.dtype), _device(config.device)
-    check_quantization(config.quantization, device)
+    device = _device(config.device)
+    chosen = choices.choose(
+        config.dtype,
+        config.quantization,
+        device,
+        choices.decoder_weight_bits(source_tensor_types(folder)),
+    )
+    dtype = _dtype(chosen.dtype)
+    check_quantization(chosen.quantization, device)
     files = checkpoint_files(folder)
     tokenizer = Tokenizer.from_folder(folder)
     _check_vocab(tokenizer, model_config)
     # 3. Build and fill the model.
     model = LlamaForCausalLM(model_config, dtype, device)
     model.load_weights(iter_weights(files))
-    if config.quantization is not None:
-        model.quantize(config.quantization)
+    if chosen.quantization is not None:
+        model.quantize(chosen.quantization)
     model.eval()
     return LoadedModel(
         model=model,
@@ -78,6 +90,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         name=source.name,
         eos_token_ids=tokenizer.eos_token_ids | frozenset(model_config.eos_token_ids),
         folder=folder,
+        choices=chosen,
     )
 
 

@@ -1,0 +1,113 @@
+"""What `--dtype auto` and `--quantization auto` become on this machine.
+
+The defaults are the product: a user who runs `sluice serve` with no flags
+gets the fastest setting that does not cost quality they would notice.
+
+- dtype: bfloat16 where the hardware multiplies it natively (a CPU with
+  AVX512-BF16 or AMX-BF16, or a CUDA device); float32 elsewhere, where
+  bfloat16 matmuls are emulated and slower than float32 ones.
+- quantization: weight-only int4 (groups of 32, scale and zero: llama.cpp's
+  Q4_1 layout) when the weights themselves came in 4 bits (a Q4_0/Q4_1/Q4_K
+  GGUF, such as the embedded model): those values fit the int4 grid, so the
+  copy loses next to nothing more, and small decode batches read 4x fewer
+  bytes. Weights that came in more bits stay unquantized unless asked:
+  re-quantizing them costs quality (`tests/test_quality_gate.py` holds the
+  default within 1% of float32's perplexity).
+
+Every choice comes with its reason, which the engine prints at startup; an
+explicit `--dtype` or `--quantization` always wins.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+AUTO = "auto"
+# GGUF tensor types by the bits per weight of their values' grid.
+_GGUF_TYPE_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5,
+                   "Q6_K": 6, "Q8_0": 8, "Q8_K": 8, "F16": 16, "BF16": 16, "F32": 32}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ModelChoices:
+    dtype: str
+    # None: the model dtype's own weights.
+    quantization: str | None
+    # One line for the startup log: what was chosen and why.
+    reason: str
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo); empty where unknown."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def has_native_bf16(device: torch.device, flags: frozenset[str]) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def decoder_weight_bits(gguf_tensor_types: dict[str, str] | None) -> int | None:
+    """The fewest bits per weight among a GGUF's decoder matrices; None if unknown."""
+    if not gguf_tensor_types:
+        return None
+    bits = [
+        _GGUF_TYPE_BITS.get(kind, 32)
+        for name, kind in gguf_tensor_types.items()
+        if name.startswith("blk.") and name.endswith(".weight") and "norm" not in name
+    ]
+    return min(bits, default=None)
+
+
+def choose(
+    dtype: str,
+    quantization: str | None,
+    device: torch.device,
+    weight_bits: int | None,
+    flags: frozenset[str] | None = None,
+) -> ModelChoices:
+    """Resolve "auto" in `dtype` and `quantization`; explicit values pass through."""
+    flags = cpu_flags() if flags is None else flags
+    reasons = []
+    if dtype == AUTO:
+        if has_native_bf16(device, flags):
+            dtype = "bfloat16"
+            reasons.append(f"bfloat16: {_bf16_hardware(device, flags)}")
+        else:
+            dtype = "float32"
+            reasons.append("float32: no native bfloat16 matmul on this hardware")
+    if quantization == AUTO:
+        if device.type == "cpu" and weight_bits is not None and weight_bits <= 4:
+            quantization = "int4"
+            reasons.append(f"int4: the weights came in {weight_bits} bits")
+        else:
+            quantization = None
+            reasons.append("no quantization: " + _why_not_int4(device, weight_bits))
+    return ModelChoices(dtype, quantization, "; ".join(reasons) or "as asked")
+
+
+def _bf16_hardware(device: torch.device, flags: frozenset[str]) -> str:
+    if device.type == "cuda":
+        return "the GPU has it"
+    return "the CPU has AMX-BF16" if "amx_bf16" in flags else "the CPU has AVX512-BF16"
+
+
+def _why_not_int4(device: torch.device, weight_bits: int | None) -> str:
+    if device.type != "cpu":
+        return "weight-only int4 runs on CPU only"
+    if weight_bits is None:
+        return "the weights came unquantized (ask with --quantization int4 or int8)"
+    return f"the weights came in {weight_bits} bits (ask with --quantization int4 or int8)"

@@ -1,0 +1,41 @@
+"""Teacher-forced log-likelihood of a token sequence, over the paged KV cache.
+
+`token_logprobs(model, token_ids)` feeds the sequence through the model in
+chunks of `chunk_tokens` (the way the engine prefills; chunks of up to 8
+tokens take the same weight-only quantized kernels as decode steps) and
+returns, for each token after the first, the log-probability the model gave
+it. Its mean is the negative log-likelihood per token; exp(-mean) the
+perplexity. Used to hold the default dtype and quantization to float32's
+quality (tests/test_quality_gate.py, benchmarks/quality.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sluice.models.attention import AttentionMetadata, allocate_kv_caches
+from sluice.models.llama import LlamaForCausalLM
+
+_BLOCK_SIZE = 16
+
+
+@torch.inference_mode()
+def token_logprobs(
+    model: LlamaForCausalLM, token_ids: list[int], chunk_tokens: int = 8
+) -> list[float]:
+    """log p(token_i | tokens before it) for i = 1 .. len(token_ids) - 1."""
+    num_blocks = -(-len(token_ids) // _BLOCK_SIZE)
+    device = model.lm_head.weight.device
+    caches = allocate_kv_caches(model.config, num_blocks, _BLOCK_SIZE, model.dtype, device)
+    table = [list(range(num_blocks))]
+    ids = torch.tensor(token_ids, dtype=torch.int64, device=device)
+    logprobs: list[float] = []
+    for start in range(0, len(token_ids) - 1, chunk_tokens):
+        end = min(start + chunk_tokens, len(token_ids) - 1)
+        meta = AttentionMetadata.build([end - start], [start], table, _BLOCK_SIZE, device)
+        positions = torch.arange(start, end, device=device)
+        hidden = model(ids[start:end], positions, caches, meta)  # [end - start, hidden]
+        log_probs = torch.log_softmax(model.compute_logits(hidden), dim=-1)  # [n, vocab] f32
+        targets = ids[start + 1 : end + 1]
+        logprobs += log_probs.gather(1, targets[:, None])[:, 0].tolist()
+    return logprobs
