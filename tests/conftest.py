@@ -1,13 +1,16 @@
-"""Session fixtures shared by test modules: the embedded model, converted once.
+"""Fixtures shared by test modules: the embedded model, converted once; a tiny
+random Llama, loaded as the engine loads a model.
 
 Converting the embedded GGUF (dequantize + build the fast tokenizer) takes
 seconds, so one test session pays for it once, into a cache folder under
-pytest's temporary directory.
+pytest's temporary directory. The tiny model is built once per module that
+asks for it (tests/model_factory.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,6 +18,10 @@ from sluice.config import ModelConfig
 from sluice.loader.gguf_convert import converted_folder
 from sluice.loader.sources import embedded_gguf_path
 from sluice.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from sluice.loader.loaded_model import LoadedModel
+    from tests.model_factory import TinyModel
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +44,38 @@ def embedded_model_config(embedded_model_dir: Path) -> ModelConfig:
 @pytest.fixture(scope="session")
 def embedded_tokenizer(embedded_model_dir: Path) -> Tokenizer:
     return Tokenizer.from_folder(embedded_model_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """A tiny random Llama (tied embeddings) as a Hugging Face folder."""
+    # Imported here, as in the next fixture: torch and transformers take seconds
+    # to import, and most test modules never ask for a model.
+    from tests.model_factory import build_tiny_model
+
+    return build_tiny_model("llama_tied", tmp_path_factory.mktemp("tiny-engine"))
+
+
+@pytest.fixture(scope="module")
+def tiny_loaded(tiny_llama: TinyModel) -> LoadedModel:
+    """`tiny_llama` loaded for the engine: float32 on the CPU, no tokenizer."""
+    import torch
+
+    from sluice.loader.choices import ModelChoices
+    from sluice.loader.loaded_model import LoadedModel
+    from sluice.models.config import LlamaConfig
+    from sluice.models.llama import LlamaForCausalLM
+
+    model_config = LlamaConfig.from_hf_dict(tiny_llama.config_dict)
+    model = LlamaForCausalLM(model_config, torch.float32, torch.device("cpu"))
+    model.load_weights(tiny_llama.weights())
+    return LoadedModel(
+        model=model,
+        tokenizer=None,
+        model_config=model_config,
+        max_model_len=model_config.max_position_embeddings,
+        name="tiny",
+        eos_token_ids=frozenset({2}),
+        folder=tiny_llama.path,
+        choices=ModelChoices("float32", None, "as asked"),
+    )

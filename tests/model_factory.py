@@ -12,6 +12,9 @@ Use from a fixture:
     @pytest.fixture(scope="module", params=TINY_MODEL_KINDS)
     def tiny(request, tmp_path_factory):
         return build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
+
+The engine tests share one, loaded (`tiny_llama`, `tiny_loaded` in conftest.py),
+and build engine cores on it with `make_core`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ from typing import Any
 import torch
 import transformers
 from safetensors.torch import load_file
+
+from sluice.config import CacheConfig, EngineConfig, SchedulerConfig
+from sluice.engine.core import EngineCore
+from sluice.loader.loaded_model import LoadedModel
+from sluice.models.attention import kv_cache_bytes_per_block
 
 # Llama tied; Llama untied with llama3 rope scaling; Qwen2 with q/k/v bias (tied,
 # like Qwen2.5-0.5B); Mistral untied with its window switched off.
@@ -100,3 +108,20 @@ def build_tiny_model(kind: str, directory: Path, seed: int = 0) -> TinyModel:
     model.eval()
     model.save_pretrained(directory, safe_serialization=True)
     return TinyModel(kind=kind, path=Path(directory), hf_model=model)
+
+
+def make_core(
+    loaded: LoadedModel, *, num_blocks=512, block_size=4, budget=64, max_seqs=32, chunked=True
+) -> EngineCore:
+    """An in-process engine core on `loaded` (the `tiny_loaded` fixture), float32 KV cache."""
+    bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, block_size, torch.float32)
+    config = EngineConfig(
+        cache=CacheConfig(
+            block_size_tokens=block_size, kv_cache_memory_bytes=num_blocks * bytes_per_block
+        ),
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=budget, max_num_seqs=max_seqs, enable_chunked_prefill=chunked
+        ),
+        multiprocess=False,
+    )
+    return EngineCore(config, loaded=loaded)

@@ -22,7 +22,7 @@ from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import EngineDeadError, ModelLoadError
 from sluice.testing.recording_sink import RecordingSink
-from tests.test_engine_core import loaded, make_core, tiny  # noqa: F401 - fixtures
+from tests.model_factory import make_core
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -38,8 +38,8 @@ def run_async(test):
 
 
 @run_async
-async def test_in_process_client_delivers_every_token_once_on_the_loop(loaded):  # noqa: F811
-    core = make_core(loaded)
+async def test_in_process_client_delivers_every_token_once_on_the_loop(tiny_loaded):
+    core = make_core(tiny_loaded)
     expected = []
     client = InProcessEngineClient(core)
     await client.start()
@@ -51,7 +51,7 @@ async def test_in_process_client_delivers_every_token_once_on_the_loop(loaded): 
         await asyncio.wait_for(asyncio.gather(*(s.done.wait() for s in sinks)), 60)
     finally:
         await client.shutdown()
-    reference = make_core(loaded)
+    reference = make_core(tiny_loaded)
     for i, prompt in enumerate(prompts):
         reference.add_request(f"c{i}", prompt, GREEDY)
     tokens: dict[str, list[int]] = {f"c{i}": [] for i in range(4)}
@@ -66,8 +66,8 @@ async def test_in_process_client_delivers_every_token_once_on_the_loop(loaded): 
 
 
 @run_async
-async def test_in_process_abort_silences_the_sink_and_frees_blocks(loaded):  # noqa: F811
-    core = make_core(loaded, num_blocks=64)
+async def test_in_process_abort_silences_the_sink_and_frees_blocks(tiny_loaded):
+    core = make_core(tiny_loaded, num_blocks=64)
     client = InProcessEngineClient(core)
     await client.start()
     try:

@@ -35,7 +35,7 @@ from sluice.testing.live_server import LiveServer
 from sluice.testing.recording_sink import RecordingSink
 from sluice.testing.server_process import wait_for_health
 from sluice.testing.stream_reader import read_stream
-from tests.test_engine_core import loaded, make_core, tiny  # noqa: F401 - fixtures
+from tests.model_factory import make_core
 
 NUM_STREAMS = 4
 # One engine step took up to 6.5 s here under load (4 streams, float32, other
@@ -159,9 +159,9 @@ def _exists(pid: int) -> bool:
 # -- the in-process engine ------------------------------------------------------------
 
 
-def test_an_in_process_engine_whose_step_failed_restarts_on_a_fresh_core(loaded):  # noqa: F811
+def test_an_in_process_engine_whose_step_failed_restarts_on_a_fresh_core(tiny_loaded):
     async def go() -> None:
-        client = InProcessEngineClient(make_core(loaded))
+        client = InProcessEngineClient(make_core(tiny_loaded))
         await client.start()
         broken_core = client.core
 
