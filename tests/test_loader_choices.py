@@ -46,6 +46,7 @@ def test_decoder_weight_bits_reads_the_decoder_matrices_only():
     assert decoder_weight_bits(None) is None
 
 
+@pytest.mark.slow
 def test_the_embedded_model_came_in_4_bits_and_loads_as_int4_by_default(embedded_model_dir):
     assert decoder_weight_bits(source_tensor_types(embedded_model_dir)) == 4
     loaded = load_model(ModelConfig(cache_dir=embedded_model_dir.parent))

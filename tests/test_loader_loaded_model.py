@@ -126,6 +126,7 @@ def test_a_non_positive_max_model_len_is_refused(model_dir):
     assert_fails(model_dir, "max_model_len must be positive", max_model_len=0)
 
 
+@pytest.mark.slow
 def test_the_embedded_model_loads_from_the_cache_without_converting(
     embedded_model_config, monkeypatch
 ):

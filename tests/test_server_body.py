@@ -21,7 +21,7 @@ from sluice.server import body as body_module
 from sluice.server import protocol, to_internal
 from sluice.server.body import HUGE_BODY_BYTES, BodyReader, release_in_pieces
 from sluice.testing import FakeEngine
-from sluice.testing.fake_server import ChatFakeTokenizer
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer
 
 MODEL = "fake-model"

@@ -12,7 +12,7 @@ import orjson
 
 from sluice.testing import FakeEngine
 from sluice.testing.contract import Expectations, check_stream
-from sluice.testing.fake_server import ChatFakeTokenizer
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer
 from sluice.testing.slow_socket import _parse_response
 
