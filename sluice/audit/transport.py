@@ -51,6 +51,10 @@ def _small_buffer_socket(addr_info: Any) -> socket.socket:
     return sock
 
 
+# How long an idle pooled connection is kept for reuse.
+IDLE_CONNECTION_S = 1.0
+
+
 class Client:
     def __init__(
         self, target: Target, *, timeout_s: float, origin_s: float, progress: Progress | None = None
@@ -63,11 +67,18 @@ class Client:
         self._slow_session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:
+        # Idle pooled connections are dropped well before a server's own
+        # keep-alive timeout (uvicorn's is 5 s): a request sent on a
+        # connection the server is closing fails through no fault of the
+        # server's, and would be reported as its connection error.
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=self._timeout
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_CONNECTION_S),
+            timeout=self._timeout,
         )
         self._slow_session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, socket_factory=_small_buffer_socket),
+            connector=aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=IDLE_CONNECTION_S, socket_factory=_small_buffer_socket
+            ),
             timeout=self._timeout,
             read_bufsize=SLOW_READ_BUFFER_BYTES,
         )
