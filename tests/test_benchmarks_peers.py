@@ -1,7 +1,7 @@
 """benchmarks/peers.py without a peer: its command lines, statistics, table and run order.
 
-The end-to-end tests play both sluice and a peer with the fake SSE server of
-test_benchmarks_serve.py, started from a small executable script that logs
+The end-to-end tests play both sluice and a peer with the fake SSE server
+(tests/fake_sse_server.py), started from a small executable script that logs
 when it starts and stops, so the run order (one server at a time, alternating
 per repeat) is checked without a model, vLLM or llama.cpp.
 """
@@ -231,7 +231,7 @@ def _fake_server_script(tmp_path: Path, events: Path) -> Path:
         f"#!{sys.executable}\n"
         "import sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from tests.test_benchmarks_serve import serve_forever\n"
+        "from tests.fake_sse_server import serve_forever\n"
         f"events = open({str(events)!r}, 'a')\n"
         "events.write('start\\n'); events.flush()\n"
         "serve_forever(int(sys.argv[sys.argv.index('--port') + 1]))\n"
