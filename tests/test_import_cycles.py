@@ -9,11 +9,15 @@ modules closes a loop with each of them that imports a sibling (hence the
 lazy `__init__`s, `sluice.lazy_exports`).
 
     python tests/test_import_cycles.py     prints every cycle (strongly connected set)
+
+And no test module imports another: shared fakes live in sluice/testing,
+shared fixtures in tests/conftest.py, other helpers in modules not named test_*.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,6 +146,32 @@ def test_imports_under_type_checking_and_in_functions_are_not_edges(tmp_path):
     names = module_level_imports("pkg.mod", source)
     assert {"a.b", "pkg", "pkg.sibling", "c", "c.d", "e", "shown", "in_class"} <= names
     assert not {"hidden", "lazy"} & names
+
+
+def test_no_test_module_imports_another():
+    tests_dir = Path(__file__).resolve().parent
+    offenders = []
+    for path in sorted(tests_dir.glob("test_*.py")):
+        source = path.read_text()
+        imported = module_level_imports(f"tests.{path.stem}", path) | _nested_imports(source)
+        offenders += [
+            f"{path.name}: {name}"
+            for name in sorted(imported)
+            if name.startswith("tests.test_") or name.startswith("test_")
+        ]
+        if re.search(r"(from|import) tests\.test_", source):
+            offenders.append(f"{path.name}: in a string (a subprocess's code)")
+    assert offenders == []
+
+
+def _nested_imports(source: str) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
 
 
 if __name__ == "__main__":
