@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sluice.audit.checks.catalogue import severity_of
 from sluice.audit.checks.exchange import check_exchange
 from sluice.audit.records import CHAT, COMPLETIONS
 from tests.broken_servers import completion_chunk, recorded, sse
@@ -76,3 +77,19 @@ def test_a_transport_error_is_a_connection_error_unless_the_client_abandoned():
     assert "connection_error" in ids(broken)
     abandoned = recorded(COMPLETIONS, STREAM, raw, reader="abandon")
     assert ids(abandoned) == set()
+
+
+def test_a_timeout_before_any_response_is_capacity_but_a_stalled_stream_is_broken():
+    queued = recorded(
+        COMPLETIONS, {"model": "m", "prompt": "p"}, b"", status=None,
+        transport_error="SocketTimeoutError: Timeout on reading data from socket",
+    )  # fmt: skip
+    assert ids(queued) == {"timeout_before_response"}
+    assert severity_of("timeout_before_response") == "note"
+    stalled = recorded(
+        COMPLETIONS, STREAM, sse(completion_chunk(0, "hi"), done=False), headers_s=0.1,
+        transport_error="SocketTimeoutError: Timeout on reading data from socket",
+    )  # fmt: skip
+    assert "connection_error" in ids(stalled)
+    reset = recorded(COMPLETIONS, STREAM, b"", status=None, transport_error="ClientOSError: reset")
+    assert "connection_error" in ids(reset)

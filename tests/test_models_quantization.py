@@ -239,8 +239,10 @@ def test_quantizing_needs_loaded_weights_and_happens_once(tiny):
 def test_the_cli_flag_reaches_the_model_config():
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--quantization", "int4"])
     assert engine_config_from(args, multiprocess=False).model.quantization == "int4"
-    args = build_parser().parse_args(["generate", "--prompt", "hi"])
+    args = build_parser().parse_args(["generate", "--prompt", "hi", "--quantization", "none"])
     assert engine_config_from(args, multiprocess=False).model.quantization is None
+    args = build_parser().parse_args(["generate", "--prompt", "hi"])
+    assert engine_config_from(args, multiprocess=False).model.quantization == "auto"
 
 
 def test_the_loader_refuses_an_unknown_mode_before_building_the_model(embedded_model_config):

@@ -70,6 +70,8 @@ _INVARIANT = {
 
 _NOTE = {
     "text_mismatch_nonstream": "streamed text differs from the non-streamed greedy text (determinism)",
+    "timeout_before_response": "no response began within the request timeout (capacity under "
+    "this load, not a broken stream)",
 }
 
 CHECKS: dict[str, CheckInfo] = {

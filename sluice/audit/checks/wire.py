@@ -59,7 +59,8 @@ def _check_done(exchange: Exchange, view: StreamView) -> list[Finding]:
 def check_status(exchange: Exchange, view: StreamView) -> list[Finding]:
     findings = []
     if exchange.transport_error and exchange.reader != "abandon":
-        findings.append(finding("connection_error", exchange, exchange.transport_error))
+        check_id = "timeout_before_response" if _is_queued_timeout(exchange) else "connection_error"
+        findings.append(finding(check_id, exchange, exchange.transport_error))
     status = exchange.status
     if status is None or status < 400:
         return findings
@@ -96,3 +97,16 @@ def error_shape_problem(payload: Any) -> str | None:
     if not isinstance(error["message"], str) or not isinstance(error["type"], str):
         return "error message and type must be strings"
     return None
+
+
+# aiohttp's and asyncio's names for "nothing arrived in time".
+_TIMEOUT_ERRORS = ("SocketTimeoutError", "ServerTimeoutError", "ConnectionTimeoutError",
+                   "TimeoutError")  # fmt: skip
+
+
+def _is_queued_timeout(exchange: Exchange) -> bool:
+    """A timeout before the response began: the request waited for capacity.
+    Once a response has begun, a stall is a broken stream, not capacity."""
+    assert exchange.transport_error is not None, "only for failed exchanges"
+    error_type = exchange.transport_error.split(":", 1)[0]
+    return error_type in _TIMEOUT_ERRORS and exchange.headers_s is None
