@@ -29,7 +29,7 @@ import asyncio
 import concurrent.futures
 import random
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import cycle
 
@@ -59,6 +59,18 @@ def fake_logprobs(
     logprob = -(1 + position) / 64
     alternatives = tuple(i for i in range(k + 1) if i != token_id)[:k]
     return logprob, alternatives, tuple(logprob - 1.0 - j for j in range(len(alternatives)))
+
+
+def token_logprobs(
+    start: int, token_ids: Sequence[int], k: int, logprobs_fn: LogprobsFn = fake_logprobs
+) -> TokenLogprobs:
+    """The logprob entries of `token_ids`, the first at output position `start`."""
+    entries = [logprobs_fn(start + i, token_id, k) for i, token_id in enumerate(token_ids)]
+    return TokenLogprobs(
+        logprobs=tuple(e[0] for e in entries),
+        top_token_ids=tuple(e[1] for e in entries),
+        top_logprobs=tuple(e[2] for e in entries),
+    )
 
 
 @dataclass(slots=True)
@@ -281,15 +293,8 @@ class FakeEngine(EngineClient):
         request.output_token_ids.extend(new_token_ids)
         logprobs = None
         if request.params.logprobs is not None:
-            k = request.params.logprobs
-            entries = [
-                self._logprobs_fn(start + i, token_id, k)
-                for i, token_id in enumerate(new_token_ids)
-            ]
-            logprobs = TokenLogprobs(
-                logprobs=tuple(e[0] for e in entries),
-                top_token_ids=tuple(e[1] for e in entries),
-                top_logprobs=tuple(e[2] for e in entries),
+            logprobs = token_logprobs(
+                start, new_token_ids, request.params.logprobs, self._logprobs_fn
             )
         return RequestDelta(
             request_id=request.request_id,

@@ -18,11 +18,11 @@ import asyncio
 from collections.abc import Sequence
 
 from sluice.engine.client_base import DeltaSink, EngineClient
-from sluice.engine.outputs import FinishReason, RequestDelta, TokenLogprobs
+from sluice.engine.outputs import FinishReason, RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.sink_router import deliver_delta
 from sluice.errors import EngineDeadError
-from sluice.testing.fake_engine import fake_logprobs
+from sluice.testing.fake_engine import token_logprobs
 
 
 class ManualEngine(EngineClient):
@@ -106,15 +106,7 @@ class ManualEngine(EngineClient):
         self._num_delivered[request_id] += len(token_ids)
         logprobs = None
         if params.logprobs is not None:
-            entries = [
-                fake_logprobs(start + i, token_id, params.logprobs)
-                for i, token_id in enumerate(token_ids)
-            ]
-            logprobs = TokenLogprobs(
-                logprobs=tuple(e[0] for e in entries),
-                top_token_ids=tuple(e[1] for e in entries),
-                top_logprobs=tuple(e[2] for e in entries),
-            )
+            logprobs = token_logprobs(start, token_ids, params.logprobs)
         if finish_reason is not None:
             del self._sinks[request_id]
         delta = RequestDelta(
