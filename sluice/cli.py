@@ -80,6 +80,12 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="share of free GPU memory for the KV pool when no size is given",
     )
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    group.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="compute every prompt in full (by default full KV blocks of earlier requests' "
+        "tokens are reused)",
+    )
     group.add_argument("--max-num-batched-tokens", type=int, default=512)
     group.add_argument("--max-num-seqs", type=int, default=64)
     group.add_argument("--no-chunked-prefill", action="store_true")
@@ -117,6 +123,7 @@ def engine_config_from(args: argparse.Namespace, *, multiprocess: bool) -> Engin
         block_size_tokens=args.block_size,
         kv_cache_memory_bytes=args.kv_cache_memory,
         memory_fraction=args.kv_cache_memory_fraction,
+        enable_prefix_caching=not args.no_prefix_caching,
     )
     scheduler = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens,

@@ -50,6 +50,9 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None
     # Fraction of free device memory for the KV pool when no byte budget is given.
     memory_fraction: float = 0.5
+    # Reuse the KV of full blocks whose tokens an earlier request computed
+    # (sluice/engine/kv_cache.py).
+    enable_prefix_caching: bool = True
 
 
 @dataclass(frozen=True, slots=True)

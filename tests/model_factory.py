@@ -111,13 +111,22 @@ def build_tiny_model(kind: str, directory: Path, seed: int = 0) -> TinyModel:
 
 
 def make_core(
-    loaded: LoadedModel, *, num_blocks=512, block_size=4, budget=64, max_seqs=32, chunked=True
+    loaded: LoadedModel,
+    *,
+    num_blocks=512,
+    block_size=4,
+    budget=64,
+    max_seqs=32,
+    chunked=True,
+    prefix_caching=True,
 ) -> EngineCore:
     """An in-process engine core on `loaded` (the `tiny_loaded` fixture), float32 KV cache."""
     bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, block_size, torch.float32)
     config = EngineConfig(
         cache=CacheConfig(
-            block_size_tokens=block_size, kv_cache_memory_bytes=num_blocks * bytes_per_block
+            block_size_tokens=block_size,
+            kv_cache_memory_bytes=num_blocks * bytes_per_block,
+            enable_prefix_caching=prefix_caching,
         ),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=budget, max_num_seqs=max_seqs, enable_chunked_prefill=chunked

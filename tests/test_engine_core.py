@@ -7,6 +7,7 @@ import random
 from dataclasses import replace
 
 import msgspec
+import pytest
 import torch
 
 from sluice.engine.core import EngineCore
@@ -127,3 +128,36 @@ def test_logprobs_come_one_per_token_and_are_normalised(tiny_loaded):
     for token_id, logprob, top_ids in entries:
         assert top_ids[0] == token_id  # greedy picks the most likely token
         assert logprob <= 0.0
+
+
+def run_one_by_one(core: EngineCore, prompts, params) -> list[tuple[list[int], list[float], int]]:
+    """Each prompt alone, one after the other: (tokens, logprobs, cached tokens)."""
+    results = []
+    for index, prompt in enumerate(prompts):
+        core.add_request(f"s{index}", prompt, params)
+        tokens, logprobs, cached = [], [], 0
+        while core.has_unfinished_requests():
+            for delta in core.step():
+                tokens.extend(delta.new_token_ids)
+                logprobs.extend(delta.logprobs.logprobs)
+                cached = delta.num_cached_tokens
+        results.append((tokens, logprobs, cached))
+    return results
+
+
+def test_a_prefix_cache_hit_gives_the_same_greedy_tokens_and_logprobs(tiny_loaded):
+    """float32: a request that starts from cached blocks computes what it would
+    have computed from scratch (logprobs within float32 reordering, 1e-5)."""
+    base = random_prompts(1, seed=11)[0] * 3  # long enough for several blocks
+    prompts = [base, base, base[:30] + [7, 8, 9], base[:5], base + [1]]
+    params = msgspec.structs.replace(GREEDY, logprobs=2, max_tokens=8)
+    cached = run_one_by_one(make_core(tiny_loaded), prompts, params)
+    plain = run_one_by_one(make_core(tiny_loaded, prefix_caching=False), prompts, params)
+    block = 4
+    assert [c for _, _, c in cached] == [
+        0, (len(base) - 1) // block * block, 28, 4, len(base) // block * block
+    ]  # fmt: skip
+    assert [c for _, _, c in plain] == [0] * len(prompts)
+    for (tokens, logprobs, _), (want_tokens, want_logprobs, _) in zip(cached, plain, strict=True):
+        assert tokens == want_tokens
+        assert logprobs == pytest.approx(want_logprobs, abs=1e-5)

@@ -78,7 +78,7 @@ def test_consistency_check_catches_a_block_in_two_tables():
     first, second = make_request("a"), make_request("b")
     kv.allocate_slots(first, 4)
     second.block_ids.append(first.block_ids[0])
-    with pytest.raises(AssertionError, match="shares a block"):
+    with pytest.raises(AssertionError, match="reference counts disagree"):
         kv.check_consistency([first, second])
 
 
@@ -87,7 +87,7 @@ def test_consistency_check_catches_a_lost_block():
     request = make_request()
     kv.allocate_slots(request, 4)
     request.block_ids.clear()  # dropped without being freed
-    with pytest.raises(AssertionError, match="owned blocks in no table"):
+    with pytest.raises(AssertionError, match="reference counts disagree"):
         kv.check_consistency([request])
 
 
@@ -118,3 +118,109 @@ def test_any_sequence_of_allocations_and_frees_keeps_the_pool_whole(operations):
         kv.free(request)
     assert kv.num_free_blocks == 10
     kv.check_consistency(requests.values())
+
+
+# -- prefix caching ------------------------------------------------------------------
+
+BLOCK = 4
+
+
+def computed(kv: KVCacheManager, request: Request) -> Request:
+    """Give `request` blocks for all its tokens, mark them computed and named."""
+    kv.take_cached_prefix(request)
+    assert kv.allocate_slots(request, request.num_uncomputed_tokens)
+    request.num_computed_tokens = request.num_tokens
+    kv.cache_full_blocks(request)
+    return request
+
+
+def prompt_request(request_id: str, tokens: list[int]) -> Request:
+    return Request(request_id, list(tokens), SamplingParams())
+
+
+@pytest.mark.parametrize("num_tokens", range(1, 3 * BLOCK + 2))
+def test_a_repeated_prompt_hits_every_full_block_but_always_computes_its_last_token(num_tokens):
+    kv = KVCacheManager(num_blocks=16, block_size_tokens=BLOCK)
+    tokens = list(range(100, 100 + num_tokens))
+    first = computed(kv, prompt_request("a", tokens))
+    kv.free(first)
+    second = prompt_request("b", tokens)
+    num_hit = kv.take_cached_prefix(second)
+    assert num_hit == (num_tokens - 1) // BLOCK * BLOCK
+    assert second.num_computed_tokens == num_hit and second.num_uncomputed_tokens >= 1
+    assert second.block_ids == first_blocks(first, kv, num_hit)
+    kv.check_consistency([second])
+
+
+def first_blocks(first: Request, kv: KVCacheManager, num_tokens: int) -> list[int]:
+    # `first` was freed: its table is gone, but its blocks kept their names.
+    return [kv._block_by_hash[h] for h in first.block_hashes[: num_tokens // BLOCK]]
+
+
+def test_a_prefix_matches_block_by_block_up_to_the_first_difference():
+    kv = KVCacheManager(num_blocks=16, block_size_tokens=BLOCK)
+    tokens = list(range(100, 112))  # three full blocks
+    kv.free(computed(kv, prompt_request("a", tokens)))
+    for differ_at, expected in [(0, 0), (3, 0), (4, 4), (7, 4), (8, 8), (11, 8)]:
+        other = tokens.copy()
+        other[differ_at] = 999
+        request = prompt_request(f"x{differ_at}", [*other, 1, 2])
+        assert kv.take_cached_prefix(request) == expected, differ_at
+        kv.free(request)
+        request.num_computed_tokens = 0
+    kv.check_consistency([])
+
+
+def test_a_shared_block_outlives_the_abort_of_one_of_its_holders():
+    kv = KVCacheManager(num_blocks=8, block_size_tokens=BLOCK)
+    tokens = list(range(100, 109))
+    first = computed(kv, prompt_request("a", tokens))
+    second = computed(kv, prompt_request("b", tokens))
+    shared = second.block_ids[:2]
+    assert shared == first.block_ids[:2] and second.num_cached_tokens == 0
+    assert all(kv.num_holders(block) == 2 for block in shared)
+    kv.free(first)  # aborted
+    assert all(kv.num_holders(block) == 1 for block in shared)
+    assert kv.num_free_blocks == 8 - len(second.block_ids)
+    kv.check_consistency([second])
+
+
+def test_cached_blocks_are_evicted_only_when_no_free_block_is_left_least_recent_first():
+    kv = KVCacheManager(num_blocks=6, block_size_tokens=BLOCK)
+    old = computed(kv, prompt_request("old", list(range(100, 108))))  # 2 blocks, named
+    new = computed(kv, prompt_request("new", list(range(200, 208))))  # 2 blocks, named
+    old_blocks, new_blocks = list(old.block_ids), list(new.block_ids)
+    kv.free(old)
+    kv.free(new)
+    assert kv.num_free_blocks == 6 and kv.usage == 0.0
+    taker = prompt_request("taker", list(range(300, 316)))  # needs 4 blocks
+    assert kv.allocate_slots(taker, 16)
+    # The 2 never-named blocks first, then old's tail and head; new's stay cached.
+    assert taker.block_ids[2:] == [old_blocks[1], old_blocks[0]]
+    again = prompt_request("again", [*range(200, 208), 5])
+    assert kv.take_cached_prefix(again) == 8 and again.block_ids == new_blocks
+    lost = prompt_request("lost", [*range(100, 108), 5])
+    assert kv.take_cached_prefix(lost) == 0
+    kv.check_consistency([taker, again, lost])
+
+
+def test_without_prefix_caching_or_after_a_reset_nothing_is_found():
+    off = KVCacheManager(num_blocks=8, block_size_tokens=BLOCK, enable_prefix_caching=False)
+    tokens = list(range(100, 109))
+    off.free(computed(off, prompt_request("a", tokens)))
+    assert off.take_cached_prefix(prompt_request("b", tokens)) == 0
+    kv = KVCacheManager(num_blocks=8, block_size_tokens=BLOCK)
+    kv.free(computed(kv, prompt_request("a", tokens)))
+    kv.reset_prefix_cache()
+    assert kv.take_cached_prefix(prompt_request("b", tokens)) == 0
+    kv.check_consistency()
+
+
+def test_the_salt_keeps_caches_of_different_models_apart():
+    tokens = list(range(100, 109))
+    one = KVCacheManager(num_blocks=8, block_size_tokens=BLOCK, cache_salt=b"model-a")
+    two = KVCacheManager(num_blocks=8, block_size_tokens=BLOCK, cache_salt=b"model-b")
+    assert (
+        computed(one, prompt_request("a", tokens)).block_hashes
+        != computed(two, prompt_request("a", tokens)).block_hashes
+    )

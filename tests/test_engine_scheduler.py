@@ -40,6 +40,7 @@ class FakeModel:
         kv: KVCacheManager,
         next_token: Callable[[ScheduledRequest, list[int]], int] = greedy_next_token,
     ) -> None:
+        self.kv = kv
         self.block_size = kv.block_size_tokens
         self.slots: list[list[int | None]] = [
             [None] * self.block_size for _ in range(kv.num_blocks)
@@ -56,7 +57,13 @@ class FakeModel:
         return sampled
 
     def _slot_write(self, block_table: list[int], position: int, token_id: int) -> None:
-        self.slots[block_table[position // self.block_size]][position % self.block_size] = token_id
+        block_id = block_table[position // self.block_size]
+        # Prefix caching: a block another request holds, or one a later
+        # request may find by name, is never written. (Held by none: its
+        # request was aborted between schedule() and update().)
+        assert self.kv.num_holders(block_id) <= 1, f"block {block_id} written while shared"
+        assert not self.kv.is_named(block_id), f"named block {block_id} written"
+        self.slots[block_id][position % self.block_size] = token_id
 
     def _sample(self, scheduled: ScheduledRequest) -> SampledToken:
         length = scheduled.context_len + scheduled.num_new_tokens
@@ -475,6 +482,7 @@ def test_a_thousand_random_requests_with_aborts_and_preemption_all_end_exactly_o
             assert all(len(d.logprobs.logprobs) == len(d.new_token_ids) for d in stream)
         finish_reasons[stream[-1].finish_reason] += 1
     assert min(finish_reasons[reason] for reason in ("stop", "length", "abort")) > 10
+    assert scheduler.kv.num_hit_tokens > 1000, "shared prefixes were found in the cache"
     assert scheduler.kv.num_free_blocks == scheduler.kv.num_blocks
     scheduler.kv.check_consistency([])
 
@@ -485,5 +493,12 @@ def random_request(rng: random.Random, request_id: str) -> Request:
         stop_token_ids=(rng.randrange(200),) if rng.random() < 0.2 else (),
         logprobs=rng.choice([None, None, 0, 2]),
     )
-    prompt = [rng.randrange(10, 200) for _ in range(rng.randint(1, 80))]
+    # Half the prompts start with one of a few shared prefixes (a system
+    # prompt, an earlier turn), of lengths on and off the block boundaries.
+    prefix = rng.choice(SHARED_PREFIXES) if rng.random() < 0.5 else []
+    prompt = prefix + [rng.randrange(10, 200) for _ in range(rng.randint(1, 80 - len(prefix)))]
     return Request(request_id, prompt, params)
+
+
+_PREFIX_RNG = random.Random(7)
+SHARED_PREFIXES = [[_PREFIX_RNG.randrange(10, 200) for _ in range(n)] for n in (3, 4, 8, 13, 30)]

@@ -118,7 +118,12 @@ def test_the_body_is_a_chat_completion_folded_from_the_same_deltas():
     response = orjson.loads(folded)
     assert response["object"] == "chat.completion"
     assert response["choices"][1]["message"] == {"role": "assistant", "content": "ab"}
-    assert response["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    assert response["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 4,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     entry = response["choices"][0]["logprobs"]["content"][0]
     assert entry == {
         "token": "x",
@@ -131,9 +136,19 @@ def test_the_body_is_a_chat_completion_folded_from_the_same_deltas():
 def test_usage_modes_role_chunks_count_zero_and_the_usage_chunk_is_a_chunk():
     request = make_request(include_usage=True, continuous_usage_stats=True, logprobs=0)
     chunks, body, _ = run(request)
-    assert chunks[0]["usage"] == {"prompt_tokens": 4, "completion_tokens": 0, "total_tokens": 4}
+    assert chunks[0]["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 0,
+        "total_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     result = check_stream(body, expectations(request))
-    assert result.usage == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    assert result.usage == {
+        "prompt_tokens": 4,
+        "completion_tokens": 4,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     usage_chunk = orjson.loads(body.split(b"\n\n")[-3][6:])
     assert (usage_chunk["object"], usage_chunk["choices"]) == ("chat.completion.chunk", [])
 

@@ -104,7 +104,12 @@ def test_the_non_streamed_body_is_the_fold_of_the_same_chunks():
             other.token_strings,
             other.text_offsets,
         )
-    assert whole.usage == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
+    assert whole.usage == {
+        "prompt_tokens": 4,
+        "completion_tokens": 6,
+        "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def test_include_usage_adds_one_text_completion_chunk_with_no_choices_before_done():
@@ -112,7 +117,12 @@ def test_include_usage_adds_one_text_completion_chunk_with_no_choices_before_don
     body, _ = stream_and_body(request)
     result = check_stream(body, expectations(request))
     # Prompt tokens count once per prompt (3 + 1), not once per choice.
-    assert result.usage == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
+    assert result.usage == {
+        "prompt_tokens": 4,
+        "completion_tokens": 6,
+        "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     usage_chunk = orjson.loads(body.split(b"\n\n")[-3][6:])
     assert (usage_chunk["object"], usage_chunk["choices"]) == ("text_completion", [])
 

@@ -66,7 +66,13 @@ class EngineCore:
                 f"of max_model_len {self.max_model_len}: raise --kv-cache-memory or lower "
                 "--max-model-len"
             )
-        self.kv = KVCacheManager(num_blocks, block_size)
+        self.kv = KVCacheManager(
+            num_blocks,
+            block_size,
+            enable_prefix_caching=config.cache.enable_prefix_caching,
+            # Anything that changes a block's contents for the same tokens.
+            cache_salt=f"{self.loaded.name}\0{dtype}\0{self.loaded.choices}".encode(),
+        )
         self.scheduler = Scheduler(
             config.scheduler, self.kv, self.loaded.eos_token_ids, self.max_model_len
         )

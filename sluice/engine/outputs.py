@@ -41,6 +41,8 @@ class RequestDelta(msgspec.Struct, frozen=True, array_like=True):
     # None for any other ending. Reported as vLLM's `stop_reason`.
     stop_token_id: int | None
     num_prompt_tokens: int
+    # Prompt tokens whose KV came from the prefix cache (usage's cached_tokens).
+    num_cached_tokens: int = 0
 
     @property
     def is_finished(self) -> bool:

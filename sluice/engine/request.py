@@ -78,6 +78,14 @@ class Request:
     pending_top_logprobs: list[tuple[float, ...]] = field(default_factory=list)
     # The EOS or stop token that finished the request with "stop".
     stop_token_id: int | None = None
+    # Prefix caching (KVCacheManager): the chained hash of each full block of
+    # all_token_ids computed so far (they depend on the tokens alone, so they
+    # outlive a preemption), and how many leading blocks of the table were
+    # looked at for naming since the table was (re)built.
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_named_blocks: int = 0
+    # Prompt tokens found in the prefix cache at admission (usage's cached_tokens).
+    num_cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
@@ -138,4 +146,5 @@ class Request:
             finish_reason=self.status.finish_reason,
             stop_token_id=self.stop_token_id,
             num_prompt_tokens=self.num_prompt_tokens,
+            num_cached_tokens=self.num_cached_tokens,
         )

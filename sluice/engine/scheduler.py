@@ -229,9 +229,15 @@ class Scheduler:
             and len(self._running) < self.config.max_num_seqs
         ):
             request = self._waiting[0]
+            # Start at its longest cached prefix (a preempted request's too).
+            num_cached_tokens = self.kv.take_cached_prefix(request)
             num_new_tokens = self._admission_chunk(request, plan)
             if num_new_tokens == 0 or not self.kv.allocate_slots(request, num_new_tokens):
+                self.kv.free(request)  # the prefix goes back to the cache
+                request.num_computed_tokens = 0
                 return  # FCFS: nobody overtakes the head of the queue
+            if request.status is RequestStatus.WAITING:
+                request.num_cached_tokens = num_cached_tokens
             self._waiting.popleft()
             request.status = RequestStatus.RUNNING
             self._running.append(request)
@@ -277,6 +283,7 @@ class Scheduler:
             f"{request.request_id} changed between schedule() and update()"
         )
         request.num_computed_tokens += scheduled.num_new_tokens
+        self.kv.cache_full_blocks(request)
         if token is None:
             return None  # mid-prefill: no token, no delta
         request.append_output_token(token)

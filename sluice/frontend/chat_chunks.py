@@ -72,7 +72,7 @@ class ChatChunks:
     def delta_event(self, index: int, delta: ChoiceDelta) -> bytes:
         if self._text_choices is not None and delta.finish_reason is None:
             assert delta.text, "only a finish chunk may have no content"
-            self.usage.add(index, len(delta.token_ids))
+            self.usage.add(index, len(delta.token_ids), delta.num_cached_tokens)
             return self._events.text_event(self._text_choices[index], delta.text)
         content, entries = self._choice(index, delta)
         assert content or delta.is_finished, "only a finish chunk may have no content"
@@ -120,7 +120,7 @@ class ChatChunks:
         entries = None
         if self._request.logprobs is not None and delta.token_ids:
             entries = chat_logprobs(delta, self._strings)
-        self.usage.add(index, len(delta.token_ids))
+        self.usage.add(index, len(delta.token_ids), delta.num_cached_tokens)
         return delta.text, entries
 
     def _chunk_event(

@@ -69,7 +69,7 @@ class CompletionChunks:
 
     def delta_event(self, index: int, delta: ChoiceDelta) -> bytes:
         if self._text_choices is not None and delta.finish_reason is None:
-            self.usage.add(index, len(delta.token_ids))
+            self.usage.add(index, len(delta.token_ids), delta.num_cached_tokens)
             return self._events.text_event(self._text_choices[index], delta.text)
         choice = self._choice(index, delta)
         if self._has_continuous_usage:
@@ -124,7 +124,7 @@ class CompletionChunks:
             logprobs, self._text_offsets[index] = completion_logprobs(
                 delta, self._text_offsets[index], self._strings
             )
-        self.usage.add(index, len(delta.token_ids))
+        self.usage.add(index, len(delta.token_ids), delta.num_cached_tokens)
         return _choice_dict(index, text, logprobs, delta.finish_reason, delta.stop_reason)
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:

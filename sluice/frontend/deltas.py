@@ -47,6 +47,8 @@ class ChoiceDelta:
     # vLLM's stop_reason: the matched stop string or the stop token id (not EOS).
     stop_reason: str | int | None = None
     num_prompt_tokens: int = 0
+    # Of those, the tokens found in the engine's prefix cache.
+    num_cached_tokens: int = 0
 
     @property
     def is_finished(self) -> bool:
@@ -69,3 +71,4 @@ class ChoiceDelta:
         self.finish_reason = later.finish_reason
         self.stop_reason = later.stop_reason
         self.num_prompt_tokens = later.num_prompt_tokens
+        self.num_cached_tokens = later.num_cached_tokens

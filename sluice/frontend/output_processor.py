@@ -125,11 +125,16 @@ class ChoiceStream:
             out = self._new_delta(delta)
             self._release_text(out, text)
             return out
-        return ChoiceDelta(text, [token_id], [text], None, None, None, delta.num_prompt_tokens)
+        return ChoiceDelta(
+            text, [token_id], [text], None, None, None,
+            delta.num_prompt_tokens, delta.num_cached_tokens,
+        )  # fmt: skip
 
     def _new_delta(self, delta: RequestDelta) -> ChoiceDelta:
         logprobs: list[SampledLogprob] | None = [] if self._wants_logprobs else None
-        return ChoiceDelta("", [], [], logprobs, None, None, delta.num_prompt_tokens)
+        return ChoiceDelta(
+            "", [], [], logprobs, None, None, delta.num_prompt_tokens, delta.num_cached_tokens
+        )
 
     def _release_text(self, out: ChoiceDelta, text: str, may_match: bool = True) -> bool:
         """Release `text` with the held tokens that made it; True when that finished
