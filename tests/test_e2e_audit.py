@@ -6,8 +6,8 @@ the bound address read from its log), the embedded model converted once by
 the session's `embedded_model_config`. The audit runs in this process through
 `sluice.audit.cli.main`, every scenario of the quick profile with sizes small
 enough for a loaded 2-core CPU (a few tokens/s per stream), and must pass: exit
-status 0, no finding in its JSON, every scenario measured, and an HTML page
-whose plots are drawn.
+status 0, no broken invariant in its JSON (determinism notes aside), every
+scenario measured, and an HTML page whose plots are drawn.
 
 Invariants: the server is always stopped (SIGTERM, then SIGKILL of its whole
 process group) when the module ends, whatever happened; its log is shown
@@ -194,10 +194,16 @@ def quick_audit(sluice_server: RunningServer, tmp_path_factory: pytest.TempPathF
 
 
 def test_the_quick_audit_of_sluice_passes_with_no_finding(quick_audit: AuditRun):
+    """No broken invariant. The default (bfloat16) is not batch-invariant, so a
+    stream and its non-streamed twin, computed in different batches, may
+    differ: that is the determinism figure, reported as a note (issue 16)."""
     assert quick_audit.exit_status == 0, quick_audit.text
     assert quick_audit.report["exit_status"] == 0
     assert quick_audit.report["invariants_broken"] is False
-    assert quick_audit.report["findings"] == [], quick_audit.text
+    notes = {"text_mismatch_nonstream"}
+    assert all(
+        f["severity"] == "note" and f["check_id"] in notes for f in quick_audit.report["findings"]
+    ), quick_audit.text
 
 
 def test_every_quick_scenario_ran_and_was_measured(quick_audit: AuditRun):
