@@ -151,7 +151,11 @@ def test_a_prefix_cache_hit_gives_the_same_greedy_tokens_and_logprobs(tiny_loade
     base = random_prompts(1, seed=11)[0] * 3  # long enough for several blocks
     prompts = [base, base, base[:30] + [7, 8, 9], base[:5], base + [1]]
     params = msgspec.structs.replace(GREEDY, logprobs=2, max_tokens=8)
-    cached = run_one_by_one(make_core(tiny_loaded), prompts, params)
+    core = make_core(tiny_loaded)
+    cached = run_one_by_one(core, prompts, params)
+    stats = core.stats()
+    assert stats.prefix_cache_hit_tokens == sum(c for _, _, c in cached)
+    assert stats.prefix_cache_queried_tokens == sum(len(p) for p in prompts)
     plain = run_one_by_one(make_core(tiny_loaded, prefix_caching=False), prompts, params)
     block = 4
     assert [c for _, _, c in cached] == [

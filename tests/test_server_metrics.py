@@ -14,6 +14,8 @@ class Stats:
     num_running: int = 3
     num_waiting: int = 7
     kv_cache_usage: float = 0.25
+    prefix_cache_queried_tokens: int = 40
+    prefix_cache_hit_tokens: int = 32
 
 
 def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
@@ -37,6 +39,9 @@ def test_engine_gauges_are_read_from_the_stats_callable_at_scrape_time():
     stats.num_waiting = 11
     assert value(metrics, "sluice:num_requests_waiting") == 11
     assert value(metrics, "sluice:kv_cache_usage_perc") == 0.25
+    for prefix in ("sluice", "vllm"):  # vLLM's names too, for its dashboards
+        assert value(metrics, f"{prefix}:prefix_cache_queries_total") == 40
+        assert value(metrics, f"{prefix}:prefix_cache_hits_total") == 32
 
 
 def test_without_stats_there_are_no_engine_gauges():

@@ -27,13 +27,14 @@ import zmq.asyncio
 
 from sluice.config import EngineConfig
 from sluice.engine.client_base import DeltaSink, EngineClient
-from sluice.engine.core import EngineInfo, EngineStatsSnapshot
+from sluice.engine.core import EngineInfo
 from sluice.engine.core_process import run_engine_process
 from sluice.engine.messages import (
     AbortRequests,
     AddRequest,
     EngineFailed,
     EngineReady,
+    EngineStatsSnapshot,
     Shutdown,
     StepOutputs,
     input_encoder,
@@ -53,7 +54,7 @@ class MultiprocessEngineClient(EngineClient):
         self.config = config
         self.info: EngineInfo | None = None
         self._router = SinkRouter()
-        self._stats = EngineStatsSnapshot(0, 0, 0.0)
+        self._stats = EngineStatsSnapshot()
         self._is_alive = False
         self._last_output_s = 0.0
         # Silence after which the engine is declared hung (a tuning knob tests lower).
@@ -226,9 +227,7 @@ class MultiprocessEngineClient(EngineClient):
             message = output_decoder.decode(await self._outputs.recv())
             self._last_output_s = time.monotonic()
             if isinstance(message, StepOutputs):
-                self._stats = EngineStatsSnapshot(
-                    message.num_running, message.num_waiting, message.kv_cache_usage
-                )
+                self._stats = message.stats
                 self._router.dispatch(message.deltas, message.errors)
             elif isinstance(message, EngineFailed):
                 self._mark_dead(message.message)

@@ -37,6 +37,9 @@ class EngineStats(Protocol):
     num_running: int
     num_waiting: int
     kv_cache_usage: float  # 0.0 .. 1.0
+    # Cumulative prompt tokens looked up in / found in the prefix cache.
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
 
 
 class EngineClient(abc.ABC):

@@ -15,6 +15,7 @@ import torch
 
 from sluice.config import CacheConfig, EngineConfig
 from sluice.engine.kv_cache import KVCacheManager
+from sluice.engine.messages import EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.request import Request
 from sluice.engine.runner import ModelRunner
@@ -40,13 +41,6 @@ class EngineInfo:
     num_kv_blocks: int
     block_size_tokens: int
     vocab_size: int
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStatsSnapshot:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float  # 0.0 .. 1.0
 
 
 class EngineCore:
@@ -136,6 +130,8 @@ class EngineCore:
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=self.kv.usage,
+            prefix_cache_queried_tokens=self.kv.num_queried_tokens,
+            prefix_cache_hit_tokens=self.kv.num_hit_tokens,
         )
 
 

@@ -123,8 +123,5 @@ class EngineLoop:
                 self.is_shutting_down = True
 
     def _send(self, deltas: list[RequestDelta], errors: list[EngineError]) -> None:
-        stats = self.core.stats()
-        message = StepOutputs(
-            deltas, errors, stats.num_running, stats.num_waiting, stats.kv_cache_usage
-        )
+        message = StepOutputs(deltas, errors, self.core.stats())
         self.outputs.send(output_encoder.encode(message))

@@ -17,8 +17,8 @@ import queue
 import threading
 
 from sluice.engine.client_base import DeltaSink, EngineClient
-from sluice.engine.core import EngineCore, EngineStatsSnapshot
-from sluice.engine.messages import AbortRequests, AddRequest, Shutdown
+from sluice.engine.core import EngineCore
+from sluice.engine.messages import AbortRequests, AddRequest, EngineStatsSnapshot, Shutdown
 from sluice.engine.outputs import EngineError, RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.sink_router import SinkRouter
@@ -35,7 +35,7 @@ class InProcessEngineClient(EngineClient):
         self.info = core.info
         self._router = SinkRouter()
         self._inputs: queue.SimpleQueue = queue.SimpleQueue()
-        self._stats = EngineStatsSnapshot(0, 0, 0.0)
+        self._stats = EngineStatsSnapshot()
         self._is_alive = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -39,14 +39,25 @@ class EngineReady(msgspec.Struct, frozen=True, tag="ready"):
     vocab_size: int
 
 
+class EngineStatsSnapshot(msgspec.Struct, frozen=True):
+    """The engine's state after a step, for metrics: the one description of it."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    # Fraction of KV blocks held by requests, 0.0 .. 1.0.
+    kv_cache_usage: float = 0.0
+    # Since the engine started: prompt tokens looked up in the prefix cache
+    # at admission, and those found there.
+    prefix_cache_queried_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+
+
 class StepOutputs(msgspec.Struct, frozen=True, tag="outputs"):
     # One batch per engine step (or per heartbeat, with no deltas).
     deltas: list[RequestDelta]
     # Requests the engine refused or failed, each reported once.
     errors: list[EngineError]
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
+    stats: EngineStatsSnapshot
 
 
 class EngineFailed(msgspec.Struct, frozen=True, tag="failed"):

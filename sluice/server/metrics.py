@@ -125,6 +125,20 @@ class EngineStatsCollector(Collector):
                           snapshot.num_waiting)  # fmt: skip
         yield self._gauge("sluice:kv_cache_usage_perc", "KV cache blocks in use, 0 to 1.",
                           snapshot.kv_cache_usage)  # fmt: skip
+        # Prefix cache, in prompt tokens; also under vLLM's names, which its
+        # dashboards read (hit rate = hits / queries).
+        for prefix in ("sluice", "vllm"):
+            yield self._counter(f"{prefix}:prefix_cache_queries",
+                                "Prompt tokens looked up in the prefix cache.",
+                                snapshot.prefix_cache_queried_tokens)  # fmt: skip
+            yield self._counter(f"{prefix}:prefix_cache_hits",
+                                "Prompt tokens found in the prefix cache.",
+                                snapshot.prefix_cache_hit_tokens)  # fmt: skip
+
+    def _counter(self, name: str, documentation: str, value: float) -> CounterMetricFamily:
+        counter = CounterMetricFamily(name, documentation, labels=["model_name"])
+        counter.add_metric([self._model_name], value)
+        return counter
 
     def _gauge(self, name: str, documentation: str, value: float) -> GaugeMetricFamily:
         gauge = GaugeMetricFamily(name, documentation, labels=["model_name"])

@@ -80,6 +80,9 @@ class ManualEngine(EngineClient):
     def kv_cache_usage(self) -> float:
         return 0.0
 
+    prefix_cache_queried_tokens = 0
+    prefix_cache_hit_tokens = 0
+
     async def start(self) -> None:
         self._is_alive = True
 
