@@ -264,6 +264,35 @@ def test_preempted_requests_produce_the_same_outputs_as_an_unpreempted_run():
     assert small == big
 
 
+def test_requests_sharing_a_prefix_keep_their_outputs_when_one_is_preempted():
+    """B shares A's first blocks; the pool is short, so B is preempted (its hold
+    on the shared blocks dropped, A's kept) and comes back starting from them."""
+    shared = make_request("shared", 16).prompt_token_ids  # 4 full blocks of 4
+
+    def outputs(num_blocks: int) -> tuple[dict[str, list[int]], int, int]:
+        scheduler = make_scheduler(num_blocks=num_blocks, block_size_tokens=4)
+        model = FakeModel(scheduler.kv)
+        streams: dict[str, list[RequestDelta]] = defaultdict(list)
+        scheduler.add_request(Request("a", [*shared, 11, 12, 13], SamplingParams(max_tokens=24)))
+        step(scheduler, model)  # a's prompt computed: its full blocks are named
+        scheduler.add_request(Request("b", [*shared, 21, 22], SamplingParams(max_tokens=24)))
+        num_preempted = 0
+        while scheduler.has_unfinished_requests():
+            plan, deltas = step(scheduler, model)  # checks the pool after every step
+            num_preempted += len(plan.preempted_ids)
+            for delta in deltas:
+                streams[delta.request_id].append(delta)
+        outputs = {rid: output_of(stream) for rid, stream in streams.items()}
+        return outputs, num_preempted, scheduler.kv.num_hit_tokens
+
+    small, num_preempted, num_hit_tokens = outputs(num_blocks=13)
+    big, num_preempted_big, _ = outputs(num_blocks=1000)
+    assert num_preempted_big == 0 and num_preempted >= 1
+    # b started from a's blocks, and came back to them after its preemption.
+    assert num_hit_tokens >= 32
+    assert small == big
+
+
 # -- aborts ------------------------------------------------------------------
 
 
