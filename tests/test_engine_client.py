@@ -109,6 +109,19 @@ async def test_engine_process_streams_tokens_and_reports_its_death(embedded_mode
         assert len(finished.token_ids) == 12
         assert finished.deltas[-1].finish_reason == "length"
 
+        # The prefix cache across the process boundary: a repeat hits, a reset forgets.
+        prompt = list(range(1000, 1040))  # two full blocks of 16, and 8 more tokens
+        cached = []
+        for name in ("first", "repeat", "reset"):
+            if name == "reset":
+                client.reset_prefix_cache()
+            sink = RecordingSink()
+            client.add_request(name, prompt, GREEDY, sink)
+            await asyncio.wait_for(sink.done.wait(), 120)
+            cached.append(sink.deltas[-1].num_cached_tokens)
+        assert cached == [0, 32, 0]
+        assert client.stats().prefix_cache_hit_tokens == 32
+
         hanging = RecordingSink()
         long_params = SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True)
         client.add_request("long", [1, 4093, 198], long_params, hanging)

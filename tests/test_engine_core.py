@@ -165,3 +165,16 @@ def test_a_prefix_cache_hit_gives_the_same_greedy_tokens_and_logprobs(tiny_loade
     for (tokens, logprobs, _), (want_tokens, want_logprobs, _) in zip(cached, plain, strict=True):
         assert tokens == want_tokens
         assert logprobs == pytest.approx(want_logprobs, abs=1e-5)
+
+
+def test_a_reset_forgets_the_cached_prefixes_through_the_engine_input(tiny_loaded):
+    from sluice.engine.messages import ResetPrefixCache, Shutdown
+
+    core = make_core(tiny_loaded)
+    prompt = random_prompts(1, seed=12)[0] * 2
+    params = msgspec.structs.replace(GREEDY, logprobs=1, max_tokens=2)
+    assert run_one_by_one(core, [prompt, prompt], params)[1][2] > 0  # a hit
+    deltas, errors = [], []
+    assert core.handle(ResetPrefixCache(), deltas, errors) and not deltas and not errors
+    assert run_one_by_one(core, [prompt], params)[0][2] == 0  # forgotten
+    assert core.handle(Shutdown(), deltas, errors) is False

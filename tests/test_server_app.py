@@ -263,6 +263,18 @@ def test_api_keys_are_enforced_except_on_probes():
         assert right.status_code == 200
         assert client.get("/health").status_code == 200
         assert client.get("/metrics").status_code == 200
+        assert client.post("/reset_prefix_cache").status_code == 401
+
+
+def test_reset_prefix_cache_reaches_the_engine():
+    engine = LoopFakeEngine()
+    with (
+        LiveServer(engine, ChatFakeTokenizer()) as live,
+        httpx2.Client(base_url=live.url) as client,
+    ):
+        assert client.post("/reset_prefix_cache").status_code == 200
+        assert engine.num_prefix_cache_resets == 1
+        assert client.get("/reset_prefix_cache").status_code == 405
 
 
 def test_a_dead_engine_means_503_with_retry_after_until_it_is_back():

@@ -33,8 +33,10 @@ from sluice.engine.messages import (
     AbortRequests,
     AddRequest,
     EngineFailed,
+    EngineInput,
     EngineReady,
     EngineStatsSnapshot,
+    ResetPrefixCache,
     Shutdown,
     StepOutputs,
     input_encoder,
@@ -193,7 +195,11 @@ class MultiprocessEngineClient(EngineClient):
         if live and self._is_alive:
             self._send(AbortRequests(live))
 
-    def _send(self, message: AddRequest | AbortRequests | Shutdown) -> None:
+    def reset_prefix_cache(self) -> None:
+        if self._is_alive:
+            self._send(ResetPrefixCache())
+
+    def _send(self, message: EngineInput) -> None:
         if self._inputs is None:
             return
         try:

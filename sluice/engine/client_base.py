@@ -57,6 +57,11 @@ class EngineClient(abc.ABC):
     def abort(self, request_ids: list[str]) -> None:
         """Cancel requests; unknown or finished ids are ignored."""
 
+    @abc.abstractmethod
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix block (running requests are unaffected);
+        takes effect before the engine's next step."""
+
     @property
     @abc.abstractmethod
     def is_alive(self) -> bool: ...

@@ -15,8 +15,15 @@ import torch
 
 from sluice.config import CacheConfig, EngineConfig
 from sluice.engine.kv_cache import KVCacheManager
-from sluice.engine.messages import EngineStatsSnapshot
-from sluice.engine.outputs import RequestDelta
+from sluice.engine.messages import (
+    AbortRequests,
+    AddRequest,
+    EngineInput,
+    EngineStatsSnapshot,
+    ResetPrefixCache,
+    Shutdown,
+)
+from sluice.engine.outputs import EngineError, RequestDelta
 from sluice.engine.request import Request
 from sluice.engine.runner import ModelRunner
 from sluice.engine.sampling_params import SamplingParams
@@ -111,6 +118,26 @@ class EngineCore:
 
     def abort_requests(self, request_ids: list[str]) -> list[RequestDelta]:
         return self.scheduler.abort_requests(request_ids)
+
+    def handle(
+        self, message: EngineInput, deltas: list[RequestDelta], errors: list[EngineError]
+    ) -> bool:
+        """Apply one input of a client (both drivers, the engine process and
+        the in-process thread, call this); what it yields goes into `deltas`
+        and `errors`. False when the input is Shutdown."""
+        match message:
+            case AddRequest(request_id, prompt_token_ids, params):
+                try:
+                    self.add_request(request_id, prompt_token_ids, params)
+                except ValueError as error:
+                    errors.append(EngineError(request_id, str(error)))
+            case AbortRequests(request_ids):
+                deltas.extend(self.abort_requests(request_ids))
+            case ResetPrefixCache():
+                self.kv.reset_prefix_cache()
+            case Shutdown():
+                return False
+        return True
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -23,11 +23,8 @@ import zmq
 from sluice.config import EngineConfig
 from sluice.engine.core import EngineCore
 from sluice.engine.messages import (
-    AbortRequests,
-    AddRequest,
     EngineFailed,
     EngineReady,
-    Shutdown,
     StepOutputs,
     input_decoder,
     output_encoder,
@@ -111,16 +108,8 @@ class EngineLoop:
         return deltas, errors
 
     def _handle(self, message, deltas: list[RequestDelta], errors: list[EngineError]) -> None:
-        match message:
-            case AddRequest(request_id, prompt_token_ids, params):
-                try:
-                    self.core.add_request(request_id, prompt_token_ids, params)
-                except ValueError as error:
-                    errors.append(EngineError(request_id, str(error)))
-            case AbortRequests(request_ids):
-                deltas.extend(self.core.abort_requests(request_ids))
-            case Shutdown():
-                self.is_shutting_down = True
+        if not self.core.handle(message, deltas, errors):
+            self.is_shutting_down = True
 
     def _send(self, deltas: list[RequestDelta], errors: list[EngineError]) -> None:
         message = StepOutputs(deltas, errors, self.core.stats())

@@ -18,7 +18,13 @@ import threading
 
 from sluice.engine.client_base import DeltaSink, EngineClient
 from sluice.engine.core import EngineCore
-from sluice.engine.messages import AbortRequests, AddRequest, EngineStatsSnapshot, Shutdown
+from sluice.engine.messages import (
+    AbortRequests,
+    AddRequest,
+    EngineStatsSnapshot,
+    ResetPrefixCache,
+    Shutdown,
+)
 from sluice.engine.outputs import EngineError, RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.sink_router import SinkRouter
@@ -81,6 +87,10 @@ class InProcessEngineClient(EngineClient):
         if live:
             self._inputs.put(AbortRequests(live))
 
+    def reset_prefix_cache(self) -> None:
+        if self._is_alive:
+            self._inputs.put(ResetPrefixCache())
+
     @property
     def is_alive(self) -> bool:
         return self._is_alive
@@ -121,16 +131,8 @@ class InProcessEngineClient(EngineClient):
             except queue.Empty:
                 return True
             block = False
-            match message:
-                case AddRequest(request_id, prompt_token_ids, params):
-                    try:
-                        self.core.add_request(request_id, prompt_token_ids, params)
-                    except ValueError as error:
-                        errors.append(EngineError(request_id, str(error)))
-                case AbortRequests(request_ids):
-                    deltas.extend(self.core.abort_requests(request_ids))
-                case Shutdown():
-                    return False
+            if not self.core.handle(message, deltas, errors):
+                return False
 
     def _deliver(
         self, deltas: list[RequestDelta], errors: list[EngineError], stats: EngineStatsSnapshot

@@ -1,6 +1,6 @@
 """Typed messages between the engine client and the engine process (msgpack).
 
-    client ──EngineInput (AddRequest | AbortRequests | Shutdown)──▶ engine process
+    client ──EngineInput (AddRequest | AbortRequests | ResetPrefixCache | Shutdown)──▶ engine
     client ◀──EngineOutput (EngineReady | StepOutputs | EngineFailed)── engine process
 
 Every message is a value: decoded into fresh objects on the receiving side.
@@ -24,11 +24,15 @@ class AbortRequests(msgspec.Struct, frozen=True, tag="abort"):
     request_ids: list[str]
 
 
+class ResetPrefixCache(msgspec.Struct, frozen=True, tag="reset_prefix_cache"):
+    pass
+
+
 class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
     pass
 
 
-EngineInput = AddRequest | AbortRequests | Shutdown
+EngineInput = AddRequest | AbortRequests | ResetPrefixCache | Shutdown
 
 
 class EngineReady(msgspec.Struct, frozen=True, tag="ready"):

@@ -177,6 +177,9 @@ class AdmissionGate(EngineClient):
                 tracked.end()
         self.engine.abort(request_ids)
 
+    def reset_prefix_cache(self) -> None:
+        self.engine.reset_prefix_cache()
+
     @property
     def is_alive(self) -> bool:
         return self.engine.is_alive
@@ -267,6 +270,9 @@ class _DeadlineClient(EngineClient):
 
     def abort(self, request_ids: list[str]) -> None:
         self._gate.abort(request_ids)
+
+    def reset_prefix_cache(self) -> None:
+        self._gate.reset_prefix_cache()
 
     @property
     def is_alive(self) -> bool:

@@ -3,6 +3,7 @@
     POST /v1/completions, /v1/chat/completions   generation, streamed (SSE) or not
     GET  /v1/models, /version, /health, /metrics
     POST /tokenize, /detokenize                  vLLM's helpers
+    POST /reset_prefix_cache                     forget the engine's cached prefixes
 
 Each generation route: parse the body (body, protocol) -> check it and
 tokenize (to_internal, preprocess) -> hand the frozen `GenerationRequest` to
@@ -125,6 +126,7 @@ def create_app(
     app.add_api_route("/metrics", routes.metrics_text, methods=["GET"])
     app.add_api_route("/tokenize", routes.tokenize, methods=["POST"])
     app.add_api_route("/detokenize", routes.detokenize, methods=["POST"])
+    app.add_api_route("/reset_prefix_cache", routes.reset_prefix_cache, methods=["POST"])
     return app
 
 
@@ -251,6 +253,14 @@ class Routes:
         if self.gate.is_alive:
             return Response(status_code=200)
         return unavailable_response(EngineDeadError("the engine is not running"))
+
+    async def reset_prefix_cache(self) -> Response:
+        """vLLM's endpoint: the engine forgets every cached prefix before its
+        next step (the API key guards it like every route but /health, /metrics)."""
+        if not self.gate.is_alive:
+            raise EngineDeadError("the engine is not running; retry later")
+        self.gate.reset_prefix_cache()
+        return Response(status_code=200)
 
     async def version(self) -> Response:
         return _json({"version": sluice_version()})

@@ -82,6 +82,11 @@ class ManualEngine(EngineClient):
 
     prefix_cache_queried_tokens = 0
     prefix_cache_hit_tokens = 0
+    # How often the app asked the engine to forget its cached prefixes.
+    num_prefix_cache_resets = 0
+
+    def reset_prefix_cache(self) -> None:
+        self.num_prefix_cache_resets += 1
 
     async def start(self) -> None:
         self._is_alive = True
