@@ -90,7 +90,41 @@ class _FakeRequest:
     output_token_ids: list[int] = field(default_factory=list)
 
 
-class FakeEngine(EngineClient):
+class FakeEngineBase(EngineClient):
+    """What the test engines share: liveness, the context limit, idle engine
+    stats (so a fake stands in for metrics too) and a counted prefix-cache reset."""
+
+    _is_alive = True
+    _max_model_len = 4096
+    prefix_cache_queried_tokens = 0
+    prefix_cache_hit_tokens = 0
+    # How often the app asked the engine to forget its cached prefixes.
+    num_prefix_cache_resets = 0
+
+    @property
+    def is_alive(self) -> bool:
+        return self._is_alive
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def num_waiting(self) -> int:
+        return 0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return 0.0
+
+    def reset_prefix_cache(self) -> None:
+        self.num_prefix_cache_resets += 1
+
+    async def start(self) -> None:
+        self._is_alive = True
+
+
+class FakeEngine(FakeEngineBase):
     def __init__(
         self,
         script: TokenScript = parrot,
@@ -165,37 +199,10 @@ class FakeEngine(EngineClient):
                 request.is_aborted = True
         self._schedule_step()
 
-    @property
-    def is_alive(self) -> bool:
-        return self._is_alive
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
     # EngineStats, so the fake can stand in for metrics too.
     @property
     def num_running(self) -> int:
         return len(self._requests)
-
-    @property
-    def num_waiting(self) -> int:
-        return 0
-
-    @property
-    def kv_cache_usage(self) -> float:
-        return 0.0
-
-    prefix_cache_queried_tokens = 0
-    prefix_cache_hit_tokens = 0
-    # How often the app asked the engine to forget its cached prefixes.
-    num_prefix_cache_resets = 0
-
-    def reset_prefix_cache(self) -> None:
-        self.num_prefix_cache_resets += 1
-
-    async def start(self) -> None:
-        self._is_alive = True
 
     async def shutdown(self) -> None:
         self.die("the fake engine was shut down")

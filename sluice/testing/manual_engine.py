@@ -17,15 +17,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from sluice.engine.client_base import DeltaSink, EngineClient
+from sluice.engine.client_base import DeltaSink
 from sluice.engine.outputs import FinishReason, RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.sink_router import deliver_delta
 from sluice.errors import EngineDeadError
-from sluice.testing.fake_engine import token_logprobs
+from sluice.testing.fake_engine import FakeEngineBase, token_logprobs
 
 
-class ManualEngine(EngineClient):
+class ManualEngine(FakeEngineBase):
     def __init__(self, *, max_model_len: int = 4096):
         self._max_model_len = max_model_len
         self._is_alive = True
@@ -61,35 +61,8 @@ class ManualEngine(EngineClient):
         self.aborted_request_ids.extend(request_ids)
 
     @property
-    def is_alive(self) -> bool:
-        return self._is_alive
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
     def num_running(self) -> int:
         return len(self._sinks)
-
-    @property
-    def num_waiting(self) -> int:
-        return 0
-
-    @property
-    def kv_cache_usage(self) -> float:
-        return 0.0
-
-    prefix_cache_queried_tokens = 0
-    prefix_cache_hit_tokens = 0
-    # How often the app asked the engine to forget its cached prefixes.
-    num_prefix_cache_resets = 0
-
-    def reset_prefix_cache(self) -> None:
-        self.num_prefix_cache_resets += 1
-
-    async def start(self) -> None:
-        self._is_alive = True
 
     async def shutdown(self) -> None:
         self.die("the manual engine was shut down")
