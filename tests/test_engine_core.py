@@ -178,3 +178,26 @@ def test_a_reset_forgets_the_cached_prefixes_through_the_engine_input(tiny_loade
     assert core.handle(ResetPrefixCache(), deltas, errors) and not deltas and not errors
     assert run_one_by_one(core, [prompt], params)[0][2] == 0  # forgotten
     assert core.handle(Shutdown(), deltas, errors) is False
+
+
+def test_in_bfloat16_a_hit_reads_back_exactly_what_an_earlier_request_computed(
+    tiny_loaded, tiny_llama
+):
+    """What holds in bfloat16, where batch shapes change the rounding: every
+    hit on the same blocks gives bitwise the same tokens and logprobs (the
+    blocks are read, never rewritten), and a hit stays within bfloat16's
+    rounding of the run that computed everything itself."""
+    from dataclasses import replace
+
+    from sluice.loader.choices import ModelChoices
+    from sluice.models.llama import LlamaForCausalLM
+
+    model = LlamaForCausalLM(tiny_loaded.model_config, torch.bfloat16, torch.device("cpu"))
+    model.load_weights(tiny_llama.weights())
+    loaded = replace(tiny_loaded, model=model, choices=ModelChoices("bfloat16", None, "as asked"))
+    prompt = random_prompts(1, seed=13)[0] * 3
+    params = msgspec.structs.replace(GREEDY, logprobs=1, max_tokens=6)
+    first, hit, again = run_one_by_one(make_core(loaded), [prompt] * 3, params)
+    assert first[2] == 0 and hit[2] == again[2] > 0
+    assert hit[:2] == again[:2]  # bitwise
+    assert hit[1][0] == pytest.approx(first[1][0], abs=0.05)  # the first token's logprob
