@@ -148,7 +148,7 @@ class Frontend:
             for event in closing:
                 yield event
         finally:
-            run.close(is_cancelled=not is_ended)
+            run.close(is_aborted=not is_ended and not output.is_done)
 
     async def complete(
         self, request: GenerationRequest, engine: EngineClient | None = None
@@ -173,7 +173,7 @@ class Frontend:
             is_cancelled = True
             raise
         finally:
-            run.close(is_cancelled=is_cancelled)
+            run.close(is_aborted=is_cancelled and not output.is_done)
         return chunks.body()
 
     def _chunks(self, request: GenerationRequest) -> _ResponseChunks:
@@ -193,7 +193,6 @@ class _RequestRun:
         self._observer = observer
         self._timer = None if observer is None else ChunkTimer(observer)
         self._processor: OutputProcessor | None = None
-        self._num_unfinished = request.num_choices
         # Per choice index: tokens handed over so far.
         self._num_tokens = [0] * request.num_choices
 
@@ -221,18 +220,17 @@ class _RequestRun:
             raise
 
     def account(self, taken: list[tuple[int, ChoiceDelta]]) -> None:
-        """Count what is handed over: tokens per choice, finishes, chunk timing."""
+        """Count what is handed over: tokens per choice, chunk timing."""
         num_tokens = 0
         for index, delta in taken:
             num_tokens += len(delta.token_ids)
             self._num_tokens[index] += len(delta.token_ids)
-            if delta.finish_reason is not None:
-                self._num_unfinished -= 1
         if self._timer is not None:
             self._observe(taken, num_tokens)
 
-    def close(self, *, is_cancelled: bool) -> None:
-        """Stop listening and abort whatever still runs in the engine."""
+    def close(self, *, is_aborted: bool) -> None:
+        """Stop listening and abort whatever still runs in the engine.
+        `is_aborted`: the consumer went away before every choice finished."""
         processor = self._processor
         if processor is not None:
             processor.close()
@@ -241,7 +239,7 @@ class _RequestRun:
                 self._engine.abort(unfinished)
         if self._timer is not None:
             self._timer.report()
-        if is_cancelled and self._num_unfinished and self._observer is not None:
+        if is_aborted and self._observer is not None:
             self._observer.on_abort()
 
     def _observe(self, taken: list[tuple[int, ChoiceDelta]], num_tokens: int) -> None:
