@@ -264,6 +264,24 @@ def test_preempted_requests_produce_the_same_outputs_as_an_unpreempted_run():
     assert small == big
 
 
+def test_a_request_waiting_for_blocks_counts_its_prefix_lookup_once_when_admitted():
+    scheduler = make_scheduler(num_blocks=6, block_size_tokens=4, max_model_len=64)
+    model = FakeModel(scheduler.kv)
+    shared = make_request("shared", 8).prompt_token_ids  # 2 full blocks
+    scheduler.add_request(Request("a", [*shared, *range(11, 16)], SamplingParams(max_tokens=8)))
+    step(scheduler, model)  # a holds 4 of the 6 blocks, its first 2 named
+    b_prompt = [*shared, *range(21, 33)]  # 5 blocks: 2 found, 3 more than are free
+    scheduler.add_request(Request("b", b_prompt, SamplingParams(max_tokens=4)))
+    num_steps_waiting = 0
+    while scheduler.get_request("b").status is RequestStatus.WAITING:
+        step(scheduler, model)  # b finds 8 tokens but lacks blocks for the rest
+        num_steps_waiting += 1
+    assert num_steps_waiting >= 2
+    assert scheduler.kv.num_queried_tokens == 13 + 20
+    assert scheduler.kv.num_hit_tokens == 8
+    assert scheduler.get_request("b").num_cached_tokens == 8
+
+
 def test_requests_sharing_a_prefix_keep_their_outputs_when_one_is_preempted():
     """B shares A's first blocks; the pool is short, so B is preempted (its hold
     on the shared blocks dropped, A's kept) and comes back starting from them."""

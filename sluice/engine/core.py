@@ -72,7 +72,7 @@ class EngineCore:
             block_size,
             enable_prefix_caching=config.cache.enable_prefix_caching,
             # Anything that changes a block's contents for the same tokens.
-            cache_salt=f"{self.loaded.name}\0{dtype}\0{self.loaded.choices}".encode(),
+            cache_salt=f"{self.loaded.name}\0{dtype}\0{self.loaded.choices.quantization}".encode(),
         )
         self.scheduler = Scheduler(
             config.scheduler, self.kv, self.loaded.eos_token_ids, self.max_model_len

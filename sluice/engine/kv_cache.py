@@ -63,7 +63,8 @@ class KVCacheManager:
         self._ref_count: dict[int, int] = {}
         self._hash_by_block: dict[int, bytes] = {}
         self._block_by_hash: dict[bytes, int] = {}
-        # Prompt tokens looked up and found at admission (for metrics).
+        # Tokens looked up and found by admitted requests (for metrics; a
+        # lookup whose admission failed is not counted: it is tried again).
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
 
@@ -138,9 +139,13 @@ class KVCacheManager:
         request.num_named_blocks = len(request.block_ids)
         num_hit_tokens = len(request.block_ids) * self.block_size_tokens
         request.num_computed_tokens = num_hit_tokens
-        self.num_queried_tokens += request.num_tokens
-        self.num_hit_tokens += num_hit_tokens
         return num_hit_tokens
+
+    def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count the lookup of a request that was admitted with it."""
+        if self.enable_prefix_caching:
+            self.num_queried_tokens += num_tokens
+            self.num_hit_tokens += num_hit_tokens
 
     def cache_full_blocks(self, request: Request) -> None:
         """Name the request's blocks that its computed tokens now fill."""

@@ -236,6 +236,7 @@ class Scheduler:
                 self.kv.free(request)  # the prefix goes back to the cache
                 request.num_computed_tokens = 0
                 return  # FCFS: nobody overtakes the head of the queue
+            self.kv.record_lookup(request.num_tokens, num_cached_tokens)
             if request.status is RequestStatus.WAITING:
                 request.num_cached_tokens = num_cached_tokens
             self._waiting.popleft()
