@@ -80,6 +80,11 @@ class SluiceServer(uvicorn.Server):
         for address in self.bound_addresses():
             logger.info("sluice listening on http://%s:%d", address[0], address[1])
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop it serves on, once started (for work scheduled from other threads)."""
+        return self._loop
+
     def bound_addresses(self) -> list[tuple[str, int]]:
         return [sock.getsockname()[:2] for server in self.servers for sock in server.sockets]
 

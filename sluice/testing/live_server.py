@@ -48,16 +48,12 @@ class LiveServer:
         self.server = make_server(self.app, self.config)
         self.startup_timeout_s = startup_timeout_s
         self.url = ""
-        # The server's event loop, once it runs (for test-owned tasks on it).
-        self.loop: asyncio.AbstractEventLoop | None = None
-        startup = self.server.startup
-
-        async def startup_noting_the_loop(*args, **kwargs):
-            self.loop = asyncio.get_running_loop()
-            return await startup(*args, **kwargs)
-
-        self.server.startup = startup_noting_the_loop  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The server's event loop once it runs (for test-owned tasks on it)."""
+        return self.server.loop
 
     def __enter__(self) -> LiveServer:
         self._thread.start()
