@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import orjson
@@ -24,14 +25,18 @@ def read_slowly(
     *,
     burst_bytes: int = 256,
     pause_s: float = 0.1,
-    receive_buffer_bytes: int = 1024,
+    receive_buffer_bytes: int | None = 1024,
     timeout_s: float = 600.0,
+    before_reading: Callable[[], object] | None = None,
 ) -> tuple[int, bytes]:
-    """POST `body` as JSON to `url`; the status and the (de-chunked) body."""
+    """POST `body` as JSON to `url`; the status and the (de-chunked) body.
+    `receive_buffer_bytes` None keeps the OS's; `before_reading` runs once the
+    request is sent, before the first byte is read."""
     parts = urlsplit(url)
     payload = orjson.dumps(body)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
+        if receive_buffer_bytes is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
         sock.settimeout(timeout_s)
         sock.connect((parts.hostname, parts.port))
         head = (
@@ -40,10 +45,13 @@ def read_slowly(
             "Connection: close\r\n\r\n"
         )
         sock.sendall(head.encode() + payload)
+        if before_reading is not None:
+            before_reading()
         received = bytearray()
         while chunk := sock.recv(burst_bytes):
             received += chunk
-            time.sleep(pause_s)
+            if pause_s:
+                time.sleep(pause_s)
     return _parse_response(bytes(received))
 
 
