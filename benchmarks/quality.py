@@ -8,12 +8,11 @@ tests/test_quality_gate.py holds the default within 1% of float32.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from sluice.config import ModelConfig
 from sluice.loader.loaded_model import load_model
-from sluice.models.scoring import token_logprobs
+from sluice.models.scoring import perplexity
 
 TEXT = Path(__file__).parent.parent / "tests" / "data" / "quality_text.txt"
 SETTINGS = [("float32", None), ("bfloat16", None), ("bfloat16", "int8"), ("bfloat16", "int4"),
@@ -26,8 +25,7 @@ def main() -> None:
     for dtype, quantization in SETTINGS:
         loaded = load_model(ModelConfig(dtype=dtype, quantization=quantization))
         ids = loaded.tokenizer.encode(text)
-        logprobs = token_logprobs(loaded.model, ids)
-        ppl = math.exp(-sum(logprobs) / len(logprobs))
+        ppl = perplexity(loaded.model, ids)
         reference = reference or ppl
         label = f"{dtype} {quantization or ''}".strip()
         print(f"{label:<18} perplexity {ppl:8.4f}  {ppl / reference - 1:+.2%}  ({len(ids)} tokens)")

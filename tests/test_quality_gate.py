@@ -5,7 +5,6 @@ float32's perplexity on the embedded model. The figures go to docs/BENCHMARKS.md
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from sluice.config import ModelConfig
 from sluice.loader.loaded_model import load_model
 from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models.llama import LlamaForCausalLM
-from sluice.models.scoring import token_logprobs
+from sluice.models.scoring import perplexity
 
 pytestmark = pytest.mark.slow
 
@@ -23,17 +22,18 @@ TEXT = (Path(__file__).parent / "data" / "quality_text.txt").read_text(encoding=
 MAX_PERPLEXITY_INCREASE = 0.01
 
 
-def perplexity(config: ModelConfig) -> tuple[float, str]:
+def perplexity_of(config: ModelConfig) -> tuple[float, str]:
     loaded = load_model(config)
     ids = loaded.tokenizer.encode(TEXT)
-    logprobs = token_logprobs(loaded.model, ids)
-    return math.exp(-sum(logprobs) / len(logprobs)), loaded.choices.reason
+    return perplexity(loaded.model, ids), loaded.choices.reason
 
 
 def test_the_default_stays_within_one_percent_of_float32_perplexity(embedded_model_dir):
     cache_dir = embedded_model_dir.parent
-    reference, _ = perplexity(ModelConfig(cache_dir=cache_dir, dtype="float32", quantization=None))
-    default, reason = perplexity(ModelConfig(cache_dir=cache_dir))
+    reference, _ = perplexity_of(
+        ModelConfig(cache_dir=cache_dir, dtype="float32", quantization=None)
+    )
+    default, reason = perplexity_of(ModelConfig(cache_dir=cache_dir))
     increase = default / reference - 1
     print(
         f"\nperplexity float32 {reference:.4f}, default ({reason}) {default:.4f}: {increase:+.2%}"
@@ -46,12 +46,14 @@ def test_the_gate_fails_weights_that_lost_precision(embedded_model_dir):
     """The measure can fail: the same weights with 2 bits of mantissa (float8
     e5m2) lose far more than 1%."""
     cache_dir = embedded_model_dir.parent
-    reference, _ = perplexity(ModelConfig(cache_dir=cache_dir, dtype="float32", quantization=None))
+    reference, _ = perplexity_of(
+        ModelConfig(cache_dir=cache_dir, dtype="float32", quantization=None)
+    )
     loaded = load_model(ModelConfig(cache_dir=cache_dir, dtype="float32", quantization=None))
     crude = LlamaForCausalLM(loaded.model_config, torch.float32, "cpu")
     crude.load_weights(
         (name, tensor.to(torch.float8_e5m2).float() if tensor.dim() == 2 else tensor)
         for name, tensor in iter_weights(checkpoint_files(loaded.folder))
     )
-    logprobs = token_logprobs(crude, loaded.tokenizer.encode(TEXT))
-    assert math.exp(-sum(logprobs) / len(logprobs)) / reference - 1 > MAX_PERPLEXITY_INCREASE
+    crude_perplexity = perplexity(crude, loaded.tokenizer.encode(TEXT))
+    assert crude_perplexity / reference - 1 > MAX_PERPLEXITY_INCREASE

@@ -5,11 +5,13 @@ chunks of `chunk_tokens` (the way the engine prefills; chunks of up to 8
 tokens take the same weight-only quantized kernels as decode steps) and
 returns, for each token after the first, the log-probability the model gave
 it. Its mean is the negative log-likelihood per token; exp(-mean) the
-perplexity. Used to hold the default dtype and quantization to float32's
+perplexity (`perplexity`). Used to hold the default dtype and quantization to float32's
 quality (tests/test_quality_gate.py, benchmarks/quality.py).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -39,3 +41,9 @@ def token_logprobs(
         targets = ids[start + 1 : end + 1]
         logprobs += log_probs.gather(1, targets[:, None])[:, 0].tolist()
     return logprobs
+
+
+def perplexity(model: LlamaForCausalLM, token_ids: list[int], chunk_tokens: int = 8) -> float:
+    """exp of the mean negative log-likelihood of `token_ids` after the first."""
+    logprobs = token_logprobs(model, token_ids, chunk_tokens)
+    return math.exp(-sum(logprobs) / len(logprobs))
