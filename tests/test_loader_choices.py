@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sluice.config import ModelConfig
-from sluice.loader.choices import choose, cpu_flags, decoder_weight_bits
+from sluice.loader.choices import choose, cpu_flags, decoder_weight_bits, has_native_bf16
 from sluice.loader.gguf_convert import source_tensor_types
 from sluice.loader.loaded_model import load_model
 
@@ -50,7 +50,7 @@ def test_decoder_weight_bits_reads_the_decoder_matrices_only():
 def test_the_embedded_model_came_in_4_bits_and_loads_as_int4_by_default(embedded_model_dir):
     assert decoder_weight_bits(source_tensor_types(embedded_model_dir)) == 4
     loaded = load_model(ModelConfig(cache_dir=embedded_model_dir.parent))
-    expected_dtype = "bfloat16" if {"avx512_bf16", "amx_bf16"} & cpu_flags() else "float32"
+    expected_dtype = "bfloat16" if has_native_bf16(CPU, cpu_flags()) else "float32"
     assert (loaded.choices.dtype, loaded.choices.quantization) == (expected_dtype, "int4")
     assert loaded.model.dtype == getattr(torch, expected_dtype)
 
