@@ -40,6 +40,8 @@ class EngineStats(Protocol):
     # Cumulative prompt tokens looked up in / found in the prefix cache.
     prefix_cache_queried_tokens: int
     prefix_cache_hit_tokens: int
+    # Cumulative running requests preempted for KV blocks.
+    num_preemptions: int
 
 
 class EngineClient(abc.ABC):

@@ -159,6 +159,7 @@ class EngineCore:
             kv_cache_usage=self.kv.usage,
             prefix_cache_queried_tokens=self.kv.num_queried_tokens,
             prefix_cache_hit_tokens=self.kv.num_hit_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
         )
 
 

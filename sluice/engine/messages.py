@@ -54,6 +54,8 @@ class EngineStatsSnapshot(msgspec.Struct, frozen=True):
     # at admission, and those found there.
     prefix_cache_queried_tokens: int = 0
     prefix_cache_hit_tokens: int = 0
+    # Since the engine started: running requests preempted for KV blocks.
+    num_preemptions: int = 0
 
 
 class StepOutputs(msgspec.Struct, frozen=True, tag="outputs"):

@@ -98,6 +98,8 @@ class Scheduler:
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._num_arrived = 0
+        # Preemptions since the engine started (vllm:num_preemptions).
+        self.num_preemptions = 0
         # The plan `update` must be given next; None between steps.
         self._pending_plan: SchedulerPlan | None = None
 
@@ -218,6 +220,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         # Its outputs stay in all_token_ids and are recomputed as prefix.
         self.kv.free(request)
+        self.num_preemptions += 1
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         self._waiting.appendleft(request)  # it is older than every waiting request

@@ -149,7 +149,7 @@ class Routes:
         self.send_timeout_s = config.send_timeout_s
         self.queue_timeout_s = config.queue_timeout_s
         self.created = int(time.time())
-        self.metrics = ServerMetrics(served_name, stats)
+        self.metrics = ServerMetrics(served_name, stats, max_model_len)
         self.frontend = Frontend(gate, tokenizer, observer=self.metrics)
         self.preprocessor = Preprocessor(tokenizer, max_model_len)
         self.options = to_internal.RequestOptions(served_name, self.preprocessor, config.limits)

@@ -98,6 +98,7 @@ class FakeEngineBase(EngineClient):
     _max_model_len = 4096
     prefix_cache_queried_tokens = 0
     prefix_cache_hit_tokens = 0
+    num_preemptions = 0
     # How often the app asked the engine to forget its cached prefixes.
     num_prefix_cache_resets = 0
 
