@@ -168,11 +168,12 @@ def serve_sluice(port_out: Connection, tokenizer_kind: str, cache_dir: Path) -> 
     served as `sluice serve` serves (`launch.serve`: GC tuned, drain on SIGTERM)."""
     from sluice.server.app import create_app
     from sluice.server.launch import serve
+    from sluice.server.served_model import ServedModel
 
     tokenizer = load_tokenizer(tokenizer_kind, cache_dir)
     engine = FakeEngine(step_interval_s=0.0, max_model_len=MAX_MODEL_LEN)
     config = ServerConfig(host="127.0.0.1", port=0)
-    app = create_app(config, engine, tokenizer, MODEL, MAX_MODEL_LEN)
+    app = create_app(config, engine, ServedModel(MODEL, tokenizer, MAX_MODEL_LEN))
     sock = listening_socket()
     port_out.send(sock.getsockname()[1])
     serve(app, config, sockets=[sock])

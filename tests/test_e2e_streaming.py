@@ -99,7 +99,6 @@ def server(embedded_model_config):
         assembly.model.tokenizer,
         model_name=assembly.model.name,
         max_model_len=assembly.model.max_model_len,
-        stats=assembly.stats,
         startup_timeout_s=300,
         send_buffer_bytes=SEND_BUFFER_BYTES,
     ) as live:

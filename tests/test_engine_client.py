@@ -102,7 +102,7 @@ async def test_engine_process_streams_tokens_and_reports_its_death(embedded_mode
     await client.start()
     try:
         assert client.is_alive
-        assert client.max_model_len == 2048
+        assert client.info.max_model_len == 2048
         finished = RecordingSink()
         client.add_request("short", [1, 4093, 198], GREEDY, finished)
         await asyncio.wait_for(finished.done.wait(), 120)

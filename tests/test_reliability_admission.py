@@ -99,7 +99,7 @@ def test_overflow_gets_503_at_once_and_every_accepted_stream_completes_exactly(t
 def slow_prefill():
     """A fake engine whose first token takes 100 steps of 10 ms."""
     engine = LoopFakeEngine(step_interval_s=0.01, prefill_steps=100)
-    with LiveServer(engine, ChatFakeTokenizer(), stats=lambda: engine) as server:
+    with LiveServer(engine, ChatFakeTokenizer()) as server:
         yield server
 
 

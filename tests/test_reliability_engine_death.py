@@ -61,7 +61,6 @@ def live(embedded_model_config, embedded_tokenizer):
         embedded_tokenizer,
         model_name="smollm2",
         max_model_len=2048,
-        stats=engine.stats,
         startup_timeout_s=180,
     ) as server:
         yield server

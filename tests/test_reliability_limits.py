@@ -31,9 +31,7 @@ MAX_CONNECTIONS = 4
 def live():
     engine = LoopFakeEngine(step_interval_s=0.01)
     tokenizer = ChatFakeTokenizer()
-    with LiveServer(
-        engine, tokenizer, stats=lambda: engine, limits=LIMITS, max_connections=MAX_CONNECTIONS
-    ) as server:
+    with LiveServer(engine, tokenizer, limits=LIMITS, max_connections=MAX_CONNECTIONS) as server:
         yield server
 
 

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from sluice.config import ServerConfig
 from sluice.frontend.detokenizer import IncrementalDetokenizer
 from sluice.server.app import create_app
+from sluice.server.served_model import ServedModel
 from sluice.testing import fake_logprobs
 from sluice.testing.asgi_connection import PausableConnection
 from sluice.testing.contract import Expectations, check_stream
@@ -111,10 +112,8 @@ def scenarios(draw: st.DrawFn):
 
 async def run(body: dict, scripts: list[list[int]], passes: list, death_at: int | None):
     engine = ManualEngine()
-    app = create_app(
-        ServerConfig(host="127.0.0.1", port=0), engine, TOKENIZER, "fake-model", 4096,
-        stats=lambda: engine,
-    )  # fmt: skip
+    model = ServedModel("fake-model", TOKENIZER, 4096)
+    app = create_app(ServerConfig(host="127.0.0.1", port=0), engine, model)
     connection = PausableConnection()
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     task = asyncio.create_task(connection.post(app, path, body))

@@ -29,7 +29,7 @@ def test_a_client_that_stops_reading_pauses_its_stream_which_stays_exact():
     engine = FakeEngine(step_interval_s=0.001)
     body = {"model": "fake-model", "prompt": "hello world abc", "max_tokens": 200,
             "stream": True, "logprobs": 20}  # fmt: skip
-    with LiveServer(engine, TOKENIZER, stats=lambda: engine, send_buffer_bytes=4096) as live:
+    with LiveServer(engine, TOKENIZER, send_buffer_bytes=4096) as live:
         paused = threading.Event()
 
         def wait_until_paused() -> None:

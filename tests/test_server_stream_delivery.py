@@ -16,6 +16,7 @@ import pytest
 
 from sluice.config import ServerConfig
 from sluice.server.app import create_app
+from sluice.server.served_model import ServedModel
 from sluice.testing.asgi_connection import PausableConnection
 from sluice.testing.contract import Expectations, check_stream, parse_sse
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
@@ -50,10 +51,7 @@ class Harness:
         self.app = create_app(
             ServerConfig(host="127.0.0.1", port=0),
             self.engine,
-            TOKENIZER,
-            "fake-model",
-            4096,
-            stats=lambda: self.engine,
+            ServedModel("fake-model", TOKENIZER, 4096),
         )
         self.connection = PausableConnection()
         self.task: asyncio.Task[None] | None = None
@@ -172,10 +170,7 @@ def test_a_failing_delta_sink_ends_its_stream_with_one_error_and_aborts_the_requ
         harness.app = create_app(
             ServerConfig(host="127.0.0.1", port=0),
             harness.engine,
-            BreakingTokenizer(),
-            "fake-model",
-            4096,
-            stats=lambda: harness.engine,
+            ServedModel("fake-model", BreakingTokenizer(), 4096),
         )
         request_id = await harness.start()
         harness.engine.deliver(request_id, PIECES[0])

@@ -27,7 +27,6 @@ import zmq.asyncio
 
 from sluice.config import EngineConfig
 from sluice.engine.client_base import DeltaSink, EngineClient
-from sluice.engine.core import EngineInfo
 from sluice.engine.core_process import run_engine_process
 from sluice.engine.messages import (
     AbortRequests,
@@ -52,9 +51,11 @@ STARTUP_TIMEOUT_S = 600.0
 
 
 class MultiprocessEngineClient(EngineClient):
+    can_restart = True
+
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.info: EngineInfo | None = None
+        self.info: EngineReady | None = None
         self._router = SinkRouter()
         self._stats = EngineStatsSnapshot()
         self._is_alive = False
@@ -118,7 +119,7 @@ class MultiprocessEngineClient(EngineClient):
             self._watch_heartbeat(), name="sluice-engine-heartbeat"
         )
 
-    async def _wait_ready(self) -> EngineInfo:
+    async def _wait_ready(self) -> EngineReady:
         ready_or_exit = asyncio.ensure_future(self._outputs.recv())
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not ready_or_exit.done():
@@ -133,13 +134,7 @@ class MultiprocessEngineClient(EngineClient):
         if isinstance(message, EngineFailed):
             raise ModelLoadError(message.message)
         assert isinstance(message, EngineReady), f"unexpected first message {message!r}"
-        return EngineInfo(
-            model_name=message.model_name,
-            max_model_len=message.max_model_len,
-            num_kv_blocks=message.num_kv_blocks,
-            block_size_tokens=message.block_size_tokens,
-            vocab_size=message.vocab_size,
-        )
+        return message
 
     async def shutdown(self) -> None:
         if self._process is not None and self._process.is_alive():
@@ -213,11 +208,6 @@ class MultiprocessEngineClient(EngineClient):
     @property
     def is_alive(self) -> bool:
         return self._is_alive
-
-    @property
-    def max_model_len(self) -> int:
-        assert self.info is not None, "engine not started"
-        return self.info.max_model_len
 
     def stats(self) -> EngineStatsSnapshot:
         return self._stats

@@ -23,6 +23,7 @@ from __future__ import annotations
 import abc
 from typing import Protocol
 
+from sluice.engine.messages import EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 
@@ -33,18 +34,13 @@ class DeltaSink(Protocol):
     def on_error(self, error: BaseException) -> None: ...
 
 
-class EngineStats(Protocol):
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float  # 0.0 .. 1.0
-    # Cumulative prompt tokens looked up in / found in the prefix cache.
-    prefix_cache_queried_tokens: int
-    prefix_cache_hit_tokens: int
-    # Cumulative running requests preempted for KV blocks.
-    num_preemptions: int
-
-
 class EngineClient(abc.ABC):
+    """Everything the app needs of an engine. What the app needs of the model
+    (name, tokenizer, context length) is a `ServedModel` value beside it."""
+
+    # Whether `restart` can replace a dead engine; the app supervises those.
+    can_restart: bool = False
+
     @abc.abstractmethod
     def add_request(
         self,
@@ -68,12 +64,17 @@ class EngineClient(abc.ABC):
     @abc.abstractmethod
     def is_alive(self) -> bool: ...
 
-    @property
     @abc.abstractmethod
-    def max_model_len(self) -> int: ...
+    def stats(self) -> EngineStatsSnapshot:
+        """The engine's state after its latest step (read by /metrics at scrape time)."""
 
     @abc.abstractmethod
     async def start(self) -> None: ...
 
     @abc.abstractmethod
     async def shutdown(self) -> None: ...
+
+    async def restart(self) -> None:
+        """Replace a dead engine with a fresh one (only where `can_restart`);
+        raises ModelLoadError on failure."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart")

@@ -9,7 +9,6 @@ engine process's loop, the in-process client's thread, or `LLM.generate`.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +18,7 @@ from sluice.engine.messages import (
     AbortRequests,
     AddRequest,
     EngineInput,
+    EngineReady,
     EngineStatsSnapshot,
     ResetPrefixCache,
     Shutdown,
@@ -37,17 +37,6 @@ logger = logging.getLogger("sluice.engine")
 # Without a budget, the CPU pool takes this much memory (about 1,450 blocks of
 # 16 tokens for the embedded model in float32).
 DEFAULT_CPU_KV_BYTES = 1 << 30
-
-
-@dataclass(frozen=True, slots=True)
-class EngineInfo:
-    """What the engine tells its client once it is ready."""
-
-    model_name: str
-    max_model_len: int
-    num_kv_blocks: int
-    block_size_tokens: int
-    vocab_size: int
 
 
 class EngineCore:
@@ -86,7 +75,7 @@ class EngineCore:
             device=device,
             eos_token_ids=self.loaded.eos_token_ids,
         )
-        self.info = EngineInfo(
+        self.info = EngineReady(
             model_name=self.loaded.name,
             max_model_len=self.max_model_len,
             num_kv_blocks=num_blocks,

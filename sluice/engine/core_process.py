@@ -24,7 +24,6 @@ from sluice.config import EngineConfig
 from sluice.engine.core import EngineCore
 from sluice.engine.messages import (
     EngineFailed,
-    EngineReady,
     StepOutputs,
     input_decoder,
     output_encoder,
@@ -50,15 +49,7 @@ def run_engine_process(config: EngineConfig, input_address: str, output_address:
     except Exception as error:  # noqa: BLE001 - reported to the client, then we exit
         outputs.send(output_encoder.encode(EngineFailed(f"engine failed to start: {error}")))
         return
-    info = core.info
-    ready = EngineReady(
-        info.model_name,
-        info.max_model_len,
-        info.num_kv_blocks,
-        info.block_size_tokens,
-        info.vocab_size,
-    )
-    outputs.send(output_encoder.encode(ready))
+    outputs.send(output_encoder.encode(core.info))
     try:
         EngineLoop(core, inputs, outputs).run()
     except Exception as error:  # noqa: BLE001

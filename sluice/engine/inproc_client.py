@@ -36,6 +36,8 @@ IDLE_WAIT_S = 0.5
 
 
 class InProcessEngineClient(EngineClient):
+    can_restart = True
+
     def __init__(self, core: EngineCore):
         self.core = core
         self.info = core.info
@@ -94,10 +96,6 @@ class InProcessEngineClient(EngineClient):
     @property
     def is_alive(self) -> bool:
         return self._is_alive
-
-    @property
-    def max_model_len(self) -> int:
-        return self.info.max_model_len
 
     def stats(self) -> EngineStatsSnapshot:
         return self._stats

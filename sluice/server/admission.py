@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 
 from sluice.config import SchedulerConfig
 from sluice.engine.client_base import DeltaSink, EngineClient
+from sluice.engine.messages import EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import InvalidRequestError, QueueFullError, ServiceUnavailableError
@@ -184,9 +185,8 @@ class AdmissionGate(EngineClient):
     def is_alive(self) -> bool:
         return self.engine.is_alive
 
-    @property
-    def max_model_len(self) -> int:
-        return self.engine.max_model_len
+    def stats(self) -> EngineStatsSnapshot:
+        return self.engine.stats()
 
     async def start(self) -> None:
         await self.engine.start()
@@ -278,9 +278,8 @@ class _DeadlineClient(EngineClient):
     def is_alive(self) -> bool:
         return self._gate.is_alive
 
-    @property
-    def max_model_len(self) -> int:
-        return self._gate.max_model_len
+    def stats(self) -> EngineStatsSnapshot:
+        return self._gate.stats()
 
     async def start(self) -> None:
         raise AssertionError("a per-request view: the app starts the gate itself")

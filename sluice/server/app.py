@@ -28,10 +28,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
@@ -39,11 +39,10 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from sluice.config import ServerConfig
-from sluice.engine.client_base import EngineClient, EngineStats
-from sluice.engine.supervisor import EngineSupervisor, RestartableEngine
+from sluice.engine.client_base import EngineClient
+from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import EngineDeadError, InvalidRequestError
-from sluice.frontend.detokenizer import DecodingTokenizer
-from sluice.frontend.preprocess import Preprocessor, PromptTokenizer
+from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend
 from sluice.server import admission, protocol, to_internal
@@ -55,15 +54,10 @@ from sluice.server.loop_watchdog import LoopWatchdog
 from sluice.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sluice.server.metrics import ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
+from sluice.server.served_model import ServedModel, ServedTokenizer
 from sluice.server.shutdown import GracefulShutdown
 
 T = TypeVar("T")
-
-
-class ServedTokenizer(PromptTokenizer, DecodingTokenizer, Protocol):
-    """What the app uses of `sluice.tokenizer.Tokenizer` (tests pass the fake one)."""
-
-    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]: ...
 
 
 def sluice_version() -> str:
@@ -73,20 +67,12 @@ def sluice_version() -> str:
         return "unknown"
 
 
-def create_app(
-    config: ServerConfig,
-    engine: EngineClient,
-    tokenizer: ServedTokenizer,
-    model_name: str,
-    max_model_len: int,
-    stats: Callable[[], EngineStats] | None = None,
-) -> FastAPI:
-    """The app serving `engine` as `model_name` (ServerConfig.served_model_name wins)."""
-    served_name = config.served_model_name or model_name
+def create_app(config: ServerConfig, engine: EngineClient, model: ServedModel) -> FastAPI:
+    """The app serving `engine` as `model.name` (ServerConfig.served_model_name wins)."""
     gate = AdmissionGate(engine, admission.capacity_of(config.engine.scheduler))
-    routes = Routes(config, gate, tokenizer, served_name, max_model_len, stats)
+    routes = Routes(config, gate, model)
     supervisor = None
-    if isinstance(engine, RestartableEngine):
+    if engine.can_restart:
         supervisor = EngineSupervisor(
             engine, config.on_engine_death, on_exit=lambda: shutdown.exit(1)
         )
@@ -137,22 +123,21 @@ class Routes:
         self,
         config: ServerConfig,
         gate: AdmissionGate,
-        tokenizer: ServedTokenizer,
-        served_name: str,
-        max_model_len: int,
-        stats: Callable[[], EngineStats] | None,
+        model: ServedModel,
     ):
         self.gate = gate
-        self.tokenizer = tokenizer
-        self.served_name = served_name
-        self.max_model_len = max_model_len
+        self.tokenizer: ServedTokenizer = model.tokenizer
+        self.served_name = config.served_model_name or model.name
+        self.max_model_len = model.max_model_len
         self.send_timeout_s = config.send_timeout_s
         self.queue_timeout_s = config.queue_timeout_s
         self.created = int(time.time())
-        self.metrics = ServerMetrics(served_name, stats, max_model_len)
-        self.frontend = Frontend(gate, tokenizer, observer=self.metrics)
-        self.preprocessor = Preprocessor(tokenizer, max_model_len)
-        self.options = to_internal.RequestOptions(served_name, self.preprocessor, config.limits)
+        self.metrics = ServerMetrics(self.served_name, gate.stats, self.max_model_len)
+        self.frontend = Frontend(gate, self.tokenizer, observer=self.metrics)
+        self.preprocessor = Preprocessor(self.tokenizer, self.max_model_len)
+        self.options = to_internal.RequestOptions(
+            self.served_name, self.preprocessor, config.limits
+        )
         self.bodies = BodyReader(config.limits, self.options)
 
     # -- generation ------------------------------------------------------------

@@ -25,7 +25,7 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass
 from types import FrameType
 
@@ -34,9 +34,10 @@ from fastapi import FastAPI
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sluice.config import EngineConfig, ModelConfig, ServerConfig
-from sluice.engine.client_base import EngineClient, EngineStats
+from sluice.engine.client_base import EngineClient
 from sluice.errors import ModelLoadError
 from sluice.server.connection import AbortableHttpToolsProtocol
+from sluice.server.served_model import ServedModel
 from sluice.server.shutdown import GracefulShutdown
 from sluice.tokenizer import Tokenizer
 
@@ -178,23 +179,12 @@ def tune_gc_for_serving() -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelDescription:
-    """What the HTTP edge needs to know about the model, without its weights."""
-
-    name: str
-    tokenizer: Tokenizer
-    max_model_len: int
-
-
-@dataclass(frozen=True, slots=True)
 class EngineAssembly:
     engine: EngineClient
-    model: ModelDescription
-    # The client's stats snapshot, read by /metrics at scrape time.
-    stats: Callable[[], EngineStats]
+    model: ServedModel
 
 
-def describe_model(config: ModelConfig) -> ModelDescription:
+def describe_model(config: ModelConfig) -> ServedModel:
     """Tokenizer, display name and context length of the model `config` names.
 
     Reads only small files (converting a GGUF to its cache folder on first
@@ -216,7 +206,7 @@ def describe_model(config: ModelConfig) -> ModelDescription:
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"unreadable config.json in {folder}: {exc}") from exc
     model_config = LlamaConfig.from_hf_dict(hf_config)
-    return ModelDescription(
+    return ServedModel(
         name=source.name,
         tokenizer=Tokenizer.from_folder(folder),
         max_model_len=resolve_max_model_len(config.max_model_len, model_config),
@@ -229,15 +219,15 @@ def build_engine(config: EngineConfig) -> EngineAssembly:
         from sluice.engine.client import MultiprocessEngineClient
 
         client = MultiprocessEngineClient(config)
-        return EngineAssembly(client, describe_model(config.model), client.stats)
+        return EngineAssembly(client, describe_model(config.model))
     from sluice.engine.core import EngineCore
     from sluice.engine.inproc_client import InProcessEngineClient
 
     core = EngineCore(config)
     loaded = core.loaded
-    description = ModelDescription(loaded.name, loaded.tokenizer, loaded.max_model_len)
+    description = ServedModel(loaded.name, loaded.tokenizer, loaded.max_model_len)
     client = InProcessEngineClient(core)
-    return EngineAssembly(client, description, client.stats)
+    return EngineAssembly(client, description)
 
 
 def run_server(config: ServerConfig) -> int:
@@ -246,14 +236,7 @@ def run_server(config: ServerConfig) -> int:
     from sluice.server.app import create_app
 
     assembly = build_engine(config.engine)
-    app = create_app(
-        config,
-        assembly.engine,
-        assembly.model.tokenizer,
-        assembly.model.name,
-        assembly.model.max_model_len,
-        stats=assembly.stats,
-    )
+    app = create_app(config, assembly.engine, assembly.model)
     return serve(app, config)
 
 

@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from sluice.engine.client_base import EngineStats
+from sluice.engine.messages import EngineStatsSnapshot
 from sluice.server.loop_series import LoopCounter, LoopHistogram
 from sluice.server.metric_buckets import (
     ITL_BUCKETS_S,
@@ -65,7 +65,7 @@ class _LoopMetricsCollector(Collector):
 class EngineStatsCollector(Collector):
     """Gauges read from the engine when Prometheus scrapes."""
 
-    def __init__(self, stats: Callable[[], EngineStats], model_name: str):
+    def __init__(self, stats: Callable[[], EngineStatsSnapshot], model_name: str):
         self._stats = stats
         self._model_name = model_name
 
@@ -106,7 +106,7 @@ class ServerMetrics:
     def __init__(
         self,
         model_name: str,
-        stats: Callable[[], EngineStats] | None = None,
+        stats: Callable[[], EngineStatsSnapshot] | None = None,
         max_model_len: int | None = None,
     ):
         """`stats`: the engine's (no engine series without it); `max_model_len`:

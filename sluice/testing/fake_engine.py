@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from itertools import cycle
 
 from sluice.engine.client_base import DeltaSink, EngineClient
+from sluice.engine.messages import EngineStatsSnapshot
 from sluice.engine.outputs import FinishReason, RequestDelta, TokenLogprobs
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.sink_router import deliver_delta
@@ -91,14 +92,10 @@ class _FakeRequest:
 
 
 class FakeEngineBase(EngineClient):
-    """What the test engines share: liveness, the context limit, idle engine
-    stats (so a fake stands in for metrics too) and a counted prefix-cache reset."""
+    """What the test engines share: liveness, engine stats (requests open
+    count as running) and a counted prefix-cache reset."""
 
     _is_alive = True
-    _max_model_len = 4096
-    prefix_cache_queried_tokens = 0
-    prefix_cache_hit_tokens = 0
-    num_preemptions = 0
     # How often the app asked the engine to forget its cached prefixes.
     num_prefix_cache_resets = 0
 
@@ -107,16 +104,11 @@ class FakeEngineBase(EngineClient):
         return self._is_alive
 
     @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def num_waiting(self) -> int:
+    def num_running(self) -> int:
         return 0
 
-    @property
-    def kv_cache_usage(self) -> float:
-        return 0.0
+    def stats(self) -> EngineStatsSnapshot:
+        return EngineStatsSnapshot(num_running=self.num_running)
 
     def reset_prefix_cache(self) -> None:
         self.num_prefix_cache_resets += 1
@@ -200,7 +192,6 @@ class FakeEngine(FakeEngineBase):
                 request.is_aborted = True
         self._schedule_step()
 
-    # EngineStats, so the fake can stand in for metrics too.
     @property
     def num_running(self) -> int:
         return len(self._requests)

@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from sluice.server.app import create_app
     from sluice.server.launch import serve
+    from sluice.server.served_model import ServedModel
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -58,14 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         step_interval_s=args.step_interval_s,
         max_model_len=args.max_model_len,
     )
-    app = create_app(
-        config,
-        engine,
-        _tokenizer(args.tokenizer),
-        MODEL_NAME,
-        args.max_model_len,
-        stats=lambda: engine,
-    )
+    model = ServedModel(MODEL_NAME, _tokenizer(args.tokenizer), args.max_model_len)
+    app = create_app(config, engine, model)
     return serve(app, config)
 
 

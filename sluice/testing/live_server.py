@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
 
 from sluice.config import ServerConfig
-from sluice.engine.client_base import EngineClient, EngineStats
-from sluice.server.app import ServedTokenizer, create_app
+from sluice.engine.client_base import EngineClient
+from sluice.server.app import create_app
 from sluice.server.launch import make_server
+from sluice.server.served_model import ServedModel, ServedTokenizer
 
 DEFAULT_MODEL_NAME = "fake-model"
 
@@ -36,7 +36,6 @@ class LiveServer:
         *,
         model_name: str = DEFAULT_MODEL_NAME,
         max_model_len: int = 4096,
-        stats: Callable[[], EngineStats] | None = None,
         # Starting a real engine (its own process, loading weights) takes a while.
         startup_timeout_s: float = 10.0,
         **config,
@@ -44,7 +43,9 @@ class LiveServer:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = ServerConfig(host="127.0.0.1", port=0, **config)
-        self.app = create_app(self.config, engine, tokenizer, model_name, max_model_len, stats)
+        self.app = create_app(
+            self.config, engine, ServedModel(model_name, tokenizer, max_model_len)
+        )
         self.server = make_server(self.app, self.config)
         self.startup_timeout_s = startup_timeout_s
         self.url = ""
