@@ -31,6 +31,7 @@ from sluice.engine.scheduler import Scheduler
 from sluice.errors import ModelLoadError
 from sluice.loader import LoadedModel, load_model
 from sluice.models.attention import kv_cache_bytes_per_block
+from sluice.structured.matcher import GrammarMatchers
 
 logger = logging.getLogger("sluice.engine")
 
@@ -75,6 +76,12 @@ class EngineCore:
             device=device,
             eos_token_ids=self.loaded.eos_token_ids,
         )
+        # Structured outputs: one matcher per constrained request.
+        self.grammars = GrammarMatchers(
+            getattr(self.loaded.tokenizer, "backend", None),
+            self.loaded.model_config.vocab_size,
+            self.loaded.eos_token_ids,
+        )
         self.info = EngineReady(
             model_name=self.loaded.name,
             max_model_len=self.max_model_len,
@@ -102,8 +109,12 @@ class EngineCore:
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> None:
-        # Raises ValueError for a request the engine can never run.
-        self.scheduler.add_request(Request(request_id, list(prompt_token_ids), params))
+        # Raises ValueError for a request the engine can never run (a grammar
+        # that does not compile is a GrammarError, one of those).
+        request = Request(request_id, list(prompt_token_ids), params)
+        if params.structured_output is not None:
+            request.grammar = self.grammars.matcher(params.structured_output, request_id)
+        self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> list[RequestDelta]:
         return self.scheduler.abort_requests(request_ids)

@@ -3,7 +3,8 @@
 Pipeline per step (all tensor ops over the batch; the only Python loop over
 rows is the per-row re-seeding of seeded generators):
 1. Lay the rows out as batch tensors (`sampling.batch`).
-2. Process a working copy of the logits: bias, min_tokens, penalties,
+2. Process a working copy of the logits: the grammar mask of structured
+   outputs (`sluice.structured.bitmask`), bias, min_tokens, penalties,
    temperature, top-k/top-p/min-p (`sampling.processors`).
 3. Greedy rows take the argmax; the others run an exponential race against
    per-row or shared noise (`sampling.rng`).
@@ -13,7 +14,8 @@ rows is the per-row re-seeding of seeded generators):
    row may add a host check of a bool inside filtering: free there.)
 
 Fast path: when every row is greedy and needs no penalty, bias, min_tokens
-mask or logprobs, the step is a single argmax.
+mask, grammar or logprobs, the step is a single argmax. A batch without a
+constrained row does no mask work at all.
 
 Invariants: a row with a seed draws the same token whatever else is in the
 batch, in whatever order, and after preemption and recompute (its noise comes

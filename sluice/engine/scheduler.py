@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sluice.config import SchedulerConfig
 from sluice.engine.kv_cache import KVCacheManager
@@ -40,6 +41,9 @@ from sluice.engine.outputs import RequestDelta
 from sluice.engine.request import Request, RequestStatus
 from sluice.engine.sampled import SampledToken
 from sluice.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from sluice.structured.matcher import GrammarMatcher
 
 
 @dataclass(slots=True)
@@ -61,6 +65,9 @@ class ScheduledRequest:
     params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]
+    # The request's grammar state when its output is constrained (the sampler
+    # masks with it); a reference, like the lists above.
+    grammar: GrammarMatcher | None = None
 
 
 @dataclass(slots=True)
@@ -274,6 +281,7 @@ class Scheduler:
                 params=request.params,
                 prompt_token_ids=request.prompt_token_ids,
                 output_token_ids=request.output_token_ids,
+                grammar=request.grammar,
             )
         )
         plan.num_batched_tokens += num_new_tokens
@@ -291,6 +299,8 @@ class Scheduler:
         if token is None:
             return None  # mid-prefill: no token, no delta
         request.append_output_token(token)
+        if request.grammar is not None:
+            request.grammar.accept(token.token_id)
         status = self._stop_status(request, token.token_id)
         if status is not None:
             self._finish(request, status)
@@ -306,6 +316,8 @@ class Scheduler:
         if may_stop and (is_eos or token_id in params.stop_token_ids):
             request.stop_token_id = token_id
             return RequestStatus.FINISHED_STOPPED
+        if request.grammar is not None and request.grammar.is_terminated:
+            return RequestStatus.FINISHED_STOPPED  # the output is complete
         if request.num_output_tokens >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH
         if request.num_tokens >= self.max_model_len:
@@ -317,6 +329,7 @@ class Scheduler:
         from its queue."""
         request.status = status
         self.kv.free(request)
+        request.grammar = None
         del self._requests[request.request_id]
 
     def _check_fits(self, request: Request) -> None:

@@ -20,6 +20,8 @@ from torch import Tensor
 
 from sluice.engine.sampling.rng import derive_step_seed
 from sluice.engine.sampling_params import SamplingParams
+from sluice.structured.bitmask import AllowedTokens, allowed_tokens
+from sluice.structured.matcher import GrammarMatcher
 
 # Candidates a top-p-only row first searches its nucleus in on CPU.
 CPU_TOP_P_CANDIDATES = 1024
@@ -34,6 +36,8 @@ class SamplingRow:
     prompt_token_ids: Sequence[int]
     # Generated so far, before this step's token.
     output_token_ids: Sequence[int]
+    # Structured output: the grammar state that says which tokens may come next.
+    grammar: GrammarMatcher | None = None
 
 
 @dataclass(slots=True)
@@ -83,6 +87,8 @@ class Filters:
 class SamplingBatch:
     num_rows: int
     vocab_size: int
+    # The tokens each constrained row may sample (the others go to -inf).
+    allowed_tokens: AllowedTokens | None
     is_greedy: Tensor  # [B] bool
     # The same on the host, for the per-row noise loop.
     greedy_rows: list[bool]
@@ -111,6 +117,7 @@ def is_plain_greedy(rows: list[SamplingRow]) -> bool:
         and p.frequency_penalty == 0.0
         and p.logprobs is None
         and len(row.output_token_ids) >= p.min_tokens
+        and row.grammar is None
         for row in rows
         for p in (row.params,)
     )
@@ -125,6 +132,7 @@ def build_sampling_batch(
     return SamplingBatch(
         num_rows=len(rows),
         vocab_size=vocab_size,
+        allowed_tokens=_allowed_tokens(rows, vocab_size, device),
         is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
         greedy_rows=greedy,
         all_greedy=all(greedy),
@@ -142,6 +150,14 @@ def build_sampling_batch(
             for row in rows
         ],
     )
+
+
+def _allowed_tokens(
+    rows: list[SamplingRow], vocab_size: int, device: torch.device
+) -> AllowedTokens | None:
+    if all(row.grammar is None for row in rows):
+        return None  # a free batch does no mask work
+    return allowed_tokens([row.grammar for row in rows], vocab_size, device)
 
 
 def _floats(values: list[float], device: torch.device) -> Tensor:

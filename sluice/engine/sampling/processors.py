@@ -1,6 +1,7 @@
 """Logits processing: from the model's raw logits to the distribution sampled.
 
 Order, on a working copy (the raw logits stay intact for logprobs):
+0. structured output: tokens the row's grammar forbids go to -inf;
 1. logit_bias is added;
 2. EOS and stop_token_ids are masked to -inf while a row is under min_tokens;
 3. repetition penalty (HF/vLLM): over prompt and output tokens, positive
@@ -31,6 +32,7 @@ from sluice.engine.sampling.batch import (
     SamplingBatch,
     SparseEntries,
 )
+from sluice.structured.bitmask import apply_allowed_tokens
 
 
 def process_logits(logits: Tensor, batch: SamplingBatch) -> Tensor:
@@ -38,9 +40,13 @@ def process_logits(logits: Tensor, batch: SamplingBatch) -> Tensor:
 
     With nothing to do for a step, the input itself is returned.
     """
-    # 1-2. Sparse additions: bias, then the min_tokens mask, in place on a copy.
-    if batch.logit_bias is not None or batch.min_tokens_mask is not None:
+    # 0-2. The grammar mask, then sparse additions: bias, then the min_tokens
+    #      mask, in place on a copy.
+    has_sparse = batch.logit_bias is not None or batch.min_tokens_mask is not None
+    if batch.allowed_tokens is not None or has_sparse:
         logits = logits.clone()  # [B, V]
+        if batch.allowed_tokens is not None:
+            apply_allowed_tokens(logits, batch.allowed_tokens)
         _add_sparse(logits, batch.logit_bias)
         _add_sparse(logits, batch.min_tokens_mask)
     # 3. Repetition penalty.

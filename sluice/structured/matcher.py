@@ -1,0 +1,84 @@
+"""One request's grammar state in the engine, and the factory that makes them.
+
+`GrammarMatchers` lives in the engine core (one per engine): it holds the
+llguidance view of the model's tokenizer, built on the first structured
+request (about a third of a second for a 49k vocabulary), and makes one
+`GrammarMatcher` per request. The matcher belongs to the engine loop like the
+`Request` that holds it: the sampler reads its mask, the scheduler advances it
+with each sampled token and drops it when the request finishes or is aborted.
+
+Invariant: a matcher has consumed exactly the request's output tokens. A
+preempted request keeps its outputs (they are recomputed as prefix, never
+resampled), so its matcher stays valid across preemption.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import llguidance
+import tokenizers
+
+from sluice.structured.grammar import GrammarError, grammar_of
+from sluice.structured.spec import StructuredOutputSpec
+
+logger = logging.getLogger("sluice.structured")
+
+
+class GrammarMatcher:
+    """The grammar state of one request: which tokens may come next."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, request_id: str) -> None:
+        self.matcher = matcher
+        self.request_id = request_id
+        # Set when the grammar is complete (only EOS could follow) or broken.
+        self.is_terminated = matcher.is_stopped()
+
+    def accept(self, token_id: int) -> None:
+        """Advance past one sampled token (the mask allowed it)."""
+        if self.is_terminated:
+            return
+        if not self.matcher.consume_token(token_id):
+            # The mask forbids this token; reaching here is a bug, not input.
+            logger.error(
+                "request %s: grammar refused sampled token %d: %s",
+                self.request_id,
+                token_id,
+                self.matcher.get_error(),
+            )
+        self.is_terminated = self.matcher.is_stopped()
+
+
+class GrammarMatchers:
+    """Makes matchers for the model served: its tokenizer, vocabulary and EOS ids."""
+
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer | None,
+        vocab_size: int,
+        eos_token_ids: frozenset[int],
+    ) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._eos_token_ids = sorted(eos_token_ids)
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+
+    def matcher(self, spec: StructuredOutputSpec, request_id: str) -> GrammarMatcher:
+        """A fresh matcher for `spec`. Raises GrammarError if it cannot be built."""
+        grammar = grammar_of(spec)
+        matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"structured output: {matcher.get_error()}")
+        return GrammarMatcher(matcher, request_id)
+
+    def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+        if self._ll_tokenizer is None:
+            if self._tokenizer is None:
+                raise GrammarError("structured output needs the model's tokenizer, which is absent")
+            self._ll_tokenizer = llguidance.LLTokenizer(
+                self._tokenizer.to_str(),
+                # The model's vocabulary: ids past the tokenizer's are masked out.
+                n_vocab=self.vocab_size,
+                eos_token=self._eos_token_ids,
+            )
+        return self._ll_tokenizer

@@ -1,0 +1,58 @@
+"""What a request's output must match: one frozen value, `StructuredOutputSpec`.
+
+The HTTP edge builds it from `response_format`, `structured_outputs` or the
+`guided_*` fields (`sluice.server.structured_fields`), tool calling builds it
+from a tool's parameters (`StructuredOutputSpec.json_schema`); it rides in
+`SamplingParams` across the process boundary, and the engine compiles it
+(`sluice.structured.grammar`). It imports nothing heavier than msgspec, so
+every layer may hold one.
+
+Invariant: equal specs compile to the same grammar, so a spec is the key of
+every grammar cache. `json_schema` serialises the schema canonically (sorted
+keys, no whitespace) for that reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+StructuredOutputKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+
+
+class StructuredOutputSpec(msgspec.Struct, frozen=True):
+    kind: StructuredOutputKind
+    # json_schema: the schema as JSON text; regex: the pattern (whole output);
+    # choice: a JSON array of the allowed strings; grammar: Lark or GBNF text
+    # as llguidance reads it; json_object: empty (any JSON object).
+    value: str = ""
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | bool) -> StructuredOutputSpec:
+        """Output that is one JSON value matching `schema` (a JSON Schema)."""
+        return cls("json_schema", _canonical_json(schema))
+
+    @classmethod
+    def json_object(cls) -> StructuredOutputSpec:
+        """Output that is one JSON object, any keys."""
+        return cls("json_object")
+
+    @classmethod
+    def regex(cls, pattern: str) -> StructuredOutputSpec:
+        """Output that matches `pattern` entirely."""
+        return cls("regex", pattern)
+
+    @classmethod
+    def choice(cls, choices: list[str] | tuple[str, ...]) -> StructuredOutputSpec:
+        """Output that is exactly one of `choices`."""
+        return cls("choice", _canonical_json(list(choices)))
+
+    @classmethod
+    def grammar(cls, text: str) -> StructuredOutputSpec:
+        """Output that the Lark (or GBNF) grammar `text` derives."""
+        return cls("grammar", text)
+
+
+def _canonical_json(value: Any) -> str:
+    return msgspec.json.encode(value, order="sorted").decode()
