@@ -30,6 +30,7 @@ from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.scheduler import Scheduler
 from sluice.errors import ModelLoadError
 from sluice.loader import LoadedModel, load_model
+from sluice.loader.loaded_model import torch_dtype
 from sluice.models.attention import kv_cache_bytes_per_block
 from sluice.structured.matcher import GrammarMatchers
 
@@ -46,7 +47,7 @@ class EngineCore:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.loaded = loaded or load_model(config.model)
-        dtype = _torch_dtype(self.loaded.choices.dtype)
+        dtype = torch_dtype(self.loaded.choices.dtype)
         device = torch.device(config.model.device)
         block_size = config.cache.block_size_tokens
         num_blocks = _num_kv_blocks(config.cache, self.loaded.model_config, dtype, device)
@@ -161,10 +162,6 @@ class EngineCore:
             prefix_cache_hit_tokens=self.kv.num_hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
         )
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
 def _num_kv_blocks(cache: CacheConfig, model_config, dtype, device) -> int:

@@ -62,7 +62,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     source = resolve_source(config.model)
     folder = _hf_folder(source, config.cache_dir)
     # 2. Everything that can be checked without allocating the model.
-    model_config = LlamaConfig.from_hf_dict(_read_config_json(folder))
+    model_config = LlamaConfig.from_hf_dict(read_config_json(folder))
     max_model_len = resolve_max_model_len(config.max_model_len, model_config)
     device = _device(config.device)
     chosen = choices.choose(
@@ -71,7 +71,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         device,
         choices.decoder_weight_bits(source_tensor_types(folder)),
     )
-    dtype = _dtype(chosen.dtype)
+    dtype = torch_dtype(chosen.dtype)
     check_quantization(chosen.quantization, device)
     files = checkpoint_files(folder)
     tokenizer = Tokenizer.from_folder(folder)
@@ -120,7 +120,8 @@ def _hf_folder(source: ModelSource, cache_dir: Path) -> Path:
     return folder
 
 
-def _read_config_json(folder: Path) -> dict[str, Any]:
+def read_config_json(folder: Path) -> dict[str, Any]:
+    """The model folder's config.json as a dict (the one reader of it)."""
     path = folder / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"no config.json in {folder}")
@@ -133,7 +134,8 @@ def _read_config_json(folder: Path) -> dict[str, Any]:
     return value
 
 
-def _dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a dtype name stands for (the one map of them)."""
     if name not in _DTYPES:
         raise ModelLoadError(f"unsupported dtype {name!r}; choose one of {', '.join(_DTYPES)}")
     return _DTYPES[name]

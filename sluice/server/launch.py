@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import functools
 import gc
-import json
 import logging
 import signal
 import socket
@@ -35,7 +34,6 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sluice.config import EngineConfig, ModelConfig, ServerConfig
 from sluice.engine.client_base import EngineClient
-from sluice.errors import ModelLoadError
 from sluice.server.connection import AbortableHttpToolsProtocol
 from sluice.server.served_model import ServedModel
 from sluice.server.shutdown import GracefulShutdown
@@ -193,6 +191,7 @@ def describe_model(config: ModelConfig) -> ServedModel:
     # The loader pulls in torch: imported here, so `make_server` stays light.
     from sluice.loader import resolve_max_model_len, resolve_source
     from sluice.loader.gguf_convert import converted_folder
+    from sluice.loader.loaded_model import read_config_json
     from sluice.models.config import LlamaConfig
 
     source = resolve_source(config.model)
@@ -201,11 +200,7 @@ def describe_model(config: ModelConfig) -> ServedModel:
         if source.kind == "hf_folder"
         else converted_folder(source.path, config.cache_dir)
     )
-    try:
-        hf_config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"unreadable config.json in {folder}: {exc}") from exc
-    model_config = LlamaConfig.from_hf_dict(hf_config)
+    model_config = LlamaConfig.from_hf_dict(read_config_json(folder))
     return ServedModel(
         name=source.name,
         tokenizer=Tokenizer.from_folder(folder),
