@@ -149,9 +149,9 @@ class EngineCore:
         if not plan.scheduled:
             return []
         # 2. Run the model; sample one token for each request whose prompt is done.
-        sampled = self.runner.execute(plan)
+        output = self.runner.execute(plan)
         # 3. Advance requests, free the finished, emit one delta per request.
-        return self.scheduler.update(plan, sampled)
+        return self.scheduler.update(plan, output.sampled, output.prompt_logprobs)
 
     def stats(self) -> EngineStatsSnapshot:
         return EngineStatsSnapshot(

@@ -28,6 +28,30 @@ class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
     top_logprobs: tuple[tuple[float, ...], ...]
 
 
+class PromptLogprobs(msgspec.Struct, frozen=True, array_like=True):
+    """Logprobs of prompt tokens 1 .. n-1, each under the model's distribution
+    after the tokens before it (token 0 has none: nothing precedes it)."""
+
+    # [num_tokens] logprob of each prompt token (log_softmax of raw logits).
+    logprobs: tuple[float, ...]
+    # [num_tokens] its rank in that distribution, 1 = most likely.
+    ranks: tuple[int, ...]
+    # [num_tokens][k] the top-k alternatives, most likely first, and their logprobs.
+    top_token_ids: tuple[tuple[int, ...], ...]
+    top_logprobs: tuple[tuple[float, ...], ...]
+
+    def __add__(self, later: PromptLogprobs) -> PromptLogprobs:
+        return PromptLogprobs(
+            self.logprobs + later.logprobs,
+            self.ranks + later.ranks,
+            self.top_token_ids + later.top_token_ids,
+            self.top_logprobs + later.top_logprobs,
+        )
+
+    def __len__(self) -> int:
+        return len(self.logprobs)
+
+
 class RequestDelta(msgspec.Struct, frozen=True, array_like=True):
     request_id: str
     # Tokens generated since this request's previous delta, in order. May be
@@ -43,6 +67,8 @@ class RequestDelta(msgspec.Struct, frozen=True, array_like=True):
     num_prompt_tokens: int
     # Prompt tokens whose KV came from the prefix cache (usage's cached_tokens).
     num_cached_tokens: int = 0
+    # Only on the request's first delta, iff params.prompt_logprobs was set.
+    prompt_logprobs: PromptLogprobs | None = None
 
     @property
     def is_finished(self) -> bool:

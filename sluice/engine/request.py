@@ -23,8 +23,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sluice.engine.outputs import FinishReason, RequestDelta, TokenLogprobs
-from sluice.engine.sampled import SampledToken
+from sluice.engine.outputs import FinishReason, PromptLogprobs, RequestDelta, TokenLogprobs
+from sluice.engine.sampled import PromptLogprobsChunk, SampledToken
 from sluice.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -90,6 +90,10 @@ class Request:
     num_named_blocks: int = 0
     # Prompt tokens found in the prefix cache at admission (usage's cached_tokens).
     num_cached_tokens: int = 0
+    # With params.prompt_logprobs: those computed so far (from prompt token 1
+    # on), which leave whole with the first delta, and whether they left.
+    prompt_logprobs: PromptLogprobs = PromptLogprobs((), (), (), ())
+    has_sent_prompt_logprobs: bool = False
     # The grammar state of a structured-output request (it has consumed exactly
     # output_token_ids); None for a free one and once the request finished.
     grammar: GrammarMatcher | None = None
@@ -131,6 +135,20 @@ class Request:
         self.pending_top_token_ids.append(sampled.top_token_ids)
         self.pending_top_logprobs.append(sampled.top_logprobs)
 
+    def append_prompt_logprobs(self, chunk: PromptLogprobsChunk) -> None:
+        """Add one step's prompt logprobs; positions already held (a prefix
+        recomputed after preemption) and any after they left are dropped."""
+        if self.has_sent_prompt_logprobs:
+            return
+        num_known = 1 + len(self.prompt_logprobs)  # token 0 has none
+        assert chunk.first_token_index <= num_known, "prompt logprobs come in position order"
+        skip = num_known - chunk.first_token_index
+        new = chunk.logprobs
+        self.prompt_logprobs += PromptLogprobs(
+            new.logprobs[skip:], new.ranks[skip:], new.top_token_ids[skip:],
+            new.top_logprobs[skip:],
+        )  # fmt: skip
+
     def take_delta(self) -> RequestDelta:
         """The tokens since the previous delta (and the finish reason, if any);
         advances the emission cursor so nothing is sent twice."""
@@ -154,4 +172,11 @@ class Request:
             stop_token_id=self.stop_token_id,
             num_prompt_tokens=self.num_prompt_tokens,
             num_cached_tokens=self.num_cached_tokens,
+            prompt_logprobs=self._take_prompt_logprobs(),
         )
+
+    def _take_prompt_logprobs(self) -> PromptLogprobs | None:
+        if self.params.prompt_logprobs is None or self.has_sent_prompt_logprobs:
+            return None
+        self.has_sent_prompt_logprobs = True
+        return self.prompt_logprobs

@@ -8,11 +8,25 @@ block tables the plan carries.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from sluice.engine.sampled import SampledToken
+from sluice.engine.sampled import PromptLogprobsChunk, SampledToken
 from sluice.engine.sampler import Sampler, SamplingRow
-from sluice.engine.scheduler import SchedulerPlan
+from sluice.engine.sampling.logprobs import prompt_logprobs
+from sluice.engine.scheduler import ScheduledRequest, SchedulerPlan
+
+# Prompt positions whose [V] logits are materialised at once (memory bound).
+PROMPT_LOGPROBS_ROWS = 256
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    # One per `samples` entry of the plan, in batch order.
+    sampled: list[SampledToken]
+    # For the requests that asked for prompt logprobs and computed prompt positions.
+    prompt_logprobs: list[PromptLogprobsChunk] = field(default_factory=list)
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
 
 
@@ -38,7 +52,7 @@ class ModelRunner:
         self.sampler = Sampler(model_config.vocab_size, eos_token_ids, device)
 
     @torch.inference_mode()
-    def execute(self, plan: SchedulerPlan) -> list[SampledToken]:
+    def execute(self, plan: SchedulerPlan) -> RunnerOutput:
         # 1. Flatten the batch: every scheduled request contributes its new tokens.
         scheduled = plan.scheduled
         query_lens = [s.num_new_tokens for s in scheduled]
@@ -56,11 +70,13 @@ class ModelRunner:
         )
         # 2. Run the model over the mixed prefill/decode batch.
         hidden = self.model(input_ids, positions, self.kv_caches, attn)  # [num_tokens, hidden]
-        # 3. Logits only where a token is sampled: the last position of each
+        # 3. Prompt logprobs over this step's prompt positions, for those who asked.
+        output = RunnerOutput([], self._prompt_logprobs(scheduled, hidden))
+        # 4. Logits only where a token is sampled: the last position of each
         #    request that reached the end of its known tokens.
         sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
         if not sample_rows:
-            return []
+            return output
         ends = torch.tensor(query_lens, device=self.device).cumsum(0) - 1  # [batch]
         last_index = ends[torch.tensor(sample_rows, device=self.device)]  # [num_samples]
         logits = self.model.compute_logits(hidden[last_index])  # [num_samples, vocab]
@@ -74,7 +90,43 @@ class ModelRunner:
             )
             for i in sample_rows
         ]
-        return self.sampler(logits, rows)
+        output.sampled = self.sampler(logits, rows)
+        return output
+
+    def _prompt_logprobs(
+        self, scheduled: list[ScheduledRequest], hidden: torch.Tensor
+    ) -> list[PromptLogprobsChunk]:
+        """Position p of a prompt predicts prompt token p + 1: a chunk over
+        positions [start, end) gives the logprobs of tokens start + 1 .. end
+        that are prompt tokens (the last prompt position predicts the first
+        output token, which the sampler handles)."""
+        chunks, flat_start = [], 0
+        for s in scheduled:
+            num_prompt = len(s.prompt_token_ids)
+            end = min(s.context_len + s.num_new_tokens, num_prompt - 1)
+            if s.params.prompt_logprobs is not None and s.context_len < end:
+                rows = hidden[flat_start : flat_start + end - s.context_len]  # [m, hidden]
+                targets = s.prompt_token_ids[s.context_len + 1 : end + 1]
+                chunks.append(
+                    PromptLogprobsChunk(
+                        s.request_id,
+                        s.context_len + 1,
+                        self._logprobs_of(rows, targets, s.params.prompt_logprobs),
+                    )
+                )
+            flat_start += s.num_new_tokens
+        return chunks
+
+    def _logprobs_of(self, rows: torch.Tensor, targets: list[int], num_top: int):
+        """Logprobs of `targets` after hidden `rows` [m, hidden], a slice at a time."""
+        target_ids = torch.tensor(targets, dtype=torch.long, device=self.device)  # [m]
+        result = None
+        for start in range(0, len(targets), PROMPT_LOGPROBS_ROWS):
+            stop = start + PROMPT_LOGPROBS_ROWS
+            logits = self.model.compute_logits(rows[start:stop])  # [<=256, vocab]
+            part = prompt_logprobs(logits, target_ids[start:stop], num_top)
+            result = part if result is None else result + part
+        return result
 
 
 def _positions(query_lens: list[int], context_lens: list[int], device) -> torch.Tensor:

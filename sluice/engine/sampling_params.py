@@ -43,6 +43,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # None: no logprobs. k >= 0: the sampled token's logprob plus the top-k
     # alternatives (k <= 20), from log_softmax of the raw logits.
     logprobs: int | None = None
+    # vLLM's prompt_logprobs. None: none. k >= 0: each prompt token's logprob
+    # (from the second on) plus the top-k alternatives at its position. Such a
+    # request never starts from the prefix cache: every position is computed.
+    prompt_logprobs: int | None = None
     # Output constrained to a JSON schema, regex, choice or grammar (the
     # logits are masked before sampling; logprobs stay the raw ones). None: free.
     structured_output: StructuredOutputSpec | None = None

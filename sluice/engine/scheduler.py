@@ -39,7 +39,7 @@ from sluice.config import SchedulerConfig
 from sluice.engine.kv_cache import KVCacheManager
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.request import Request, RequestStatus
-from sluice.engine.sampled import SampledToken
+from sluice.engine.sampled import PromptLogprobsChunk, SampledToken
 from sluice.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -173,9 +173,15 @@ class Scheduler:
             self._pending_plan = plan
         return plan
 
-    def update(self, plan: SchedulerPlan, sampled: list[SampledToken]) -> list[RequestDelta]:
+    def update(
+        self,
+        plan: SchedulerPlan,
+        sampled: list[SampledToken],
+        prompt_logprobs: list[PromptLogprobsChunk] | None = None,
+    ) -> list[RequestDelta]:
         """Apply one step's results. `sampled` is aligned with the `samples`
-        entries of `plan.scheduled`."""
+        entries of `plan.scheduled`; `prompt_logprobs` holds the prompt logprobs
+        computed for the requests that asked."""
         assert len(sampled) == plan.num_sampling, (
             f"{len(sampled)} tokens, {plan.num_sampling} asked"
         )
@@ -183,6 +189,10 @@ class Scheduler:
             return []
         assert plan is self._pending_plan, "update() takes the plan of the latest schedule()"
         self._pending_plan = None
+        for chunk in prompt_logprobs or ():
+            request = self._requests.get(chunk.request_id)
+            if request is not None and request.status is RequestStatus.RUNNING:
+                request.append_prompt_logprobs(chunk)
         tokens = iter(sampled)
         deltas = []
         for scheduled in plan.scheduled:
@@ -239,8 +249,11 @@ class Scheduler:
             and len(self._running) < self.config.max_num_seqs
         ):
             request = self._waiting[0]
-            # Start at its longest cached prefix (a preempted request's too).
-            num_cached_tokens = self.kv.take_cached_prefix(request)
+            # Start at its longest cached prefix (a preempted request's too),
+            # unless it needs every prompt position's logits (vLLM does the same).
+            num_cached_tokens = 0
+            if request.params.prompt_logprobs is None:
+                num_cached_tokens = self.kv.take_cached_prefix(request)
             num_new_tokens = self._admission_chunk(request, plan)
             if num_new_tokens == 0 or not self.kv.allocate_slots(request, num_new_tokens):
                 self.kv.free(request)  # the prefix goes back to the cache

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sluice.engine.outputs import PromptLogprobs
 from sluice.engine.sampled import SampledToken
 from sluice.engine.sampling_params import SamplingParams
 
@@ -34,6 +35,26 @@ def gather_logprobs(raw_logits: Tensor, token_ids: Tensor, num_top: int) -> Logp
     sampled = logprobs.gather(1, token_ids[:, None]).squeeze(1)  # [B]
     top_logprobs, top_ids = logprobs.topk(num_top, dim=-1, sorted=True)  # [B, k]
     return LogprobsTensors(sampled=sampled, top_ids=top_ids, top_logprobs=top_logprobs)
+
+
+def prompt_logprobs(raw_logits: Tensor, target_ids: Tensor, num_top: int) -> PromptLogprobs:
+    """raw_logits [m, V] at m prompt positions, target_ids [m] the prompt token
+    after each: their logprobs, ranks and top `num_top`, in one transfer."""
+    logprobs = raw_logits.float().log_softmax(dim=-1)  # [m, V]
+    target = logprobs.gather(1, target_ids[:, None])  # [m, 1]
+    ranks = (logprobs > target).sum(dim=1) + 1  # [m]
+    top_logprobs, top_ids = logprobs.topk(num_top, dim=-1, sorted=True)  # [m, k]
+    packed = torch.cat(
+        [target.double(), ranks[:, None].double(), top_ids.double(), top_logprobs.double()],
+        dim=1,
+    ).tolist()  # [m, 2 + 2k]
+    k = num_top
+    return PromptLogprobs(
+        logprobs=tuple(row[0] for row in packed),
+        ranks=tuple(int(row[1]) for row in packed),
+        top_token_ids=tuple(tuple(int(t) for t in row[2 : 2 + k]) for row in packed),
+        top_logprobs=tuple(tuple(row[2 + k :]) for row in packed),
+    )
 
 
 def to_sampled_tokens(
