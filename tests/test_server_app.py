@@ -211,7 +211,7 @@ def test_completion_errors_are_400_naming_the_param(http, fields, param):
     ("fields", "param"),
     [
         ({"top_logprobs": 3}, "top_logprobs"),
-        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
          "messages[0].content[0].type"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),

@@ -31,12 +31,17 @@ def refused(body: dict, model=CompletionRequest) -> InvalidRequestError:
     return error.value
 
 
+STRUCTURED_FIELDS = [
+    "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar",
+]  # fmt: skip
 COMPLETION_FIELDS = [
     "model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs",
     "max_tokens", "n", "presence_penalty", "seed", "stop", "stream", "stream_options",
     "suffix", "temperature", "top_p", "user", "top_k", "min_p", "repetition_penalty",
     "ignore_eos", "min_tokens", "stop_token_ids", "include_stop_str_in_output",
     "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens",
+    *STRUCTURED_FIELDS,
 ]  # fmt: skip
 CHAT_FIELDS = [
     "model", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "max_tokens",
@@ -44,7 +49,7 @@ CHAT_FIELDS = [
     "stream", "stream_options", "temperature", "top_p", "user", "top_k", "min_p",
     "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
     "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
-    "add_generation_prompt", "add_special_tokens",
+    "add_generation_prompt", "add_special_tokens", *STRUCTURED_FIELDS[1:],
 ]  # fmt: skip
 
 

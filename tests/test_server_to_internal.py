@@ -202,7 +202,7 @@ def test_add_generation_prompt_can_be_turned_off():
         ({"messages": None}, "messages"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"logprobs": False, "top_logprobs": 2}, "top_logprobs"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
          "messages[0].content[0].type"),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]},

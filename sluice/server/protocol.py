@@ -52,6 +52,33 @@ class StreamOptions(OpenAIModel):
     continuous_usage_stats: bool | None = None
 
 
+class JsonSchemaFormat(OpenAIModel):
+    """`response_format.json_schema`: `name`, `description` and `strict` are
+    accepted and change nothing (the schema is always enforced)."""
+
+    name: str | None = None
+    description: str | None = None
+    # Named `schema` on the wire; the attribute would shadow pydantic's own.
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    # "text", "json_object" or "json_schema"; others are refused by name.
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsParams(OpenAIModel):
+    """vLLM's `structured_outputs`: exactly one of these constraints."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class SamplingFields(OpenAIModel):
     """Fields shared by completions and chat completions."""
 
@@ -79,6 +106,13 @@ class SamplingFields(OpenAIModel):
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
+    # Structured outputs: at most one of these per request (`structured_fields`).
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -147,17 +181,12 @@ class ChatMessage(OpenAIModel):
     tool_call_id: str | None = None
 
 
-class ResponseFormat(OpenAIModel):
-    type: str
-
-
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
     # Takes precedence over the deprecated `max_tokens`.
     max_completion_tokens: Count | None = None
-    response_format: ResponseFormat | None = None
     # vLLM extensions.
     add_generation_prompt: bool | None = None
     add_special_tokens: bool | None = None

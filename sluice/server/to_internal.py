@@ -22,6 +22,8 @@ from sluice.errors import InvalidRequestError, ModelNotFoundError
 from sluice.frontend.preprocess import ChatMessage, Preprocessor
 from sluice.frontend.request import GenerationRequest, PromptInput
 from sluice.server import limits, protocol
+from sluice.server.structured_fields import structured_output
+from sluice.structured.spec import StructuredOutputSpec
 
 T = TypeVar("T")
 RequestKind = Literal["completion", "chat"]
@@ -60,13 +62,14 @@ async def completion_request(
     n = body.n or 1
     _refuse_unsupported_completion_fields(body, n)
     stream = _check_stream_options(body)
+    structured = await structured_output(body)
     prompts = await _completion_prompts(body, n, options.preprocessor)
     limits.check_prompts(prompts, options.limits, "prompt")
     requested_max_tokens = limits.cap_max_tokens(
         body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS, options.limits
     )
     max_tokens = options.preprocessor.fit_max_tokens(prompts, requested_max_tokens, "prompt")
-    params = sampling_params(body, max_tokens, body.logprobs, options.preprocessor)
+    params = sampling_params(body, max_tokens, body.logprobs, options.preprocessor, structured)
     echo = _default(body.echo, False)
     return _generation_request(body, "completion", model_name, prompts, n, params, stream, echo)
 
@@ -78,8 +81,8 @@ async def chat_request(
     limits.check_body(body, options.limits)
     n = body.n or 1
     logprobs = _chat_logprobs(body)
-    _check_response_format(body.response_format)
     stream = _check_stream_options(body)
+    structured = await structured_output(body)
     messages = chat_messages(body.messages)
     prompt = await options.preprocessor.chat_prompt(
         messages,
@@ -90,7 +93,7 @@ async def chat_request(
     requested_max_tokens = body.max_completion_tokens or body.max_tokens
     max_tokens = options.preprocessor.fit_max_tokens([prompt], requested_max_tokens, "messages")
     max_tokens = limits.cap_max_tokens(max_tokens, options.limits)
-    params = sampling_params(body, max_tokens, logprobs, options.preprocessor)
+    params = sampling_params(body, max_tokens, logprobs, options.preprocessor, structured)
     return _generation_request(body, "chat", model_name, (prompt,), n, params, stream, False)
 
 
@@ -99,6 +102,7 @@ def sampling_params(
     max_tokens: int,
     logprobs: int | None,
     preprocessor: Preprocessor,
+    structured_output: StructuredOutputSpec | None = None,
 ) -> SamplingParams:
     min_tokens = body.min_tokens or 0
     if min_tokens > max_tokens:
@@ -123,6 +127,7 @@ def sampling_params(
         stop_token_ids=stop_token_ids,
         ignore_eos=_default(body.ignore_eos, False),
         logprobs=logprobs,
+        structured_output=structured_output,
     )
 
 
@@ -252,15 +257,6 @@ def _chat_logprobs(body: protocol.ChatCompletionRequest) -> int | None:
     if body.top_logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
     return None
-
-
-def _check_response_format(response_format: protocol.ResponseFormat | None) -> None:
-    if response_format is not None and response_format.type != "text":
-        raise InvalidRequestError(
-            f"response_format type {response_format.type[:40]!r} is not supported; "
-            "only 'text' is (structured output is not implemented)",
-            param="response_format",
-        )
 
 
 def _generation_request(

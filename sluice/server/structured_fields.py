@@ -1,0 +1,148 @@
+"""A request's structured-output fields -> one checked `StructuredOutputSpec`.
+
+Forms read (chat completions and completions alike):
+- OpenAI `response_format`: `{"type": "text"}` (no constraint),
+  `{"type": "json_object"}`, `{"type": "json_schema", "json_schema":
+  {"name", "schema", "strict"}}`;
+- vLLM `structured_outputs`: one of `json`, `regex`, `choice`, `grammar`,
+  `json_object`;
+- vLLM's older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
+
+A request carries at most one constraint: a second is a 400 naming it. The
+spec is compiled here, in a worker thread (a large schema must not stall the
+event loop), so a bad schema, regex or grammar is a 400 naming the field
+before anything is queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from sluice.errors import InvalidRequestError
+from sluice.server import protocol
+from sluice.structured.grammar import GrammarError, grammar_of
+from sluice.structured.spec import StructuredOutputSpec
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredField:
+    """One constraint a request asked for, and the field that asked (for errors)."""
+
+    param: str
+    spec: StructuredOutputSpec
+
+
+async def structured_output(body: protocol.SamplingFields) -> StructuredOutputSpec | None:
+    """The request's constraint, compiled once to check it; None when it has none."""
+    field = structured_field(body)
+    if field is None:
+        return None
+    try:
+        await asyncio.to_thread(grammar_of, field.spec)
+    except GrammarError as error:
+        raise InvalidRequestError(f"invalid {field.param}: {error}", param=field.param) from None
+    return field.spec
+
+
+def structured_field(body: protocol.SamplingFields) -> StructuredField | None:
+    """The one structured-output form of `body`, not yet compiled."""
+    found = [
+        *_response_format(body.response_format),
+        *_structured_outputs(body.structured_outputs),
+        *_guided(body),
+    ]
+    if len(found) > 1:
+        raise InvalidRequestError(
+            f"a request takes one structured output constraint; got {found[0].param} "
+            f"and {found[1].param}",
+            param=found[1].param,
+        )
+    return found[0] if found else None
+
+
+def _response_format(response_format: protocol.ResponseFormat | None) -> list[StructuredField]:
+    if response_format is None or response_format.type == "text":
+        return []
+    if response_format.type == "json_object":
+        return [StructuredField("response_format", StructuredOutputSpec.json_object())]
+    if response_format.type != "json_schema":
+        raise InvalidRequestError(
+            f"response_format type {response_format.type[:40]!r} is not supported; "
+            "use 'text', 'json_object' or 'json_schema'",
+            param="response_format.type",
+        )
+    json_schema = response_format.json_schema
+    if json_schema is None or json_schema.schema_ is None:
+        param = "response_format.json_schema" + ("" if json_schema is None else ".schema")
+        raise InvalidRequestError(f"{param} is required for type 'json_schema'", param=param)
+    param = "response_format.json_schema.schema"
+    return [StructuredField(param, StructuredOutputSpec.json_schema(json_schema.schema_))]
+
+
+def _structured_outputs(
+    params: protocol.StructuredOutputsParams | None,
+) -> list[StructuredField]:
+    if params is None:
+        return []
+    found = _constraints(
+        "structured_outputs.",
+        json=params.json_,
+        regex=params.regex,
+        choice=params.choice,
+        grammar=params.grammar,
+    )
+    if params.json_object:
+        found.append(
+            StructuredField("structured_outputs.json_object", StructuredOutputSpec.json_object())
+        )
+    return found
+
+
+def _guided(body: protocol.SamplingFields) -> list[StructuredField]:
+    return _constraints(
+        "guided_",
+        json=body.guided_json,
+        regex=body.guided_regex,
+        choice=body.guided_choice,
+        grammar=body.guided_grammar,
+    )
+
+
+def _constraints(
+    prefix: str,
+    *,
+    json: dict[str, Any] | str | None,
+    regex: str | None,
+    choice: list[str] | None,
+    grammar: str | None,
+) -> list[StructuredField]:
+    found = []
+    if json is not None:
+        param = f"{prefix}json"
+        found.append(StructuredField(param, StructuredOutputSpec.json_schema(_schema(json, param))))
+    if regex is not None:
+        found.append(StructuredField(f"{prefix}regex", StructuredOutputSpec.regex(regex)))
+    if choice is not None:
+        if not choice:
+            raise InvalidRequestError("the choice list is empty", param=f"{prefix}choice")
+        found.append(StructuredField(f"{prefix}choice", StructuredOutputSpec.choice(choice)))
+    if grammar is not None:
+        found.append(StructuredField(f"{prefix}grammar", StructuredOutputSpec.grammar(grammar)))
+    return found
+
+
+def _schema(value: dict[str, Any] | str, param: str) -> dict[str, Any]:
+    """A schema given as an object, or as JSON text of one (vLLM takes both)."""
+    if isinstance(value, dict):
+        return value
+    try:
+        schema = orjson.loads(value)
+    except orjson.JSONDecodeError as error:
+        raise InvalidRequestError(f"{param} is not valid JSON: {error}", param=param) from None
+    if not isinstance(schema, dict):
+        raise InvalidRequestError(f"{param} must be a JSON schema object", param=param)
+    return schema

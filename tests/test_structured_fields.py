@@ -1,0 +1,165 @@
+"""Structured-output fields of a request -> one checked StructuredOutputSpec:
+every form read, one constraint per request, and a bad schema, regex or
+grammar is a 400 in OpenAI format naming the field, before the engine sees it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx2
+import pytest
+
+from sluice.errors import InvalidRequestError
+from sluice.frontend.preprocess import Preprocessor
+from sluice.server.protocol import ChatCompletionRequest, CompletionRequest
+from sluice.server.to_internal import RequestOptions, chat_request, completion_request
+from sluice.structured import StructuredOutputSpec as Spec
+from sluice.testing.fake_engine import LoopFakeEngine
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL
+from sluice.testing.live_server import LiveServer
+
+OPTIONS = RequestOptions(MODEL, Preprocessor(ChatFakeTokenizer(), 4096))
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def chat_spec(**fields) -> Spec | None:
+    body = ChatCompletionRequest.model_validate({"messages": MESSAGES, **fields})
+    return asyncio.run(chat_request(body, OPTIONS)).params.structured_output
+
+
+def completion_spec(**fields) -> Spec | None:
+    body = CompletionRequest.model_validate({"prompt": "hi", **fields})
+    return asyncio.run(completion_request(body, OPTIONS)).params.structured_output
+
+
+def chat_refusal(**fields) -> InvalidRequestError:
+    with pytest.raises(InvalidRequestError) as error:
+        chat_spec(**fields)
+    return error.value
+
+
+JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "A", "schema": SCHEMA}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "spec"),
+    [
+        ({}, None),
+        ({"response_format": {"type": "text"}}, None),
+        ({"response_format": {"type": "json_object"}}, Spec.json_object()),
+        ({"response_format": JSON_SCHEMA_FORMAT}, Spec.json_schema(SCHEMA)),
+        ({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "A", "schema": SCHEMA, "strict": True}}}, Spec.json_schema(SCHEMA)),
+        ({"structured_outputs": {"json": SCHEMA}}, Spec.json_schema(SCHEMA)),
+        ({"structured_outputs": {"regex": "[0-9]+"}}, Spec.regex("[0-9]+")),
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, Spec.choice(["yes", "no"])),
+        ({"structured_outputs": {"grammar": 'start: "a"+'}}, Spec.grammar('start: "a"+')),
+        ({"structured_outputs": {"json_object": True}}, Spec.json_object()),
+        ({"guided_json": SCHEMA}, Spec.json_schema(SCHEMA)),
+        ({"guided_json": '{"type": "object", "properties": {"a": {"type": "integer"}}, '
+                         '"required": ["a"]}'}, Spec.json_schema(SCHEMA)),
+        ({"guided_regex": "[0-9]+"}, Spec.regex("[0-9]+")),
+        ({"guided_choice": ["yes", "no"]}, Spec.choice(["yes", "no"])),
+        ({"guided_grammar": 'root ::= "yes" | "no"'}, Spec.grammar('root ::= "yes" | "no"')),
+    ],
+)  # fmt: skip
+def test_each_form_becomes_its_spec_in_both_endpoints(fields, spec):
+    assert chat_spec(**fields) == spec
+    assert completion_spec(**fields) == spec
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "A", "schema": {"type": "frobnicate"}}}},
+         "response_format.json_schema.schema", "frobnicate"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "A", "schema": {
+            "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}},
+         "response_format.json_schema.schema", "missing"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "A"}}},
+         "response_format.json_schema.schema", "required"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "required"),
+        ({"response_format": {"type": "xml"}}, "response_format.type", "xml"),
+        ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs.regex", "unclosed group"),
+        ({"structured_outputs": {"grammar": "start: nowhere"}}, "structured_outputs.grammar",
+         "nowhere"),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "empty"),
+        ({"guided_json": "{not json"}, "guided_json", "JSON"),
+        ({"guided_json": "[1, 2]"}, "guided_json", "object"),
+        ({"guided_regex": "[z-a]"}, "guided_regex", "regex"),
+        ({"guided_grammar": "root ::= ((("}, "guided_grammar", "GBNF"),
+    ],
+)  # fmt: skip
+def test_a_bad_constraint_is_refused_naming_its_field(fields, param, words):
+    error = chat_refusal(**fields)
+    assert error.param == param
+    assert words in error.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+        ({"guided_json": SCHEMA, "guided_choice": ["a"]}, "guided_choice"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs.choice"),
+        ({"response_format": JSON_SCHEMA_FORMAT, "structured_outputs": {"json_object": True}},
+         "structured_outputs.json_object"),
+    ],
+)  # fmt: skip
+def test_a_second_constraint_is_refused_naming_it(fields, param):
+    error = chat_refusal(**fields)
+    assert error.param == param
+    assert "one structured output constraint" in error.message
+
+
+def test_text_response_format_goes_with_another_form():
+    fields = {"response_format": {"type": "text"}, "guided_regex": "a+"}
+    assert chat_spec(**fields) == Spec.regex("a+")
+
+
+def test_equal_schemas_in_any_key_order_are_one_spec():
+    reordered = {"required": ["a"], "properties": {"a": {"type": "integer"}}, "type": "object"}
+    assert chat_spec(guided_json=reordered) == chat_spec(guided_json=SCHEMA)
+
+
+# -- over HTTP ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served():
+    """A live server on the fake engine; the params of every request it got."""
+    seen = []
+
+    def script(request_id, prompt, params):
+        seen.append(params)
+        return [ord(c) for c in '{"a": 1}']
+
+    engine = LoopFakeEngine(script=script)
+    with (
+        LiveServer(engine, ChatFakeTokenizer()) as server,
+        httpx2.Client(base_url=server.url, timeout=10) as http,
+    ):
+        yield http, seen
+
+
+def test_a_bad_schema_is_a_400_in_openai_format_naming_the_field(served):
+    http, seen = served
+    before = len(seen)
+    body = {"model": MODEL, "messages": MESSAGES, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "A", "schema": {"type": 7}}}}  # fmt: skip
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "response_format.json_schema.schema"
+    assert error["type"] == "invalid_request_error"
+    assert len(seen) == before  # the engine never saw it
+
+
+def test_a_good_constraint_reaches_the_engine_in_the_sampling_params(served):
+    http, seen = served
+    body = {"model": MODEL, "prompt": "hi", "structured_outputs": {"regex": "[0-9]+"}}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    assert seen[-1].structured_output == Spec.regex("[0-9]+")
