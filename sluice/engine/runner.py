@@ -16,6 +16,7 @@ from sluice.engine.sampled import PromptLogprobsChunk, SampledToken
 from sluice.engine.sampler import Sampler, SamplingRow
 from sluice.engine.sampling.logprobs import prompt_logprobs
 from sluice.engine.scheduler import ScheduledRequest, SchedulerPlan
+from sluice.models.attention import AttentionMetadata, allocate_kv_caches
 
 # Prompt positions whose [V] logits are materialised at once (memory bound).
 PROMPT_LOGPROBS_ROWS = 256
@@ -27,7 +28,6 @@ class RunnerOutput:
     sampled: list[SampledToken]
     # For the requests that asked for prompt logprobs and computed prompt positions.
     prompt_logprobs: list[PromptLogprobsChunk] = field(default_factory=list)
-from sluice.models.attention import AttentionMetadata, allocate_kv_caches
 
 
 class ModelRunner:
