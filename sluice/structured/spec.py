@@ -8,8 +8,8 @@ from a tool's parameters (`StructuredOutputSpec.json_schema`); it rides in
 every layer may hold one.
 
 Invariant: equal specs compile to the same grammar, so a spec is the key of
-every grammar cache. `json_schema` serialises the schema canonically (sorted
-keys, no whitespace) for that reason.
+every grammar cache. `json_schema` keeps the schema's key order: the order of
+`properties` is the order the output's keys come in.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class StructuredOutputSpec(msgspec.Struct, frozen=True):
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | bool) -> StructuredOutputSpec:
         """Output that is one JSON value matching `schema` (a JSON Schema)."""
-        return cls("json_schema", _canonical_json(schema))
+        return cls("json_schema", _json(schema))
 
     @classmethod
     def json_object(cls) -> StructuredOutputSpec:
@@ -46,7 +46,7 @@ class StructuredOutputSpec(msgspec.Struct, frozen=True):
     @classmethod
     def choice(cls, choices: list[str] | tuple[str, ...]) -> StructuredOutputSpec:
         """Output that is exactly one of `choices`."""
-        return cls("choice", _canonical_json(list(choices)))
+        return cls("choice", _json(list(choices)))
 
     @classmethod
     def grammar(cls, text: str) -> StructuredOutputSpec:
@@ -54,5 +54,5 @@ class StructuredOutputSpec(msgspec.Struct, frozen=True):
         return cls("grammar", text)
 
 
-def _canonical_json(value: Any) -> str:
-    return msgspec.json.encode(value, order="sorted").decode()
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
