@@ -39,6 +39,11 @@ class Defect(enum.Enum):
     FINISH_TWICE = "finish_twice"
     ROLE_REPEATED = "role_repeated"
     LOGPROBS_COPIED = "logprobs_copied"  # token 0's logprobs copied onto the chunk's other tokens
+    # Each streamed token carries the alternatives of the token before it (its own logprob kept).
+    LOGPROBS_SHIFTED = "logprobs_shifted"
+    # Streamed logprobs shift with the number of requests running: not batch-invariant,
+    # which the contract allows (the determinism figure shows it).
+    BATCH_VARIANT = "batch_variant"
     DISCONNECT_KEEPS_GENERATING = "disconnect_keeps_generating"
     BAD_INPUT_500 = "bad_input_500"
     BAD_INPUT_422 = "bad_input_422"
@@ -93,6 +98,8 @@ class Token:
     data: bytes
     logprob: float
     position: int
+    # The token whose alternatives this one's entry shows (LOGPROBS_SHIFTED); None: its own.
+    top_source: Token | None = None
 
 
 @dataclass(slots=True)
@@ -209,7 +216,8 @@ def chat_logprobs(tokens: list[Token], top: int, copy_first: bool) -> dict[str, 
     for token in tokens:
         source = tokens[0] if copy_first else token
         alternatives = [
-            {"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in _alternatives(source, top)
+            {"token": t, "logprob": lp, "bytes": list(b)}
+            for t, lp, b in _alternatives(source.top_source or source, top)
         ]
         content.append(
             {
@@ -236,7 +244,8 @@ def completion_logprobs(
         source = tokens[0] if copy_first else token
         out["tokens"].append(_token_string(token.data))
         out["token_logprobs"].append(source.logprob)
-        out["top_logprobs"].append({t: lp for t, lp, _ in _alternatives(source, top)})
+        alternatives = _alternatives(source.top_source or source, top)
+        out["top_logprobs"].append({t: lp for t, lp, _ in alternatives})
         out["text_offset"].append(len(complete_text(data)))
         data += token.data
     return out
@@ -551,6 +560,10 @@ class ScriptServer:
                 steps[number] = Step(
                     previous.tokens, previous.text, None, previous.completion_tokens
                 )
+        if self.defect is Defect.LOGPROBS_SHIFTED:
+            tokens = [token for step in steps for token in step.tokens]
+            for previous, token in zip(tokens, tokens[1:], strict=False):
+                token.top_source = previous
         if self.defect is Defect.FINISH_TWICE:
             last = steps[-1]
             steps.append(Step([], "", last.finish, last.completion_tokens))
@@ -560,6 +573,10 @@ class ScriptServer:
         self, call: Call, index: int, step: Step, sent_bytes: bytes
     ) -> dict[str, Any]:
         copy_first = self.defect is Defect.LOGPROBS_COPIED
+        if self.defect is Defect.BATCH_VARIANT:
+            shift = 0.001 * (self.running - 1)
+            tokens = [Token(t.data, round(t.logprob - shift, 4), t.position) for t in step.tokens]
+            step = Step(tokens, step.text, step.finish, step.completion_tokens)
         if call.kind == "chat":
             logprobs = (
                 chat_logprobs(step.tokens, call.top, copy_first) if call.top is not None else None

@@ -133,3 +133,59 @@ def test_completions_text_offset_must_continue_like_the_non_streamed_twin():
     )
     found = check_exchange(recorded(COMPLETIONS, body, restarted, twin=twin))
     assert [(f.check_id, f.chunk_numbers) for f in found] == [("logprob_text_offset", [1])]
+
+
+def shifted(token: bytes, logprob: float, previous: dict) -> dict:
+    """An entry carrying its own token and logprob but another position's alternatives."""
+    return {**entry(token, logprob), "top_logprobs": previous["top_logprobs"]}
+
+
+def test_a_greedy_token_heading_its_alternatives_passes():
+    found = findings_of(
+        chat_chunk(0, {"content": "ab"}, logprobs=chat(entry(b"a", -0.1), entry(b"b", -0.7))),
+        chat_chunk(0, {"content": "c"}, "length", logprobs=chat(entry(b"c", -2.0))),
+        temperature=0,
+    )
+    assert found == {}
+
+
+def test_greedy_alternatives_attributed_to_the_next_token_are_flagged():
+    first = entry(b"a", -0.1)
+    found = findings_of(
+        chat_chunk(0, {"content": "a"}, logprobs=chat(first)),
+        chat_chunk(0, {"content": "b"}, "length", logprobs=chat(shifted(b"b", -0.7, first))),
+        temperature=0,
+    )
+    assert found == {"logprob_greedy_head": [2]}
+
+
+def test_a_greedy_token_listed_below_another_is_flagged_even_with_its_own_logprob():
+    lower = entry(b"a", -0.5)
+    lower["top_logprobs"] = [{"token": "z", "logprob": -0.2, "bytes": [122]}] + lower[
+        "top_logprobs"
+    ][:1]
+    found = findings_of(
+        chat_chunk(0, {"content": "a"}, "length", logprobs=chat(lower)), temperature=0
+    )
+    assert found == {"logprob_greedy_head": [1]}
+
+
+def test_a_greedy_tie_for_first_place_is_accepted():
+    tied = entry(b"a", -0.5)
+    tied["top_logprobs"] = [{"token": "z", "logprob": -0.5, "bytes": [122]}] + tied["top_logprobs"][
+        :1
+    ]
+    found = findings_of(
+        chat_chunk(0, {"content": "a"}, "length", logprobs=chat(tied)), temperature=0
+    )
+    assert found == {}
+
+
+def test_sampled_tokens_need_not_head_their_alternatives():
+    first = entry(b"a", -0.1)
+    found = findings_of(
+        chat_chunk(0, {"content": "a"}, logprobs=chat(first)),
+        chat_chunk(0, {"content": "b"}, "length", logprobs=chat(shifted(b"b", -0.7, first))),
+        temperature=0.8,
+    )
+    assert found == {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sluice.audit.checks.catalogue import severity_of
 from sluice.audit.checks.exchange import check_exchange
 from sluice.audit.records import CHAT, COMPLETIONS
-from tests.broken_servers import completion_chunk, recorded, sse
+from tests.broken_servers import chat_chunk, completion_chunk, recorded, sse
 
 STREAM = {"model": "m", "prompt": "p", "stream": True}
 
@@ -90,6 +90,18 @@ def test_a_timeout_before_any_response_is_capacity_but_a_stalled_stream_is_broke
         COMPLETIONS, STREAM, sse(completion_chunk(0, "hi"), done=False), headers_s=0.1,
         transport_error="SocketTimeoutError: Timeout on reading data from socket",
     )  # fmt: skip
-    assert "connection_error" in ids(stalled)
+    assert "stream_stalled" in ids(stalled)
     reset = recorded(COMPLETIONS, STREAM, b"", status=None, transport_error="ClientOSError: reset")
+    assert "connection_error" in ids(reset)
+
+
+def test_a_chat_stream_timing_out_after_its_role_chunk_only_waited_for_capacity():
+    body = {"model": "m", "messages": [], "stream": True}
+    role_only = sse(chat_chunk(0, {"role": "assistant", "content": ""}), done=False)
+    queued = recorded(
+        CHAT, body, role_only, headers_s=0.1,
+        transport_error="SocketTimeoutError: Timeout on reading data from socket",
+    )  # fmt: skip
+    assert ids(queued) == {"timeout_before_response"}
+    reset = recorded(CHAT, body, role_only, headers_s=0.1, transport_error="ClientOSError: reset")
     assert "connection_error" in ids(reset)

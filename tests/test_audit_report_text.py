@@ -67,3 +67,16 @@ def test_compare_mode_adds_a_ratio_row_under_each_scenario():
     text = render_text(result, summarize_audit(result))
     assert "usage [A]" in text and " [B]" in text
     assert text.count("  B/A") == 2  # usage and all
+
+
+def test_the_determinism_scenario_figure_is_reported_beside_the_stream_figure():
+    result = result_with([])
+    figures = {"probes_compared": 4.0, "tokens_equal": 3.0, "logprobs_equal": 1.0}
+    result.results.append(ScenarioResult("determinism", "server", 1.0, 2.0, figures=figures))
+    result.scenarios.append("determinism")
+    text = render_text(result, summarize_audit(result))
+    assert (
+        "[server] alone vs inside a crowd: tokens equal in 3/4 probes, "
+        "tokens and logprobs in 1/4" in text
+    )
+    assert text.rstrip().endswith("PASS: no invariant broken.")

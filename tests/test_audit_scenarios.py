@@ -69,6 +69,7 @@ CASES = {
     Defect.FINISH_TWICE: (("usage", "choices"), "finish_reason_count", set()),
     Defect.ROLE_REPEATED: (("usage",), "role_repeated", set()),
     Defect.LOGPROBS_COPIED: (("logprobs",), "logprob_copied", set()),
+    Defect.LOGPROBS_SHIFTED: (("logprobs",), "logprob_greedy_head", set()),
     Defect.DISCONNECT_KEEPS_GENERATING: (("disconnect",), "disconnect_keeps_generating", set()),
     Defect.BAD_INPUT_500: (("bad_inputs",), "server_error_5xx", set()),
     Defect.BAD_INPUT_422: (("bad_inputs",), "status_422", set()),
@@ -156,3 +157,19 @@ def test_stop_cases_are_cut_from_the_greedy_text_so_they_match():
     first, second = next(c for c in cases if c.name == "overlapping").stops
     assert text.find(first) < text.find(second) < text.find(first) + len(first)
     assert choose_stop_cases("too short") == []
+
+
+def test_a_deterministic_server_answers_each_probe_alike_alone_and_in_a_crowd():
+    result = audit(Defect.NONE, ("determinism",))
+    assert result.findings == []
+    figures = result.results[0].figures
+    assert figures == {"probes_compared": 2.0, "tokens_equal": 2.0, "logprobs_equal": 2.0}
+    cases = [exchange.case for exchange in result.results[0].exchanges]
+    assert cases.count("determinism/crowd") == 2 * SIZES.determinism.crowd
+
+
+def test_logprobs_that_change_with_the_batch_are_a_figure_not_a_broken_invariant():
+    result = audit(Defect.BATCH_VARIANT, ("determinism",))
+    assert not result.has_broken_invariant
+    figures = result.results[0].figures
+    assert figures == {"probes_compared": 2.0, "tokens_equal": 2.0, "logprobs_equal": 0.0}

@@ -36,6 +36,14 @@ class LogprobsSize:
 
 
 @dataclass(frozen=True, slots=True)
+class DeterminismSize:
+    probes: int = _size(1, "probes per API, each sent alone, then inside the crowd")
+    crowd: int = _size(6, "different requests running beside each probe")
+    top: int = _size(2, "top alternatives asked for")
+    max_tokens: int = _size(16, "max_tokens of a probe (crowd requests ask for twice as many)")
+
+
+@dataclass(frozen=True, slots=True)
 class ChoicesSize:
     n: int = _size(2, "choices per prompt")
     prompts: int = _size(2, "prompts in the completions list prompt")
@@ -88,6 +96,7 @@ class SoakSize:
 class Sizes:
     lag: LagSize = LagSize()
     logprobs: LogprobsSize = LogprobsSize()
+    determinism: DeterminismSize = DeterminismSize()
     choices: ChoicesSize = ChoicesSize()
     stops: StopsSize = StopsSize()
     utf8: Utf8Size = Utf8Size()
@@ -103,6 +112,7 @@ QUICK = Sizes()
 FULL = Sizes(
     lag=LagSize(streams=48, max_tokens=128, long_prompts=8, long_prompt_words=3000),
     logprobs=LogprobsSize(requests=4, top=5, max_tokens=64),
+    determinism=DeterminismSize(probes=2, crowd=16, top=5, max_tokens=64),
     choices=ChoicesSize(n=3, prompts=3, max_tokens=48),
     stops=StopsSize(max_tokens=96),
     utf8=Utf8Size(requests=6, max_tokens=96),

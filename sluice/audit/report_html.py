@@ -238,6 +238,11 @@ def _determinism_section(summary: Summary) -> str:
     items = "".join(
         f"<li>[{escape(label)}] {figure.compared - figure.mismatched}/{figure.compared} streams equal "
         "to the non-streamed greedy text</li>"
+        + (
+            f"<li>[{escape(label)}] {escape(figure.crowd_equality)}</li>"
+            if figure.crowd_compared
+            else ""
+        )
         for label, figure in summary.determinism.items()
     )
     figures = "".join(

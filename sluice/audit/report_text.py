@@ -138,6 +138,8 @@ def _determinism(summary: Summary) -> list[str]:
     for label, figure in summary.determinism.items():
         equal = figure.compared - figure.mismatched
         lines.append(f"  [{label}] {equal}/{figure.compared} streams equal")
+        if figure.crowd_compared:
+            lines.append(f"  [{label}] {figure.crowd_equality}")
     return lines
 
 

@@ -37,6 +37,8 @@ class RequestShape:
     top_logprobs: int | None
     stops: tuple[str, ...]
     include_stop_str: bool
+    # temperature 0: each sampled token is the most likely one.
+    is_greedy: bool = False
 
 
 @dataclass(slots=True)
@@ -113,7 +115,12 @@ def request_shape(endpoint: str, body: dict[str, Any] | None) -> RequestShape:
         top_logprobs=_top_logprobs(is_chat, body),
         stops=tuple(stop for stop in stops if isinstance(stop, str) and stop),
         include_stop_str=body.get("include_stop_str_in_output") is True,
+        is_greedy=_is_zero(body.get("temperature")),
     )
+
+
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
 
 
 def _is_count(value: Any) -> bool:

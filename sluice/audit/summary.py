@@ -22,6 +22,20 @@ class Determinism:
     compared: int
     # Of those, streams whose text differed from the twin's.
     mismatched: int
+    # The determinism scenario: probes answered both alone and inside a crowd,
+    # and of those, the ones whose tokens (and also logprobs) were equal.
+    crowd_compared: int = 0
+    crowd_tokens_equal: int = 0
+    crowd_logprobs_equal: int = 0
+
+    @property
+    def crowd_equality(self) -> str:
+        """The determinism scenario's figure, in words."""
+        total = self.crowd_compared
+        return (
+            f"alone vs inside a crowd: tokens equal in {self.crowd_tokens_equal}/{total} "
+            f"probes, tokens and logprobs in {self.crowd_logprobs_equal}/{total}"
+        )
 
 
 @dataclass(slots=True)
@@ -75,6 +89,11 @@ def summarize_audit(result: AuditResult) -> Summary:
 def _determinism(result: AuditResult, label: str) -> Determinism:
     figure = Determinism(0, 0)
     for scenario_result in result.results_for(label):
+        if scenario_result.scenario == "determinism":
+            figures = scenario_result.figures
+            figure.crowd_compared += int(figures.get("probes_compared", 0))
+            figure.crowd_tokens_equal += int(figures.get("tokens_equal", 0))
+            figure.crowd_logprobs_equal += int(figures.get("logprobs_equal", 0))
         for exchange in scenario_result.exchanges:
             if _has_comparable_twin(exchange):
                 figure.compared += 1

@@ -25,7 +25,8 @@ _INVARIANT = {
     "done_missing": "the stream does not end with `data: [DONE]`",
     "done_not_last": "bytes or events follow `data: [DONE]`",
     "error_event": "an error event arrived inside a 200 stream",
-    "connection_error": "the connection failed, reset or timed out mid-request",
+    "connection_error": "the connection failed or was reset mid-request",
+    "stream_stalled": "no byte for the request timeout after the stream's first token",
     # Errors.
     "bad_error_shape": 'a 4xx body is not {"error": {"message", "type", "param", "code"}}',
     "server_error_5xx": "a 5xx answer (other than 503 with Retry-After)",
@@ -57,6 +58,8 @@ _INVARIANT = {
     "logprob_alignment": "the entries' tokens do not concatenate to the chunk text",
     "logprob_copied": "identical logprobs and alternatives at positions holding different tokens",
     "logprob_nonfinite": "a logprob is NaN, Infinity or not a number",
+    "logprob_greedy_head": "under greedy decoding a sampled token does not head its own "
+    "top_logprobs with its own logprob",
     "logprob_text_offset": "completions text_offset does not continue across chunks",
     # Text.
     "replacement_char": "U+FFFD in a delta that the non-streamed text does not have",
@@ -70,7 +73,7 @@ _INVARIANT = {
 
 _NOTE = {
     "text_mismatch_nonstream": "streamed text differs from the non-streamed greedy text (determinism)",
-    "timeout_before_response": "no response began within the request timeout (capacity under "
+    "timeout_before_response": "no token arrived within the request timeout (capacity under "
     "this load, not a broken stream)",
 }
 
@@ -85,6 +88,8 @@ CHECKS: dict[str, CheckInfo] = {
 # logprob alignment and makes the text differ from the twin.)
 SUBSUMED_BY: dict[str, frozenset[str]] = {
     "logprob_alignment": frozenset({"duplicate_delta", "skipped_delta"}),
+    # Alternatives copied from another position do not head the token they sit on.
+    "logprob_greedy_head": frozenset({"logprob_copied"}),
     "text_mismatch_nonstream": frozenset(
         {"duplicate_delta", "skipped_delta", "replacement_char", "stop_leak"}
     ),

@@ -2,7 +2,9 @@
 
 Per index: entries only when asked, on every chunk that carries text, with
 the asked number of alternatives; finite numbers; no entry copied onto a
-position holding another token; the entries' bytes concatenate to the text.
+position holding another token; under greedy decoding, the sampled token
+heads its own alternatives with its own logprob (a tie for first place is
+fine); the entries' bytes concatenate to the text.
 
 Alignment is cumulative, in bytes: the text delivered so far must be a prefix
 of the entries' bytes so far. The entries may run ahead only by what a server
@@ -16,6 +18,7 @@ from __future__ import annotations
 import re
 
 from sluice.audit.checks.evidence import finding
+from sluice.audit.logprob_entries import LogprobEntry
 from sluice.audit.records import Exchange, Finding
 from sluice.audit.stream_view import ChoiceChunk, RequestShape, StreamView
 from sluice.audit.text_utils import split_partial_utf8
@@ -35,6 +38,7 @@ def check_logprobs(exchange: Exchange, view: StreamView) -> list[Finding]:
             continue
         findings += _check_counts(exchange, view, chunks)
         findings += _check_values(exchange, view, chunks)
+        findings += _check_greedy_heads(exchange, view, chunks)
         problem = alignment_problem(chunks, view.request, is_complete)
         if problem is not None:
             number, message = problem
@@ -85,6 +89,45 @@ def _check_values(exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk
         message = "the same logprob and alternatives at positions holding different tokens"
         findings.append(finding("logprob_copied", exchange, message, copied, view=view))
     return findings
+
+
+def _check_greedy_heads(
+    exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk]
+) -> list[Finding]:
+    """Greedy: the token sampled is the most likely one, so it heads its own
+    `top_logprobs` with the logprob it carries. A server that attributes one
+    position's alternatives to another breaks this even when every entry
+    differs from every other (which `logprob_copied` cannot see)."""
+    if not view.request.is_greedy or not view.request.top_logprobs:
+        return []
+    wrong, first_problem = [], ""
+    for chunk in chunks:
+        for entry in chunk.logprobs or []:
+            problem = _head_problem(entry)
+            if problem is not None:
+                wrong.append(chunk.number)
+                first_problem = first_problem or problem
+    if not wrong:
+        return []
+    message = f"{len(wrong)} greedy tokens do not head their top_logprobs; first: {first_problem}"
+    return [finding("logprob_greedy_head", exchange, message, sorted(set(wrong)), view=view)]
+
+
+def _head_problem(entry: LogprobEntry) -> str | None:
+    """Why a greedy entry does not head its alternatives; None when it does.
+
+    Entries whose token string holds U+FFFD are skipped: several partial
+    characters may share that string, so its alternative is ambiguous."""
+    if not entry.top or not entry.is_finite or "\ufffd" in entry.token:
+        return None
+    best_token, best = max(entry.top.items(), key=lambda item: item[1])
+    own = entry.top.get(entry.token, entry.logprob)  # absent: a tie pushed it out of the top N
+    if best == entry.logprob and own == entry.logprob:
+        return None
+    return (
+        f"{entry.token!r} with logprob {entry.logprob} (listed at {own}); "
+        f"the top alternative is {best_token!r} at {best}"
+    )
 
 
 def _counted_bytes(chunk: ChoiceChunk) -> bytes:

@@ -3,7 +3,9 @@
 Stream framing: Content-Type, `data: ` + one JSON line + blank line per event,
 `[DONE]` last and nothing after it, no error event inside a 200. Errors: any
 4xx carries the OpenAI error object; 5xx (but 503 with Retry-After) and 422
-are failures whatever the request was.
+are failures whatever the request was. Transport failures: a timeout before
+the first token is capacity (the request waited its turn under the load: a
+note), a timeout after it a stalled stream, anything else a connection error.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _check_done(exchange: Exchange, view: StreamView) -> list[Finding]:
 def check_status(exchange: Exchange, view: StreamView) -> list[Finding]:
     findings = []
     if exchange.transport_error and exchange.reader != "abandon":
-        check_id = "timeout_before_response" if _is_queued_timeout(exchange) else "connection_error"
+        check_id = _transport_check_id(exchange, view)
         findings.append(finding(check_id, exchange, exchange.transport_error))
     status = exchange.status
     if status is None or status < 400:
@@ -104,9 +106,17 @@ _TIMEOUT_ERRORS = ("SocketTimeoutError", "ServerTimeoutError", "ConnectionTimeou
                    "TimeoutError")  # fmt: skip
 
 
-def _is_queued_timeout(exchange: Exchange) -> bool:
-    """A timeout before the response began: the request waited for capacity.
-    Once a response has begun, a stall is a broken stream, not capacity."""
+def _transport_check_id(exchange: Exchange, view: StreamView) -> str:
+    """A timeout before any token came is capacity: the request waited for a
+    place in the batch (a chat stream's headers and role chunk may have gone
+    out before that). Once tokens flow, a timeout is a stalled stream."""
     assert exchange.transport_error is not None, "only for failed exchanges"
     error_type = exchange.transport_error.split(":", 1)[0]
-    return error_type in _TIMEOUT_ERRORS and exchange.headers_s is None
+    if error_type not in _TIMEOUT_ERRORS:
+        return "connection_error"
+    has_token = any(
+        chunk.has_content or chunk.finish_reason is not None
+        for chunks in view.choices.values()
+        for chunk in chunks
+    )
+    return "stream_stalled" if has_token else "timeout_before_response"

@@ -8,6 +8,7 @@ from sluice.audit.records import ScenarioResult
 from sluice.audit.scenarios.bad_inputs import run_bad_inputs
 from sluice.audit.scenarios.base import ScenarioContext
 from sluice.audit.scenarios.choices import run_choices
+from sluice.audit.scenarios.determinism import run_determinism
 from sluice.audit.scenarios.disconnect import run_disconnect
 from sluice.audit.scenarios.lag import run_lag
 from sluice.audit.scenarios.logprobs import run_logprobs
@@ -21,6 +22,7 @@ Scenario = Callable[[ScenarioContext], Awaitable[ScenarioResult]]
 SCENARIOS: dict[str, Scenario] = {
     "lag": run_lag,
     "logprobs": run_logprobs,
+    "determinism": run_determinism,
     "choices": run_choices,
     "stops": run_stops,
     "utf8": run_utf8,
