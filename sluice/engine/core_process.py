@@ -45,6 +45,20 @@ def run_engine_process(config: EngineConfig, input_address: str, output_address:
     outputs = context.socket(zmq.PUSH)
     outputs.connect(output_address)
     try:
+        serve_engine(config, inputs, outputs)
+    finally:
+        outputs.close(linger=1000)
+        inputs.close(linger=0)
+        context.term()
+
+
+def serve_engine(config: EngineConfig, inputs: zmq.Socket, outputs: zmq.Socket) -> None:
+    """Build the engine core, say ready (or why not), run the loop until Shutdown.
+
+    Shared by the engine process and a Ray replica (sluice/scaleout), which
+    differ only in who binds the sockets; the caller closes them.
+    """
+    try:
         core = EngineCore(config)
     except Exception as error:  # noqa: BLE001 - reported to the client, then we exit
         outputs.send(output_encoder.encode(EngineFailed(f"engine failed to start: {error}")))
@@ -55,10 +69,6 @@ def run_engine_process(config: EngineConfig, input_address: str, output_address:
     except Exception as error:  # noqa: BLE001
         logger.exception("engine step failed")
         outputs.send(output_encoder.encode(EngineFailed(f"engine failed: {error}")))
-    finally:
-        outputs.close(linger=1000)
-        inputs.close(linger=0)
-        context.term()
 
 
 class EngineLoop:
