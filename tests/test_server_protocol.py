@@ -92,7 +92,7 @@ def test_other_prompt_shapes_are_refused_naming_prompt(prompt):
     ("field", "value"),
     [
         ("temperature", 2.5), ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5),
-        ("n", 0), ("n", 10_000), ("logprobs", 21), ("logprobs", -1), ("max_tokens", 0),
+        ("n", 0), ("n", 10_000), ("logprobs", 21), ("logprobs", -1), ("max_tokens", -1),
         ("presence_penalty", 2.1), ("frequency_penalty", -3), ("seed", 2**64),
         ("min_p", 1.5), ("repetition_penalty", 0), ("top_k", -2), ("min_tokens", -1),
         ("stop_token_ids", [-1]), ("logit_bias", {"5": 101}), ("stream", "maybe"),

@@ -126,7 +126,7 @@ def test_token_prompts_are_taken_as_given_and_decoded_only_for_echo():
         ({"prompt": [500]}, "prompt"),
         ({"suffix": "x"}, "suffix"),
         ({"best_of": 2}, "best_of"),
-        ({"echo": True, "logprobs": 1}, "echo"),
+        ({"max_tokens": 0}, "max_tokens"),  # 0 only with echo
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": False, "stream_options": {}}, "stream_options"),
         ({"logit_bias": {"abc": 1}}, "logit_bias"),

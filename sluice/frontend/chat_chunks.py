@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from sluice.frontend.deltas import ChoiceDelta
-from sluice.frontend.logprob_format import TokenStrings, chat_logprobs
+from sluice.frontend.logprob_format import TokenStrings, chat_logprobs, vllm_prompt_logprobs
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.sse import DONE_EVENT, TEXT_PLACEHOLDER, ChunkEvents, TextChoice
 from sluice.frontend.usage import UsageCounter
@@ -56,6 +56,8 @@ class ChatChunks:
                 for index in range(request.num_choices)
             ]
         self._folded = [_FoldedChoice() for _ in range(request.num_choices)]
+        # vLLM's response-level `prompt_logprobs` (one prompt for every choice).
+        self._prompt_logprobs: list[Any] | None = None
         if request.logprobs is not None:
             for folded in self._folded:
                 folded.logprob_entries = []
@@ -90,6 +92,10 @@ class ChatChunks:
     def fold(self, index: int, delta: ChoiceDelta) -> None:
         content, entries = self._choice(index, delta)
         folded = self._folded[index]
+        if delta.prompt_logprobs is not None:
+            self._prompt_logprobs = vllm_prompt_logprobs(
+                self._request.prompts[0].token_ids, delta.prompt_logprobs, self._strings
+            )
         folded.content_parts.append(content)
         if entries is not None and folded.logprob_entries is not None:
             folded.logprob_entries.extend(entries)
@@ -112,6 +118,8 @@ class ChatChunks:
         ]
         response = self._envelope(BODY_OBJECT, choices)
         response["usage"] = self.usage.total()
+        if self._request.params.prompt_logprobs is not None:
+            response["prompt_logprobs"] = self._prompt_logprobs
         return orjson.dumps(response)
 
     # -- shared -----------------------------------------------------------------

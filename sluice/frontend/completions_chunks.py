@@ -20,7 +20,12 @@ from typing import Any
 import orjson
 
 from sluice.frontend.deltas import ChoiceDelta
-from sluice.frontend.logprob_format import TokenStrings, completion_logprobs
+from sluice.frontend.logprob_format import (
+    TokenStrings,
+    completion_logprobs,
+    echo_logprobs,
+    vllm_prompt_logprobs,
+)
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.sse import DONE_EVENT, TEXT_PLACEHOLDER, ChunkEvents, TextChoice
 from sluice.frontend.usage import UsageCounter
@@ -36,6 +41,8 @@ class _FoldedChoice:
     logprobs: dict[str, list[Any]] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    # vLLM's per-choice `prompt_logprobs`, when the request computed them.
+    prompt_logprobs: list[Any] | None = None
 
 
 class CompletionChunks:
@@ -93,6 +100,11 @@ class CompletionChunks:
         if delta.is_finished:
             folded.finish_reason = delta.finish_reason
             folded.stop_reason = delta.stop_reason
+        if delta.prompt_logprobs is not None:
+            prompt = self._request.prompts[index // self._request.n]
+            folded.prompt_logprobs = vllm_prompt_logprobs(
+                prompt.token_ids, delta.prompt_logprobs, self._strings
+            )
 
     def body(self) -> bytes:
         choices = [
@@ -102,6 +114,7 @@ class CompletionChunks:
                 "logprobs": folded.logprobs,
                 "finish_reason": folded.finish_reason,
                 "stop_reason": folded.stop_reason,
+                **_prompt_logprobs_field(self._request, folded),
             }
             for index, folded in enumerate(self._folded)
         ]
@@ -113,19 +126,31 @@ class CompletionChunks:
 
     def _choice(self, index: int, delta: ChoiceDelta) -> dict[str, Any]:
         text = delta.text
+        logprobs = None
         if not self._is_started[index]:
             self._is_started[index] = True
             if self._request.echo:
-                prompt_text = self._request.prompts[index // self._request.n].text
-                text = prompt_text + text
-                self._text_offsets[index] = len(prompt_text)
-        logprobs = None
+                prompt = self._request.prompts[index // self._request.n]
+                text = prompt.text + text
+                self._text_offsets[index] = len(prompt.text)
+                logprobs = self._echo_logprobs(prompt.token_ids, delta)
         if self._wants_logprobs and delta.token_ids:
-            logprobs, self._text_offsets[index] = completion_logprobs(
+            fragment, self._text_offsets[index] = completion_logprobs(
                 delta, self._text_offsets[index], self._strings
             )
+            logprobs = fragment if logprobs is None else _joined(logprobs, fragment)
         self.usage.add(index, len(delta.token_ids), delta.num_cached_tokens)
         return _choice_dict(index, text, logprobs, delta.finish_reason, delta.stop_reason)
+
+    def _echo_logprobs(
+        self, prompt_token_ids: tuple[int, ...], delta: ChoiceDelta
+    ) -> dict[str, list[Any]] | None:
+        """The echoed prompt's logprob lists (before the choice's own)."""
+        if not self._wants_logprobs:
+            return None
+        assert delta.prompt_logprobs is not None, "echo with logprobs computes the prompt's"
+        fragment, _ = echo_logprobs(prompt_token_ids, delta.prompt_logprobs, self._strings)
+        return fragment
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         request = self._request
@@ -136,6 +161,16 @@ class CompletionChunks:
             "model": request.model_name,
             "choices": choices,
         }
+
+
+def _joined(first: dict[str, list[Any]], later: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    return {key: first[key] + later[key] for key in _LOGPROB_KEYS}
+
+
+def _prompt_logprobs_field(request: GenerationRequest, folded: _FoldedChoice) -> dict[str, Any]:
+    if request.params.prompt_logprobs is None:
+        return {}
+    return {"prompt_logprobs": folded.prompt_logprobs}
 
 
 def _choice_dict(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sluice.engine.outputs import FinishReason
+from sluice.engine.outputs import FinishReason, PromptLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,8 @@ class ChoiceDelta:
     num_prompt_tokens: int = 0
     # Of those, the tokens found in the engine's prefix cache.
     num_cached_tokens: int = 0
+    # On the choice's first delta only, when the request asked for them.
+    prompt_logprobs: PromptLogprobs | None = None
 
     @property
     def is_finished(self) -> bool:

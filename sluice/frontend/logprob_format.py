@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from sluice.engine.outputs import PromptLogprobs
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.detokenizer import DecodingTokenizer
 
@@ -71,6 +72,67 @@ def completion_logprobs(
         "text_offset": offsets,
     }
     return fragment, text_offset
+
+
+def echo_logprobs(
+    prompt_token_ids: tuple[int, ...], prompt_logprobs: PromptLogprobs, strings: TokenStrings
+) -> tuple[dict[str, list[Any]], int]:
+    """Completions `logprobs` of an echoed prompt, and the offset after it.
+    The first token has none (null), as in OpenAI's and vLLM's answers."""
+    texts = [strings.get(token_id)[0] for token_id in prompt_token_ids]
+    offsets, text_offset = [], 0
+    for text in texts:
+        offsets.append(text_offset)
+        text_offset += len(text)
+    token_logprobs: list[float | None] = [None]
+    top_logprobs: list[dict[str, float] | None] = [None]
+    for position, text in enumerate(texts[1:]):
+        entry = SampledLogprob(
+            prompt_logprobs.logprobs[position],
+            prompt_logprobs.top_token_ids[position],
+            prompt_logprobs.top_logprobs[position],
+        )
+        token_logprobs.append(json_logprob(entry.logprob))
+        top_logprobs.append(_top_dict(prompt_token_ids[position + 1], text, entry, strings))
+    fragment = {
+        "tokens": texts,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }
+    return fragment, text_offset
+
+
+def vllm_prompt_logprobs(
+    prompt_token_ids: tuple[int, ...], prompt_logprobs: PromptLogprobs, strings: TokenStrings
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs`: per prompt token (null for the first), its id
+    and the top alternatives' ids -> logprob, rank and decoded token."""
+    entries: list[dict[str, dict[str, Any]] | None] = [None]
+    for position, token_id in enumerate(prompt_token_ids[1:]):
+        entry = {
+            str(token_id): {
+                "logprob": json_logprob(prompt_logprobs.logprobs[position]),
+                "rank": prompt_logprobs.ranks[position],
+                "decoded_token": strings.get(token_id)[0],
+            }
+        }
+        alternatives = zip(
+            prompt_logprobs.top_token_ids[position],
+            prompt_logprobs.top_logprobs[position],
+            strict=True,
+        )
+        for rank, (alt_id, alt_logprob) in enumerate(alternatives, start=1):
+            entry.setdefault(
+                str(alt_id),
+                {
+                    "logprob": json_logprob(alt_logprob),
+                    "rank": rank,
+                    "decoded_token": strings.get(alt_id)[0],
+                },
+            )
+        entries.append(entry)
+    return entries
 
 
 def _top_dict(

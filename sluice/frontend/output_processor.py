@@ -27,8 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from sluice.engine.client_base import EngineClient
-from sluice.engine.outputs import RequestDelta, TokenLogprobs
+from sluice.engine.outputs import PromptLogprobs, RequestDelta, TokenLogprobs
 from sluice.errors import ServiceUnavailableError
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.detokenizer import DecodingTokenizer, IncrementalDetokenizer
@@ -83,6 +85,8 @@ class ChoiceStream:
         self._held_logprobs: list[SampledLogprob] = []
         # No logprobs and no stop strings: a step's token only needs detokenizing.
         self._is_plain = not self._wants_logprobs and self._stop_checker is None
+        # The engine's prompt logprobs until the choice's first delta carries them.
+        self.prompt_logprobs: PromptLogprobs | None = None
 
     def process(self, delta: RequestDelta) -> ChoiceDelta | None:
         """The choice delta `delta` releases, or None when it releases nothing."""
@@ -213,6 +217,7 @@ class OutputProcessor:
             for index in range(request.num_choices)
         }
         self._is_closed = False
+        self._is_echo_only = request.is_echo_only
 
     @property
     def unfinished_request_ids(self) -> list[str]:
@@ -231,8 +236,15 @@ class OutputProcessor:
             error = ServiceUnavailableError(f"the engine aborted request {delta.request_id}")
             self._output.put_error(error)
             return
+        if self._is_echo_only:  # its one sampled token is not part of the answer
+            delta = msgspec.structs.replace(
+                delta, new_token_ids=(), logprobs=None, stop_token_id=None
+            )
+        if delta.prompt_logprobs is not None:
+            choice.prompt_logprobs = delta.prompt_logprobs
         out = choice.process(delta)
         if out is not None:
+            out.prompt_logprobs, choice.prompt_logprobs = choice.prompt_logprobs, None
             self._output.put(choice.index, out)
         if choice.is_stopped_early and delta.finish_reason is None:
             self._engine.abort([delta.request_id])

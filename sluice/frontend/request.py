@@ -45,6 +45,9 @@ class GenerationRequest:
     continuous_usage_stats: bool = False
     # Completions only: prepend the prompt text to each choice.
     echo: bool = False
+    # Completions `echo` with `max_tokens: 0` (lm-eval's loglikelihood): the
+    # engine samples one token, which the frontend drops; the prompt alone returns.
+    is_echo_only: bool = False
     # None: no logprobs. Completions: `logprobs` (top N, 0..20).
     # Chat: `top_logprobs` (0..20) when `logprobs` is true.
     logprobs: int | None = None

@@ -37,7 +37,7 @@ import msgspec
 
 from sluice.engine.client_base import EngineClient
 from sluice.engine.sampling_params import SamplingParams
-from sluice.errors import InvalidRequestError, SluiceError, openai_error_of
+from sluice.errors import SluiceError, openai_error_of
 from sluice.frontend.chat_chunks import ChatChunks
 from sluice.frontend.completions_chunks import CompletionChunks
 from sluice.frontend.deltas import ChoiceDelta
@@ -199,11 +199,6 @@ class _RequestRun:
     def start(self, tokenizer: DecodingTokenizer, output: StreamOutput) -> None:
         """Add one engine request per choice, all feeding `output`."""
         request = self._request
-        if request.echo and request.logprobs is not None:
-            raise InvalidRequestError(
-                "echo with logprobs is not supported: prompt logprobs are not computed",
-                param="echo",
-            )
         processor = self._processor = OutputProcessor(request, tokenizer, self._engine, output)
         added: list[str] = []
         try:

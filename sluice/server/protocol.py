@@ -88,6 +88,8 @@ class SamplingFields(OpenAIModel):
     # Token id (as a string, per the OpenAI API) -> bias in [-100, 100].
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     max_tokens: Count | None = None
+    # vLLM's: each prompt token's logprob and top N alternatives (not with stream).
+    prompt_logprobs: TopLogprobs | None = None
     n: NumChoices | None = None
     seed: Seed | None = None
     stop: str | list[str] | None = None
@@ -131,6 +133,8 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]] | None = None
     best_of: Count | None = None
     echo: bool | None = None
+    # 0 only with echo: the prompt alone comes back (lm-eval's loglikelihood).
+    max_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
     logprobs: TopLogprobs | None = None
     suffix: str | None = None
     # vLLM extension: let the tokenizer add BOS and the like.

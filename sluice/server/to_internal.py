@@ -10,11 +10,14 @@ anything it refuses. Nothing a client sends gets past here unchecked.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
+
+import msgspec
 
 from sluice.config import RequestLimits
 from sluice.engine.sampling_params import SamplingParams
@@ -65,13 +68,17 @@ async def completion_request(
     structured = await structured_output(body)
     prompts = await _completion_prompts(body, n, options.preprocessor)
     limits.check_prompts(prompts, options.limits, "prompt")
+    echo = _default(body.echo, False)
+    is_echo_only = echo and body.max_tokens == 0
     requested_max_tokens = limits.cap_max_tokens(
-        body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS, options.limits
+        1 if is_echo_only else body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS, options.limits
     )
     max_tokens = options.preprocessor.fit_max_tokens(prompts, requested_max_tokens, "prompt")
     params = sampling_params(body, max_tokens, body.logprobs, options.preprocessor, structured)
-    echo = _default(body.echo, False)
-    return _generation_request(body, "completion", model_name, prompts, n, params, stream, echo)
+    # Echoed logprobs need the prompt's, as in vLLM.
+    params = _with_prompt_logprobs(params, body, stream, body.logprobs if echo else None)
+    request = _generation_request(body, "completion", model_name, prompts, n, params, stream, echo)
+    return dataclasses.replace(request, is_echo_only=is_echo_only)
 
 
 async def chat_request(
@@ -94,6 +101,7 @@ async def chat_request(
     max_tokens = options.preprocessor.fit_max_tokens([prompt], requested_max_tokens, "messages")
     max_tokens = limits.cap_max_tokens(max_tokens, options.limits)
     params = sampling_params(body, max_tokens, logprobs, options.preprocessor, structured)
+    params = _with_prompt_logprobs(params, body, stream, None)
     return _generation_request(body, "chat", model_name, (prompt,), n, params, stream, False)
 
 
@@ -232,14 +240,13 @@ def _prompt_batch(
 def _refuse_unsupported_completion_fields(body: protocol.CompletionRequest, n: int) -> None:
     if body.suffix:
         raise InvalidRequestError("suffix is not supported", param="suffix")
+    if body.max_tokens == 0 and not body.echo:
+        raise InvalidRequestError("max_tokens 0 needs echo", param="max_tokens")
     if body.best_of is not None and body.best_of != n:
         raise InvalidRequestError(
             f"best_of ({body.best_of}) must equal n ({n}): sluice returns every sample",
             param="best_of",
         )
-    if body.echo and body.logprobs is not None:
-        # echo + logprobs would need prompt logprobs, which the engine does not compute.
-        raise InvalidRequestError("echo together with logprobs is not supported", param="echo")
 
 
 def _check_stream_options(body: protocol.SamplingFields) -> bool:
@@ -249,6 +256,22 @@ def _check_stream_options(body: protocol.SamplingFields) -> bool:
             "stream_options is only allowed when stream is true", param="stream_options"
         )
     return stream
+
+
+def _with_prompt_logprobs(
+    params: SamplingParams, body: protocol.SamplingFields, stream: bool, default: int | None
+) -> SamplingParams:
+    """`params` asking for the prompt's logprobs: `prompt_logprobs`, else `default`."""
+    prompt_logprobs = body.prompt_logprobs
+    if prompt_logprobs is not None and stream:
+        raise InvalidRequestError(
+            "prompt_logprobs are not available when stream is true", param="prompt_logprobs"
+        )
+    if prompt_logprobs is None:
+        prompt_logprobs = default
+    if prompt_logprobs is None:
+        return params
+    return msgspec.structs.replace(params, prompt_logprobs=prompt_logprobs)
 
 
 def _chat_logprobs(body: protocol.ChatCompletionRequest) -> int | None:
