@@ -12,8 +12,8 @@ def test_every_scenario_has_a_size_and_a_runner():
     assert set(SCENARIO_NAMES) == set(SCENARIOS)
 
 
-def test_the_quick_profile_skips_only_the_soak_and_full_runs_everything():
-    assert set(SCENARIO_NAMES) - set(PROFILE_SCENARIOS["quick"]) == {"soak"}
+def test_the_quick_profile_skips_the_soak_and_structured_and_full_runs_everything():
+    assert set(SCENARIO_NAMES) - set(PROFILE_SCENARIOS["quick"]) == {"soak", "structured"}
     assert PROFILE_SCENARIOS["full"] == SCENARIO_NAMES
 
 

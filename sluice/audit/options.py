@@ -93,6 +93,14 @@ class SoakSize:
 
 
 @dataclass(frozen=True, slots=True)
+class StructuredSize:
+    requests: int = _size(2, "prompts, each sent non-streamed, streamed slowly, non-streamed")
+    max_tokens: int = _size(160, "max_tokens of each request")
+    slow_read_bytes: int = _size(64, "bytes the slow reader takes per read")
+    slow_read_interval_s: float = _size(0.05, "pause of the slow reader between reads")
+
+
+@dataclass(frozen=True, slots=True)
 class Sizes:
     lag: LagSize = LagSize()
     logprobs: LogprobsSize = LogprobsSize()
@@ -100,6 +108,7 @@ class Sizes:
     choices: ChoicesSize = ChoicesSize()
     stops: StopsSize = StopsSize()
     utf8: Utf8Size = Utf8Size()
+    structured: StructuredSize = StructuredSize()
     usage: UsageSize = UsageSize()
     bad_inputs: BadInputsSize = BadInputsSize()
     disconnect: DisconnectSize = DisconnectSize()
@@ -116,15 +125,17 @@ FULL = Sizes(
     choices=ChoicesSize(n=3, prompts=3, max_tokens=48),
     stops=StopsSize(max_tokens=96),
     utf8=Utf8Size(requests=6, max_tokens=96),
+    structured=StructuredSize(requests=3, max_tokens=256),
     usage=UsageSize(max_tokens=16),
     bad_inputs=BadInputsSize(repeat=2),
     disconnect=DisconnectSize(streams=8, max_tokens=2048),
     soak=SoakSize(rate=4.0, duration_s=60.0, max_tokens=64),
 )
 PROFILES = {"quick": QUICK, "full": FULL}
-# The scenarios each profile runs when --scenarios is not given.
+# The scenarios each profile runs when --scenarios is not given. `structured`
+# needs a server that enforces response_format: asked for by name, or in full.
 PROFILE_SCENARIOS = {
-    "quick": tuple(name for name in SCENARIO_NAMES if name != "soak"),
+    "quick": tuple(name for name in SCENARIO_NAMES if name not in ("soak", "structured")),
     "full": SCENARIO_NAMES,
 }
 

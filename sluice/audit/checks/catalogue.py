@@ -61,6 +61,10 @@ _INVARIANT = {
     "logprob_greedy_head": "under greedy decoding a sampled token does not head its own "
     "top_logprobs with its own logprob",
     "logprob_text_offset": "completions text_offset does not continue across chunks",
+    # Structured outputs (the structured scenario).
+    "structured_invalid_json": "a json_schema answer that finished with stop is not JSON",
+    "structured_schema_mismatch": "a json_schema answer does not match its schema",
+    "structured_stream_mismatch": "a json_schema stream differs from the same request non-streamed",
     # Text.
     "replacement_char": "U+FFFD in a delta that the non-streamed text does not have",
     "stop_leak": "a stop string, or a prefix of one later retracted, reached the client",
@@ -72,6 +76,7 @@ _INVARIANT = {
 }
 
 _NOTE = {
+    "structured_cut_by_length": "max_tokens cut a json_schema answer before the JSON ended",
     "text_mismatch_nonstream": "streamed text differs from the non-streamed greedy text (determinism)",
     "timeout_before_response": "no token arrived within the request timeout (capacity under "
     "this load, not a broken stream)",

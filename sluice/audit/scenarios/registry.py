@@ -14,6 +14,7 @@ from sluice.audit.scenarios.lag import run_lag
 from sluice.audit.scenarios.logprobs import run_logprobs
 from sluice.audit.scenarios.soak import run_soak
 from sluice.audit.scenarios.stops import run_stops
+from sluice.audit.scenarios.structured import run_structured
 from sluice.audit.scenarios.usage import run_usage
 from sluice.audit.scenarios.utf8 import run_utf8
 
@@ -26,6 +27,7 @@ SCENARIOS: dict[str, Scenario] = {
     "choices": run_choices,
     "stops": run_stops,
     "utf8": run_utf8,
+    "structured": run_structured,
     "usage": run_usage,
     "bad_inputs": run_bad_inputs,
     "disconnect": run_disconnect,
