@@ -23,6 +23,8 @@ from sluice.config import (
     default_cache_dir,
 )
 from sluice.errors import ModelLoadError
+from sluice.tools.parsers import TOOL_CALL_PARSERS
+from sluice.tools.reasoning import REASONING_PARSERS
 
 _SIZE_UNITS = {
     "": 1,
@@ -152,6 +154,19 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--in-process", action="store_true", help="run the engine on a thread of the server process"
     )
+    chat = parser.add_argument_group("chat outputs")
+    chat.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_CALL_PARSERS),
+        default=None,
+        help="how tool calls are read from outputs (default: guessed from the chat template)",
+    )
+    chat.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        default=None,
+        help="split <think>…</think> into reasoning_content",
+    )
     reliability = parser.add_argument_group("reliability")
     reliability.add_argument("--max-connections", type=int, default=4096)
     reliability.add_argument(
@@ -230,6 +245,8 @@ def server_config_from(args: argparse.Namespace) -> ServerConfig:
         queue_timeout_s=args.queue_timeout,
         drain_timeout_s=args.drain_timeout,
         on_engine_death=args.on_engine_death,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )
 
 

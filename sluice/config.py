@@ -142,3 +142,9 @@ class ServerConfig:
     # When the engine dies: start a new one, or stop the server (exit status 1)
     # and leave the restart to a process supervisor.
     on_engine_death: Literal["restart", "exit"] = "restart"
+    # How chat outputs are read into tool calls: "hermes", "llama3_json" or
+    # "mistral"; None: guessed from the model's chat template (and none when it
+    # shows no known format: then tool_choice "auto" is a 400).
+    tool_call_parser: str | None = None
+    # "deepseek_r1": <think>…</think> goes to reasoning_content; None: off.
+    reasoning_parser: str | None = None

@@ -83,6 +83,8 @@ class Tokenizer:
         # id -> context_free_text(id), filled on first use (bounded by the vocabulary).
         self._context_free_texts: dict[int, str | None] = {}
         self._chat_template = _compile_template(chat_template) if chat_template else None
+        # The template's text, for what it tells about the model (its tool-call format).
+        self.chat_template_source: str | None = chat_template
 
     @classmethod
     def from_folder(cls, folder: Path) -> Tokenizer:

@@ -251,7 +251,8 @@ def test_an_error_raised_outside_the_template_code_stays_a_bug(tokenizer_dir, mo
 def test_template_errors_reach_the_client_as_400s_and_bugs_as_500s(tokenizer_dir, monkeypatch):
     (tokenizer_dir / "chat_template.jinja").write_text(FRAGILE_TEMPLATE)
     tokenizer = Tokenizer.from_folder(tokenizer_dir)
-    tool_turn = {"messages": [{"role": "tool", "content": "42"}], "max_tokens": 1}
+    tool_message = {"role": "tool", "tool_call_id": "call_1", "content": "42"}
+    tool_turn = {"messages": [tool_message], "max_tokens": 1}
     with LiveServer(FakeEngine(), tokenizer) as live, httpx2.Client(base_url=live.url) as http:
         refused = http.post("/v1/chat/completions", json=tool_turn)
         assert refused.status_code == 400

@@ -18,7 +18,7 @@ TEXTS = st.lists(
 def test_reasoning_then_content():
     text = "<think>\nLet me see.\n</think>\n\nThe answer is 4."
     assert split_deepseek_r1(text, True) == ReasoningSplit(
-        "\nLet me see.\n", "\n\nThe answer is 4."
+        "\nLet me see.\n", "The answer is 4."
     )
 
 

@@ -10,6 +10,9 @@ fold, so the two can never disagree. Invariants:
   chunk) and `stop_reason`; `logprobs` is null on chunks without tokens.
 - Chunks are "chat.completion.chunk" (the usage chunk too); the body is
   "chat.completion" with `message: {"role": "assistant", "content": ...}`.
+- With output parsing (tools, reasoning), each choice's text goes through its
+  `ParsedChoice` (chat_message.py): a delta whose text is all undecided yet
+  makes no chunk (its tokens and logprob entries go with the next one).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from sluice.frontend.chat_message import ParsedChoice, delta_fields
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.logprob_format import TokenStrings, chat_logprobs, vllm_prompt_logprobs
 from sluice.frontend.request import GenerationRequest
@@ -50,7 +54,12 @@ class ChatChunks:
         )
         # The usual chunk is content only: spliced, not built (`sse.TextChoice`).
         self._text_choices: list[TextChoice] | None = None
-        if request.logprobs is None and not request.continuous_usage_stats:
+        # One per choice when its text is parsed (tool calls, reasoning).
+        self._parsed: list[ParsedChoice] | None = None
+        if request.output_parsing is not None:
+            parsing = request.output_parsing
+            self._parsed = [ParsedChoice(parsing) for _ in range(request.num_choices)]
+        elif request.logprobs is None and not request.continuous_usage_stats:
             self._text_choices = [
                 TextChoice.around(_choice_dict(index, {"content": TEXT_PLACEHOLDER}, None, None))
                 for index in range(request.num_choices)
@@ -71,7 +80,10 @@ class ChatChunks:
             for index in range(self._request.num_choices)
         ]
 
-    def delta_event(self, index: int, delta: ChoiceDelta) -> bytes:
+    def delta_event(self, index: int, delta: ChoiceDelta) -> bytes | None:
+        """The chunk of `delta`; None when parsing holds all of its text back."""
+        if self._parsed is not None:
+            return self._parsed_event(index, delta, self._parsed[index])
         if self._text_choices is not None and delta.finish_reason is None:
             assert delta.text, "only a finish chunk may have no content"
             self.usage.add(index, len(delta.token_ids), delta.num_cached_tokens)
@@ -81,6 +93,16 @@ class ChatChunks:
         message = {"content": content} if content else {}
         logprobs = None if entries is None else {"content": entries}
         return self._chunk_event(index, message, logprobs, delta.finish_reason, delta.stop_reason)
+
+    def _parsed_event(self, index: int, delta: ChoiceDelta, parsed: ParsedChoice) -> bytes | None:
+        content, entries = self._choice(index, delta)
+        message = delta_fields(parsed.push(content, delta.is_finished))
+        entries = parsed.entries(entries, is_sent=bool(message) or delta.is_finished)
+        if not message and not delta.is_finished:
+            return None
+        logprobs = None if entries is None else {"content": entries}
+        finish_reason = parsed.finish_reason(delta.finish_reason)
+        return self._chunk_event(index, message, logprobs, finish_reason, delta.stop_reason)
 
     def closing_events(self) -> list[bytes]:
         if not self._request.include_usage:
@@ -96,18 +118,22 @@ class ChatChunks:
             self._prompt_logprobs = vllm_prompt_logprobs(
                 self._request.prompts[0].token_ids, delta.prompt_logprobs, self._strings
             )
+        if self._parsed is not None:
+            self._parsed[index].fold(self._parsed[index].push(content, delta.is_finished))
         folded.content_parts.append(content)
         if entries is not None and folded.logprob_entries is not None:
             folded.logprob_entries.extend(entries)
         if delta.is_finished:
             folded.finish_reason = delta.finish_reason
+            if self._parsed is not None:
+                folded.finish_reason = self._parsed[index].finish_reason(delta.finish_reason)
             folded.stop_reason = delta.stop_reason
 
     def body(self) -> bytes:
         choices = [
             {
                 "index": index,
-                "message": {"role": "assistant", "content": "".join(folded.content_parts)},
+                "message": self._message(index, folded),
                 "logprobs": (
                     None if folded.logprob_entries is None else {"content": folded.logprob_entries}
                 ),
@@ -122,6 +148,11 @@ class ChatChunks:
             response["prompt_logprobs"] = self._prompt_logprobs
         return orjson.dumps(response)
 
+    def _message(self, index: int, folded: _FoldedChoice) -> dict[str, Any]:
+        if self._parsed is not None:
+            return self._parsed[index].message()
+        return {"role": "assistant", "content": "".join(folded.content_parts)}
+
     # -- shared -----------------------------------------------------------------
 
     def _choice(self, index: int, delta: ChoiceDelta) -> tuple[str, list[dict[str, Any]] | None]:
@@ -134,7 +165,7 @@ class ChatChunks:
     def _chunk_event(
         self,
         index: int,
-        message: dict[str, str],
+        message: dict[str, Any],
         logprobs: dict[str, Any] | None,
         finish_reason: str | None,
         stop_reason: str | int | None,
@@ -157,7 +188,7 @@ class ChatChunks:
 
 def _choice_dict(
     index: int,
-    message: dict[str, str],
+    message: dict[str, Any],
     logprobs: dict[str, Any] | None,
     finish_reason: str | None,
     stop_reason: str | int | None = None,

@@ -21,9 +21,10 @@ Context-length policy (OpenAI's, also vLLM's):
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from sluice.errors import ContextLengthError, InvalidRequestError
 from sluice.frontend.request import PromptInput
@@ -46,8 +47,33 @@ class PromptTokenizer(Protocol):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        *,
+        tools: list[dict] | None = None,
     ) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MessageToolCall:
+    """A tool call an earlier assistant turn made."""
+
+    id: str
+    name: str
+    # The JSON text the call was made with.
+    arguments: str
+
+    def as_template_dict(self) -> dict[str, Any]:
+        # HF templates (Qwen2.5's, Llama's) render `arguments | tojson`: they
+        # expect the object, not its text (vLLM passes it parsed too). Text
+        # that is not JSON is passed as it came.
+        try:
+            arguments = json.loads(self.arguments)
+        except ValueError:
+            arguments = self.arguments
+        function = {"name": self.name, "arguments": arguments}
+        return {"id": self.id, "type": "function", "function": function}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +85,18 @@ class ChatMessage:
     # Optional author name and tool call id; templates that know them use them.
     name: str | None = None
     tool_call_id: str | None = None
+    # An assistant turn's tool calls.
+    tool_calls: tuple[MessageToolCall, ...] = ()
 
-    def as_template_dict(self) -> dict[str, str]:
+    def as_template_dict(self) -> dict[str, Any]:
         # Jinja chat templates index messages as dicts: this is their one format.
-        fields = {"role": self.role, "content": self.content}
+        fields: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.name is not None:
             fields["name"] = self.name
         if self.tool_call_id is not None:
             fields["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            fields["tool_calls"] = [call.as_template_dict() for call in self.tool_calls]
         return fields
 
 
@@ -131,23 +161,33 @@ class Preprocessor:
         messages: Sequence[ChatMessage],
         add_generation_prompt: bool,
         add_special_tokens: bool,
+        tools: list[dict[str, Any]] | None = None,
     ) -> PromptInput:
-        text = await self.render_chat(messages, add_generation_prompt)
+        text = await self.render_chat(messages, add_generation_prompt, tools)
         return await self.text_prompt(text, add_special_tokens, param="messages")
 
     async def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool
+        self,
+        messages: Sequence[ChatMessage],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The chat template applied to `messages`; large conversations render in a thread."""
+        """The chat template applied to `messages` (and `tools`, in the request's
+        shape, when given); large conversations render in a thread."""
         if not self.tokenizer.has_chat_template:
             raise InvalidRequestError("this model has no chat template", param="messages")
         template_messages = [message.as_template_dict() for message in messages]
         num_chars = sum(len(message.content) for message in messages)
+        # Tokenizers without tool support (test fakes) are called without the keyword.
+        extra = {} if tools is None else {"tools": tools}
         if num_chars > self.offload_threshold_chars:
             return await asyncio.to_thread(
-                self.tokenizer.apply_chat_template, template_messages, add_generation_prompt
+                self.tokenizer.apply_chat_template,
+                template_messages,
+                add_generation_prompt,
+                **extra,
             )
-        return self.tokenizer.apply_chat_template(template_messages, add_generation_prompt)
+        return self.tokenizer.apply_chat_template(template_messages, add_generation_prompt, **extra)
 
     # -- context -----------------------------------------------------------------
 

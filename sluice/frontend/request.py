@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sluice.engine.sampling_params import SamplingParams
+from sluice.tools.output_parsing import OutputParsing
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,9 @@ class GenerationRequest:
     # None: no logprobs. Completions: `logprobs` (top N, 0..20).
     # Chat: `top_logprobs` (0..20) when `logprobs` is true.
     logprobs: int | None = None
+    # Chat: how each choice's text is read into reasoning, content and tool
+    # calls (sluice/tools); None: the text is the content.
+    output_parsing: OutputParsing | None = None
 
     @property
     def num_choices(self) -> int:

@@ -56,6 +56,7 @@ from sluice.server.metrics import ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
 from sluice.server.served_model import ServedModel, ServedTokenizer
 from sluice.server.shutdown import GracefulShutdown
+from sluice.tools.parsers import guess_tool_call_parser
 
 T = TypeVar("T")
 
@@ -136,7 +137,12 @@ class Routes:
         self.frontend = Frontend(gate, self.tokenizer, observer=self.metrics)
         self.preprocessor = Preprocessor(self.tokenizer, self.max_model_len)
         self.options = to_internal.RequestOptions(
-            self.served_name, self.preprocessor, config.limits
+            self.served_name,
+            self.preprocessor,
+            config.limits,
+            tool_call_parser=config.tool_call_parser
+            or guess_tool_call_parser(self.tokenizer.chat_template_source),
+            reasoning_parser=config.reasoning_parser,
         )
         self.bodies = BodyReader(config.limits, self.options)
 

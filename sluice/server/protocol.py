@@ -178,11 +178,52 @@ class ContentPart(OpenAIModel):
 ChatRole = Literal["system", "user", "assistant", "tool", "developer"]
 
 
+# OpenAI's rule for function names.
+FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+MAX_TOOLS = 128
+
+
+class FunctionDefinition(OpenAIModel):
+    name: FunctionName
+    description: str | None = None
+    # A JSON schema of the arguments object.
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(OpenAIModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(OpenAIModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
+class FunctionCall(OpenAIModel):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(OpenAIModel):
+    """A call in an earlier assistant turn's `tool_calls`."""
+
+    id: str
+    type: Literal["function"] | None = None
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIModel):
     role: ChatRole
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -191,6 +232,14 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: TopLogprobs | None = None
     # Takes precedence over the deprecated `max_tokens`.
     max_completion_tokens: Count | None = None
+    # Tool calling (`tool_fields`): tool_choice "none", "auto", "required" or a
+    # named function.
+    tools: Annotated[list[ChatTool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # OpenAI's deprecated forms of the same: refused by name, never ignored.
+    functions: Any = None
+    function_call: Any = None
     # vLLM extensions.
     add_generation_prompt: bool | None = None
     add_special_tokens: bool | None = None

@@ -14,6 +14,9 @@ class ServedTokenizer(PromptTokenizer, DecodingTokenizer, Protocol):
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]: ...
 
+    # The chat template's text (None without one): its tool-call format.
+    chat_template_source: str | None
+
 
 @dataclass(frozen=True, slots=True)
 class ServedModel:

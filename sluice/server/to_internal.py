@@ -14,7 +14,7 @@ import dataclasses
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
 import msgspec
@@ -24,7 +24,7 @@ from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import InvalidRequestError, ModelNotFoundError
 from sluice.frontend.preprocess import ChatMessage, Preprocessor
 from sluice.frontend.request import GenerationRequest, PromptInput
-from sluice.server import limits, protocol
+from sluice.server import limits, protocol, tool_fields
 from sluice.server.structured_fields import structured_output
 from sluice.structured.spec import StructuredOutputSpec
 
@@ -44,6 +44,10 @@ class RequestOptions:
     served_model_name: str
     preprocessor: Preprocessor
     limits: RequestLimits = field(default_factory=RequestLimits)
+    # Chat outputs: the tool-call parser (given, or guessed from the chat
+    # template; None: tool_choice "auto" is refused) and the reasoning parser.
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 def check_model(requested: str | None, served_model_name: str) -> str:
@@ -90,11 +94,14 @@ async def chat_request(
     logprobs = _chat_logprobs(body)
     stream = _check_stream_options(body)
     structured = await structured_output(body)
+    tools = await tool_fields.tool_plan(body, options.tool_call_parser, options.reasoning_parser)
+    structured = tool_fields.structured_output_of(tools, structured)
     messages = chat_messages(body.messages)
     prompt = await options.preprocessor.chat_prompt(
         messages,
         add_generation_prompt=_default(body.add_generation_prompt, True),
         add_special_tokens=_default(body.add_special_tokens, False),
+        tools=tools.template_tools,
     )
     limits.check_prompts([prompt], options.limits, "messages")
     requested_max_tokens = body.max_completion_tokens or body.max_tokens
@@ -102,7 +109,10 @@ async def chat_request(
     max_tokens = limits.cap_max_tokens(max_tokens, options.limits)
     params = sampling_params(body, max_tokens, logprobs, options.preprocessor, structured)
     params = _with_prompt_logprobs(params, body, stream, None)
-    return _generation_request(body, "chat", model_name, (prompt,), n, params, stream, False)
+    request = _generation_request(body, "chat", model_name, (prompt,), n, params, stream, False)
+    if tools.keeps_special_tokens:
+        request = replace(request, skip_special_tokens=False)
+    return replace(request, output_parsing=tools.output_parsing)
 
 
 def sampling_params(
@@ -171,6 +181,7 @@ def _chat_message(message: protocol.ChatMessage, index: int) -> ChatMessage:
         content=_message_text(message, index),
         name=message.name,
         tool_call_id=message.tool_call_id,
+        tool_calls=tool_fields.message_tool_calls(message, index),
     )
 
 

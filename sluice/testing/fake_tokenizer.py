@@ -17,6 +17,7 @@ strategies can build valid generations with characters split across tokens.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 WORD_START = "\u2581"  # "▁"
@@ -56,6 +57,7 @@ class FakeTokenizer:
     eos_token_ids = frozenset({1})
     all_special_ids = frozenset(range(len(SPECIAL_TOKENS)))
     backend = None
+    chat_template_source: str | None = None
 
     def __init__(self) -> None:
         names = list(SPECIAL_TOKENS)
@@ -162,10 +164,17 @@ class FakeTokenizer:
 
 
 class ChatFakeTokenizer(FakeTokenizer):
-    """The fake tokenizer with a minimal chat template."""
+    """The fake tokenizer with a minimal chat template: one line per message
+    (an assistant turn's tool calls after its content), the tools first."""
 
     has_chat_template = True
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        text = "".join(f"<|sep|>{m['role']}: {m['content']}\n" for m in messages)
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, *, tools: list | None = None
+    ) -> str:
+        text = "" if tools is None else f"<|sep|>tools: {json.dumps(tools)}\n"
+        for message in messages:
+            calls = message.get("tool_calls")
+            text += f"<|sep|>{message['role']}: {message['content']}"
+            text += f" calls: {json.dumps(calls)}\n" if calls else "\n"
         return text + ("<|sep|>assistant: " if add_generation_prompt else "")

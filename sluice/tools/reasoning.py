@@ -6,7 +6,8 @@ parsers (`sluice/tools/calls.py`): the reasoning and the content of a prefix
 are prefixes of those of the whole text. As in vLLM's deepseek_r1 parser,
 DeepSeek-R1's template opens `<think>` in the prompt, so everything before
 `</think>` is reasoning, whether or not the output repeats the `<think>` (it
-is dropped when it does); text after `</think>` is content, and without a
+is dropped when it does); text after `</think>` is content (the whitespace
+that opens it dropped, as the reasoning and the answer are separate), and without a
 `</think>` the whole output is reasoning. Either tag cut across tokens is
 held back until decided, like a stop string's beginning.
 """
@@ -39,7 +40,7 @@ def split_deepseek_r1(text: str, is_final: bool = False) -> ReasoningSplit:
         return ReasoningSplit("", None)  # maybe the opening tag, cut
     end = text.find(THINK_END, start)
     if end >= 0:
-        return ReasoningSplit(text[start:end], text[end + len(THINK_END) :])
+        return ReasoningSplit(text[start:end], text[end + len(THINK_END) :].lstrip())
     held = 0 if is_final else held_tag_prefix(text, THINK_END, start)
     return ReasoningSplit(text[start : len(text) - held], None)
 

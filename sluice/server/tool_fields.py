@@ -1,0 +1,181 @@
+"""A chat request's tool fields -> what they mean for the prompt, the
+sampling and the reading of the output: one `ToolPlan`.
+
+- `tools` are checked (unique names, object parameter schemas) and passed to
+  the chat template in the request's shape.
+- `tool_choice` defaults to "auto" with tools, "none" without; any value
+  without tools is a 400 (as OpenAI), and so is a named function not in them.
+  - "auto": the output is read by the server's tool-call parser
+    (`--tool-call-parser`, or the one the chat template shows). With none,
+    it is a 400, as vLLM answers when auto tool choice is not enabled: the
+    calls would otherwise come back as prose with a 200.
+  - "required" / a named function: constrained decoding forces the calls (a
+    JSON schema from `sluice/tools/schema.py`), so even a small model answers
+    with valid ones; the output is read as that JSON whatever the parser.
+    It cannot be combined with another structured-output constraint. The
+    reasoning parser is off for such a request: the grammar holds from the
+    first token, so there is no reasoning to split.
+  - "none": the template gets no tools and nothing is parsed (vLLM with
+    `--exclude-tools-when-tool-choice-none`): the model answers in prose.
+- `parallel_tool_calls: false`: at most one call (the schema's maxItems, or
+  the parser keeps the first).
+- An assistant message's `tool_calls` go to the template (their arguments
+  parsed from JSON, as HF templates expect); a `tool` message needs its
+  `tool_call_id`. OpenAI's deprecated `functions` / `function_call` are
+  refused by name rather than ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.errors import InvalidRequestError
+from sluice.frontend.preprocess import MessageToolCall
+from sluice.server import protocol
+from sluice.structured.grammar import GrammarError, grammar_of
+from sluice.structured.spec import StructuredOutputSpec
+from sluice.tools.output_parsing import NAMED_FORMAT, REQUIRED_FORMAT, OutputParsing
+from sluice.tools.parsers import KEEPS_SPECIAL_TOKENS
+from sluice.tools.schema import FunctionTool, named_function_schema, required_schema
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    # What the chat template gets as `tools`; None: no tools.
+    template_tools: list[dict[str, Any]] | None = None
+    # How the choices' text is read; None: it is the content.
+    output_parsing: OutputParsing | None = None
+    # What constrained decoding enforces (tool_choice required or named).
+    structured_output: StructuredOutputSpec | None = None
+    # The parser reads special tokens: the detokenizer must keep them.
+    keeps_special_tokens: bool = False
+
+
+async def tool_plan(
+    body: protocol.ChatCompletionRequest,
+    tool_call_parser: str | None,
+    reasoning_parser: str | None,
+) -> ToolPlan:
+    _refuse_deprecated_fields(body)
+    tools = _function_tools(body.tools)
+    choice, function_name = _tool_choice(body.tool_choice, tools)
+    reasoning_only = OutputParsing(reasoning_parser=reasoning_parser) if reasoning_parser else None
+    if choice == "none":
+        return ToolPlan(output_parsing=reasoning_only)
+    template_tools = [tool.as_template_dict() for tool in tools]
+    is_parallel = body.parallel_tool_calls is not False
+    max_calls = None if is_parallel else 1
+    if choice == "auto":
+        if tool_call_parser is None:
+            raise InvalidRequestError(
+                'tool_choice "auto" needs a tool-call parser, and this model\'s chat template '
+                "shows no known tool-call format: start the server with --tool-call-parser, "
+                'or ask for tool_choice "required" or a named function',
+                param="tool_choice",
+            )
+        parsing = OutputParsing(tool_call_parser, None, reasoning_parser, max_calls)
+        keeps_special_tokens = tool_call_parser in KEEPS_SPECIAL_TOKENS
+        return ToolPlan(template_tools, parsing, None, keeps_special_tokens)
+    if choice == "required":
+        schema = required_schema(tools, is_parallel)
+        parsing = OutputParsing(REQUIRED_FORMAT, max_calls=max_calls)
+    else:
+        (tool,) = [tool for tool in tools if tool.name == function_name]
+        schema = named_function_schema(tool)
+        parsing = OutputParsing(NAMED_FORMAT, function_name=tool.name)
+    spec = StructuredOutputSpec.json_schema(schema)
+    try:
+        await asyncio.to_thread(grammar_of, spec)
+    except GrammarError as error:
+        raise InvalidRequestError(f"invalid tool parameters: {error}", param="tools") from None
+    return ToolPlan(template_tools, parsing, spec)
+
+
+def message_tool_calls(message: protocol.ChatMessage, index: int) -> tuple[MessageToolCall, ...]:
+    """An assistant message's earlier calls; checks a tool message's id."""
+    if message.role == "tool" and not message.tool_call_id:
+        raise InvalidRequestError(
+            "a tool message needs the tool_call_id of the call it answers",
+            param=f"messages[{index}].tool_call_id",
+        )
+    if not message.tool_calls:
+        return ()
+    if message.role != "assistant":
+        raise InvalidRequestError(
+            f"only assistant messages carry tool_calls, not {message.role}",
+            param=f"messages[{index}].tool_calls",
+        )
+    return tuple(
+        MessageToolCall(call.id, call.function.name, call.function.arguments)
+        for call in message.tool_calls
+    )
+
+
+def _refuse_deprecated_fields(body: protocol.ChatCompletionRequest) -> None:
+    for name in ("functions", "function_call"):
+        if getattr(body, name) is not None:
+            raise InvalidRequestError(
+                f"'{name}' is deprecated and not supported; use 'tools' and 'tool_choice'",
+                param=name,
+            )
+
+
+def _function_tools(tools: list[protocol.ChatTool] | None) -> list[FunctionTool]:
+    seen: set[str] = set()
+    functions = []
+    for index, tool in enumerate(tools or ()):
+        function = tool.function
+        param = f"tools[{index}].function"
+        if function.name in seen:
+            raise InvalidRequestError(
+                f"two tools are named {function.name!r}", param=f"{param}.name"
+            )
+        seen.add(function.name)
+        parameters = function.parameters
+        if parameters is not None and parameters.get("type", "object") != "object":
+            raise InvalidRequestError(
+                "a function's parameters must be a JSON schema of an object",
+                param=f"{param}.parameters",
+            )
+        functions.append(
+            FunctionTool(function.name, function.description, parameters, function.strict)
+        )
+    return functions
+
+
+def _tool_choice(
+    tool_choice: str | protocol.NamedToolChoice | None, tools: list[FunctionTool]
+) -> tuple[str, str | None]:
+    """("none" | "auto" | "required", None) or ("named", the function's name)."""
+    if tool_choice is None:
+        return ("auto" if tools else "none"), None
+    if not tools:
+        raise InvalidRequestError(
+            "tool_choice is only allowed when tools are given", param="tool_choice"
+        )
+    if isinstance(tool_choice, str):
+        return tool_choice, None
+    name = tool_choice.function.name
+    if name not in {tool.name for tool in tools}:
+        raise InvalidRequestError(
+            f"tool_choice names the function {name[:64]!r}, which is not among the tools",
+            param="tool_choice.function.name",
+        )
+    return "named", name
+
+
+def structured_output_of(
+    plan: ToolPlan, structured: StructuredOutputSpec | None
+) -> StructuredOutputSpec | None:
+    """The one constraint of a request: the tools' or the response format's."""
+    if plan.structured_output is None:
+        return structured
+    if structured is not None:
+        raise InvalidRequestError(
+            'tool_choice "required" or a named function is enforced by constrained decoding '
+            "and cannot be combined with response_format or structured outputs",
+            param="tool_choice",
+        )
+    return plan.structured_output
