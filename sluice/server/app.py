@@ -52,8 +52,9 @@ from sluice.server.errors import install_error_handlers, unavailable_response
 from sluice.server.event_stream import EventStreamResponse, completion_tokens
 from sluice.server.loop_watchdog import LoopWatchdog
 from sluice.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from sluice.server.metrics import ServerMetrics
+from sluice.server.metrics import ReadCounter, ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
+from sluice.server.pages import add_pages
 from sluice.server.served_model import ServedModel, ServedTokenizer
 from sluice.server.shutdown import GracefulShutdown
 from sluice.tools.parsers import guess_tool_call_parser
@@ -78,6 +79,10 @@ def create_app(config: ServerConfig, engine: EngineClient, model: ServedModel) -
             engine, config.on_engine_death, on_exit=lambda: shutdown.exit(1)
         )
     shutdown = GracefulShutdown(gate, config.drain_timeout_s, supervisor)
+    if supervisor is not None:
+        restarts = ReadCounter("sluice:engine_restarts", "Dead engines brought back.",
+                               lambda: supervisor.num_restarts)  # fmt: skip
+        routes.metrics.registry.register(restarts)
     watchdog = LoopWatchdog(routes.metrics.registry)
     routes.metrics.registry.register(AdmissionCollector(gate))
 
@@ -114,6 +119,7 @@ def create_app(config: ServerConfig, engine: EngineClient, model: ServedModel) -
     app.add_api_route("/tokenize", routes.tokenize, methods=["POST"])
     app.add_api_route("/detokenize", routes.detokenize, methods=["POST"])
     app.add_api_route("/reset_prefix_cache", routes.reset_prefix_cache, methods=["POST"])
+    add_pages(app)  # the chat at / and the dashboard at /dashboard
     return app
 
 

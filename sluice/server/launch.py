@@ -78,6 +78,8 @@ class SluiceServer(uvicorn.Server):
         await super().startup(sockets)
         for address in self.bound_addresses():
             logger.info("sluice listening on http://%s:%d", address[0], address[1])
+            url = f"http://{address[0]}:{address[1]}"
+            logger.info("chat at %s/ and dashboard at %s/dashboard", url, url)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:

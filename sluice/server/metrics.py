@@ -100,6 +100,20 @@ class EngineStatsCollector(Collector):
         return gauge
 
 
+class ReadCounter(Collector):
+    """A counter its owner keeps, read when Prometheus scrapes."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]):
+        self._name = name
+        self._documentation = documentation
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        counter = CounterMetricFamily(self._name, self._documentation)
+        counter.add_metric([], self._read())
+        yield counter
+
+
 class ServerMetrics:
     """The app's metrics; implements `sluice.frontend.observer.RequestObserver`."""
 

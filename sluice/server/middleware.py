@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.config import ServerConfig
 from sluice.server.errors import error_response, internal_error_response
+from sluice.server.pages import is_public_page
 
 access_logger = logging.getLogger("sluice.access")
 logger = logging.getLogger("sluice.server")
@@ -141,7 +142,8 @@ class ApiKeyMiddleware:
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in API_KEY_EXEMPT_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in API_KEY_EXEMPT_PATHS or is_public_page(path):
             await self.app(scope, receive, send)
             return
         given = next((v for n, v in scope["headers"] if n == b"authorization"), b"")

@@ -1,0 +1,183 @@
+// sluice dashboard: reads /metrics every second and draws its own charts.
+// Rates and percentiles are over the last interval, from counter and
+// histogram-bucket differences between two scrapes.
+"use strict";
+
+const INTERVAL_MS = 1000;
+const MAX_POINTS = 120; // two minutes of history
+const COLORS = ["#2f6fdf", "#e67e22", "#27ae60", "#8e44ad"];
+
+// name -> [{labels, value}] from the Prometheus text exposition.
+function parseMetrics(text) {
+  const metrics = new Map();
+  for (const line of text.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const match = line.match(/^([^\s{]+)(?:\{(.*)\})?\s+(\S+)/);
+    if (!match) continue;
+    const labels = {};
+    for (const pair of (match[2] || "").matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) {
+      labels[pair[1]] = pair[2];
+    }
+    if (!metrics.has(match[1])) metrics.set(match[1], []);
+    metrics.get(match[1]).push({ labels, value: Number(match[3]) });
+  }
+  return metrics;
+}
+
+function sum(metrics, name) {
+  return (metrics.get(name) || []).reduce((total, sample) => total + sample.value, 0);
+}
+
+// Cumulative bucket counts by upper bound ("le"), in bound order.
+function buckets(metrics, name) {
+  return (metrics.get(`${name}_bucket`) || [])
+    .map((s) => ({ le: Number(s.labels.le), count: s.value }))
+    .sort((a, b) => a.le - b.le);
+}
+
+// The q-quantile of the observations between two scrapes (linear in a bucket).
+function quantile(q, before, after) {
+  const counts = after.map((b, i) => ({ le: b.le, count: b.count - (before[i]?.count || 0) }));
+  const total = counts.length ? counts[counts.length - 1].count : 0;
+  if (total <= 0) return null;
+  const rank = q * total;
+  let lower = 0, below = 0;
+  for (const bucket of counts) {
+    if (bucket.count >= rank) {
+      if (!Number.isFinite(bucket.le)) return lower;
+      const inside = bucket.count - below;
+      return lower + (bucket.le - lower) * (inside ? (rank - below) / inside : 1);
+    }
+    lower = bucket.le;
+    below = bucket.count;
+  }
+  return lower;
+}
+
+// What each card shows: its title, its series (from two scrapes and the seconds
+// between them), and how a value reads.
+const CARDS = [
+  { id: "requests", title: "Requests running / waiting", unit: "",
+    series: { running: (m) => sum(m, "sluice:num_requests_running"),
+              waiting: (m) => sum(m, "sluice:num_requests_waiting") } },
+  { id: "kv", title: "KV cache in use", unit: "%",
+    series: { used: (m) => 100 * sum(m, "sluice:kv_cache_usage_perc") } },
+  { id: "throughput", title: "Generated tokens / s", unit: "",
+    series: { "tokens/s": (m, p, dt) => (sum(m, "sluice:generation_tokens_total")
+                                         - sum(p, "sluice:generation_tokens_total")) / dt } },
+  { id: "ttft", title: "Time to first token (last interval)", unit: " ms",
+    series: histogramQuantiles("sluice:time_to_first_token_seconds") },
+  { id: "itl", title: "Inter-token latency (last interval)", unit: " ms",
+    series: histogramQuantiles("sluice:inter_token_latency_seconds") },
+  { id: "chunk", title: "Tokens per chunk (coalescing)", unit: "",
+    series: { mean: (m, p) => ratioOfDeltas(m, p, "sluice:tokens_per_chunk") } },
+  { id: "lag", title: "Event-loop lag, worst of the last window", unit: " ms",
+    series: { lag: (m) => 1000 * sum(m, "sluice:event_loop_lag_max_seconds") } },
+  { id: "refusals", title: "Refused / aborted / engine restarts (total)", unit: "",
+    series: { refused: (m) => sum(m, "sluice:requests_refused_total"),
+              aborted: (m) => sum(m, "sluice:request_aborted_total"),
+              restarts: (m) => sum(m, "sluice:engine_restarts_total") } },
+];
+
+function histogramQuantiles(name) {
+  const at = (q) => (m, p) => {
+    const value = quantile(q, buckets(p, name), buckets(m, name));
+    return value === null ? null : 1000 * value;
+  };
+  return { p50: at(0.5), p95: at(0.95), p99: at(0.99) };
+}
+
+function ratioOfDeltas(m, p, name) {
+  const count = sum(m, `${name}_count`) - sum(p, `${name}_count`);
+  return count > 0 ? (sum(m, `${name}_sum`) - sum(p, `${name}_sum`)) / count : null;
+}
+
+function buildCards() {
+  for (const card of CARDS) {
+    const element = document.createElement("section");
+    element.className = "card";
+    element.innerHTML = `<h2>${card.title}</h2><div class="value"></div>`
+      + `<canvas data-points="0"></canvas><div class="legend"></div>`;
+    element.id = `card-${card.id}`;
+    const legend = Object.keys(card.series).map((label, i) =>
+      `<span style="color:${COLORS[i]}">■ ${label}</span>`).join("");
+    element.querySelector(".legend").innerHTML = legend;
+    document.getElementById("cards").appendChild(element);
+    card.points = Object.fromEntries(Object.keys(card.series).map((label) => [label, []]));
+  }
+}
+
+// A line chart of `series` (label -> values, null = no data) on `canvas`.
+function drawChart(canvas, series) {
+  const ratio = window.devicePixelRatio || 1;
+  canvas.width = canvas.clientWidth * ratio;
+  canvas.height = canvas.clientHeight * ratio;
+  const context = canvas.getContext("2d");
+  context.scale(ratio, ratio);
+  const width = canvas.clientWidth, height = canvas.clientHeight, pad = 4;
+  const values = Object.values(series).flat().filter((v) => v !== null);
+  const top = Math.max(1e-9, ...values) * 1.1;
+  context.strokeStyle = "#dde1e8";
+  context.strokeRect(0.5, 0.5, width - 1, height - 1);
+  context.fillStyle = "#6b7385";
+  context.font = "11px system-ui";
+  context.fillText(formatNumber(top), 4, 12);
+  Object.values(series).forEach((points, index) => {
+    context.strokeStyle = COLORS[index];
+    context.lineWidth = 1.5;
+    context.beginPath();
+    let isDrawing = false;
+    points.forEach((value, i) => {
+      if (value === null) { isDrawing = false; return; }
+      const x = pad + (width - 2 * pad) * (i + MAX_POINTS - points.length) / (MAX_POINTS - 1);
+      const y = height - pad - (height - 2 * pad) * value / top;
+      if (isDrawing) context.lineTo(x, y); else context.moveTo(x, y);
+      isDrawing = true;
+    });
+    context.stroke();
+  });
+}
+
+function formatNumber(value) {
+  if (value === null || value === undefined) return "–";
+  if (Math.abs(value) >= 100) return value.toFixed(0);
+  return value.toFixed(Math.abs(value) >= 10 ? 1 : 2);
+}
+
+let previous = null, previousMs = 0;
+
+async function tick() {
+  const response = await fetch("/metrics");
+  const metrics = parseMetrics(await response.text());
+  const nowMs = performance.now();
+  if (previous !== null) {
+    const dt = (nowMs - previousMs) / 1000;
+    for (const card of CARDS) update(card, metrics, previous, dt);
+  }
+  previous = metrics;
+  previousMs = nowMs;
+  document.getElementById("status").textContent =
+    `updated ${new Date().toLocaleTimeString()}`;
+}
+
+function update(card, metrics, before, dt) {
+  const element = document.getElementById(`card-${card.id}`);
+  const shown = [];
+  for (const [label, read] of Object.entries(card.series)) {
+    const value = read(metrics, before, dt);
+    const points = card.points[label];
+    points.push(value);
+    if (points.length > MAX_POINTS) points.shift();
+    shown.push(`${label} ${formatNumber(value)}${value === null ? "" : card.unit}`);
+  }
+  element.querySelector(".value").textContent = shown.join(" · ");
+  const canvas = element.querySelector("canvas");
+  drawChart(canvas, card.points);
+  canvas.dataset.points = String(Object.values(card.points)[0].length);
+}
+
+buildCards();
+tick();
+setInterval(() => tick().catch((error) => {
+  document.getElementById("status").textContent = `cannot read /metrics: ${error}`;
+}), INTERVAL_MS);
