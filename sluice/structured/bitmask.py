@@ -1,20 +1,23 @@
-"""The allowed tokens of a step's constrained rows, as one mask over the batch.
+"""The tokens a step's constrained rows may not sample, as one mask over the batch.
 
-`allowed_tokens(matchers, ...)` asks llguidance for the next-token bitmask of
-every constrained row at once (filled in parallel, outside the GIL, straight
-into one int32 tensor); `apply_allowed_tokens` sets every other token's logit
-to -inf. A batch without constrained rows never gets here
+`forbidden_tokens(matchers, ...)` asks llguidance for the next-token bitmask
+of every constrained row at once (filled in parallel, outside the GIL, into
+one int32 array), unpacks it on the host (numpy, one pass) and returns a
+[B, V] bool mask, True where a token is forbidden; free rows are all False.
+`sluice.engine.sampling.processors` sets those logits to -inf with one
+`masked_fill_`. A batch without constrained rows never gets here
 (`sluice.engine.sampling.batch` leaves the mask None).
 
-Bit j of word w of a row allows token 32 * w + j (llguidance's layout).
+Bit j of word w of a row allows token 32 * w + j (llguidance's layout); read
+as little-endian bytes, bit k of byte i allows token 8 * i + k.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import llguidance
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -23,48 +26,29 @@ from sluice.structured.matcher import GrammarMatcher
 BITS_PER_WORD = 32
 
 
-@dataclass(slots=True)
-class AllowedTokens:
-    """Which tokens the constrained rows of a batch may sample."""
-
-    row_ids: Tensor  # [m] int64: the constrained rows, in batch order
-    bitmask: Tensor  # [m, ceil(V / 32)] int32, on the logits' device
-
-
 @functools.cache
 def _executor() -> llguidance.LLExecutor:
     # One per process: it owns a thread pool.
     return llguidance.LLExecutor()
 
 
-def allowed_tokens(
+def forbidden_tokens(
     matchers: list[GrammarMatcher | None], vocab_size: int, device: torch.device
-) -> AllowedTokens | None:
-    """The mask of the rows whose matcher is not None; None when there are none."""
+) -> Tensor | None:
+    """[B, V] bool, True where row i's grammar forbids the token; None when no
+    row has a matcher."""
     constrained = [(i, m) for i, m in enumerate(matchers) if m is not None]
     if not constrained:
         return None
     num_words = (vocab_size + BITS_PER_WORD - 1) // BITS_PER_WORD
-    bitmask = torch.empty(len(constrained), num_words, dtype=torch.int32)  # [m, W]
+    bitmask = np.empty((len(constrained), num_words), dtype=np.int32)  # [m, W]
     targets = [(m.matcher, k) for k, (_, m) in enumerate(constrained)]
-    _executor().unsafe_compute_mask_ptr(targets, bitmask.data_ptr(), num_words * 4, len(targets))
-    row_ids = torch.tensor([i for i, _ in constrained], dtype=torch.int64)
-    return AllowedTokens(
-        row_ids=row_ids.to(device, non_blocking=True),
-        bitmask=bitmask.to(device, non_blocking=True),
+    _executor().unsafe_compute_mask_ptr(
+        targets, bitmask.ctypes.data, num_words * 4, len(constrained)
     )
-
-
-def apply_allowed_tokens(logits: Tensor, allowed: AllowedTokens) -> None:
-    """Set the logits of forbidden tokens to -inf, in place. logits: [B, V]."""
-    vocab_size = logits.shape[1]
-    rows = logits[allowed.row_ids]  # [m, V]
-    is_allowed = unpack_bitmask(allowed.bitmask, vocab_size)  # [m, V]
-    logits[allowed.row_ids] = rows.masked_fill(~is_allowed, float("-inf"))
-
-
-def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:
-    """[m, W] int32 bitmask -> [m, vocab_size] bool, True where allowed."""
-    shifts = torch.arange(BITS_PER_WORD, dtype=torch.int32, device=bitmask.device)  # [32]
-    bits = (bitmask[:, :, None] >> shifts) & 1  # [m, W, 32]
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()  # [m, V]
+    allowed = np.unpackbits(
+        bitmask.view(np.uint8), axis=1, count=vocab_size, bitorder="little"
+    )  # [m, V] uint8
+    forbidden = np.zeros((len(matchers), vocab_size), dtype=np.bool_)  # [B, V]
+    forbidden[[i for i, _ in constrained]] = allowed == 0
+    return torch.from_numpy(forbidden).to(device, non_blocking=True)

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from sluice.engine.sampling.rng import derive_step_seed
 from sluice.engine.sampling_params import SamplingParams
-from sluice.structured.bitmask import AllowedTokens, allowed_tokens
+from sluice.structured.bitmask import forbidden_tokens
 from sluice.structured.matcher import GrammarMatcher
 
 # Candidates a top-p-only row first searches its nucleus in on CPU.
@@ -87,8 +87,8 @@ class Filters:
 class SamplingBatch:
     num_rows: int
     vocab_size: int
-    # The tokens each constrained row may sample (the others go to -inf).
-    allowed_tokens: AllowedTokens | None
+    # [B, V] bool: True where a constrained row's grammar forbids the token.
+    forbidden_tokens: Tensor | None
     is_greedy: Tensor  # [B] bool
     # The same on the host, for the per-row noise loop.
     greedy_rows: list[bool]
@@ -132,7 +132,7 @@ def build_sampling_batch(
     return SamplingBatch(
         num_rows=len(rows),
         vocab_size=vocab_size,
-        allowed_tokens=_allowed_tokens(rows, vocab_size, device),
+        forbidden_tokens=_forbidden_tokens(rows, vocab_size, device),
         is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
         greedy_rows=greedy,
         all_greedy=all(greedy),
@@ -152,12 +152,12 @@ def build_sampling_batch(
     )
 
 
-def _allowed_tokens(
+def _forbidden_tokens(
     rows: list[SamplingRow], vocab_size: int, device: torch.device
-) -> AllowedTokens | None:
+) -> Tensor | None:
     if all(row.grammar is None for row in rows):
         return None  # a free batch does no mask work
-    return allowed_tokens([row.grammar for row in rows], vocab_size, device)
+    return forbidden_tokens([row.grammar for row in rows], vocab_size, device)
 
 
 def _floats(values: list[float], device: torch.device) -> Tensor:

@@ -32,7 +32,6 @@ from sluice.engine.sampling.batch import (
     SamplingBatch,
     SparseEntries,
 )
-from sluice.structured.bitmask import apply_allowed_tokens
 
 
 def process_logits(logits: Tensor, batch: SamplingBatch) -> Tensor:
@@ -43,10 +42,10 @@ def process_logits(logits: Tensor, batch: SamplingBatch) -> Tensor:
     # 0-2. The grammar mask, then sparse additions: bias, then the min_tokens
     #      mask, in place on a copy.
     has_sparse = batch.logit_bias is not None or batch.min_tokens_mask is not None
-    if batch.allowed_tokens is not None or has_sparse:
+    if batch.forbidden_tokens is not None or has_sparse:
         logits = logits.clone()  # [B, V]
-        if batch.allowed_tokens is not None:
-            apply_allowed_tokens(logits, batch.allowed_tokens)
+        if batch.forbidden_tokens is not None:
+            logits.masked_fill_(batch.forbidden_tokens, float("-inf"))
         _add_sparse(logits, batch.logit_bias)
         _add_sparse(logits, batch.min_tokens_mask)
     # 3. Repetition penalty.
