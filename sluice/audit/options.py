@@ -101,6 +101,16 @@ class StructuredSize:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolsSize:
+    requests: int = _size(
+        2, "tool-call cases, each sent non-streamed, streamed slowly, non-streamed"
+    )
+    max_tokens: int = _size(160, "max_tokens of each request")
+    slow_read_bytes: int = _size(64, "bytes the slow reader takes per read")
+    slow_read_interval_s: float = _size(0.05, "pause of the slow reader between reads")
+
+
+@dataclass(frozen=True, slots=True)
 class Sizes:
     lag: LagSize = LagSize()
     logprobs: LogprobsSize = LogprobsSize()
@@ -109,6 +119,7 @@ class Sizes:
     stops: StopsSize = StopsSize()
     utf8: Utf8Size = Utf8Size()
     structured: StructuredSize = StructuredSize()
+    tools: ToolsSize = ToolsSize()
     usage: UsageSize = UsageSize()
     bad_inputs: BadInputsSize = BadInputsSize()
     disconnect: DisconnectSize = DisconnectSize()
@@ -126,6 +137,7 @@ FULL = Sizes(
     stops=StopsSize(max_tokens=96),
     utf8=Utf8Size(requests=6, max_tokens=96),
     structured=StructuredSize(requests=3, max_tokens=256),
+    tools=ToolsSize(requests=4, max_tokens=256),
     usage=UsageSize(max_tokens=16),
     bad_inputs=BadInputsSize(repeat=2),
     disconnect=DisconnectSize(streams=8, max_tokens=2048),
@@ -133,9 +145,10 @@ FULL = Sizes(
 )
 PROFILES = {"quick": QUICK, "full": FULL}
 # The scenarios each profile runs when --scenarios is not given. `structured`
-# needs a server that enforces response_format: asked for by name, or in full.
+# and `tools` need a server that enforces response_format and tool_choice
+# "required": asked for by name, or in full.
 PROFILE_SCENARIOS = {
-    "quick": tuple(name for name in SCENARIO_NAMES if name not in ("soak", "structured")),
+    "quick": tuple(name for name in SCENARIO_NAMES if name not in ("soak", "structured", "tools")),
     "full": SCENARIO_NAMES,
 }
 

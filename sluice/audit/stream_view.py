@@ -73,10 +73,15 @@ class ChoiceChunk:
     # Usage of the chunk when it holds this choice alone (continuous usage is per index).
     usage: dict[str, Any] | None
     time_s: float
+    # Chat: the delta's (or message's) tool_calls entries, and its reasoning
+    # text; a chunk may carry only these.
+    tool_calls: list[Any] = field(default_factory=list)
+    reasoning: str = ""
 
     @property
     def has_content(self) -> bool:
-        return self.text != "" or bool(self.logprobs)
+        has_other = bool(self.tool_calls) or bool(self.reasoning)
+        return self.text != "" or bool(self.logprobs) or has_other
 
 
 @dataclass(slots=True)
@@ -194,7 +199,7 @@ def _choice_chunk(is_chat: bool, number: int, choice: dict[str, Any], time_s: fl
     else:
         text, role = choice.get("text"), None
         entries = completion_entries(choice.get("logprobs"))
-    return ChoiceChunk(
+    chunk = ChoiceChunk(
         number=number,
         text=text if isinstance(text, str) else "",
         role=role if isinstance(role, str) else None,
@@ -204,3 +209,9 @@ def _choice_chunk(is_chat: bool, number: int, choice: dict[str, Any], time_s: fl
         usage=None,
         time_s=time_s,
     )
+    if is_chat:
+        tool_calls = delta.get("tool_calls")
+        chunk.tool_calls = tool_calls if isinstance(tool_calls, list) else []
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        chunk.reasoning = reasoning if isinstance(reasoning, str) else ""
+    return chunk

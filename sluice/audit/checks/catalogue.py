@@ -65,6 +65,13 @@ _INVARIANT = {
     "structured_invalid_json": "a json_schema answer that finished with stop is not JSON",
     "structured_schema_mismatch": "a json_schema answer does not match its schema",
     "structured_stream_mismatch": "a json_schema stream differs from the same request non-streamed",
+    # Tool calls (the tools scenario).
+    "tools_stream_mismatch": "streamed tool calls differ from the same request non-streamed "
+    "(name or arguments, byte for byte)",
+    "tools_delta_malformed": "a tool call's first delta lacks id, type or name, or a later one "
+    "repeats the name, or indices skip",
+    "tools_invalid_arguments": "a tool call names no given tool or its arguments are not a JSON object",
+    "tools_no_call": "a request forcing a tool call finished without one",
     # Text.
     "replacement_char": "U+FFFD in a delta that the non-streamed text does not have",
     "stop_leak": "a stop string, or a prefix of one later retracted, reached the client",
@@ -77,6 +84,7 @@ _INVARIANT = {
 
 _NOTE = {
     "structured_cut_by_length": "max_tokens cut a json_schema answer before the JSON ended",
+    "tools_cut_by_length": "max_tokens cut a tool call before it ended",
     "text_mismatch_nonstream": "streamed text differs from the non-streamed greedy text (determinism)",
     "timeout_before_response": "no token arrived within the request timeout (capacity under "
     "this load, not a broken stream)",

@@ -15,6 +15,7 @@ from sluice.audit.scenarios.logprobs import run_logprobs
 from sluice.audit.scenarios.soak import run_soak
 from sluice.audit.scenarios.stops import run_stops
 from sluice.audit.scenarios.structured import run_structured
+from sluice.audit.scenarios.tools import run_tools
 from sluice.audit.scenarios.usage import run_usage
 from sluice.audit.scenarios.utf8 import run_utf8
 
@@ -28,6 +29,7 @@ SCENARIOS: dict[str, Scenario] = {
     "stops": run_stops,
     "utf8": run_utf8,
     "structured": run_structured,
+    "tools": run_tools,
     "usage": run_usage,
     "bad_inputs": run_bad_inputs,
     "disconnect": run_disconnect,
