@@ -15,6 +15,7 @@ from pathlib import Path
 from sluice.config import (
     EMBEDDED_MODEL,
     CacheConfig,
+    DataParallelConfig,
     EngineConfig,
     ModelConfig,
     RequestLimits,
@@ -167,6 +168,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="split <think>…</think> into reasoning_content",
     )
+    add_data_parallel_flags(parser)
     reliability = parser.add_argument_group("reliability")
     reliability.add_argument("--max-connections", type=int, default=4096)
     reliability.add_argument(
@@ -220,6 +222,43 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-request-body", type=parse_size, default=4 << 20)
 
 
+def add_data_parallel_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data parallel (Ray: pip install 'sluice[ray]')")
+    group.add_argument(
+        "--data-parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve N engine replicas as Ray actors behind this endpoint (docs/SCALING.md)",
+    )
+    group.add_argument(
+        "--ray-address",
+        default=None,
+        help="a running Ray cluster: 'auto' or the head's host:port (default: a local Ray)",
+    )
+    group.add_argument("--replica-cpus", type=float, default=1.0, help="Ray CPUs per replica")
+    group.add_argument("--replica-gpus", type=float, default=0.0, help="Ray GPUs per replica")
+
+
+def data_parallel_config_from(args: argparse.Namespace) -> DataParallelConfig | None:
+    if args.data_parallel is None:
+        if args.ray_address is not None:
+            raise ModelLoadError("--ray-address needs --data-parallel N")
+        return None
+    if args.data_parallel < 1:
+        raise ModelLoadError("--data-parallel needs at least 1 replica")
+    if args.in_process:
+        raise ModelLoadError(
+            "--data-parallel runs each engine in its own Ray actor, not in-process"
+        )
+    return DataParallelConfig(
+        num_replicas=args.data_parallel,
+        ray_address=args.ray_address,
+        replica_cpus=args.replica_cpus,
+        replica_gpus=args.replica_gpus,
+    )
+
+
 def server_config_from(args: argparse.Namespace) -> ServerConfig:
     limits = RequestLimits(
         max_prompt_tokens=args.max_prompt_tokens,
@@ -245,6 +284,7 @@ def server_config_from(args: argparse.Namespace) -> ServerConfig:
         queue_timeout_s=args.queue_timeout,
         drain_timeout_s=args.drain_timeout,
         on_engine_death=args.on_engine_death,
+        data_parallel=data_parallel_config_from(args),
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
     )

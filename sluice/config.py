@@ -86,6 +86,24 @@ class EngineConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DataParallelConfig:
+    """Engine replicas placed by Ray behind one frontend (sluice/scaleout, docs/SCALING.md)."""
+
+    # Engine replicas, each a Ray actor running its own engine core.
+    num_replicas: int = 1
+    # A running Ray cluster ("auto", or the head's host:port); None starts a
+    # local Ray instance in this process.
+    ray_address: str | None = None
+    # Ray resources each replica asks for (where it may be placed). The
+    # replica's engine runs that many torch threads unless num_threads is set.
+    replica_cpus: float = 1.0
+    replica_gpus: float = 0.0
+    # Times Ray restarts a replica's crashed actor in place (-1: always).
+    # Beyond them the frontend starts a new actor, backing off between tries.
+    max_actor_restarts: int = -1
+
+
+@dataclass(frozen=True, slots=True)
 class RequestLimits:
     """Per-request bounds the HTTP edge enforces with a 400 naming the field.
 
@@ -142,6 +160,8 @@ class ServerConfig:
     # When the engine dies: start a new one, or stop the server (exit status 1)
     # and leave the restart to a process supervisor.
     on_engine_death: Literal["restart", "exit"] = "restart"
+    # Engine replicas on Ray (--data-parallel); None: one engine, no Ray.
+    data_parallel: DataParallelConfig | None = None
     # How chat outputs are read into tool calls: "hermes", "llama3_json" or
     # "mistral"; None: guessed from the model's chat template (and none when it
     # shows no known format: then tool_choice "auto" is a 400).

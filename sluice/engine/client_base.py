@@ -23,9 +23,30 @@ from __future__ import annotations
 import abc
 from typing import Protocol
 
+import msgspec
+
 from sluice.engine.messages import EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
+
+
+class ReplicaState(msgspec.Struct, frozen=True):
+    """One engine replica behind a client, as /health and /metrics show it."""
+
+    # The replica's name in metrics labels ("0", "1", ...).
+    name: str
+    # Where it runs (the node's IP for a Ray replica).
+    node: str
+    is_healthy: bool
+    # Requests the router sent here since the server started.
+    num_requests_routed: int
+    # ...of which for the prompt's cached prefix (prefix affinity).
+    num_routed_by_prefix: int
+    # Routing load now: prompt tokens not yet prefilled + max_tokens left.
+    num_outstanding_tokens: int
+    # Times it was replaced after a death or hang.
+    num_restarts: int
+    stats: EngineStatsSnapshot
 
 
 class DeltaSink(Protocol):
@@ -73,6 +94,11 @@ class EngineClient(abc.ABC):
 
     @abc.abstractmethod
     async def shutdown(self) -> None: ...
+
+    def replicas(self) -> list[ReplicaState]:
+        """The engine replicas behind this client (data parallel), one entry
+        each; empty for a single engine, whose health is `is_alive`."""
+        return []
 
     async def restart(self) -> None:
         """Replace a dead engine with a fresh one (only where `can_restart`);

@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sluice.config import SchedulerConfig
-from sluice.engine.client_base import DeltaSink, EngineClient
+from sluice.engine.client_base import DeltaSink, EngineClient, ReplicaState
 from sluice.engine.messages import EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
@@ -187,6 +187,9 @@ class AdmissionGate(EngineClient):
 
     def stats(self) -> EngineStatsSnapshot:
         return self.engine.stats()
+
+    def replicas(self) -> list[ReplicaState]:
+        return self.engine.replicas()
 
     async def start(self) -> None:
         await self.engine.start()

@@ -54,6 +54,7 @@ from sluice.server.loop_watchdog import LoopWatchdog
 from sluice.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sluice.server.metrics import ReadCounter, ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
+from sluice.server.replicas import ReplicaCollector, replica_health
 from sluice.server.pages import add_pages
 from sluice.server.served_model import ServedModel, ServedTokenizer
 from sluice.server.shutdown import GracefulShutdown
@@ -71,7 +72,8 @@ def sluice_version() -> str:
 
 def create_app(config: ServerConfig, engine: EngineClient, model: ServedModel) -> FastAPI:
     """The app serving `engine` as `model.name` (ServerConfig.served_model_name wins)."""
-    gate = AdmissionGate(engine, admission.capacity_of(config.engine.scheduler))
+    num_replicas = 1 if config.data_parallel is None else config.data_parallel.num_replicas
+    gate = AdmissionGate(engine, num_replicas * admission.capacity_of(config.engine.scheduler))
     routes = Routes(config, gate, model)
     supervisor = None
     if engine.can_restart:
@@ -85,6 +87,7 @@ def create_app(config: ServerConfig, engine: EngineClient, model: ServedModel) -
         routes.metrics.registry.register(restarts)
     watchdog = LoopWatchdog(routes.metrics.registry)
     routes.metrics.registry.register(AdmissionCollector(gate))
+    routes.metrics.registry.register(ReplicaCollector(gate.replicas))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -247,6 +250,9 @@ class Routes:
     async def health(self) -> Response:
         if self.gate.is_draining:
             return unavailable_response(ShuttingDownError("the server is shutting down"))
+        replicas = self.gate.replicas()
+        if replicas:  # data parallel: degraded (still 200) while one replica serves
+            return replica_health(replicas)
         if self.gate.is_alive:
             return Response(status_code=200)
         return unavailable_response(EngineDeadError("the engine is not running"))

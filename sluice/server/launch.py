@@ -227,12 +227,23 @@ def build_engine(config: EngineConfig) -> EngineAssembly:
     return EngineAssembly(client, description)
 
 
+def build_data_parallel_engine(config: ServerConfig) -> EngineAssembly:
+    """Engine replicas on Ray (sluice/scaleout); a ModelLoadError now if Ray is missing."""
+    from sluice.scaleout.client import DataParallelEngineClient
+
+    client = DataParallelEngineClient(config.engine, config.data_parallel)
+    return EngineAssembly(client, describe_model(config.engine.model))
+
+
 def run_server(config: ServerConfig) -> int:
     """`sluice serve`: build the engine and the app from `config`, serve; the exit status."""
     _configure_logging()
     from sluice.server.app import create_app
 
-    assembly = build_engine(config.engine)
+    if config.data_parallel is None:
+        assembly = build_engine(config.engine)
+    else:
+        assembly = build_data_parallel_engine(config)
     app = create_app(config, assembly.engine, assembly.model)
     return serve(app, config)
 
