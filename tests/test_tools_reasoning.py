@@ -17,9 +17,7 @@ TEXTS = st.lists(
 
 def test_reasoning_then_content():
     text = "<think>\nLet me see.\n</think>\n\nThe answer is 4."
-    assert split_deepseek_r1(text, True) == ReasoningSplit(
-        "\nLet me see.\n", "The answer is 4."
-    )
+    assert split_deepseek_r1(text, True) == ReasoningSplit("\nLet me see.\n", "The answer is 4.")
 
 
 def test_without_the_opening_tag_everything_before_the_end_is_reasoning():
