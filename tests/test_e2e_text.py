@@ -76,17 +76,25 @@ def live(embedded_model_config):
         yield server
 
 
+def stops_of(fields: dict) -> dict:
+    """What the checker must know of a request's stop strings."""
+    return {
+        "stop": tuple(fields.get("stop") or ()),
+        "include_stop_str": bool(fields.get("include_stop_str_in_output")),
+    }
+
+
 def chat_call(model: str, prompt: str, *, stream: bool, logprobs: bool, **fields) -> Call:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
             "temperature": 0, "stream": stream, "logprobs": logprobs, **fields}  # fmt: skip
-    expect = Expectations("chat", 1, has_logprobs=logprobs)
+    expect = Expectations("chat", 1, has_logprobs=logprobs, **stops_of(fields))
     return Call("/v1/chat/completions", body, expect)
 
 
 def completion_call(model: str, prompt: str, *, stream: bool, logprobs: bool, **fields) -> Call:
     body = {"model": model, "prompt": prompt, "temperature": 0, "ignore_eos": True,
             "stream": stream, "logprobs": 0 if logprobs else None, **fields}  # fmt: skip
-    expect = Expectations("completion", 1, has_logprobs=logprobs)
+    expect = Expectations("completion", 1, has_logprobs=logprobs, **stops_of(fields))
     return Call("/v1/completions", body, expect)
 
 

@@ -37,7 +37,8 @@ def text_delta(*pieces: str, finish: str | None = None, stop_reason=None) -> Cho
         text="".join(pieces),
         token_ids=[T(piece) for piece in pieces],
         token_texts=list(pieces),
-        logprobs=[SampledLogprob(-0.5, (T("a"),), (-0.25,)) for _ in pieces],
+        # Distinct per token, as a model's are (the checker refuses copied logprobs).
+        logprobs=[SampledLogprob(-ord(piece[0]) / 256, (T("a"),), (-0.25,)) for piece in pieces],
         finish_reason=finish,
         stop_reason=stop_reason,
     )
@@ -127,7 +128,7 @@ def test_the_body_is_a_chat_completion_folded_from_the_same_deltas():
     entry = response["choices"][0]["logprobs"]["content"][0]
     assert entry == {
         "token": "x",
-        "logprob": -0.5,
+        "logprob": -ord("x") / 256,
         "bytes": [ord("x")],
         "top_logprobs": [{"token": "a", "logprob": -0.25, "bytes": [ord("a")]}],
     }

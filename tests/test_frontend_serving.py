@@ -204,7 +204,7 @@ def test_a_slow_reader_gets_merged_deltas_and_an_exact_stream():
         continuous_usage_stats=True,
         include_usage=True,
     )
-    expect = Expectations("completion", 2, True, True, True)
+    expect = Expectations("completion", 2, True, True, True, stop=("ไทย a",))
 
     async def scenario() -> tuple[bytes, bytes, int]:
         engine = FakeEngine(endless_words)

@@ -174,8 +174,8 @@ def scenarios(draw: st.DrawFn) -> tuple[GenerationRequest, dict, list[int]]:
         skip_special_tokens=draw(st.booleans()),
         spaces_between_special_tokens=draw(st.booleans()),
         stream=True,
-        include_usage=draw(st.booleans()),
-        continuous_usage_stats=draw(st.booleans()),
+        include_usage=(include_usage := draw(st.booleans())),
+        continuous_usage_stats=include_usage and draw(st.booleans()),
         echo=kind == "completion" and logprobs is None and draw(st.booleans()),
         logprobs=logprobs,
     )
@@ -261,6 +261,9 @@ def test_streams_meet_the_contract_and_equal_the_non_streamed_response(scenario)
         include_usage=request.include_usage,
         continuous_usage_stats=request.continuous_usage_stats,
         echo=request.echo,
+        stop=request.stop,
+        include_stop_str=request.include_stop_str_in_output,
+        min_tokens=request.params.min_tokens,
         allows_replacement_char=has_invalid_utf8,
     )
     stream_result = check_stream(streamed, expect)

@@ -104,7 +104,7 @@ def scenarios(draw: st.DrawFn):
         num_choices,
         has_logprobs=logprobs is not None,
         include_usage=include_usage,
-        continuous_usage_stats=continuous,
+        continuous_usage_stats=include_usage and continuous,  # vLLM's rule
         allows_error=death_at is not None,
     )
     return body, scripts, passes, death_at, expect

@@ -103,6 +103,11 @@ def test_frontend_fields_reach_the_generation_request():
     assert request.stream and request.include_usage and request.continuous_usage_stats
 
 
+def test_continuous_usage_needs_include_usage_as_in_vllm():
+    alone = completion(stream=True, stream_options={"continuous_usage_stats": True})
+    assert not alone.include_usage and not alone.continuous_usage_stats
+
+
 def test_list_prompts_become_one_prompt_input_each():
     request = completion(prompt=["ab", "c"], n=2)
     assert [p.text for p in request.prompts] == ["ab", "c"]

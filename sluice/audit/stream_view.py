@@ -37,6 +37,8 @@ class RequestShape:
     top_logprobs: int | None
     stops: tuple[str, ...]
     include_stop_str: bool
+    # Stop strings wait for this many output tokens (vLLM's min_tokens).
+    min_tokens: int = 0
     # temperature 0: each sampled token is the most likely one.
     is_greedy: bool = False
 
@@ -120,6 +122,7 @@ def request_shape(endpoint: str, body: dict[str, Any] | None) -> RequestShape:
         top_logprobs=_top_logprobs(is_chat, body),
         stops=tuple(stop for stop in stops if isinstance(stop, str) and stop),
         include_stop_str=body.get("include_stop_str_in_output") is True,
+        min_tokens=body["min_tokens"] if _is_count(body.get("min_tokens")) else 0,
         is_greedy=_is_zero(body.get("temperature")),
     )
 

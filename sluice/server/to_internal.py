@@ -320,7 +320,10 @@ def _generation_request(
         spaces_between_special_tokens=_default(body.spaces_between_special_tokens, True),
         stream=stream,
         include_usage=bool(stream_options.include_usage),
-        continuous_usage_stats=bool(stream_options.continuous_usage_stats),
+        # As vLLM: continuous usage only alongside include_usage.
+        continuous_usage_stats=bool(
+            stream_options.include_usage and stream_options.continuous_usage_stats
+        ),
         echo=echo,
         logprobs=params.logprobs,
     )
