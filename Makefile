@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test lint format bench clean
+.PHONY: serve test lint format bench clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,12 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/sluice serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP)
+# Debian's chromium for the browser tests (Playwright drives it; its own
+# `playwright install` needs a download these machines cannot make).
+browser:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+
+test: $(STAMP) browser
 	$(BIN)/ruff check sluice tests benchmarks
 	$(BIN)/ruff format --check sluice tests benchmarks
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

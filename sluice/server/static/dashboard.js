@@ -62,9 +62,10 @@ const CARDS = [
               waiting: (m) => sum(m, "sluice:num_requests_waiting") } },
   { id: "kv", title: "KV cache in use", unit: "%",
     series: { used: (m) => 100 * sum(m, "sluice:kv_cache_usage_perc") } },
+  // Tokens handed to clients (reported within a second), not counted at finish.
   { id: "throughput", title: "Generated tokens / s", unit: "",
-    series: { "tokens/s": (m, p, dt) => (sum(m, "sluice:generation_tokens_total")
-                                         - sum(p, "sluice:generation_tokens_total")) / dt } },
+    series: { "tokens/s": (m, p, dt) => (sum(m, "sluice:tokens_per_chunk_sum")
+                                         - sum(p, "sluice:tokens_per_chunk_sum")) / dt } },
   { id: "ttft", title: "Time to first token (last interval)", unit: " ms",
     series: histogramQuantiles("sluice:time_to_first_token_seconds") },
   { id: "itl", title: "Inter-token latency (last interval)", unit: " ms",
@@ -133,6 +134,8 @@ function drawChart(canvas, series) {
       const y = height - pad - (height - 2 * pad) * value / top;
       if (isDrawing) context.lineTo(x, y); else context.moveTo(x, y);
       isDrawing = true;
+      context.fillStyle = COLORS[index];
+      context.fillRect(x - 1.5, y - 1.5, 3, 3); // a lone point shows too
     });
     context.stroke();
   });
@@ -140,6 +143,7 @@ function drawChart(canvas, series) {
 
 function formatNumber(value) {
   if (value === null || value === undefined) return "–";
+  if (Number.isInteger(value)) return String(value);
   if (Math.abs(value) >= 100) return value.toFixed(0);
   return value.toFixed(Math.abs(value) >= 10 ? 1 : 2);
 }

@@ -1,0 +1,131 @@
+"""The chat page and the dashboard in a real browser (Playwright driving
+Debian's chromium, installed by `make test`) against `sluice serve` on the
+embedded model, float32 so a greedy stream equals its non-streamed twin.
+
+The chat's streamed greedy reply equals the API's non-streamed answer; its
+stop button disconnects and the server aborts the request (its own metrics
+say so); the dashboard's charts fill from /metrics. Screenshots of both go
+to docs/ (docs/chat.png, docs/dashboard.png).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx2
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from sluice.testing.server_process import free_port, wait_for_health
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+STARTUP_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def server_url(embedded_model_config, tmp_path_factory):
+    port = free_port()
+    command = [
+        sys.executable, "-m", "sluice.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--cache-dir", str(embedded_model_config.cache_dir), "--max-model-len", "2048",
+        "--kv-cache-memory", "512MiB", "--dtype", "float32", "--quantization", "none",
+    ]  # fmt: skip
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for_health(url, STARTUP_TIMEOUT_S)
+        assert f"chat at {url}/ and dashboard at {url}/dashboard" in log_path.read_text()
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def page(server_url):
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        page = browser.new_page(viewport={"width": 1200, "height": 860})
+        page.set_default_timeout(240_000)  # CPU decoding of a whole reply
+        yield page
+        browser.close()
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx2.get(f"{url}/metrics", timeout=10).text
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name)]
+    return sum(values)
+
+
+def send(page: Page, text: str, *, max_tokens: int) -> None:
+    page.fill("#temperature", "0")
+    page.fill("#max-tokens", str(max_tokens))
+    page.fill("#message", text)
+    page.click("#send")
+
+
+def test_a_streamed_greedy_reply_equals_the_apis_non_streamed_answer(page, server_url):
+    page.goto(server_url + "/")
+    page.wait_for_function("document.getElementById('model-name').textContent.length > 0")
+    question = "What are the three primary colors?"
+    send(page, question, max_tokens=48)
+    reply = page.wait_for_selector(".message.assistant[data-done=true]")
+    body = {"messages": [{"role": "user", "content": question}], "temperature": 0,
+            "max_tokens": 48}  # fmt: skip
+    answer = httpx2.post(f"{server_url}/v1/chat/completions", json=body, timeout=240).json()
+    content = answer["choices"][0]["message"]["content"]
+    assert content and reply.query_selector(".content").text_content() == content
+    stats = reply.query_selector(".stats").inner_text()
+    assert "TTFT" in stats and "tokens/chunk" in stats
+    assert f"{answer['usage']['completion_tokens']} completion tokens" in stats
+    page.screenshot(path=DOCS / "chat.png")
+
+
+def test_stop_disconnects_and_the_server_aborts_the_request(page, server_url):
+    page.goto(server_url + "/")
+    aborted_before = metric(server_url, "sluice:request_aborted_total")
+    send(page, "Count from 1 to 1000, separated by commas.", max_tokens=1500)
+    page.wait_for_selector(".message.assistant[data-chunks='5']")
+    page.click("#stop")
+    stopped = page.wait_for_selector(".message.assistant[data-done=true]")
+    assert stopped.query_selector(".stats").inner_text() == "stopped"
+    # The server saw the disconnect: the request counts as aborted, nothing runs.
+    page.wait_for_function(
+        """async ([before]) => {
+            const text = await (await fetch('/metrics')).text();
+            const read = (name) => text.split('\\n').filter((l) => l.startsWith(name))
+                .reduce((total, l) => total + Number(l.split(' ').pop()), 0);
+            return read('sluice:request_aborted_total') > before
+                && read('sluice:num_requests_running') === 0;
+        }""",
+        arg=[aborted_before],
+        polling=250,
+    )
+
+
+def test_the_dashboards_charts_fill_from_the_metrics(page, server_url):
+    page.goto(server_url + "/dashboard")
+    # Traffic while the dashboard watches: a few greedy chats from the page.
+    page.evaluate(
+        """() => { for (let i = 0; i < 3; i++) fetch('/v1/chat/completions', {method: 'POST',
+            headers: {'Content-Type': 'application/json'}, body: JSON.stringify({
+            messages: [{role: 'user', content: 'Tell me about the sea, number ' + i}],
+            max_tokens: 64, temperature: 0})}); }"""
+    )
+    page.wait_for_function(
+        """() => {
+            const value = (id) => document.querySelector(`#card-${id} .value`).textContent;
+            const points = document.querySelector('#card-throughput canvas').dataset.points;
+            return Number(points) >= 5 && /tokens\\/s [1-9]/.test(value('throughput'))
+                && /p50 \\d/.test(value('itl'));
+        }""",
+        polling=500,
+    )
+    page.screenshot(path=DOCS / "dashboard.png", full_page=True)
