@@ -142,7 +142,7 @@ class ZmqEngineClient(EngineClient):
 
     async def _stop_engine(self) -> None:
         """Stop the tasks, close the sockets, and get rid of what is left of the engine."""
-        self._mark_dead("the engine was shut down")
+        self._mark_dead("the engine was shut down", is_failure=False)
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             if task is not asyncio.current_task():
@@ -234,8 +234,9 @@ class ZmqEngineClient(EngineClient):
         # After a long stall of this loop, messages may be waiting unread: not a hang.
         return self._outputs is not None and bool(self._outputs.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
-    def _mark_dead(self, message: str) -> None:
+    def _mark_dead(self, message: str, *, is_failure: bool = True) -> None:
         if self._is_alive:
-            logger.error("engine down: %s", message)
+            log = logger.error if is_failure else logger.info
+            log("engine down: %s", message)
         self._is_alive = False
         self._router.fail_all(message)
