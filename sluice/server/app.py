@@ -54,8 +54,8 @@ from sluice.server.loop_watchdog import LoopWatchdog
 from sluice.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sluice.server.metrics import ReadCounter, ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
-from sluice.server.replicas import ReplicaCollector, replica_health
 from sluice.server.pages import add_pages
+from sluice.server.replicas import ReplicaCollector, replica_health
 from sluice.server.served_model import ServedModel, ServedTokenizer
 from sluice.server.shutdown import GracefulShutdown
 from sluice.tools.parsers import guess_tool_call_parser
