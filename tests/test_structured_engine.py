@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from sluice.engine.messages import AddRequest
+from sluice.engine.messages import AddRequest, input_decoder, input_encoder
 from sluice.engine.sampling_params import SamplingParams
 from sluice.structured import StructuredOutputSpec
 from sluice.testing.byte_tokenizer import byte_level_tokenizer
@@ -186,3 +186,13 @@ def test_a_model_without_a_tokenizer_refuses_structured_requests(tiny_loaded):
     core = make_core(tiny_loaded)
     with pytest.raises(ValueError, match="tokenizer"):
         core.add_request("r", PROMPTS[0], greedy(StructuredOutputSpec.json_object()))
+
+
+def test_the_spec_crosses_the_process_boundary_as_a_value(loaded):
+    """What the engine process decodes from the wire builds the same matcher."""
+    sent = AddRequest("r", PROMPTS[0], greedy(StructuredOutputSpec.json_schema(SCHEMA)))
+    received = input_decoder.decode(input_encoder.encode(sent))
+    assert received == sent
+    core = make_core(loaded)
+    core.handle(received, [], [])
+    assert core.scheduler.get_request("r").grammar is not None
