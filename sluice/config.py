@@ -41,6 +41,11 @@ class ModelConfig:
     # dense matmul on the same quantized values (sluice/models/quantization.py).
     # "auto": int4 when the weights came in 4 bits (a Q4 GGUF), else None.
     quantization: str | None = "auto"
+    # Kernels whose result for a token ignores the rest of its step: greedy
+    # tokens and logprobs bitwise the same alone or in any batch, prefill
+    # chunking, preemption or prefix-cache hit (sluice/models/llama.py). Costs
+    # step time (docs/BENCHMARKS.md); quantization then only changes the values.
+    batch_invariant: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     tokenizer = Tokenizer.from_folder(folder)
     _check_vocab(tokenizer, model_config)
     # 3. Build and fill the model.
-    model = LlamaForCausalLM(model_config, dtype, device)
+    model = LlamaForCausalLM(model_config, dtype, device, config.batch_invariant)
     model.load_weights(iter_weights(files))
     if chosen.quantization is not None:
         model.quantize(chosen.quantization)

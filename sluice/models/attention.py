@@ -21,6 +21,14 @@ Invariants of `paged_attention`:
 - the gather plans and masks depend on the batch only, not the layer: they
   are built once per step, in `AttentionMetadata.__post_init__`.
 
+`batch_invariant_attention` is the batch-invariant mode's: every new token,
+prefill or decode, is one row of the decode kernel over exactly its own
+keys (context plus the chunk's tokens up to itself), so a token's bits are
+the same whatever its batch, its prefill chunk, or whether its context came
+from the prefix cache. The flash SDPA of prefill chunks reduces in another
+order than the decode kernel: a token computed in a chunk would differ from
+the same token decoded.
+
 Padding reads real (zeroed or stale) cache rows and masks them out, which is
 safe because the cache never holds NaN or inf: it starts zeroed and only ever
 receives finite K/V.
@@ -74,6 +82,16 @@ class PrefillPlan:
 
 
 @dataclass(slots=True)
+class TokenRows:
+    """Every new token of a step as its own attention row (batch-invariant mode)."""
+
+    # The cache blocks of each token's sequence, padded with block 0.
+    block_ids: Tensor  # [num_tokens, max_num_blocks] int64, contiguous
+    # Keys each token reads: its position + 1.
+    seq_lens: Tensor  # [num_tokens] int64
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     # Flat cache slot (block_id * block_size + offset) of each new token's K/V.
     slot_mapping: Tensor  # [num_tokens] int64
@@ -92,10 +110,17 @@ class AttentionMetadata:
     # Derived once per step for all layers (see module docstring).
     decode: DecodePlan | None = field(default=None, init=False)
     prefills: list[PrefillPlan] = field(default_factory=list, init=False)
+    # Built by the first layer that asks (`token_rows`), then shared.
+    _token_rows: TokenRows | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.decode = _plan_decodes(self)
         self.prefills = _plan_prefills(self)
+
+    def token_rows(self) -> TokenRows:
+        if self._token_rows is None:
+            self._token_rows = _plan_token_rows(self)
+        return self._token_rows
 
     @classmethod
     def build(
@@ -169,6 +194,17 @@ def _plan_decodes(meta: AttentionMetadata) -> DecodePlan | None:
     )
 
 
+def _plan_token_rows(meta: AttentionMetadata) -> TokenRows:
+    device = meta.block_tables.device
+    query = torch.tensor(meta.query_lens, dtype=torch.int64, device=device)  # [B]
+    seq_of_token = torch.repeat_interleave(torch.arange(len(query), device=device), query)
+    token_index = torch.arange(seq_of_token.shape[0], device=device)  # [num_tokens]
+    # A sequence's last new token reads all seq_len keys, the one before it one fewer...
+    tokens_after = meta.query_start_loc[1:][seq_of_token] - 1 - token_index  # [num_tokens]
+    seq_lens = meta.seq_lens[seq_of_token] - tokens_after  # [num_tokens]
+    return TokenRows(block_ids=meta.block_tables[seq_of_token], seq_lens=seq_lens)
+
+
 def _plan_prefills(meta: AttentionMetadata) -> list[PrefillPlan]:
     plans = []
     token_start = 0
@@ -225,6 +261,35 @@ def paged_attention(
     for plan in meta.prefills:
         chunk = slice(plan.token_start, plan.token_end)
         out[chunk] = _prefill_attention(q[chunk], k[chunk], v[chunk], kv_cache, plan, scale)
+    return out
+
+
+def batch_invariant_attention(
+    q: Tensor,  # [num_tokens, num_heads, head_dim]
+    k: Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    kv_cache: Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scale: float,
+) -> Tensor:  # [num_tokens, num_heads, head_dim]
+    """`paged_attention` with every token as one decode row (module docstring)."""
+    _write_kv(kv_cache, k, v, meta.slot_mapping)
+    rows = meta.token_rows()
+    if q.device.type == "cpu" and (kernel := decode_attention_kernel(q.dtype)) is not None:
+        return kernel(q, kv_cache, rows.block_ids, rows.seq_lens, scale)
+    out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
+    for token, seq_len in enumerate(rows.seq_lens.tolist()):
+        # One token per call: the shapes, so the reduction, depend on that token only.
+        num_blocks = -(-seq_len // meta.block_size)
+        plan = DecodePlan(
+            token_indices=None,
+            block_ids=rows.block_ids[token, :num_blocks],
+            num_blocks=num_blocks,
+            num_keys=seq_len,
+            key_mask=None,
+            seq_lens=rows.seq_lens[token : token + 1],
+        )
+        out[token] = decode_attention_torch(q[token : token + 1], kv_cache, plan, scale)[0]
     return out
 
 

@@ -5,11 +5,22 @@ loading, on x86 CPUs, `prepack` repacks W into oneDNN's blocked layout; after
 that, `quantize` may add an int8/int4 copy that serves steps of a few tokens
 (sluice/models/quantization.py). `forward` picks the path by the number of
 rows.
+
+Batch-invariant mode (`row_tile`): every matmul runs on tiles of exactly
+`row_tile` rows (the last one zero-padded), so a row's result never depends
+on how many other rows share the step. oneDNN and torch pick their kernel,
+blocking and reduction order from the shape: measured on this CPU, float32
+F.linear at 1 row differs from the same row among 2 or more, and bfloat16
+with K=1536 differs at 3, 4, 5, 7 and 12 rows; with a fixed tile shape no
+row differed, at any position in its tile. The weight-only int8/int4 kernels
+gave the same bits at any row count, but are slow beyond a few rows, so the
+mode uses the dense matmul (on the quantized values) for every step.
 """
 
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +28,28 @@ from torch import Tensor, nn
 
 from sluice.models.quantization import MAX_QUANTIZED_TOKENS, quantize_weight
 
+# Rows per matmul in batch-invariant mode: small enough that a one-row decode
+# step wastes little, large enough that big steps keep efficient kernels.
+BATCH_INVARIANT_ROW_TILE = 8
+
 
 def uninitialised_weight(*shape: int, dtype: torch.dtype, device) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def in_row_tiles(
+    function: Callable[[Tensor], Tensor], x: Tensor, row_tile: int
+) -> Tensor:  # [T, in] -> [T, out]
+    """`function` applied to tiles of exactly `row_tile` contiguous rows of x
+    (zero rows pad the last one): the same shapes, so the same kernels, for
+    every row whatever the number of rows."""
+    num_rows = x.shape[0]
+    if num_rows == row_tile and x.is_contiguous():
+        return function(x)
+    num_padded = -(-num_rows // row_tile) * row_tile
+    padded = x.new_zeros((num_padded, x.shape[1]))  # [T padded, in]
+    padded[:num_rows] = x
+    return torch.cat([function(tile) for tile in padded.split(row_tile)])[:num_rows]
 
 
 def can_prepack(dtype: torch.dtype, device: torch.device | str) -> bool:
@@ -46,8 +76,18 @@ class Linear(nn.Module):
     these matmuls and every Python call layer on them costs the step time.
     """
 
-    def __init__(self, in_features: int, out_features: int, has_bias: bool, dtype, device):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        has_bias: bool,
+        dtype,
+        device,
+        row_tile: int | None = None,
+    ):
         super().__init__()
+        # Batch-invariant mode: every matmul on tiles of this many rows (module docstring).
+        self.row_tile = row_tile
         self.weight = uninitialised_weight(out_features, in_features, dtype=dtype, device=device)
         self.bias = (
             uninitialised_weight(out_features, dtype=dtype, device=device) if has_bias else None
@@ -57,8 +97,7 @@ class Linear(nn.Module):
         # for matmuls of at most `max_quantized_tokens` rows.
         self.quantized: nn.Module | None = None
         self.max_quantized_tokens = 0
-        self._dense_matmul = self._plain_matmul
-        self._small_matmul = self._plain_matmul
+        self._bind()
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
         if x.shape[0] <= self.max_quantized_tokens:
@@ -79,6 +118,10 @@ class Linear(nn.Module):
             self._dense_matmul = packed_matmul
         else:
             self._dense_matmul = self._plain_matmul
+        if self.row_tile is not None:
+            dense, row_tile = self._dense_matmul, self.row_tile
+            self._dense_matmul = lambda x: in_row_tiles(dense, x, row_tile)
+            self.max_quantized_tokens = 0  # one kernel for every step (module docstring)
         quantized = self.quantized
         self._small_matmul = (
             self._dense_matmul if quantized is None else quantized.matmul_for(weight.dtype)
@@ -107,7 +150,7 @@ class Linear(nn.Module):
         dense = self.dense_weight()
         result = quantize_weight(dense, self.bias, mode)
         self.quantized = result.layer
-        self.max_quantized_tokens = MAX_QUANTIZED_TOKENS[mode]
+        self.max_quantized_tokens = MAX_QUANTIZED_TOKENS[mode] if self.row_tile is None else 0
         was_prepacked = self.is_prepacked
         self.weight = nn.Parameter(result.dequantized.to(dense.dtype), requires_grad=False)
         self.is_prepacked = False

@@ -18,6 +18,13 @@ counts:
 - a layer's forward is plain functional code around its four matmuls
   (`sluice/models/linear.py`), its norms and its rotary embedding
   (`sluice/models/rope_norm.py`, with few-op paths for decode steps);
+- `batch_invariant=True` selects, at construction, kernels whose result for
+  a token never depends on the rest of its step: matmuls (and the MLP's
+  activation) on fixed tiles of rows (`linear.in_row_tiles`), every token's
+  attention as one decode-kernel row (`attention.batch_invariant_attention`),
+  one RMSNorm and one rotary path for every step size. Greedy tokens and
+  logprobs are then the same bits alone, in any batch, in any prefill
+  chunking, after preemption, with or without a prefix-cache hit;
 - the RoPE cos/sin table covers `max_position_embeddings` and is computed once,
   in float32 like transformers, then stored in the model dtype; each forward
   indexes it once for all layers (`RopeAngles`).
@@ -36,16 +43,31 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sluice.errors import ModelLoadError
-from sluice.models.attention import AttentionMetadata, paged_attention
+from sluice.models.attention import (
+    AttentionMetadata,
+    batch_invariant_attention,
+    paged_attention,
+)
 from sluice.models.config import LlamaConfig
-from sluice.models.linear import Linear, can_prepack, uninitialised_weight
+from sluice.models.linear import (
+    BATCH_INVARIANT_ROW_TILE,
+    Linear,
+    can_prepack,
+    in_row_tiles,
+    uninitialised_weight,
+)
 from sluice.models.quantization import check_quantization
 from sluice.models.rope_norm import RMSNorm, RopeAngles, rope_cos_sin
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device):
+    def __init__(
+        self, config: LlamaConfig, dtype: torch.dtype, device, batch_invariant: bool = False
+    ):
         super().__init__()
+        self.batch_invariant = batch_invariant
+        self.row_tile = BATCH_INVARIANT_ROW_TILE if batch_invariant else None
+        self.attend = batch_invariant_attention if batch_invariant else paged_attention
         hidden, head_dim = config.hidden_size, config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -55,18 +77,19 @@ class LlamaDecoderLayer(nn.Module):
         qkv_rows = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         p = {"dtype": dtype, "device": device}
         self.input_layernorm = uninitialised_weight(hidden, **p)
+        p["row_tile"] = self.row_tile
         # Rows: q heads, then k heads, then v heads.
         self.qkv_proj = Linear(hidden, qkv_rows, config.attention_bias, **p)
         self.o_proj = Linear(self.num_heads * head_dim, hidden, config.o_proj_bias, **p)
-        self.post_attention_layernorm = uninitialised_weight(hidden, **p)
+        self.post_attention_layernorm = uninitialised_weight(hidden, dtype=dtype, device=device)
         # Rows: gate, then up.
         self.gate_up_proj = Linear(hidden, 2 * config.intermediate_size, False, **p)
         self.down_proj = Linear(config.intermediate_size, hidden, False, **p)
 
     def finish_loading(self) -> None:
         """Bind the norms to their loaded weights (called once, by `load_weights`)."""
-        self.attention_norm = RMSNorm(self.input_layernorm, self.eps)
-        self.mlp_norm = RMSNorm(self.post_attention_layernorm, self.eps)
+        self.attention_norm = RMSNorm(self.input_layernorm, self.eps, self.batch_invariant)
+        self.mlp_norm = RMSNorm(self.post_attention_layernorm, self.eps, self.batch_invariant)
 
     def forward(
         self,
@@ -89,27 +112,45 @@ class LlamaDecoderLayer(nn.Module):
         qk = rope.rotate(qkv[:, :num_qk_heads])  # [T, Hq + Hkv, D]
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # [T, Hq, D], [T, Hkv, D]
         v = qkv[:, num_qk_heads:]  # [T, Hkv, D]
-        out = paged_attention(q, k, v, kv_cache, attn, self.scale)  # [T, Hq, D]
+        out = self.attend(q, k, v, kv_cache, attn, self.scale)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, -1))
 
     def _mlp(self, x: Tensor) -> Tensor:  # [T, hidden]
+        if self.row_tile is not None:
+            # The activation on fixed tiles too: its vectorised and scalar loops
+            # (exp) may round differently, and which elements take which depends
+            # on the tensor's size.
+            return in_row_tiles(self._mlp_rows, x, self.row_tile)
+        return self._mlp_rows(x)
+
+    def _mlp_rows(self, x: Tensor) -> Tensor:  # [T, hidden]
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
         # In place on the gate half: SwiGLU needs no new [T, I] buffers.
         return self.down_proj(F.silu(gate, inplace=True).mul_(up))
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device: torch.device | str):
+    def __init__(
+        self,
+        config: LlamaConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        batch_invariant: bool = False,
+    ):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        # Kernels whose per-token result ignores the batch (module docstring).
+        self.batch_invariant = batch_invariant
         p = {"dtype": dtype, "device": device}
         self.embed_tokens = uninitialised_weight(config.vocab_size, config.hidden_size, **p)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, dtype, device, batch_invariant)
+            for _ in range(config.num_hidden_layers)
         )
         self.norm = uninitialised_weight(config.hidden_size, **p)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, **p)
+        row_tile = BATCH_INVARIANT_ROW_TILE if batch_invariant else None
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, **p, row_tile=row_tile)
         if config.tie_word_embeddings:
             # Shared until prepacking, which gives lm_head its own packed copy.
             self.lm_head.weight = self.embed_tokens
@@ -128,7 +169,7 @@ class LlamaForCausalLM(nn.Module):
         attn: AttentionMetadata,
     ) -> Tensor:  # [num_tokens, hidden], after the final norm
         hidden = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
-        rope = RopeAngles.at(self.rope_cos, self.rope_sin, positions)
+        rope = RopeAngles.at(self.rope_cos, self.rope_sin, positions, self.batch_invariant)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, rope, kv_cache, attn)
         return self.final_norm(hidden)
@@ -168,7 +209,7 @@ class LlamaForCausalLM(nn.Module):
         self.is_loaded = True
         for layer in self.layers:
             layer.finish_loading()
-        self.final_norm = RMSNorm(self.norm, self.config.rms_norm_eps)
+        self.final_norm = RMSNorm(self.norm, self.config.rms_norm_eps, self.batch_invariant)
         if can_prepack(self.dtype, self.embed_tokens.device):
             for module in self.modules():
                 if isinstance(module, Linear):

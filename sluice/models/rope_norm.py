@@ -13,6 +13,10 @@ layers, and each op costs 1-3 us of dispatch however small its tensors.
   (about 1e-8 relative): float32 results agree to that, bfloat16 ones are
   the same up to a rare last-bit flip.
 Large steps keep torch's plain formulas, which are faster there.
+
+Batch-invariant mode takes one path for every step size (the plain rotation;
+the C RMSNorm kernel, one row at a time, else torch's plain formula), so a
+row's bits never depend on how many rows share its step.
 """
 
 from __future__ import annotations
@@ -79,11 +83,17 @@ class RopeAngles:
     sin_signed: Tensor | None  # [T, 1, D]
 
     @classmethod
-    def at(cls, cos_table: Tensor, sin_table: Tensor, positions: Tensor) -> RopeAngles:
+    def at(
+        cls,
+        cos_table: Tensor,
+        sin_table: Tensor,
+        positions: Tensor,
+        is_batch_invariant: bool = False,
+    ) -> RopeAngles:
         """Tables [max_pos, D // 2] indexed at positions [T]."""
         cos = cos_table[positions].unsqueeze(1)  # [T, 1, D // 2]
         sin = sin_table[positions].unsqueeze(1)  # [T, 1, D // 2]
-        if positions.shape[0] > FEW_TOKENS:
+        if is_batch_invariant or positions.shape[0] > FEW_TOKENS:
             return cls(cos, sin, None, None)
         return cls(cos, sin, torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1))
 
@@ -98,9 +108,11 @@ class RopeAngles:
 class RMSNorm:
     """x * rsqrt(mean(x^2) + eps) * weight over the last dimension."""
 
-    def __init__(self, weight: Tensor, eps: float):
+    def __init__(self, weight: Tensor, eps: float, is_batch_invariant: bool = False):
         self.weight = weight  # [hidden]
         self.eps = eps
+        # One formula for every step size (module docstring).
+        self.few_tokens = 0 if is_batch_invariant else FEW_TOKENS
         self._doubled = torch.cat((weight, weight))  # [2 * hidden], for the few-row path
         # On CPU, the C kernel (sluice/models/native): one pass per row, 2-8x
         # faster than either torch path; None elsewhere or without a compiler.
@@ -112,7 +124,7 @@ class RMSNorm:
         if self._kernel is not None and x.stride(1) == 1:
             return self._kernel(x, self.weight, self.eps)
         num_rows, hidden = x.shape
-        if num_rows > FEW_TOKENS:
+        if num_rows > self.few_tokens:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         mirrored = torch.cat((x, x.neg()), dim=-1)  # [T, 2 * hidden], every row's mean is 0
         normed = F.layer_norm(mirrored, self._doubled.shape, self._doubled, None, self.eps)

@@ -1,0 +1,162 @@
+"""Batch-invariant mode: in bfloat16, where batch shapes change the rounding
+of the default kernels, a greedy request's tokens and logprobs are bitwise
+the same alone, inside random batches, under random prefill chunk budgets,
+after preemption, and with or without a prefix-cache hit."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from sluice.engine.core import EngineCore
+from sluice.engine.sampling_params import SamplingParams
+from sluice.loader.choices import ModelChoices
+from sluice.loader.loaded_model import LoadedModel, load_model
+from sluice.models.linear import BATCH_INVARIANT_ROW_TILE, Linear, in_row_tiles
+from sluice.models.llama import LlamaForCausalLM
+from tests.model_factory import make_core
+
+PROBE = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
+CROWD = (
+    SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, logprobs=1),
+    SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_tokens=16, ignore_eos=True),
+)
+
+
+def bf16_loaded(tiny_loaded: LoadedModel, tiny_llama, *, batch_invariant: bool) -> LoadedModel:
+    model = LlamaForCausalLM(
+        tiny_loaded.model_config, torch.bfloat16, torch.device("cpu"), batch_invariant
+    )
+    model.load_weights(tiny_llama.weights())
+    return replace(tiny_loaded, model=model, choices=ModelChoices("bfloat16", None, "as asked"))
+
+
+@pytest.fixture(scope="module")
+def invariant(tiny_loaded, tiny_llama) -> LoadedModel:
+    return bf16_loaded(tiny_loaded, tiny_llama, batch_invariant=True)
+
+
+def random_prompt(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(3, 512) for _ in range(length)]
+
+
+def probe_output(core: EngineCore, probe: list[int], crowd: list[list[int]], rng: random.Random):
+    """The probe's (tokens, logprobs, top ids, top logprobs), with the crowd's
+    requests added before it, beside it, or a few steps before it."""
+    delay = rng.choice([0, 0, 1, 3])
+    for i, prompt in enumerate(crowd):
+        core.add_request(f"c{i}", prompt, CROWD[i % len(CROWD)])
+    for _ in range(delay):
+        core.step()
+    core.add_request("probe", probe, PROBE)
+    tokens, logprobs, top_ids, top_logprobs = [], [], [], []
+    while core.has_unfinished_requests():
+        for delta in core.step():
+            if delta.request_id == "probe":
+                tokens += delta.new_token_ids
+                logprobs += delta.logprobs.logprobs
+                top_ids += delta.logprobs.top_token_ids
+                top_logprobs += delta.logprobs.top_logprobs
+    return tokens, logprobs, top_ids, top_logprobs
+
+
+def test_row_tiles_give_each_row_the_bits_it_has_alone():
+    torch.manual_seed(0)
+    weight = (torch.randn(576, 1536) * 0.05).bfloat16()
+    matmul = lambda x: torch.nn.functional.linear(x, weight)  # noqa: E731
+    rows = torch.randn(70, 1536).bfloat16()
+    alone = in_row_tiles(matmul, rows[:1], BATCH_INVARIANT_ROW_TILE)
+    for count in (1, 3, 5, 7, 12, 33, 70):
+        assert torch.equal(
+            in_row_tiles(matmul, rows[:count], BATCH_INVARIANT_ROW_TILE)[0], alone[0]
+        )
+        moved = torch.cat([rows[1:count], rows[:1]])  # the same row last, in another tile place
+        assert torch.equal(in_row_tiles(matmul, moved, BATCH_INVARIANT_ROW_TILE)[-1], alone[0])
+
+
+def test_a_tiled_linear_takes_the_dense_path_even_when_quantized():
+    linear = Linear(64, 32, False, torch.bfloat16, "cpu", row_tile=BATCH_INVARIANT_ROW_TILE)
+    torch.nn.init.normal_(linear.weight, std=0.1)
+    linear.quantize("int8")
+    assert linear.max_quantized_tokens == 0
+    x = torch.randn(3, 64).bfloat16()
+    assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.dense_weight()))
+
+
+def test_a_greedy_request_is_bitwise_the_same_alone_and_in_random_batches(invariant):
+    rng = random.Random(16)
+    probe = random_prompt(rng, 37)
+    alone = probe_output(make_core(invariant, budget=512, chunked=False), probe, [], rng)
+    num_preempted = 0
+    for trial in range(8):
+        crowd = [random_prompt(rng, rng.randrange(3, 50)) for _ in range(rng.randrange(1, 12))]
+        if trial % 2:  # crowd members sharing the probe's first blocks: prefix-cache hits
+            crowd[0] = probe[: rng.randrange(8, 37)] + random_prompt(rng, 5)
+        # A tight KV pool (bf16 blocks are half the size make_core assumes) forces preemptions.
+        core = make_core(
+            replace(invariant, max_model_len=128),
+            budget=rng.choice([5, 8, 13, 32, 64]),
+            num_blocks=rng.choice([16, 24, 512]),
+            prefix_caching=rng.random() < 0.7,
+        )
+        assert probe_output(core, probe, crowd, rng) == alone, f"trial {trial}"
+        num_preempted += core.scheduler.num_preemptions
+    assert num_preempted > 0
+
+
+def test_a_prefix_cache_hit_and_a_second_run_give_the_same_bits(invariant):
+    rng = random.Random(3)
+    probe = random_prompt(rng, 45)
+    core = make_core(invariant, budget=16)
+    first = probe_output(core, probe, [], rng)
+    hit = probe_output(core, probe, [random_prompt(rng, 20)], rng)
+    assert core.stats().prefix_cache_hit_tokens > 0
+    assert hit == first
+
+
+def test_the_default_kernels_differ_where_the_mode_is_needed(tiny_loaded, tiny_llama, invariant):
+    """The comparison above can fail: in the default mode, a prompt computed in
+    chunks (flash SDPA) and the same tokens decoded (the C kernel) round apart."""
+    default = bf16_loaded(tiny_loaded, tiny_llama, batch_invariant=False)
+    rng = random.Random(16)
+    probe = random_prompt(rng, 37)
+    outputs = {
+        name: [
+            probe_output(make_core(loaded, budget=budget), probe, [], rng)[1] for budget in (4, 64)
+        ]
+        for name, loaded in (("default", default), ("invariant", invariant))
+    }
+    assert outputs["default"][0] != outputs["default"][1]
+    assert outputs["invariant"][0] == outputs["invariant"][1]
+
+
+@pytest.mark.slow
+def test_the_embedded_model_in_bfloat16_answers_alike_alone_and_in_a_crowd(
+    embedded_model_config, embedded_tokenizer
+):
+    """What `--batch-invariant` promises a client, on the real model (int4
+    weights, as the defaults load them): the crowd and small chunks change
+    every step's shapes, not one bit of the probe's answer."""
+    config = replace(embedded_model_config, dtype="bfloat16", quantization="int4")
+    loaded = replace(load_model(replace(config, batch_invariant=True)), max_model_len=1024)
+    assert loaded.model.batch_invariant
+    rng = random.Random(0)
+
+    def prompt(text: str) -> list[int]:
+        messages = [{"role": "user", "content": text}]
+        chat = embedded_tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return embedded_tokenizer.encode(chat)
+
+    probe = prompt("Explain why the sky is blue, in three sentences.")
+    crowd = [prompt(f"Write a poem about the number {i}.") for i in range(12)]
+    crowd.append(probe[:20] + prompt("Say hello."))
+    alone = probe_output(
+        make_core(loaded, budget=512, chunked=False, num_blocks=64, block_size=16), probe, [], rng
+    )
+    for budget in (7, 64):
+        core = make_core(loaded, budget=budget, num_blocks=64, block_size=16)
+        assert probe_output(core, probe, crowd, rng) == alone, f"budget {budget}"
