@@ -131,18 +131,23 @@ class DataParallelEngineClient(EngineClient):
         return any(replica.is_alive for replica in self.replica_clients)
 
     def stats(self) -> EngineStatsSnapshot:
-        """The replicas' state summed (KV use: the mean over healthy replicas)."""
-        snapshots = [replica.stats() for replica in self.replica_clients]
-        healthy = [s for s, r in zip(snapshots, self.replica_clients, strict=True) if r.is_alive]
-        kv_use = sum(s.kv_cache_usage for s in healthy) / len(healthy) if healthy else 0.0
+        """The healthy replicas' state summed (KV use: their mean)."""
+        snapshots = [self._stats_of(replica) for replica in self.replica_clients]
+        num_healthy = sum(replica.is_alive for replica in self.replica_clients)
         return EngineStatsSnapshot(
             num_running=sum(s.num_running for s in snapshots),
             num_waiting=sum(s.num_waiting for s in snapshots),
-            kv_cache_usage=kv_use,
+            kv_cache_usage=sum(s.kv_cache_usage for s in snapshots) / max(1, num_healthy),
             prefix_cache_queried_tokens=sum(s.prefix_cache_queried_tokens for s in snapshots),
             prefix_cache_hit_tokens=sum(s.prefix_cache_hit_tokens for s in snapshots),
             num_preemptions=sum(s.num_preemptions for s in snapshots),
         )
+
+    @staticmethod
+    def _stats_of(replica: ReplicaClient) -> EngineStatsSnapshot:
+        # A dead replica's last snapshot is stale: it runs nothing now, and its
+        # counters start again from zero when it comes back.
+        return replica.stats() if replica.is_alive else EngineStatsSnapshot()
 
     def replicas(self) -> list[ReplicaState]:
         states = []
@@ -155,7 +160,7 @@ class DataParallelEngineClient(EngineClient):
                 num_routed_by_prefix=load.num_routed_by_prefix,
                 num_outstanding_tokens=load.num_outstanding_tokens,
                 num_restarts=max(0, replica.num_starts - 1),
-                stats=replica.stats(),
+                stats=self._stats_of(replica),
             ))  # fmt: skip
         return states
 
