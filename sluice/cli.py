@@ -68,6 +68,12 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="weight-only quantization of the decoder matrices (CPU): faster small-batch "
         "decode; auto: int4 when the weights came in 4 bits (the embedded model), else none",
     )
+    group.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="greedy tokens and logprobs bitwise the same alone or in any batch, chunking, "
+        "preemption or prefix-cache hit; slower decode steps (docs/BENCHMARKS.md)",
+    )
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--cache-dir", default=None, help="where converted GGUF models are kept")
     group.add_argument(
@@ -120,6 +126,7 @@ def engine_config_from(args: argparse.Namespace, *, multiprocess: bool) -> Engin
         device=args.device,
         max_model_len=args.max_model_len,
         quantization=None if args.quantization == "none" else args.quantization,
+        batch_invariant=args.batch_invariant,
         cache_dir=default_cache_dir() if args.cache_dir is None else Path(args.cache_dir),
     )
     cache = CacheConfig(

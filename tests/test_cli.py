@@ -103,3 +103,9 @@ def test_generate_prints_the_embedded_models_answer(embedded_model_config):
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
     assert "Paris" in result.stdout
+
+
+def test_batch_invariant_mode_is_off_unless_asked():
+    assert not server_config_from(build_parser().parse_args(["serve"])).engine.model.batch_invariant
+    asked = server_config_from(build_parser().parse_args(["serve", "--batch-invariant"]))
+    assert asked.engine.model.batch_invariant
