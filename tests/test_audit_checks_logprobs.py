@@ -189,3 +189,36 @@ def test_sampled_tokens_need_not_head_their_alternatives():
         temperature=0.8,
     )
     assert found == {}
+
+
+def echoed(tokens: list[str], logprobs: list[float | None]) -> dict:
+    """Completions logprobs for `tokens` from offset 0; each heads its two alternatives."""
+    offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
+    tops = [None if lp is None else {t: lp, "zz": lp - 1} for t, lp in zip(tokens, logprobs, strict=True)]  # fmt: skip
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops,
+            "text_offset": offsets}  # fmt: skip
+
+
+def echo_findings(logprobs: list[float | None], **body_extra) -> dict[str, list[int]]:
+    body = {"model": "m", "prompt": "Say", "echo": True, "stream": True, "logprobs": 1,
+            "temperature": 0, **body_extra}  # fmt: skip
+    lp = echoed(["S", "ay", "!"], logprobs)
+    chunks = sse(completion_chunk(0, "Say!", "length", logprobs=lp))
+    return {
+        f.check_id: f.chunk_numbers for f in check_exchange(recorded(COMPLETIONS, body, chunks))
+    }
+
+
+def test_echoed_prompt_entries_may_open_with_a_null_logprob_and_are_not_sampled():
+    # The prompt's second token is not the most likely one: it was given, not sampled.
+    lp = echoed(["S", "ay", "!"], [None, -3.0, -0.1])
+    lp["top_logprobs"][1] = {"ay": -3.0, "ey": -0.5}
+    body = {"model": "m", "prompt": "Say", "echo": True, "stream": True, "logprobs": 1,
+            "temperature": 0}  # fmt: skip
+    chunks = sse(completion_chunk(0, "Say!", "length", logprobs=lp))
+    assert check_exchange(recorded(COMPLETIONS, body, chunks)) == []
+
+
+def test_a_null_logprob_on_a_generated_token_is_still_flagged_under_echo():
+    assert "logprob_nonfinite" in echo_findings([None, -1.0, None])
+    assert "logprob_nonfinite" in echo_findings([None, -1.0, -0.1], echo=False)

@@ -18,13 +18,18 @@ TOKENIZER = FakeTokenizer()
 T = TOKENIZER.token_id
 
 
+def prompt_input(text: str) -> PromptInput:
+    return PromptInput(tuple(TOKENIZER.encode(text)), text)
+
+
 def make_request(**overrides) -> GenerationRequest:
     fields = {
         "kind": "completion",
         "response_id": "cmpl-7",
         "created": 123,
         "model_name": "tiny",
-        "prompts": (PromptInput((5, 6, 7), "Say:"), PromptInput((8,), "Hi")),
+        # Token ids that spell the prompt texts (echoed logprob entries cover the text).
+        "prompts": (prompt_input("Say:"), prompt_input("Hi")),
         "n": 2,
         "params": SamplingParams(),
         "stream": True,
@@ -60,8 +65,9 @@ def with_prompt_logprobs(request: GenerationRequest, takes):
             if index not in seen:
                 seen.add(index)
                 num = len(request.prompts[index // request.n].token_ids) - 1
+                # logprobs=0: no alternatives, as for the sampled tokens.
                 item.prompt_logprobs = PromptLogprobs(
-                    (-0.5,) * num, (1,) * num, ((T("a"),),) * num, ((-0.5,),) * num
+                    (-0.5,) * num, (1,) * num, ((),) * num, ((),) * num
                 )
     return takes
 
@@ -89,6 +95,7 @@ def expectations(request: GenerationRequest) -> Expectations:
         include_usage=request.include_usage,
         continuous_usage_stats=request.continuous_usage_stats,
         echo=request.echo,
+        prompts=tuple(prompt.text for prompt in request.prompts),
     )
 
 
@@ -120,9 +127,9 @@ def test_the_non_streamed_body_is_the_fold_of_the_same_chunks():
             other.text_offsets,
         )
     assert whole.usage == {
-        "prompt_tokens": 4,
+        "prompt_tokens": 6,
         "completion_tokens": 6,
-        "total_tokens": 10,
+        "total_tokens": 12,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
 
@@ -133,9 +140,9 @@ def test_include_usage_adds_one_text_completion_chunk_with_no_choices_before_don
     result = check_stream(body, expectations(request))
     # Prompt tokens count once per prompt (3 + 1), not once per choice.
     assert result.usage == {
-        "prompt_tokens": 4,
+        "prompt_tokens": 6,
         "completion_tokens": 6,
-        "total_tokens": 10,
+        "total_tokens": 12,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
     usage_chunk = orjson.loads(body.split(b"\n\n")[-3][6:])
@@ -147,7 +154,7 @@ def test_continuous_usage_counts_each_index_cumulatively_with_its_own_prompt():
     body, _ = stream_and_body(request, logprobs=True)
     chunks = [orjson.loads(e[6:]) for e in body.split(b"\n\n")[:-2]]
     usages = [(c["choices"][0]["index"], c["usage"]["completion_tokens"], c["usage"]["prompt_tokens"]) for c in chunks[:-1]]  # fmt: skip
-    assert usages == [(0, 2, 3), (3, 1, 1), (0, 3, 3), (1, 1, 3), (2, 0, 1), (3, 2, 1)]
+    assert usages == [(0, 2, 4), (3, 1, 2), (0, 3, 4), (1, 1, 4), (2, 0, 2), (3, 2, 2)]
     check_stream(body, expectations(request))
 
 
@@ -162,22 +169,27 @@ def test_echo_prepends_each_prompt_to_its_choices_first_chunk():
 
 
 def test_echo_with_logprobs_puts_the_prompts_entries_first_the_first_one_null():
-    """As OpenAI and vLLM answer (the audit's contract checker does not know
-    echoed entries, so the body is read here directly)."""
+    """As OpenAI and vLLM answer; streamed and folded both meet the contract."""
     request = make_request(echo=True, logprobs=0)
-    _, folded = stream_and_body(request, logprobs=True)
+    body, folded = stream_and_body(request, logprobs=True)
+    streamed = check_stream(body, expectations(request))
+    whole = read_body(folded, expectations(request))
+    for got, want in zip(streamed.choices, whole.choices, strict=True):
+        assert (got.text, got.token_strings, got.token_logprobs, got.text_offsets) == (
+            want.text, want.token_strings, want.token_logprobs, want.text_offsets
+        )  # fmt: skip
     choices = orjson.loads(folded)["choices"]
     strings = TokenStrings(TOKENIZER)
-    prompt_strings = [strings.get(token_id)[0] for token_id in (5, 6, 7)]
+    prompt_strings = [strings.get(token_id)[0] for token_id in request.prompts[0].token_ids]
     logprobs = choices[0]["logprobs"]
     assert logprobs["tokens"] == prompt_strings + ["a", "b", "c"]
-    assert logprobs["token_logprobs"] == [None, -0.5, -0.5, -1.0, -1.0, -1.0]
+    assert prompt_strings == ["S", "a", "y", ":"], "the prompt text, token by token"
+    assert logprobs["token_logprobs"] == [None, -0.5, -0.5, -0.5, -1.0, -1.0, -1.0]
     assert logprobs["top_logprobs"][0] is None
-    assert logprobs["top_logprobs"][1] == {strings.get(T("a"))[0]: -0.5, prompt_strings[1]: -0.5}
+    assert logprobs["top_logprobs"][1] == {prompt_strings[1]: -0.5}
     # Offsets: the prompt's tokens from 0, the completion's from the prompt text's end.
-    prompt_offsets = [0, len(prompt_strings[0]), len(prompt_strings[0]) + len(prompt_strings[1])]
-    assert logprobs["text_offset"] == prompt_offsets + [4, 5, 6]
-    assert choices[3]["logprobs"]["text_offset"] == [0, 2, 3]
+    assert logprobs["text_offset"] == [0, 1, 2, 3] + [4, 5, 6]
+    assert choices[3]["logprobs"]["text_offset"] == [0, 1] + [2, 3]  # "Hi", then "x!"
 
 
 def test_a_plain_text_chunk_is_spliced_into_exactly_the_bytes_of_the_whole_chunk():

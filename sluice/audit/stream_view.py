@@ -39,6 +39,8 @@ class RequestShape:
     include_stop_str: bool
     # Stop strings wait for this many output tokens (vLLM's min_tokens).
     min_tokens: int = 0
+    # Completions with echo: the prompts (by prompt index) whose text opens each choice.
+    echoed_prompts: tuple[str, ...] = ()
     # temperature 0: each sampled token is the most likely one.
     is_greedy: bool = False
 
@@ -99,6 +101,19 @@ class StreamView:
     def texts(self) -> dict[int, str]:
         return {index: self.text(index) for index in self.choices}
 
+    def echo_chars(self, index: int) -> int:
+        """Characters of echoed prompt opening choice `index` (completions: index = prompt * n + j)."""
+        prompts = self.request.echoed_prompts
+        if not prompts:
+            return 0
+        per_prompt = max(1, self.request.num_choices // len(prompts))
+        return len(prompts[min(index // per_prompt, len(prompts) - 1)])
+
+
+def is_prompt_entry(entry: LogprobEntry, echo_chars: int) -> bool:
+    """An echoed prompt token's entry: given, not sampled (nor counted as output)."""
+    return entry.text_offset is not None and entry.text_offset < echo_chars
+
 
 def request_shape(endpoint: str, body: dict[str, Any] | None) -> RequestShape:
     """What a body asked for; fields of the wrong type read as not asked (bad-input bodies)."""
@@ -123,12 +138,21 @@ def request_shape(endpoint: str, body: dict[str, Any] | None) -> RequestShape:
         stops=tuple(stop for stop in stops if isinstance(stop, str) and stop),
         include_stop_str=body.get("include_stop_str_in_output") is True,
         min_tokens=body["min_tokens"] if _is_count(body.get("min_tokens")) else 0,
+        echoed_prompts=_echoed_prompts(is_chat, body),
         is_greedy=_is_zero(body.get("temperature")),
     )
 
 
 def _is_zero(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
+
+
+def _echoed_prompts(is_chat: bool, body: dict[str, Any]) -> tuple[str, ...]:
+    if is_chat or body.get("echo") is not True:
+        return ()
+    prompt = body.get("prompt")
+    prompts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt, list) else []
+    return tuple(p for p in prompts if isinstance(p, str))
 
 
 def _is_count(value: Any) -> bool:

@@ -32,8 +32,10 @@ class Expectations:
     has_logprobs: bool = False
     include_usage: bool = False
     continuous_usage_stats: bool = False
-    # Completions: the first chunk of each index starts with its prompt.
+    # Completions: the first chunk of each index starts with its prompt (with
+    # logprobs, the prompts' entries come first: give the prompts).
     echo: bool = False
+    prompts: tuple[str, ...] = ()
     # The request's stop strings: text they cut may still show in logprob entries.
     stop: tuple[str, ...] = ()
     include_stop_str: bool = False
@@ -112,8 +114,9 @@ def _allowed(finding: Finding, expect: Expectations, result: ResponseResult) -> 
 def _exchange(body: bytes, expect: Expectations, *, stream: bool) -> Exchange:
     request: dict[str, Any] = {
         "stream": stream,
-        "n": expect.num_choices,
+        "n": expect.num_choices // max(1, len(expect.prompts)),
         "echo": expect.echo,
+        "prompt": list(expect.prompts),
         "stop": list(expect.stop),
         "include_stop_str_in_output": expect.include_stop_str,
         "min_tokens": expect.min_tokens,

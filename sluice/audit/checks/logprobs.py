@@ -20,7 +20,7 @@ import re
 from sluice.audit.checks.evidence import finding
 from sluice.audit.logprob_entries import LogprobEntry
 from sluice.audit.records import Exchange, Finding
-from sluice.audit.stream_view import ChoiceChunk, RequestShape, StreamView
+from sluice.audit.stream_view import ChoiceChunk, RequestShape, StreamView, is_prompt_entry
 from sluice.audit.text_utils import split_partial_utf8
 
 _SPECIAL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>|</?s>|<(?:eos|bos|pad|unk)>|\[/?[A-Z_]{2,20}\]")
@@ -29,16 +29,16 @@ _SPECIAL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>|</?s>|<(?:eos|bos|pad|unk)>|\
 def check_logprobs(exchange: Exchange, view: StreamView) -> list[Finding]:
     findings: list[Finding] = []
     is_complete = exchange.reader != "abandon" and exchange.transport_error is None
-    for chunks in view.choices.values():
+    for index, chunks in view.choices.items():
         if view.request.top_logprobs is None:
             unrequested = [chunk.number for chunk in chunks if chunk.logprobs]
             if unrequested:
                 message = "logprob entries although logprobs were not requested"
                 findings.append(finding("logprob_count", exchange, message, unrequested, view=view))
             continue
-        findings += _check_counts(exchange, view, chunks)
-        findings += _check_values(exchange, view, chunks)
-        findings += _check_greedy_heads(exchange, view, chunks)
+        findings += _check_counts(exchange, view, chunks, view.echo_chars(index))
+        findings += _check_values(exchange, view, chunks, view.echo_chars(index))
+        findings += _check_greedy_heads(exchange, view, chunks, view.echo_chars(index))
         problem = alignment_problem(chunks, view.request, is_complete)
         if problem is not None:
             number, message = problem
@@ -46,7 +46,9 @@ def check_logprobs(exchange: Exchange, view: StreamView) -> list[Finding]:
     return findings + _check_text_offsets(exchange, view)
 
 
-def _check_counts(exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk]) -> list[Finding]:
+def _check_counts(
+    exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk], echo_chars: int
+) -> list[Finding]:
     top = view.request.top_logprobs or 0
     missing = [chunk.number for chunk in chunks if chunk.text and chunk.logprobs is None]
     # A server may add the sampled token when it is not among the top N.
@@ -54,7 +56,7 @@ def _check_counts(exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk
         chunk.number
         for chunk in chunks
         for entry in chunk.logprobs or []
-        if not top <= len(entry.top) <= top + 1
+        if not top <= len(entry.top) <= top + 1 and not _is_unscored_prompt(entry, echo_chars)
     ]
     findings = []
     if missing:
@@ -68,11 +70,21 @@ def _check_counts(exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk
     return findings
 
 
-def _check_values(exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk]) -> list[Finding]:
+def _is_unscored_prompt(entry: LogprobEntry, echo_chars: int) -> bool:
+    """The echoed prompt's first token: nothing before it to score it, so a null
+    logprob and no alternatives (as OpenAI and vLLM answer)."""
+    return is_prompt_entry(entry, echo_chars) and entry.logprob is None
+
+
+def _check_values(
+    exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk], echo_chars: int
+) -> list[Finding]:
     nonfinite, copied = [], []
     first_by_signature: dict[tuple, tuple[bytes, int]] = {}
     for chunk in chunks:
         for entry in chunk.logprobs or []:
+            if _is_unscored_prompt(entry, echo_chars):
+                continue
             if not entry.is_finite:
                 nonfinite.append(chunk.number)
                 continue
@@ -92,7 +104,7 @@ def _check_values(exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk
 
 
 def _check_greedy_heads(
-    exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk]
+    exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk], echo_chars: int
 ) -> list[Finding]:
     """Greedy: the token sampled is the most likely one, so it heads its own
     `top_logprobs` with the logprob it carries. A server that attributes one
@@ -103,7 +115,7 @@ def _check_greedy_heads(
     wrong, first_problem = [], ""
     for chunk in chunks:
         for entry in chunk.logprobs or []:
-            problem = _head_problem(entry)
+            problem = None if is_prompt_entry(entry, echo_chars) else _head_problem(entry)
             if problem is not None:
                 wrong.append(chunk.number)
                 first_problem = first_problem or problem

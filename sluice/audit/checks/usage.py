@@ -18,7 +18,7 @@ from typing import Any
 
 from sluice.audit.checks.evidence import finding
 from sluice.audit.records import Exchange, Finding
-from sluice.audit.stream_view import ChoiceChunk, StreamView
+from sluice.audit.stream_view import ChoiceChunk, StreamView, is_prompt_entry
 
 
 def check_usage(exchange: Exchange, view: StreamView) -> list[Finding]:
@@ -38,8 +38,8 @@ def check_usage(exchange: Exchange, view: StreamView) -> list[Finding]:
         exchange, view, [c for c in view.chunks if c.num_choices == 0 and c.usage]
     )
     if view.request.continuous_usage:
-        for chunks in view.choices.values():
-            findings += _check_continuous(exchange, view, chunks)
+        for index, chunks in view.choices.items():
+            findings += _check_continuous(exchange, view, chunks, view.echo_chars(index))
     return findings
 
 
@@ -112,7 +112,11 @@ def _delivered_tokens(view: StreamView) -> int | None:
     content = [c for chunks in view.choices.values() for c in chunks if c.text]
     if any(chunk.logprobs is None for chunk in content):
         return None
-    return sum(len(c.logprobs or []) for chunks in view.choices.values() for c in chunks)
+    return sum(
+        sum(not is_prompt_entry(entry, view.echo_chars(index)) for entry in c.logprobs or [])
+        for index, chunks in view.choices.items()
+        for c in chunks
+    )
 
 
 def _stop_finishes(view: StreamView) -> int:
@@ -125,7 +129,7 @@ def _is_close(reported: int, delivered: int, allowance: int) -> bool:
 
 
 def _check_continuous(
-    exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk]
+    exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk], echo_chars: int
 ) -> list[Finding]:
     countable = view.request.top_logprobs is not None
     delivered, previous = 0, None
@@ -134,7 +138,7 @@ def _check_continuous(
         if chunk.usage is None or not isinstance(chunk.usage.get("completion_tokens"), int):
             continue
         reported = chunk.usage["completion_tokens"]
-        delivered += len(chunk.logprobs or [])
+        delivered += sum(not is_prompt_entry(entry, echo_chars) for entry in chunk.logprobs or [])
         countable = countable and (chunk.logprobs is not None or not chunk.text)
         is_new_text = chunk.has_content
         if is_new_text and previous is not None and reported == previous:
