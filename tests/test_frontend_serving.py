@@ -14,6 +14,7 @@ from sluice.frontend import Frontend, GenerationRequest, PromptInput
 from sluice.testing import FakeEngine, FakeTokenizer
 from sluice.testing.contract import Expectations, check_stream, parse_sse, read_body
 from sluice.testing.loop_stall import LoopStaller
+from sluice.testing.manual_engine import ManualEngine
 
 TOKENIZER = FakeTokenizer()
 WORDS = TOKENIZER.encode(" hello world 😀 語 ไทย abc")
@@ -80,8 +81,16 @@ def test_closing_the_stream_midway_aborts_every_running_engine_request_at_once(p
             stop=("never",),
         )
         stream = frontend.stream(request)
-        for _ in range(2 if phase == "mid-prefill" else 6):
-            await anext(stream)
+        if phase == "mid-prefill":
+            # Nothing is sent before the first token: the client gives up on its first read.
+            first = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0.01)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+        else:
+            for _ in range(6):
+                await anext(stream)
         await stream.aclose()
         assert engine.aborted_request_ids == ["chatcmpl-9-0", "chatcmpl-9-1"]
         await asyncio.sleep(0.01)  # the engine's next step ends them
@@ -149,11 +158,14 @@ def test_errors_before_the_first_event_propagate_from_the_first_read():
     asyncio.run(scenario())
 
 
-def test_an_engine_failure_before_the_first_token_propagates_instead_of_an_error_event():
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_an_engine_failure_before_the_first_token_propagates_instead_of_an_error_event(kind):
+    request = make_request(kind=kind)
+
     async def scenario() -> tuple[FakeEngine, RecordingObserver]:
         engine = FakeEngine(endless_words, step_interval_s=0.001, prefill_steps=1_000)
         observer = RecordingObserver()
-        stream = Frontend(engine, TOKENIZER, observer=observer).stream(make_request())
+        stream = Frontend(engine, TOKENIZER, observer=observer).stream(request)
         first = asyncio.ensure_future(anext(stream))
         await asyncio.sleep(0.01)  # both choices are in the engine, nothing produced
         engine.die()
@@ -162,8 +174,33 @@ def test_an_engine_failure_before_the_first_token_propagates_instead_of_an_error
         return engine, observer
 
     engine, observer = asyncio.run(scenario())
-    assert engine.added_request_ids == ["cmpl-9-0", "cmpl-9-1"]
+    assert engine.added_request_ids == [f"{request.response_id}-{i}" for i in range(2)]
     assert ("abort",) not in observer.calls  # an error, not a client that left
+
+
+def test_a_chat_stream_sends_its_role_chunk_with_its_first_tokens():
+    # As vLLM does: a client that times its first chunk (vllm bench serve's
+    # openai-chat backend) measures the time to first token.
+    async def scenario() -> tuple[bool, list[bytes]]:
+        engine = ManualEngine()
+        stream = Frontend(engine, TOKENIZER).stream(make_request(kind="chat", n=1))
+        first = asyncio.ensure_future(anext(stream))
+        await engine.request_added.wait()
+        for _ in range(3):
+            await asyncio.sleep(0)  # let the stream run as far as it can
+        is_sent_before_tokens = first.done()
+        engine.deliver("chatcmpl-9-0", WORDS[:2])
+        events = [await first, await anext(stream)]
+        await stream.aclose()
+        return is_sent_before_tokens, events
+
+    is_sent_before_tokens, events = asyncio.run(scenario())
+    assert not is_sent_before_tokens
+    role, content = (
+        orjson.loads(event.removeprefix(b"data: "))["choices"][0]["delta"] for event in events
+    )
+    assert role == {"role": "assistant", "content": ""}
+    assert content["content"] == TOKENIZER.decode(WORDS[:2])
 
 
 def test_each_choice_gets_its_own_seed_and_engine_request_id():

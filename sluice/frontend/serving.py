@@ -131,16 +131,18 @@ class Frontend:
         is_ended = False
         try:
             run.start(self._tokenizer, output)
+            # The opening events (chat's role chunks) wait for the first
+            # tokens, as vLLM sends them: a client timing its first chunk
+            # measures the time to first token, and an error before it is
+            # still an HTTP error.
             opening = chunks.opening_events()
-            for event in opening:
-                yield event
-            has_yielded = bool(opening)
+            has_yielded = False
             try:
                 while events := await output.next_events():
-                    for event in events:
+                    for event in opening + events if opening else events:
                         yield event
-                    has_yielded = True
-                closing = chunks.closing_events()
+                    opening, has_yielded = [], True
+                closing = opening + chunks.closing_events()
             except Exception as error:
                 if not has_yielded:
                     is_ended = True
