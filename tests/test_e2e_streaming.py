@@ -50,10 +50,16 @@ TOP_LOGPROBS = 20
 # Long prompts arrive this many at a time, burst after burst, until the streams end.
 NUM_CONCURRENT_LONG_PROMPTS = 2
 LONG_PROMPT_TOKENS = 2000
-# Slow readers take this many bytes at a time, then pause; their receive
-# window and the server's buffers per connection are tiny.
-SLOW_READ_BYTES = 512
-SLOW_READ_PAUSE_S = 0.1
+# Slow readers read this many times slower than a stream produces, paced by
+# the decode step measured in the run (a loaded machine decodes slower: a fixed
+# pace would keep up with it and nothing would ever wait); their receive window
+# and the server's buffers per connection are tiny.
+SLOW_READ_SLOWDOWN = 3.0
+SLOW_READ_PAUSE_RANGE_S = (0.1, 0.5)
+SLOW_READ_MIN_BYTES = 32
+# Draining a full buffer at that pace may take tens of seconds on a loaded
+# machine: the send timeout (tested elsewhere) must not cut these streams.
+SEND_TIMEOUT_S = 600.0
 RECEIVE_BUFFER_BYTES = 1024
 SEND_BUFFER_BYTES = 4096
 # Under load the loop is blocked for a few decode steps, every second.
@@ -101,6 +107,7 @@ def server(embedded_model_config):
         max_model_len=assembly.model.max_model_len,
         startup_timeout_s=300,
         send_buffer_bytes=SEND_BUFFER_BYTES,
+        send_timeout_s=SEND_TIMEOUT_S,
     ) as live:
         assert live.loop is not None, "the server runs"
         staller.start(live.loop)
@@ -138,14 +145,31 @@ def non_streamed(request: dict) -> dict:
     return {k: v for k, v in request.items() if k not in ("stream", "stream_options")}
 
 
-async def read_stream(session: aiohttp.ClientSession, url: str, body: dict, is_slow: bool) -> bytes:
-    if is_slow:
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReadPace:
+    burst_bytes: int
+    pause_s: float
+
+
+def slow_pace(decode_step_s: float, bytes_per_token: float) -> ReadPace:
+    """Bursts and pauses that read SLOW_READ_SLOWDOWN times slower than one
+    stream produces (one token per decode step)."""
+    low, high = SLOW_READ_PAUSE_RANGE_S
+    pause_s = min(high, max(low, 2 * decode_step_s))
+    rate = bytes_per_token / decode_step_s / SLOW_READ_SLOWDOWN
+    return ReadPace(max(SLOW_READ_MIN_BYTES, int(rate * pause_s)), pause_s)
+
+
+async def read_stream(
+    session: aiohttp.ClientSession, url: str, body: dict, slow: ReadPace | None
+) -> bytes:
+    if slow is not None:
         status, raw = await asyncio.to_thread(
             read_slowly,
             url,
             body,
-            burst_bytes=SLOW_READ_BYTES,
-            pause_s=SLOW_READ_PAUSE_S,
+            burst_bytes=slow.burst_bytes,
+            pause_s=slow.pause_s,
             receive_buffer_bytes=RECEIVE_BUFFER_BYTES,
         )
         assert status == 200, raw
@@ -183,7 +207,7 @@ async def feed_long_prompts(
         await asyncio.sleep(time.monotonic() - started_s)
 
 
-async def run_under_load(url: str, model: str, long_prompt: list[int]) -> LoadRun:
+async def run_under_load(url: str, model: str, long_prompt: list[int], slow: ReadPace) -> LoadRun:
     long_body = {"model": model, "prompt": long_prompt, "max_tokens": 1, "temperature": 0}
     long_prompts_done: list[bytes] = []
     async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as session:
@@ -192,7 +216,12 @@ async def run_under_load(url: str, model: str, long_prompt: list[int]) -> LoadRu
         try:
             bodies = await asyncio.gather(
                 *(
-                    read_stream(session, url, stream_request(model, i), is_slow=i % 2 == 1)
+                    read_stream(
+                        session,
+                        url,
+                        stream_request(model, i),
+                        slow if i % 2 == 1 else None,
+                    )
                     for i in range(NUM_STREAMS)
                 )
             )
@@ -256,7 +285,9 @@ def test_lagging_streams_under_load_deliver_every_token_once_and_coalesce(server
         decode_step_s = (time.monotonic() - started_s) / MAX_TOKENS
         server.staller.for_s = stall_for_s(decode_step_s)
         waits_before = await write_waits(server.live.url)
-        load = await run_under_load(url, server.model, long_prompt)
+        bytes_per_token = sum(map(len, references)) / len(references) / MAX_TOKENS
+        slow = slow_pace(decode_step_s, bytes_per_token)
+        load = await run_under_load(url, server.model, long_prompt, slow)
         load.num_write_waits = await write_waits(server.live.url) - waits_before
         return references, decode_step_s, load
 
