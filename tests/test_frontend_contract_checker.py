@@ -34,7 +34,10 @@ def test_a_well_formed_stream_passes_and_is_read_back():
     [
         (sse(ROLE, chunk({"content": "hi"}, "stop"), done=False), "done_missing"),
         (sse(ROLE, chunk({"content": "hi"})), "finish_reason_count"),
-        (sse(ROLE, chunk({"content": "a"}, "stop"), chunk({"content": "b"})), "finish_reason_not_last"),
+        (
+            sse(ROLE, chunk({"content": "a"}, "stop"), chunk({"content": "b"})),
+            "finish_reason_not_last",
+        ),
         (sse(ROLE, chunk({"role": "assistant", "content": "a"}, "stop")), "role_repeated"),
         (sse(ROLE, chunk({"content": ""}), chunk({}, "stop")), "empty_chunk"),
         (sse(ROLE, chunk({"content": "\ufffd"}, "stop")), "replacement_char"),
