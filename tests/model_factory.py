@@ -28,11 +28,14 @@ from typing import Any
 import torch
 import transformers
 from safetensors.torch import load_file
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import decoders, models, pre_tokenizers
 
 from sluice.config import CacheConfig, EngineConfig, SchedulerConfig
 from sluice.engine.core import EngineCore
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models.attention import kv_cache_bytes_per_block
+from sluice.tokenizer import _unicode_to_byte
 
 # Llama tied; Llama untied with llama3 rope scaling; Qwen2 with q/k/v bias (tied,
 # like Qwen2.5-0.5B); Mistral untied with its window switched off.
@@ -134,3 +137,17 @@ def make_core(
         multiprocess=False,
     )
     return EngineCore(config, loaded=loaded)
+
+
+def write_tiny_tokenizer(folder: Path, num_tokens: int = 259) -> None:
+    """A byte-level BPE tokenizer: <unk>, <s>, </s>, then the 256 byte symbols."""
+    table = _unicode_to_byte()
+    symbols = ["<unk>", "<s>", "</s>", *sorted(table, key=table.__getitem__)]
+    symbols += [f"extra{i}" for i in range(num_tokens - len(symbols))]
+    backend = BackendTokenizer(models.BPE(vocab={s: i for i, s in enumerate(symbols)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
+    backend.save(str(folder / "tokenizer.json"))
+    special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(special))

@@ -92,7 +92,10 @@ def test_stop_disconnects_and_the_server_aborts_the_request(page, server_url):
     page.goto(server_url + "/")
     aborted_before = metric(server_url, "sluice:request_aborted_total")
     send(page, "Count from 1 to 1000, separated by commas.", max_tokens=1500)
-    page.wait_for_selector(".message.assistant[data-chunks='5']")
+    # At least five chunks in (several may land in one frame: not exactly five).
+    page.wait_for_function(
+        "Number(document.querySelector('.message.assistant')?.dataset.chunks ?? 0) >= 5"
+    )
     page.click("#stop")
     stopped = page.wait_for_selector(".message.assistant[data-done=true]")
     assert stopped.query_selector(".stats").inner_text() == "stopped"
@@ -112,12 +115,17 @@ def test_stop_disconnects_and_the_server_aborts_the_request(page, server_url):
 
 def test_the_dashboards_charts_fill_from_the_metrics(page, server_url):
     page.goto(server_url + "/dashboard")
-    # Traffic while the dashboard watches: a few greedy chats from the page.
+    # Traffic for as long as the dashboard is watched (the cards show the last
+    # interval, so traffic that ended before the charts filled would show zeros):
+    # two loops of streamed greedy chats from the page, until the test stops them.
     page.evaluate(
-        """() => { for (let i = 0; i < 3; i++) fetch('/v1/chat/completions', {method: 'POST',
-            headers: {'Content-Type': 'application/json'}, body: JSON.stringify({
-            messages: [{role: 'user', content: 'Tell me about the sea, number ' + i}],
-            max_tokens: 64, temperature: 0})}); }"""
+        """() => { window.trafficOn = true;
+            const chat = (i) => fetch('/v1/chat/completions', {method: 'POST',
+                headers: {'Content-Type': 'application/json'}, body: JSON.stringify({
+                messages: [{role: 'user', content: 'Tell me about the sea, number ' + i}],
+                max_tokens: 64, temperature: 0, stream: true})}).then((r) => r.text());
+            const loop = async (i) => { while (window.trafficOn) await chat(i); };
+            loop(0); loop(1); }"""
     )
     page.wait_for_function(
         """() => {
@@ -129,3 +137,4 @@ def test_the_dashboards_charts_fill_from_the_metrics(page, server_url):
         polling=500,
     )
     page.screenshot(path=DOCS / "dashboard.png", full_page=True)
+    page.evaluate("() => { window.trafficOn = false; }")

@@ -5,17 +5,12 @@ against transformers' log-likelihoods of the same tokens."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import httpx2
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sluice.config import CacheConfig, EngineConfig
-from sluice.engine.core import EngineCore
-from sluice.engine.inproc_client import InProcessEngineClient
-from sluice.testing.live_server import LiveServer
+from sluice.testing.live_server import in_process_server
 
 pytestmark = pytest.mark.slow
 
@@ -26,20 +21,7 @@ CONTINUATION = " Paris"
 
 @pytest.fixture(scope="module")
 def live(embedded_model_config):
-    config = EngineConfig(
-        model=dataclasses.replace(embedded_model_config, max_model_len=2048),
-        cache=CacheConfig(kv_cache_memory_bytes=128 << 20),
-        multiprocess=False,
-    )
-    core = EngineCore(config)
-    server = LiveServer(
-        InProcessEngineClient(core),
-        core.loaded.tokenizer,
-        model_name=core.loaded.name,
-        max_model_len=core.max_model_len,
-        startup_timeout_s=60,
-    )
-    with server:
+    with in_process_server(embedded_model_config) as server:
         yield server
 
 

@@ -23,11 +23,8 @@ import dataclasses
 import aiohttp
 import pytest
 
-from sluice.config import CacheConfig, EngineConfig
-from sluice.engine.core import EngineCore
-from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.testing.contract import ChoiceResult, Expectations, check_stream, read_body
-from sluice.testing.live_server import LiveServer
+from sluice.testing.live_server import in_process_server
 
 pytestmark = pytest.mark.slow
 
@@ -59,20 +56,7 @@ class Call:
 
 @pytest.fixture(scope="module")
 def live(embedded_model_config):
-    config = EngineConfig(
-        model=dataclasses.replace(embedded_model_config, max_model_len=2048),
-        cache=CacheConfig(kv_cache_memory_bytes=128 << 20),
-        multiprocess=False,
-    )
-    core = EngineCore(config)
-    server = LiveServer(
-        InProcessEngineClient(core),
-        core.loaded.tokenizer,
-        model_name=core.loaded.name,
-        max_model_len=core.max_model_len,
-        startup_timeout_s=60,
-    )
-    with server:
+    with in_process_server(embedded_model_config) as server:
         yield server
 
 

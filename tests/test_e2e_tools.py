@@ -14,10 +14,7 @@ import json
 import openai
 import pytest
 
-from sluice.config import CacheConfig, EngineConfig
-from sluice.engine.core import EngineCore
-from sluice.engine.inproc_client import InProcessEngineClient
-from sluice.testing.live_server import LiveServer
+from sluice.testing.live_server import in_process_server
 
 pytestmark = pytest.mark.slow
 
@@ -57,19 +54,8 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris right now?
 
 @pytest.fixture(scope="module")
 def live(embedded_model_config):
-    config = EngineConfig(
-        model=dataclasses.replace(embedded_model_config, max_model_len=2048, dtype="float32"),
-        cache=CacheConfig(kv_cache_memory_bytes=128 << 20),
-        multiprocess=False,
-    )
-    core = EngineCore(config)
-    with LiveServer(
-        InProcessEngineClient(core),
-        core.loaded.tokenizer,
-        model_name=core.loaded.name,
-        max_model_len=core.max_model_len,
-        startup_timeout_s=60,
-    ) as server:
+    float32 = dataclasses.replace(embedded_model_config, dtype="float32")
+    with in_process_server(float32) as server:
         yield server
 
 

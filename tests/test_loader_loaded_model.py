@@ -10,30 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer as BackendTokenizer
-from tokenizers import decoders, models, pre_tokenizers
 
 from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
 from sluice.loader import LoadedModel, gguf_convert, load_model
 from sluice.loader.weights import INDEX_FILE
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
-from sluice.tokenizer import _unicode_to_byte
-from tests.model_factory import build_tiny_model
-
-
-def write_tiny_tokenizer(folder: Path, num_tokens: int = 259) -> None:
-    """A byte-level BPE tokenizer: <unk>, <s>, </s>, then the 256 byte symbols."""
-    table = _unicode_to_byte()
-    symbols = ["<unk>", "<s>", "</s>", *sorted(table, key=table.__getitem__)]
-    symbols += [f"extra{i}" for i in range(num_tokens - len(symbols))]
-    backend = BackendTokenizer(models.BPE(vocab={s: i for i, s in enumerate(symbols)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
-    backend.save(str(folder / "tokenizer.json"))
-    special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
-    (folder / "tokenizer_config.json").write_text(json.dumps(special))
+from tests.model_factory import build_tiny_model, write_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -39,8 +39,7 @@ from sluice.testing.event_loops import run
 from sluice.testing.live_server import LiveServer
 from sluice.testing.stream_reader import read_stream
 from sluice.tokenizer import Tokenizer
-from tests.model_factory import build_tiny_model
-from tests.test_loader_loaded_model import write_tiny_tokenizer
+from tests.model_factory import build_tiny_model, write_tiny_tokenizer
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402

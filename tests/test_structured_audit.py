@@ -6,7 +6,6 @@ scenario against sluice on the embedded model (slow)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import json
 
@@ -17,12 +16,9 @@ from sluice.audit.options import QUICK, AuditOptions, with_overrides
 from sluice.audit.records import AuditResult, Target
 from sluice.audit.runner import run_audit
 from sluice.audit.scenarios.structured import SCHEMA
-from sluice.config import CacheConfig, EngineConfig
-from sluice.engine.core import EngineCore
-from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
-from sluice.testing.live_server import DEFAULT_MODEL_NAME, LiveServer
+from sluice.testing.live_server import DEFAULT_MODEL_NAME, LiveServer, in_process_server
 
 SIZES = with_overrides(
     QUICK, {"structured": {"requests": 2, "slow_read_bytes": 16, "slow_read_interval_s": 0.001}}
@@ -111,20 +107,8 @@ def test_a_broken_answer_is_flagged_with_its_check(texts, check_id):
 def test_the_structured_scenario_passes_against_sluice_on_the_embedded_model(
     embedded_model_config,
 ):
-    config = EngineConfig(
-        model=dataclasses.replace(embedded_model_config, max_model_len=2048),
-        cache=CacheConfig(kv_cache_memory_bytes=128 << 20),
-        multiprocess=False,
-    )
-    core = EngineCore(config)
-    with LiveServer(
-        InProcessEngineClient(core),
-        core.loaded.tokenizer,
-        model_name=core.loaded.name,
-        max_model_len=core.max_model_len,
-        startup_timeout_s=60,
-    ) as live:
-        result = audit(live.url, core.loaded.name)
+    with in_process_server(embedded_model_config) as live:
+        result = audit(live.url, live.model_name)
     assert not result.has_broken_invariant, [f.message for f in result.findings]
     figures = result.results[0].figures
     assert figures["outputs_valid"] == figures["outputs_checked"] == 6.0

@@ -8,7 +8,6 @@ never sampled (each test checks what it needs of the output).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 
@@ -16,10 +15,7 @@ import openai
 import pydantic
 import pytest
 
-from sluice.config import CacheConfig, EngineConfig
-from sluice.engine.core import EngineCore
-from sluice.engine.inproc_client import InProcessEngineClient
-from sluice.testing.live_server import LiveServer
+from sluice.testing.live_server import in_process_server
 
 pytestmark = pytest.mark.slow
 
@@ -32,19 +28,7 @@ class City(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 def live(embedded_model_config):
-    config = EngineConfig(
-        model=dataclasses.replace(embedded_model_config, max_model_len=2048),
-        cache=CacheConfig(kv_cache_memory_bytes=128 << 20),
-        multiprocess=False,
-    )
-    core = EngineCore(config)
-    with LiveServer(
-        InProcessEngineClient(core),
-        core.loaded.tokenizer,
-        model_name=core.loaded.name,
-        max_model_len=core.max_model_len,
-        startup_timeout_s=60,
-    ) as server:
+    with in_process_server(embedded_model_config) as server:
         yield server
 
 

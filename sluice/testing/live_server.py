@@ -16,10 +16,13 @@ for its thread, which shuts the engine down.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from sluice.config import ServerConfig
+from sluice.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, ServerConfig
 from sluice.engine.client_base import EngineClient
 from sluice.server.app import create_app
 from sluice.server.launch import make_server
@@ -42,6 +45,7 @@ class LiveServer:
     ):
         self.engine = engine
         self.tokenizer = tokenizer
+        self.model_name = model_name
         self.config = ServerConfig(host="127.0.0.1", port=0, **config)
         self.app = create_app(
             self.config, engine, ServedModel(model_name, tokenizer, max_model_len)
@@ -70,3 +74,36 @@ class LiveServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self._thread.join(30)
+
+
+@contextmanager
+def in_process_server(
+    model: ModelConfig,
+    *,
+    max_model_len: int = 2048,
+    kv_cache_bytes: int = 128 << 20,
+    scheduler: SchedulerConfig | None = None,
+    **config,
+) -> Iterator[LiveServer]:
+    """A `LiveServer` over an engine core on `model` in this process (weights
+    loaded here: seconds), the tests' real server on a real model."""
+    # The engine pulls in torch: imported here, so fake-engine tests stay light.
+    from sluice.engine.core import EngineCore
+    from sluice.engine.inproc_client import InProcessEngineClient
+
+    engine_config = EngineConfig(
+        model=dataclasses.replace(model, max_model_len=max_model_len),
+        cache=CacheConfig(kv_cache_memory_bytes=kv_cache_bytes),
+        scheduler=scheduler or SchedulerConfig(),
+        multiprocess=False,
+    )
+    core = EngineCore(engine_config)
+    with LiveServer(
+        InProcessEngineClient(core),
+        core.loaded.tokenizer,
+        model_name=core.loaded.name,
+        max_model_len=core.max_model_len,
+        startup_timeout_s=60,
+        **config,
+    ) as server:
+        yield server
