@@ -222,3 +222,17 @@ def test_echoed_prompt_entries_may_open_with_a_null_logprob_and_are_not_sampled(
 def test_a_null_logprob_on_a_generated_token_is_still_flagged_under_echo():
     assert "logprob_nonfinite" in echo_findings([None, -1.0, None])
     assert "logprob_nonfinite" in echo_findings([None, -1.0, -0.1], echo=False)
+
+
+def test_entries_whose_strings_collide_are_not_judged_by_string():
+    """Byte pieces of one character share the string "" (vLLM) or U+FFFD: keyed by
+    string, their alternatives collapse, so count and greedy-head skip them."""
+    piece = {"token": "", "logprob": -1.1, "bytes": [0xE6],
+             "top_logprobs": [{"token": "", "logprob": -1.1, "bytes": [0xE6]},
+                              {"token": "", "logprob": -1.7, "bytes": [0xE7]}]}  # fmt: skip
+    rest = entry("本".encode()[1:], -0.2)
+    found = findings_of(
+        chat_chunk(0, {"content": "本"}, "length", logprobs=chat({**piece, "bytes": [0xE6]}, rest)),
+        temperature=0,
+    )
+    assert "logprob_greedy_head" not in found and "logprob_count" not in found

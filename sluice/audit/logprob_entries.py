@@ -29,6 +29,18 @@ class LogprobEntry:
     top: dict[str, Any] = field(default_factory=dict)
     # Completions only: the token's character offset in the choice text.
     text_offset: int | None = None
+    # Chat: alternatives listed, before keying by string (two may share one).
+    num_listed: int | None = None
+
+    @property
+    def is_ambiguous(self) -> bool:
+        """Its strings do not name one token each: "" or U+FFFD (pieces of a
+        character), or alternatives sharing a string. Keyed by string, such
+        entries lose alternatives and mix their logprobs, so per-token checks
+        skip them (the completions format cannot tell them apart at all)."""
+        strings = [self.token, *self.top]
+        collided = self.num_listed is not None and self.num_listed != len(self.top)
+        return collided or any(s == "" or "\ufffd" in s for s in strings)
 
     @property
     def is_finite(self) -> bool:
@@ -75,12 +87,11 @@ def _chat_entry(item: dict[str, Any]) -> LogprobEntry:
     raw_bytes = item.get("bytes")
     if isinstance(raw_bytes, list) and all(isinstance(b, int) and 0 <= b < 256 for b in raw_bytes):
         token_bytes, is_exact = bytes(raw_bytes), True
-    top = {
-        str(alt.get("token")): alt.get("logprob")
-        for alt in item.get("top_logprobs") or []
-        if isinstance(alt, dict)
-    }
-    return LogprobEntry(token, token_bytes, is_exact, item.get("logprob"), top)
+    listed = [alt for alt in item.get("top_logprobs") or [] if isinstance(alt, dict)]
+    top = {str(alt.get("token")): alt.get("logprob") for alt in listed}
+    return LogprobEntry(
+        token, token_bytes, is_exact, item.get("logprob"), top, num_listed=len(listed)
+    )
 
 
 def completion_entries(logprobs: Any) -> list[LogprobEntry] | None:

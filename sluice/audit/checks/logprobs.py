@@ -56,7 +56,8 @@ def _check_counts(
         chunk.number
         for chunk in chunks
         for entry in chunk.logprobs or []
-        if not top <= len(entry.top) <= top + 1 and not _is_unscored_prompt(entry, echo_chars)
+        if not top <= len(entry.top) <= top + 1
+        and not (entry.is_ambiguous or _is_unscored_prompt(entry, echo_chars))
     ]
     findings = []
     if missing:
@@ -128,9 +129,9 @@ def _check_greedy_heads(
 def _head_problem(entry: LogprobEntry) -> str | None:
     """Why a greedy entry does not head its alternatives; None when it does.
 
-    Entries whose token string holds U+FFFD are skipped: several partial
-    characters may share that string, so its alternative is ambiguous."""
-    if not entry.top or not entry.is_finite or "\ufffd" in entry.token:
+    Ambiguous entries are skipped (`LogprobEntry.is_ambiguous`: "" or U+FFFD
+    strings that several partial characters share, or colliding alternatives)."""
+    if not entry.top or not entry.is_finite or entry.is_ambiguous:
         return None
     best_token, best = max(entry.top.items(), key=lambda item: item[1])
     own = entry.top.get(entry.token, entry.logprob)  # absent: a tie pushed it out of the top N
