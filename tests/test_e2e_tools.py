@@ -14,41 +14,12 @@ import json
 import openai
 import pytest
 
+from sluice.audit.scenarios.tools import TOOLS
 from sluice.testing.live_server import in_process_server
 
 pytestmark = pytest.mark.slow
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The current weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string", "maxLength": 30},
-                    "unit": {"enum": ["celsius", "fahrenheit"]},
-                },
-                "required": ["city", "unit"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "get_time",
-            "description": "The local time in a time zone.",
-            "parameters": {
-                "type": "object",
-                "properties": {"timezone": {"type": "string", "maxLength": 30}},
-                "required": ["timezone"],
-                "additionalProperties": False,
-            },
-        },
-    },
-]
+# The audit's `tools` scenario's two tools: one definition for both.
 QUESTION = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 
