@@ -236,3 +236,15 @@ def test_entries_whose_strings_collide_are_not_judged_by_string():
         temperature=0,
     )
     assert "logprob_greedy_head" not in found and "logprob_count" not in found
+
+
+def test_a_special_token_cut_by_a_stop_string_still_counts_its_delivered_prefix():
+    """skip_special_tokens false and stop "|": "<|sep|>" is cut to "<", and the
+    entry's other bytes are the trimmed stop string and what followed it."""
+    special = {**entry(b"<|sep|>", -0.4), "token": "<|sep|>"}
+    found = findings_of(
+        chat_chunk(0, {"content": "a"}, logprobs=chat(entry(b"a", -0.1))),
+        chat_chunk(0, {"content": "<"}, "stop", logprobs=chat(special)),
+        stop=["|"],
+    )
+    assert found == {}

@@ -148,8 +148,17 @@ def _counted_bytes(chunk: ChoiceChunk) -> bytes:
     return b"".join(
         entry.token_bytes
         for entry in chunk.logprobs or []
-        if not (_SPECIAL_TOKEN.fullmatch(entry.token) and entry.token not in chunk.text)
+        if not _is_skipped_special(entry, chunk.text)
     )
+
+
+def _is_skipped_special(entry: LogprobEntry, text: str) -> bool:
+    """A special token none of whose text is in the chunk (skip_special_tokens).
+    Its text may also be cut by a stop string: then a prefix of it ends the chunk."""
+    token = entry.token
+    if not _SPECIAL_TOKEN.fullmatch(token) or token in text:
+        return False
+    return not any(text.endswith(token[:size]) for size in range(1, len(token)))
 
 
 def alignment_problem(
