@@ -131,3 +131,13 @@ def test_random_bodies_never_cause_a_5xx(client, record_property):
     record_property("fuzz_requests", counts["requests"])
     print(f"fuzz: {counts['requests']} requests, {counts['ok']} answered 200")
     assert counts["requests"] >= NUM_EXAMPLES and counts["ok"] > 0
+
+
+def test_the_case_the_fuzzer_found_echo_with_logprobs_on_the_fake_engine(client):
+    """Echo with logprobs asks the engine for prompt logprobs; the fake engine
+    computes them as the real one does (it used to send none: a 500)."""
+    body = {"model": "fake-model", "prompt": "01", "echo": True, "logprobs": 0, "max_tokens": 1}
+    response = client.post("/v1/completions", json=body)
+    check_answer(response)
+    logprobs = response.json()["choices"][0]["logprobs"]
+    assert response.status_code == 200 and logprobs["token_logprobs"][0] is None

@@ -35,7 +35,7 @@ from itertools import cycle
 
 from sluice.engine.client_base import DeltaSink, EngineClient
 from sluice.engine.messages import EngineStatsSnapshot
-from sluice.engine.outputs import FinishReason, RequestDelta, TokenLogprobs
+from sluice.engine.outputs import FinishReason, PromptLogprobs, RequestDelta, TokenLogprobs
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.sink_router import deliver_delta
 from sluice.errors import EngineDeadError
@@ -89,6 +89,7 @@ class _FakeRequest:
     is_aborted: bool = False
     num_prefill_steps_left: int = 0
     output_token_ids: list[int] = field(default_factory=list)
+    prompt: tuple[int, ...] = ()
 
 
 class FakeEngineBase(EngineClient):
@@ -178,6 +179,7 @@ class FakeEngine(FakeEngineBase):
             limit=min(params.max_tokens, self._max_model_len - len(prompt)),
             rng=random.Random(f"{self._seed}:{request_id}"),
             num_prefill_steps_left=self._prefill_steps,
+            prompt=tuple(prompt),
         )
         self._requests[request_id] = request
         self.outputs[request_id] = request.output_token_ids
@@ -310,6 +312,20 @@ class FakeEngine(FakeEngineBase):
             finish_reason=finish_reason,
             stop_token_id=stop_token_id,
             num_prompt_tokens=request.num_prompt_tokens,
+            prompt_logprobs=self._prompt_logprobs(request) if start == 0 else None,
+        )
+
+    def _prompt_logprobs(self, request: _FakeRequest) -> PromptLogprobs | None:
+        """As the engine: for prompt tokens 1 .. n-1, iff the request asked."""
+        k = request.params.prompt_logprobs
+        if k is None:
+            return None
+        entries = [self._logprobs_fn(-i - 1, t, k) for i, t in enumerate(request.prompt[1:])]
+        return PromptLogprobs(
+            tuple(e[0] for e in entries),
+            (1,) * len(entries),
+            tuple(e[1] for e in entries),
+            tuple(e[2] for e in entries),
         )
 
 
