@@ -88,7 +88,8 @@ def find_piece(reference: Piece, piece: Piece, start: int) -> int:
     return -1
 
 
-def first_difference(left: str, right: str) -> int:
+def first_difference(left: Sequence, right: Sequence) -> int:
+    """The first position where two texts (or lists) differ; the shorter's length if one is a prefix."""
     for offset, (a, b) in enumerate(zip(left, right, strict=False)):
         if a != b:
             return offset

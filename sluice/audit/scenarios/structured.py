@@ -24,6 +24,7 @@ from sluice.audit.checks.exchange import ensure_view
 from sluice.audit.json_schema_subset import schema_errors
 from sluice.audit.records import CHAT, Exchange, Finding, Reader, ScenarioResult
 from sluice.audit.scenarios.base import ScenarioContext
+from sluice.audit.text_utils import first_difference
 
 NAME = "structured"
 SCHEMA: dict[str, Any] = {
@@ -116,10 +117,7 @@ def stream_mismatch(stream: Exchange) -> Finding | None:
     streamed, whole = view.text(0), ensure_view(twin).text(0)
     if streamed == whole:
         return None
-    offset = next(
-        (i for i, (a, b) in enumerate(zip(streamed, whole, strict=False)) if a != b),
-        min(len(streamed), len(whole)),
-    )
+    offset = first_difference(streamed, whole)
     message = (
         f"streamed text differs from the non-streamed text at character {offset}: "
         f"{streamed[offset : offset + 30]!r} vs {whole[offset : offset + 30]!r}"

@@ -30,6 +30,7 @@ from sluice.audit.checks.exchange import ensure_view
 from sluice.audit.records import CHAT, Exchange, Finding, Reader, ScenarioResult
 from sluice.audit.scenarios.base import ScenarioContext
 from sluice.audit.stream_view import ChoiceChunk
+from sluice.audit.text_utils import first_difference
 
 NAME = "tools"
 TOOLS: list[dict[str, Any]] = [
@@ -195,10 +196,7 @@ def stream_mismatch(stream: Exchange) -> Finding | None:
     whole = accumulate_calls(ensure_view(twin).choices.get(0, []), is_stream=False).calls
     if streamed == whole:
         return None
-    differing = next(
-        (i for i, (a, b) in enumerate(zip(streamed, whole, strict=False)) if a != b),
-        min(len(streamed), len(whole)),
-    )
+    differing = first_difference(streamed, whole)
     message = (
         f"{len(streamed)} streamed calls vs {len(whole)} non-streamed; call {differing} differs: "
         f"{_describe(streamed, differing)} vs {_describe(whole, differing)}"
