@@ -56,6 +56,7 @@ from sluice.models.linear import (
     in_row_tiles,
     uninitialised_weight,
 )
+from sluice.models.native import silu_mul_kernel
 from sluice.models.quantization import check_quantization
 from sluice.models.rope_norm import RMSNorm, RopeAngles, rope_cos_sin
 
@@ -85,6 +86,9 @@ class LlamaDecoderLayer(nn.Module):
         # Rows: gate, then up.
         self.gate_up_proj = Linear(hidden, 2 * config.intermediate_size, False, **p)
         self.down_proj = Linear(config.intermediate_size, hidden, False, **p)
+        # silu(gate) * up in one pass where the CPU kernel is there (same roundings).
+        kernel = silu_mul_kernel(dtype) if torch.device(device).type == "cpu" else None
+        self.swiglu = kernel or _swiglu
 
     def finish_loading(self) -> None:
         """Bind the norms to their loaded weights (called once, by `load_weights`)."""
@@ -124,9 +128,13 @@ class LlamaDecoderLayer(nn.Module):
         return self._mlp_rows(x)
 
     def _mlp_rows(self, x: Tensor) -> Tensor:  # [T, hidden]
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
-        # In place on the gate half: SwiGLU needs no new [T, I] buffers.
-        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
+        return self.down_proj(self.swiglu(self.gate_up_proj(x)))  # [T, 2 I] -> [T, I] -> [T, hidden]
+
+
+def _swiglu(gate_up: Tensor) -> Tensor:  # [T, 2 I] (gate, then up) -> [T, I]
+    gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
+    # In place on the gate half: SwiGLU needs no new [T, I] buffers.
+    return F.silu(gate, inplace=True).mul_(up)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -1,14 +1,18 @@
 """Small C kernels for the CPU hot path, built with the system C compiler on first use.
 
 `paged_decode_attention.c` reads K/V straight from the paged cache (no
-gathered copy) for decode steps; `rms_norm.c` normalises rows in one pass. It is compiled once per machine and source
+gathered copy) for decode steps; `rms_norm.c` normalises rows in one pass;
+`rows.c` computes SwiGLU's silu(gate) * up in one pass and the rows' argmax
+of greedy sampling (64 rows of 49,152 logits: 1.2 ms, against 1.8-2.6 ms for
+torch's argmax on this VM; silu * up of 64 rows of the embedded model: 0.04
+ms, against 0.07 ms for torch's two ops and their strided gate half). They are compiled once per machine and source
 into the cache directory (`native_dir`), loaded with ctypes, and called with
 tensors' data pointers: no torch headers, so a build takes about a second.
 It is built with OpenMP and loaded after torch, so it shares torch's OpenMP
 runtime (and thread count) rather than starting a second pool.
 
 Invariant: these kernels are an optimisation only. When no compiler is there,
-the build fails, or `SLUICE_NATIVE_KERNELS=0` is set, `decode_attention_kernel`
+the build fails, or `SLUICE_NATIVE_KERNELS=0` is set, each `*_kernel` function
 returns None and the caller keeps its pure-torch path, which computes the same
 values (tests compare the two).
 """
@@ -34,11 +38,14 @@ from sluice.config import default_cache_dir
 logger = logging.getLogger(__name__)
 
 _SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("paged_decode_attention.c", "rms_norm.c")
+    Path(__file__).with_name(name) for name in ("paged_decode_attention.c", "rms_norm.c", "rows.c")
 )
+_HEADERS = (Path(__file__).with_name("vector_exp.h"),)
 # Compiling with -ffast-math lets gcc vectorize the dot products (float32
-# sums in another order) and call glibc's vector expf (30% faster at 64
-# decodes); inf and NaN keep their meaning (-fno-finite-math-only).
+# sums in another order; 30% faster at 64 decodes); inf and NaN keep their
+# meaning (-fno-finite-math-only). That also hides glibc's vector expf (it is
+# declared only under full -ffast-math), so the library's expf stays a call
+# per element: rows.c vectorises silu with vector_exp.h instead.
 _COMPILE_FLAGS = (
     "-O3",
     "-march=native",
@@ -75,7 +82,7 @@ def _library() -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None or platform.system() != "Linux":
         return None
-    sources = b"".join(path.read_bytes() for path in _SOURCES)
+    sources = b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)
     flags = " ".join(_COMPILE_FLAGS + _LINK_FLAGS).encode()
     key = hashlib.sha256(sources + flags + _cpu_model().encode()).hexdigest()
     target = native_dir() / f"sluice_kernels-{key[:16]}.so"
@@ -108,6 +115,12 @@ def _library() -> ctypes.CDLL | None:
         function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
         function.argtypes += [ctypes.c_float, ctypes.c_void_p]
         function.restype = None
+    for name in ("silu_mul_bf16", "silu_mul_f32"):
+        function = getattr(library, name)
+        function.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
+        function.restype = None
+    library.argmax_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    library.argmax_f32.restype = None
     return library
 
 
@@ -187,3 +200,40 @@ def rms_norm_kernel(dtype: torch.dtype):
         return out
 
     return rms_norm
+
+
+@cache
+def silu_mul_kernel(dtype: torch.dtype):
+    """x [T, 2 I] (gate, then up; rows contiguous) -> silu(gate) * up [T, I]; None: no kernel."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        return None
+    library = _library()
+    if library is None:
+        return None
+    function = library.silu_mul_bf16 if dtype == torch.bfloat16 else library.silu_mul_f32
+
+    def silu_mul(x: Tensor) -> Tensor:
+        rows, width = x.shape
+        assert x.stride(1) == 1 and width % 2 == 0, "rows contiguous, gate and up halves"
+        out = torch.empty((rows, width // 2), dtype=x.dtype)
+        function(x.data_ptr(), rows, width // 2, x.stride(0), out.data_ptr())
+        return out
+
+    return silu_mul
+
+
+@cache
+def argmax_kernel():
+    """x [B, V] float32 (rows contiguous) -> [B] int64, torch.argmax's answer; None: no kernel."""
+    library = _library()
+    if library is None:
+        return None
+    function = library.argmax_f32
+
+    def argmax(x: Tensor) -> Tensor:
+        x = x.contiguous()
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        function(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
+        return out
+
+    return argmax

@@ -1,0 +1,124 @@
+/* Row-wise kernels of a step: SwiGLU's activation, and the argmax of greedy sampling.
+ *
+ * silu_mul: x [rows, 2 * inter] holds gate then up in each row (rows start
+ * row_stride elements apart); out [rows, inter] contiguous gets
+ *     out = silu(gate) * up
+ * rounded as torch's `F.silu(gate, inplace=True).mul_(up)` rounds in the model
+ * dtype: silu computed in float32 and rounded, then the product rounded.
+ *
+ * argmax: x [rows, cols] float32 contiguous -> out[r] = the index of the first
+ * largest value of row r; a row with a NaN gives its first NaN, as torch does.
+ * One pass finds the largest value (vectorised), a second its first index.
+ *
+ * Rows are shared out over OpenMP threads (torch's pool, see
+ * paged_decode_attention.c). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "vector_exp.h"
+
+#define MIN_PARALLEL_ROWS 4
+
+static inline float bf16_load(const uint16_t *p) {
+    uint32_t u = (uint32_t)(*p) << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Round to nearest even; NaN stays NaN. Branch-free, so loops vectorize. */
+static inline float bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    const uint32_t nan = (u | 0x400000u) & 0xffff0000u;
+    u = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline void bf16_store(uint16_t *p, float f) {
+    uint32_t u;
+    f = bf16_round(f);
+    memcpy(&u, &f, sizeof u);
+    *p = (uint16_t)(u >> 16);
+}
+
+static inline float f32_load(const float *p) { return *p; }
+static inline void f32_store(float *p, float f) { *p = f; }
+static inline float f32_round(float f) { return f; }
+
+/* Columns per pass: silu of a chunk into a float buffer (a loop gcc
+ * vectorises with glibc's vector expf), then the products. */
+#define SILU_CHUNK 256
+
+#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE, ROUND)                                       \
+    void NAME(const T *x, int64_t rows, int64_t inter, int64_t row_stride, T *out) {       \
+        _Pragma("omp parallel for schedule(static) if (rows >= MIN_PARALLEL_ROWS)")        \
+        for (int64_t t = 0; t < rows; t++) {                                               \
+            const T *gate = x + t * row_stride, *up = gate + inter;                        \
+            T *o = out + t * inter;                                                        \
+            float silu[SILU_CHUNK];                                                        \
+            for (int64_t start = 0; start < inter; start += SILU_CHUNK) {                  \
+                const int64_t n = inter - start < SILU_CHUNK ? inter - start : SILU_CHUNK; \
+                for (int64_t j = 0; j < n; j++) silu[j] = LOAD(gate + start + j);          \
+                for (int64_t j = 0; j < n; j++) silu[j] = silu[j] / (1.0f + vector_expf(-silu[j])); \
+                for (int64_t j = 0; j < n; j++)                                            \
+                    STORE(o + start + j, ROUND(silu[j]) * LOAD(up + start + j));           \
+            }                                                                              \
+        }                                                                                  \
+    }
+
+DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, bf16_load, bf16_store, bf16_round)
+DEFINE_SILU_MUL(silu_mul_f32, float, f32_load, f32_store, f32_round)
+
+/* Lanes of the first pass: independent maxima gcc keeps in one vector. */
+#define ARGMAX_LANES 16
+
+void argmax_f32(const float *x, int64_t rows, int64_t cols, int64_t *out) {
+    _Pragma("omp parallel for schedule(static) if (rows >= MIN_PARALLEL_ROWS)")
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * cols;
+        /* 1. The largest value (NaN aside), and whether the row has a NaN
+         *    (tested on the bits: comparisons would not vectorise here). */
+        float lane[ARGMAX_LANES];
+        uint32_t nan_bits = 0;
+        for (int i = 0; i < ARGMAX_LANES; i++) lane[i] = -INFINITY;
+        const int64_t full = cols - cols % ARGMAX_LANES;
+        for (int64_t c = 0; c < full; c += ARGMAX_LANES) {
+            for (int i = 0; i < ARGMAX_LANES; i++) {
+                const float v = row[c + i];
+                uint32_t u;
+                memcpy(&u, &v, sizeof u);
+                nan_bits |= (u & 0x7fffffffu) > 0x7f800000u;
+                lane[i] = v > lane[i] ? v : lane[i];
+            }
+        }
+        float top = -INFINITY;
+        for (int i = 0; i < ARGMAX_LANES; i++) top = lane[i] > top ? lane[i] : top;
+        for (int64_t c = full; c < cols; c++) {
+            nan_bits |= isnan(row[c]);
+            top = row[c] > top ? row[c] : top;
+        }
+        /* 2. Its first index (the first NaN if any, as torch's argmax): the
+         *    first block of lanes holding it, then the lane. */
+        int64_t index = 0;
+        for (int64_t c = 0; c < cols; c += ARGMAX_LANES) {
+            const int64_t n = cols - c < ARGMAX_LANES ? cols - c : ARGMAX_LANES;
+            uint32_t hit = 0;
+            for (int64_t i = 0; i < n; i++) {
+                const float v = row[c + i];
+                uint32_t u;
+                memcpy(&u, &v, sizeof u);
+                hit |= nan_bits ? (u & 0x7fffffffu) > 0x7f800000u : v == top;
+            }
+            if (hit) {
+                while (!(nan_bits ? isnan(row[c]) : row[c] == top)) c++;
+                index = c;
+                break;
+            }
+        }
+        out[r] = index;
+    }
+}

@@ -1,0 +1,106 @@
+"""The C row kernels (sluice/models/native/rows.c) against the torch code they replace.
+
+- silu_mul: `F.silu(gate, inplace=True).mul_(up)` on the halves of a [T, 2 I]
+  row: the same bits in bfloat16 (both roundings kept), float32 within a few
+  ulp (the kernel's exp is a polynomial), for strided rows, widths that are
+  not a multiple of the vector width, one row and many, and extreme inputs;
+- argmax: torch.argmax's answer, including ties (the first), NaN (the first
+  NaN), all -inf rows, and widths that are not a multiple of the lane count;
+- the model's MLP and the greedy sampler take them, and fall back to torch
+  when the kernels are switched off.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sluice.models import native
+from sluice.models.native import argmax_kernel, silu_mul_kernel
+
+requires_kernel = pytest.mark.skipif(argmax_kernel() is None, reason="no C compiler here")
+
+
+def torch_swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.clone().chunk(2, dim=-1)
+    return F.silu(gate, inplace=True).mul_(up)
+
+
+@requires_kernel
+@pytest.mark.parametrize("rows", [1, 3, 4, 64])
+@pytest.mark.parametrize("inter", [1536, 7, 300])
+def test_bfloat16_silu_mul_is_torch_bit_for_bit(rows, inter):
+    generator = torch.Generator().manual_seed(rows * 1000 + inter)
+    x = (torch.randn(rows, 2 * inter, generator=generator) * 6).to(torch.bfloat16)
+    assert torch.equal(silu_mul_kernel(torch.bfloat16)(x), torch_swiglu(x))
+
+
+@requires_kernel
+def test_float32_silu_mul_within_a_few_ulp_and_extremes():
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 2 * 1536, generator=generator) * 8
+    x[0, :6] = torch.tensor([0.0, -0.0, 88.0, -88.0, 200.0, -200.0])
+    x[0, 1536:1542] = 1.0
+    got, want = silu_mul_kernel(torch.float32)(x), torch_swiglu(x)
+    torch.testing.assert_close(got, want, rtol=4e-7, atol=1e-30)
+    assert got[0, 4].item() == 200.0 and abs(got[0, 5].item()) < 1e-30
+
+
+@requires_kernel
+def test_silu_mul_reads_strided_rows():
+    """A view whose rows lie wider apart (every other row of a buffer)."""
+    buffer = torch.randn(8, 2 * 96).to(torch.bfloat16)
+    view = buffer[::2]
+    assert view.stride(0) == 2 * 2 * 96
+    assert torch.equal(silu_mul_kernel(torch.bfloat16)(view), torch_swiglu(view))
+
+
+@requires_kernel
+@pytest.mark.parametrize("cols", [49152, 1, 15, 16, 17, 1000])
+def test_argmax_is_torch_argmax(cols):
+    generator = torch.Generator().manual_seed(cols)
+    x = torch.randn(9, cols, generator=generator)
+    x[1] = float("-inf")  # all -inf: index 0
+    if cols > 3:
+        x[2, cols - 1] = x[2, cols - 3] = x[2].max() + 1  # a tie: the first
+        x[3, 2] = float("nan")  # NaN wins
+        x[3, cols - 1] = float("inf")
+        x[4, cols - 2] = float("inf")
+    assert torch.equal(argmax_kernel()(x), x.argmax(dim=-1))
+
+
+@requires_kernel
+def test_the_model_and_the_sampler_take_the_kernels():
+    from sluice.engine.sampler import Sampler
+    from sluice.models.config import LlamaConfig
+    from sluice.models.llama import LlamaDecoderLayer
+
+    config = LlamaConfig.from_hf_dict(
+        {"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 64,
+         "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "max_position_embeddings": 64}
+    )  # fmt: skip
+    assert Sampler(100, frozenset(), "cpu")._argmax is argmax_kernel()
+    for dtype in (torch.bfloat16, torch.float32):
+        layer = LlamaDecoderLayer(config, dtype, "cpu")
+        assert layer.swiglu is silu_mul_kernel(dtype)
+
+
+def test_switched_off_the_callers_keep_torch(monkeypatch):
+    monkeypatch.setenv("SLUICE_NATIVE_KERNELS", "0")
+    for cached in (native._library, native.silu_mul_kernel, native.argmax_kernel):
+        cached.cache_clear()
+    try:
+        assert silu_mul_kernel(torch.bfloat16) is None and argmax_kernel() is None
+        from sluice.engine.sampler import Sampler
+        from sluice.models.llama import _swiglu
+
+        logits = torch.randn(3, 100)
+        assert torch.equal(Sampler(100, frozenset(), "cpu")._argmax(logits), logits.argmax(-1))
+        x = torch.randn(2, 16)
+        assert torch.equal(_swiglu(x.clone()), torch_swiglu(x))
+    finally:
+        monkeypatch.undo()
+        for cached in (native._library, native.silu_mul_kernel, native.argmax_kernel):
+            cached.cache_clear()
