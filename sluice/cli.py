@@ -69,6 +69,14 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "decode; auto: int4 when the weights came in 4 bits (the embedded model), else none",
     )
     group.add_argument(
+        "--activation-quantization",
+        default="auto",
+        choices=["auto", "none", "int8"],
+        help="int8 activations times int8 weights (VNNI) in steps of more than a few tokens "
+        "(CPU; q/k/v, o, gate/up); auto: int8 on a CPU with VNNI when the weights are "
+        "quantized, else none",
+    )
+    group.add_argument(
         "--batch-invariant",
         action="store_true",
         help="greedy tokens and logprobs bitwise the same alone or in any batch, chunking, "
@@ -126,6 +134,9 @@ def engine_config_from(args: argparse.Namespace, *, multiprocess: bool) -> Engin
         device=args.device,
         max_model_len=args.max_model_len,
         quantization=None if args.quantization == "none" else args.quantization,
+        activation_quantization=(
+            None if args.activation_quantization == "none" else args.activation_quantization
+        ),
         batch_invariant=args.batch_invariant,
         cache_dir=default_cache_dir() if args.cache_dir is None else Path(args.cache_dir),
     )

@@ -41,6 +41,11 @@ class ModelConfig:
     # dense matmul on the same quantized values (sluice/models/quantization.py).
     # "auto": int4 when the weights came in 4 bits (a Q4 GGUF), else None.
     quantization: str | None = "auto"
+    # Int8 activations times int8 weights (W8A8, VNNI) for the steps of more
+    # than a few tokens, in q/k/v, o and gate/up, calibrated at load
+    # (sluice/models/int8_activations.py): "int8", None, or "auto": int8 on a
+    # CPU with VNNI when the weights are quantized (quantization above).
+    activation_quantization: str | None = "auto"
     # Kernels whose result for a token ignores the rest of its step: greedy
     # tokens and logprobs bitwise the same alone or in any batch, prefill
     # chunking, preemption or prefix-cache hit (sluice/models/llama.py). Costs

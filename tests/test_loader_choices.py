@@ -37,6 +37,20 @@ def test_explicit_values_pass_through_untouched():
     assert choose("bfloat16", None, CPU, 4, OLD_CPU).quantization is None
 
 
+def test_auto_activations_are_int8_with_vnni_and_quantized_weights():
+    chosen = choose("auto", "auto", CPU, 4, ZEN4, activations="auto")
+    assert chosen.activations == "int8" and "AVX512-VNNI" in chosen.reason
+    amx = choose("auto", "auto", CPU, 4, SAPPHIRE_RAPIDS, activations="auto")
+    assert amx.activations == "int8" and "AMX-INT8" in amx.reason
+    assert choose("auto", "auto", CPU, 4, OLD_CPU, activations="auto").activations is None
+    # Weights that stay unquantized keep their activations too.
+    assert choose("auto", "auto", CPU, 16, ZEN4, activations="auto").activations is None
+    assert choose("auto", None, CPU, 4, ZEN4, activations="auto").activations is None
+    # Explicit values pass through; the default argument asks for none.
+    assert choose("bfloat16", "int4", CPU, 4, OLD_CPU, activations="int8").activations == "int8"
+    assert choose("auto", "auto", CPU, 4, ZEN4).activations is None
+
+
 def test_decoder_weight_bits_reads_the_decoder_matrices_only():
     types = {"token_embd.weight": "Q8_0", "blk.0.attn_norm.weight": "F32",
              "blk.0.ffn_up.weight": "Q4_1", "blk.0.attn_q.weight": "Q4_1"}  # fmt: skip
@@ -55,9 +69,9 @@ def test_the_embedded_model_came_in_4_bits_and_loads_as_int4_by_default(embedded
     assert loaded.model.dtype == getattr(torch, expected_dtype)
 
 
-@pytest.mark.parametrize("flag", ["--dtype", "--quantization"])
+@pytest.mark.parametrize("flag", ["--dtype", "--quantization", "--activation-quantization"])
 def test_the_cli_defaults_are_auto(flag):
     from sluice.cli import build_parser
 
     args = build_parser().parse_args(["serve"])
-    assert getattr(args, flag.lstrip("-")) == "auto"
+    assert getattr(args, flag.lstrip("-").replace("-", "_")) == "auto"

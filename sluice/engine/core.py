@@ -63,7 +63,8 @@ class EngineCore:
             block_size,
             enable_prefix_caching=config.cache.enable_prefix_caching,
             # Anything that changes a block's contents for the same tokens.
-            cache_salt=f"{self.loaded.name}\0{dtype}\0{self.loaded.choices.quantization}".encode(),
+            cache_salt=f"{self.loaded.name}\0{dtype}\0{self.loaded.choices.quantization}"
+            f"\0{self.loaded.choices.activations}".encode(),
         )
         self.scheduler = Scheduler(
             config.scheduler, self.kv, self.loaded.eos_token_ids, self.max_model_len
@@ -95,7 +96,7 @@ class EngineCore:
             "%d KV blocks of %d tokens (%d tokens), max_num_batched_tokens %d, max_num_seqs %d",
             self.loaded.name,
             self.loaded.choices.dtype,
-            f" + {self.loaded.choices.quantization}" if self.loaded.choices.quantization else "",
+            _modes(self.loaded.choices),
             device,
             torch.get_num_threads(),
             self.loaded.choices.reason,
@@ -162,6 +163,12 @@ class EngineCore:
             prefix_cache_hit_tokens=self.kv.num_hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
         )
+
+
+def _modes(choices) -> str:
+    """" + int4 + int8 activations" for the startup line; "" when neither."""
+    weights = f" + {choices.quantization}" if choices.quantization else ""
+    return weights + (f" + {choices.activations} activations" if choices.activations else "")
 
 
 def _num_kv_blocks(cache: CacheConfig, model_config, dtype, device) -> int:

@@ -31,6 +31,7 @@ from sluice.loader.sources import ModelSource, resolve_source
 from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models.config import LlamaConfig
 from sluice.models.llama import LlamaForCausalLM
+from sluice.models import calibration
 from sluice.models.quantization import check_quantization
 from sluice.tokenizer import Tokenizer
 
@@ -70,9 +71,11 @@ def load_model(config: ModelConfig) -> LoadedModel:
         config.quantization,
         device,
         choices.decoder_weight_bits(source_tensor_types(folder)),
+        activations=None if config.batch_invariant else config.activation_quantization,
     )
     dtype = torch_dtype(chosen.dtype)
     check_quantization(chosen.quantization, device)
+    calibration.check_activation_quantization(chosen.activations, device)
     files = checkpoint_files(folder)
     tokenizer = Tokenizer.from_folder(folder)
     _check_vocab(tokenizer, model_config)
@@ -81,6 +84,12 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model.load_weights(iter_weights(files))
     if chosen.quantization is not None:
         model.quantize(chosen.quantization)
+    if chosen.activations == "int8":
+        text = calibration.calibration_text()
+        kept = calibration.calibration_file(
+            config.cache_dir, files, chosen.dtype, chosen.quantization, text
+        )
+        calibration.quantize_activations(model, tokenizer.encode(text), kept)
     model.eval()
     return LoadedModel(
         model=model,

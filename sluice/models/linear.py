@@ -3,8 +3,9 @@
 A `Linear` holds W [out, in] (and an optional bias) in the model dtype. After
 loading, on x86 CPUs, `prepack` repacks W into oneDNN's blocked layout; after
 that, `quantize` may add an int8/int4 copy that serves steps of a few tokens
-(sluice/models/quantization.py). `forward` picks the path by the number of
-rows.
+(sluice/models/quantization.py), and `quantize_activations` an int8 x int8
+matmul for the larger steps (sluice/models/int8_activations.py). `forward`
+picks the path by the number of rows.
 
 Batch-invariant mode (`row_tile`): every matmul runs on tiles of exactly
 `row_tile` rows (the last one zero-padded), so a row's result never depends
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sluice.models.int8_activations import MIN_INT8_ACTIVATION_TOKENS, Int8ActivationLinear
 from sluice.models.quantization import MAX_QUANTIZED_TOKENS, quantize_weight
 
 # Rows per matmul in batch-invariant mode: small enough that a one-row decode
@@ -88,6 +90,7 @@ class Linear(nn.Module):
         super().__init__()
         # Batch-invariant mode: every matmul on tiles of this many rows (module docstring).
         self.row_tile = row_tile
+        self.in_features = in_features
         self.weight = uninitialised_weight(out_features, in_features, dtype=dtype, device=device)
         self.bias = (
             uninitialised_weight(out_features, dtype=dtype, device=device) if has_bias else None
@@ -97,11 +100,17 @@ class Linear(nn.Module):
         # for matmuls of at most `max_quantized_tokens` rows.
         self.quantized: nn.Module | None = None
         self.max_quantized_tokens = 0
+        # Set by `quantize_activations`: W8A8 for matmuls of at least
+        # MIN_INT8_ACTIVATION_TOKENS rows (`_large_matmul`).
+        self.int8_activations: Int8ActivationLinear | None = None
         self._bind()
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
-        if x.shape[0] <= self.max_quantized_tokens:
+        num_rows = x.shape[0]
+        if num_rows <= self.max_quantized_tokens:
             return self._small_matmul(x)
+        if num_rows >= MIN_INT8_ACTIVATION_TOKENS:
+            return self._large_matmul(x)
         return self._dense_matmul(x)
 
     def _plain_matmul(self, x: Tensor) -> Tensor:
@@ -126,6 +135,9 @@ class Linear(nn.Module):
         self._small_matmul = (
             self._dense_matmul if quantized is None else quantized.matmul_for(weight.dtype)
         )
+        self._large_matmul = self._dense_matmul
+        if self.int8_activations is not None and self.row_tile is None:
+            self._large_matmul = self.int8_activations.forward
 
     def prepack(self) -> None:
         # The batch-size hint 1 tunes the layout for decode; any batch still works.
@@ -137,6 +149,17 @@ class Linear(nn.Module):
     def dense_weight(self) -> Tensor:  # [out, in], plain layout
         # oneDNN reorders a packed weight back to the plain layout bit for bit.
         return self.weight.to_dense() if self.is_prepacked else self.weight
+
+    @torch.no_grad()
+    def quantize_activations(self, input_absmax: Tensor) -> None:
+        """Serve matmuls of MIN_INT8_ACTIVATION_TOKENS rows or more with int8
+        activations times int8 weights, smoothed by the calibration's max |x|
+        per input column [in]. Smaller steps keep their path; batch-invariant
+        mode keeps the dense matmul for every step."""
+        self.int8_activations = Int8ActivationLinear.quantize(
+            self.dense_weight(), self.bias, input_absmax, self.weight.dtype
+        )
+        self._bind()
 
     @torch.no_grad()
     def quantize(self, mode: str) -> None:

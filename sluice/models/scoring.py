@@ -12,8 +12,10 @@ quality (tests/test_quality_gate.py, benchmarks/quality.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
+from torch import Tensor
 
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
 from sluice.models.llama import LlamaForCausalLM
@@ -22,24 +24,33 @@ _BLOCK_SIZE = 16
 
 
 @torch.inference_mode()
-def token_logprobs(
-    model: LlamaForCausalLM, token_ids: list[int], chunk_tokens: int = 8
-) -> list[float]:
-    """log p(token_i | tokens before it) for i = 1 .. len(token_ids) - 1."""
+def forward_chunks(
+    model: LlamaForCausalLM, token_ids: list[int], chunk_tokens: int
+) -> Iterator[tuple[int, int, Tensor]]:
+    """(start, end, hidden [end - start, hidden]) for each chunk of `token_ids`,
+    fed through the model in order over a paged KV cache of its own."""
     num_blocks = -(-len(token_ids) // _BLOCK_SIZE)
     device = model.lm_head.weight.device
     caches = allocate_kv_caches(model.config, num_blocks, _BLOCK_SIZE, model.dtype, device)
     table = [list(range(num_blocks))]
     ids = torch.tensor(token_ids, dtype=torch.int64, device=device)
-    logprobs: list[float] = []
-    for start in range(0, len(token_ids) - 1, chunk_tokens):
-        end = min(start + chunk_tokens, len(token_ids) - 1)
+    for start in range(0, len(token_ids), chunk_tokens):
+        end = min(start + chunk_tokens, len(token_ids))
         meta = AttentionMetadata.build([end - start], [start], table, _BLOCK_SIZE, device)
         positions = torch.arange(start, end, device=device)
-        hidden = model(ids[start:end], positions, caches, meta)  # [end - start, hidden]
+        yield start, end, model(ids[start:end], positions, caches, meta)
+
+
+@torch.inference_mode()
+def token_logprobs(
+    model: LlamaForCausalLM, token_ids: list[int], chunk_tokens: int = 8
+) -> list[float]:
+    """log p(token_i | tokens before it) for i = 1 .. len(token_ids) - 1."""
+    targets = torch.tensor(token_ids[1:], dtype=torch.int64, device=model.lm_head.weight.device)
+    logprobs: list[float] = []
+    for start, end, hidden in forward_chunks(model, token_ids[:-1], chunk_tokens):
         log_probs = torch.log_softmax(model.compute_logits(hidden), dim=-1)  # [n, vocab] f32
-        targets = ids[start + 1 : end + 1]
-        logprobs += log_probs.gather(1, targets[:, None])[:, 0].tolist()
+        logprobs += log_probs.gather(1, targets[start:end, None])[:, 0].tolist()
     return logprobs
 
 

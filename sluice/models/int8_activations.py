@@ -1,0 +1,110 @@
+"""Int8 activations times int8 weights (W8A8) for the matmuls of large steps, on CPU.
+
+In steps of many tokens (large decode batches, prefill chunks) the
+decoder's bfloat16 matmuls run at the two cores' compute peak; int8
+multiply-adds (VNNI: 4 per lane per instruction, against bfloat16's 2) do the
+same matmul 1.7-1.9x faster here (torch's `_int_mm`, oneDNN), and a whole
+step 1.05-1.14x faster from 48 tokens on (`MIN_INT8_ACTIVATION_TOKENS`). `Int8ActivationLinear` computes y = x W^T + b as
+
+    v = x / smooth                     (per input column, SmoothQuant)
+    q_x = round(v / s_t), s_t = max|v_t| / 127    (per token: each row its own scale)
+    y = (q_x @ q_W^T) * s_t * s_n + b  (q_W = round(W * smooth / s_n), per output row)
+
+The smoothing factors, smooth_j = max|x_j|^0.5 / max|W_j|^0.5, move the
+activations' outlier columns into the weights, where a per-row scale absorbs
+them; max|x_j| comes from a calibration text the engine runs at load
+(`calibration.py`). Measured on the embedded model (perplexity on
+tests/data/quality_text.txt in 64-token steps, float32 = 0; bfloat16 + int4
+alone +0.21%): per-token int8 without smoothing +4.3%; smoothed, all four
+decoder matmuls +1.37%; smoothed without down_proj +0.68%. So only q/k/v, o
+and gate/up take this path (75% of the decoder's multiply-adds); down_proj
+(its input, silu(gate) * up, has the widest outliers) and lm_head keep
+bfloat16. tests/test_quality_gate.py holds the default within 1%.
+
+The passes around the int8 matmul are one C kernel each
+(native/int8_rows.c); in torch ops they cost more than the matmul saves (a
+batch-64 step went from 88 to 104 ms). The torch fallback here computes the
+same values.
+
+Invariants: weights and activations use symmetric codes in [-127, 127]; a
+row of zeros gets scale 1 (codes 0); float32 throughout up to one rounding
+to the model dtype, then the bias.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from sluice.models.native import MAX_QUANTIZE_COLUMNS, int8_row_kernels
+
+# Fewest rows a matmul takes this path with: below, the two passes around
+# the int8 matmul cost more than it saves. Decode steps of the embedded
+# model, bf16 against W8A8 interleaved step by step in one process (medians of
+# 30 steps each): batch 16 0.93x, 24 1.01x, 32 0.96x, 48 1.11x, 64 1.09x;
+# a 480-token prefill 1.05-1.14x.
+MIN_INT8_ACTIVATION_TOKENS = 40
+# SmoothQuant's migration strength: 0.5 measured best on the embedded model
+# (0.4: +1.8%, 0.55: +1.5%, 0.7: +3.3% with all four matmuls).
+SMOOTHING_ALPHA = 0.5
+_TINY = 1e-5
+
+
+class Int8ActivationLinear(nn.Module):
+    """y = x W^T + b through int8 x int8 -> int32 (module docstring)."""
+
+    def __init__(
+        self,
+        weight_int8: Tensor,  # [out, in] int8
+        weight_scales: Tensor,  # [out] float32
+        inv_smooth: Tensor,  # [in] float32: 1 / smooth
+        bias: Tensor | None,  # [out] model dtype
+        dtype: torch.dtype,
+    ):
+        super().__init__()
+        self.register_buffer("weight_int8", weight_int8)
+        self.register_buffer("weight_scales", weight_scales)
+        self.register_buffer("inv_smooth", inv_smooth)
+        self.bias = bias
+        self.dtype = dtype
+        kernels = int8_row_kernels(dtype) if weight_int8.shape[1] <= MAX_QUANTIZE_COLUMNS else None
+        self._quantize, self._dequantize = kernels or (_quantize_rows, _dequantize_rows(dtype))
+
+    @classmethod
+    @torch.no_grad()
+    def quantize(
+        cls, weight: Tensor, bias: Tensor | None, input_absmax: Tensor, dtype: torch.dtype
+    ) -> Int8ActivationLinear:
+        """`weight` [out, in] and the calibration's max |x| per input column [in]."""
+        w = weight.to(torch.float32, copy=True)  # [out, in]
+        column_max = w.abs().amax(dim=0).clamp(min=_TINY)  # [in]
+        smooth = input_absmax.float().clamp(min=_TINY).pow(SMOOTHING_ALPHA)
+        smooth = smooth.div_(column_max.pow(1 - SMOOTHING_ALPHA)).clamp(min=_TINY)  # [in]
+        w.mul_(smooth)
+        scales = w.abs().amax(dim=1).clamp(min=1e-12).div_(127)  # [out]
+        codes = w.div_(scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        return cls(codes, scales, smooth.reciprocal(), bias, dtype)
+
+    def forward(self, x: Tensor) -> Tensor:  # [T, in] model dtype -> [T, out]
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        codes, row_scales = self._quantize(x, self.inv_smooth)  # [T, in] int8, [T] f32
+        acc = torch._int_mm(codes, self.weight_int8.t())  # [T, out] int32
+        return self._dequantize(acc, row_scales, self.weight_scales, self.bias)
+
+
+def _quantize_rows(x: Tensor, inv_smooth: Tensor) -> tuple[Tensor, Tensor]:
+    """The torch path of native `quantize_rows`: the same steps, the same values."""
+    v = x.float() * inv_smooth  # [T, in]
+    top = v.abs().amax(dim=1)  # [T]
+    scales = torch.where(top > 0, top / 127, torch.ones_like(top))
+    codes = (v * scales.reciprocal()[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+    return codes, scales
+
+
+def _dequantize_rows(dtype: torch.dtype):
+    def dequantize(acc: Tensor, scales: Tensor, col_scales: Tensor, bias: Tensor | None) -> Tensor:
+        y = acc.float().mul_(scales[:, None]).mul_(col_scales).to(dtype)  # [T, out]
+        return y if bias is None else y.add_(bias)
+
+    return dequantize

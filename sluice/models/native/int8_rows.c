@@ -1,0 +1,108 @@
+/* The two passes around an int8 matmul with int8 activations (W8A8,
+ * sluice/models/int8_activations.py):
+ *
+ * quantize_rows: x [rows, cols] (rows start row_stride elements apart) ->
+ *     v[t, j] = x[t, j] * inv_smooth[j]          (SmoothQuant's division)
+ *     scale[t] = max_j |v[t, j]| / 127            (1 for a row of zeros)
+ *     q[t, j] = round_half_even(v[t, j] / scale[t]) in [-127, 127], int8 [rows, cols]
+ * dequantize_rows: acc [rows, cols] int32 ->
+ *     out[t, n] = round_to_dtype(acc[t, n] * row_scale[t] * col_scale[n]),
+ *     then + bias[n] rounded again (as torch adds a bias to the rounded product).
+ *
+ * Both compute in float32; the torch fallback in int8_activations.py does the
+ * same steps (tests compare the two). Rows are shared out over OpenMP
+ * threads (torch's pool, see paged_decode_attention.c). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MIN_PARALLEL_ROWS 4
+/* Independent maxima of the first pass, which gcc keeps in one vector. */
+#define LANES 16
+
+static inline float bf16_load(const uint16_t *p) {
+    uint32_t u = (uint32_t)(*p) << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    const uint32_t nan = (u | 0x400000u) & 0xffff0000u;
+    u = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline void bf16_store(uint16_t *p, float f) {
+    uint32_t u;
+    f = bf16_round(f);
+    memcpy(&u, &f, sizeof u);
+    *p = (uint16_t)(u >> 16);
+}
+
+static inline float f32_load(const float *p) { return *p; }
+static inline void f32_store(float *p, float f) { *p = f; }
+
+/* Columns a row is smoothed in per pass: a float buffer on the stack. */
+#define CHUNK 2048
+
+#define DEFINE_QUANTIZE_ROWS(NAME, T, LOAD)                                                   \
+    int NAME(const T *x, int64_t rows, int64_t cols, int64_t row_stride,                      \
+             const float *inv_smooth, int8_t *q, float *scales) {                             \
+        if (cols > CHUNK) return -1;                                                          \
+        _Pragma("omp parallel for schedule(static) if (rows >= MIN_PARALLEL_ROWS)")           \
+        for (int64_t t = 0; t < rows; t++) {                                                  \
+            const T *row = x + t * row_stride;                                                \
+            float v[CHUNK], lane[LANES];                                                      \
+            for (int i = 0; i < LANES; i++) lane[i] = 0.0f;                                   \
+            for (int64_t j = 0; j < cols; j++) v[j] = LOAD(row + j) * inv_smooth[j];          \
+            const int64_t full = cols - cols % LANES;                                         \
+            for (int64_t j = 0; j < full; j += LANES)                                         \
+                for (int i = 0; i < LANES; i++) {                                             \
+                    const float a = fabsf(v[j + i]);                                          \
+                    lane[i] = a > lane[i] ? a : lane[i];                                      \
+                }                                                                             \
+            float top = 0.0f;                                                                 \
+            for (int i = 0; i < LANES; i++) top = lane[i] > top ? lane[i] : top;              \
+            for (int64_t j = full; j < cols; j++) top = fabsf(v[j]) > top ? fabsf(v[j]) : top; \
+            const float scale = top > 0.0f ? top / 127.0f : 1.0f;                             \
+            const float inv = 1.0f / scale;                                                   \
+            int8_t *out = q + t * cols;                                                       \
+            for (int64_t j = 0; j < cols; j++) {                                              \
+                float r = rintf(v[j] * inv);                                                  \
+                r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);                        \
+                out[j] = (int8_t)r;                                                           \
+            }                                                                                 \
+            scales[t] = scale;                                                                \
+        }                                                                                     \
+        return 0;                                                                             \
+    }
+
+#define DEFINE_DEQUANTIZE_ROWS(NAME, T, LOAD, STORE)                                          \
+    void NAME(const int32_t *acc, int64_t rows, int64_t cols, const float *row_scales,        \
+              const float *col_scales, const T *bias, T *out) {                               \
+        _Pragma("omp parallel for schedule(static) if (rows >= MIN_PARALLEL_ROWS)")           \
+        for (int64_t t = 0; t < rows; t++) {                                                  \
+            const int32_t *a = acc + t * cols;                                                \
+            const float s = row_scales[t];                                                    \
+            T *o = out + t * cols;                                                            \
+            if (bias == NULL) {                                                               \
+                for (int64_t n = 0; n < cols; n++) STORE(o + n, (float)a[n] * s * col_scales[n]); \
+            } else {                                                                          \
+                for (int64_t n = 0; n < cols; n++) {                                          \
+                    T product;                                                                \
+                    STORE(&product, (float)a[n] * s * col_scales[n]);                          \
+                    STORE(o + n, LOAD(&product) + LOAD(bias + n));                            \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+DEFINE_QUANTIZE_ROWS(quantize_rows_bf16, uint16_t, bf16_load)
+DEFINE_QUANTIZE_ROWS(quantize_rows_f32, float, f32_load)
+DEFINE_DEQUANTIZE_ROWS(dequantize_rows_bf16, uint16_t, bf16_load, bf16_store)
+DEFINE_DEQUANTIZE_ROWS(dequantize_rows_f32, float, f32_load, f32_store)
