@@ -100,6 +100,7 @@ def main() -> None:
         for event in prof.key_averages():
             name = event.key
             kind = ("matmul" if "linear" in name or "int4pack" in name or "int8pack" in name
+                    or "_int_mm" in name
                     or name in ("aten::mm", "aten::addmm") else
                     "attention" if "attention" in name or "flash" in name else "other ops")  # fmt: skip
             by_kind[kind] += event.self_cpu_time_total / 3 / 1e3

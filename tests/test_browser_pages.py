@@ -5,11 +5,13 @@ embedded model, float32 so a greedy stream equals its non-streamed twin.
 The chat's streamed greedy reply equals the API's non-streamed answer; its
 stop button disconnects and the server aborts the request (its own metrics
 say so); the dashboard's charts fill from /metrics. Screenshots of both go
-to docs/ (docs/chat.png, docs/dashboard.png).
+to the test's temporary folder, or, with SLUICE_DOCS_SCREENSHOTS=1, to
+docs/chat.png and docs/dashboard.png (a plain run leaves the tree clean).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +26,11 @@ pytestmark = pytest.mark.slow
 
 CHROMIUM = "/usr/bin/chromium"
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@pytest.fixture
+def screenshots(tmp_path) -> Path:
+    return DOCS if os.environ.get("SLUICE_DOCS_SCREENSHOTS") == "1" else tmp_path
 STARTUP_TIMEOUT_S = 300
 
 
@@ -71,7 +78,9 @@ def send(page: Page, text: str, *, max_tokens: int) -> None:
     page.click("#send")
 
 
-def test_a_streamed_greedy_reply_equals_the_apis_non_streamed_answer(page, server_url):
+def test_a_streamed_greedy_reply_equals_the_apis_non_streamed_answer(
+    page, server_url, screenshots
+):
     page.goto(server_url + "/")
     page.wait_for_function("document.getElementById('model-name').textContent.length > 0")
     question = "What are the three primary colors?"
@@ -85,7 +94,7 @@ def test_a_streamed_greedy_reply_equals_the_apis_non_streamed_answer(page, serve
     stats = reply.query_selector(".stats").inner_text()
     assert "TTFT" in stats and "tokens/chunk" in stats
     assert f"{answer['usage']['completion_tokens']} completion tokens" in stats
-    page.screenshot(path=DOCS / "chat.png")
+    page.screenshot(path=screenshots / "chat.png")
 
 
 def test_stop_disconnects_and_the_server_aborts_the_request(page, server_url):
@@ -113,7 +122,7 @@ def test_stop_disconnects_and_the_server_aborts_the_request(page, server_url):
     )
 
 
-def test_the_dashboards_charts_fill_from_the_metrics(page, server_url):
+def test_the_dashboards_charts_fill_from_the_metrics(page, server_url, screenshots):
     page.goto(server_url + "/dashboard")
     # Traffic for as long as the dashboard is watched (the cards show the last
     # interval, so traffic that ended before the charts filled would show zeros):
@@ -136,5 +145,5 @@ def test_the_dashboards_charts_fill_from_the_metrics(page, server_url):
         }""",
         polling=500,
     )
-    page.screenshot(path=DOCS / "dashboard.png", full_page=True)
+    page.screenshot(path=screenshots / "dashboard.png", full_page=True)
     page.evaluate("() => { window.trafficOn = false; }")
