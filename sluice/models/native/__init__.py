@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 _SOURCES = tuple(
     Path(__file__).with_name(name) for name in ("paged_decode_attention.c", "rms_norm.c", "rows.c", "int8_rows.c")
 )
-_HEADERS = (Path(__file__).with_name("vector_exp.h"),)
+_HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "vector_exp.h"))
 # Compiling with -ffast-math lets gcc vectorize the dot products (float32
 # sums in another order; 30% faster at 64 decodes); inf and NaN keep their
 # meaning (-fno-finite-math-only). That also hides glibc's vector expf (it is

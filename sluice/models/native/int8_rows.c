@@ -16,36 +16,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define MIN_PARALLEL_ROWS 4
 /* Independent maxima of the first pass, which gcc keeps in one vector. */
 #define LANES 16
-
-static inline float bf16_load(const uint16_t *p) {
-    uint32_t u = (uint32_t)(*p) << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline float bf16_round(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    const uint32_t nan = (u | 0x400000u) & 0xffff0000u;
-    u = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline void bf16_store(uint16_t *p, float f) {
-    uint32_t u;
-    f = bf16_round(f);
-    memcpy(&u, &f, sizeof u);
-    *p = (uint16_t)(u >> 16);
-}
-
-static inline float f32_load(const float *p) { return *p; }
-static inline void f32_store(float *p, float f) { *p = f; }
 
 /* Columns a row is smoothed in per pass: a float buffer on the stack. */
 #define CHUNK 2048

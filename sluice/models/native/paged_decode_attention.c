@@ -27,31 +27,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16
 /* Fewer (sequence, KV head) pairs than this run on the calling thread. */
 #define MIN_PARALLEL_PAIRS 8
-
-static inline float bf16_load(const uint16_t *p) {
-    uint32_t u = (uint32_t)(*p) << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline void bf16_store(uint16_t *p, float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        *p = (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
-        return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    *p = (uint16_t)(u >> 16);
-}
-
-static inline float f32_load(const float *p) { return *p; }
-static inline void f32_store(float *p, float f) { *p = f; }
 
 static int check_tables(const int64_t *block_ids, const int64_t *seq_lens, int64_t num_seqs,
                         int64_t blocks_per_seq, int64_t num_blocks, int64_t block_size) {

@@ -9,26 +9,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define MIN_PARALLEL_ROWS 4
-
-static inline float bf16_load(const uint16_t *p) {
-    uint32_t u = (uint32_t)(*p) << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Round to nearest even; NaN stays NaN. Branch-free, so loops vectorize. */
-static inline void bf16_store(uint16_t *p, float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t nan = (u >> 16) | 0x40u;
-    *p = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-
-static inline float f32_load(const float *p) { return *p; }
-static inline void f32_store(float *p, float f) { *p = f; }
 
 #define DEFINE_RMS_NORM(NAME, T, LOAD, STORE)                                          \
     void NAME(const T *x, const T *w, int64_t rows, int64_t hidden, int64_t row_stride, \

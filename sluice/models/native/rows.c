@@ -16,38 +16,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #include "vector_exp.h"
 
 #define MIN_PARALLEL_ROWS 4
-
-static inline float bf16_load(const uint16_t *p) {
-    uint32_t u = (uint32_t)(*p) << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Round to nearest even; NaN stays NaN. Branch-free, so loops vectorize. */
-static inline float bf16_round(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    const uint32_t nan = (u | 0x400000u) & 0xffff0000u;
-    u = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline void bf16_store(uint16_t *p, float f) {
-    uint32_t u;
-    f = bf16_round(f);
-    memcpy(&u, &f, sizeof u);
-    *p = (uint16_t)(u >> 16);
-}
-
-static inline float f32_load(const float *p) { return *p; }
-static inline void f32_store(float *p, float f) { *p = f; }
-static inline float f32_round(float f) { return f; }
 
 /* Columns per pass: silu of a chunk into a float buffer (a loop gcc
  * vectorises with glibc's vector expf), then the products. */
