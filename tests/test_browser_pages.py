@@ -31,6 +31,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 @pytest.fixture
 def screenshots(tmp_path) -> Path:
     return DOCS if os.environ.get("SLUICE_DOCS_SCREENSHOTS") == "1" else tmp_path
+
+
 STARTUP_TIMEOUT_S = 300
 
 
@@ -78,9 +80,7 @@ def send(page: Page, text: str, *, max_tokens: int) -> None:
     page.click("#send")
 
 
-def test_a_streamed_greedy_reply_equals_the_apis_non_streamed_answer(
-    page, server_url, screenshots
-):
+def test_a_streamed_greedy_reply_equals_the_apis_non_streamed_answer(page, server_url, screenshots):
     page.goto(server_url + "/")
     page.wait_for_function("document.getElementById('model-name').textContent.length > 0")
     question = "What are the three primary colors?"

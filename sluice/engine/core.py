@@ -166,7 +166,7 @@ class EngineCore:
 
 
 def _modes(choices) -> str:
-    """" + int4 + int8 activations" for the startup line; "" when neither."""
+    """ " + int4 + int8 activations" for the startup line; "" when neither."""
     weights = f" + {choices.quantization}" if choices.quantization else ""
     return weights + (f" + {choices.activations} activations" if choices.activations else "")
 

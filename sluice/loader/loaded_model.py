@@ -29,9 +29,9 @@ from sluice.loader import choices
 from sluice.loader.gguf_convert import cache_folder_for, converted_folder, source_tensor_types
 from sluice.loader.sources import ModelSource, resolve_source
 from sluice.loader.weights import checkpoint_files, iter_weights
+from sluice.models import calibration
 from sluice.models.config import LlamaConfig
 from sluice.models.llama import LlamaForCausalLM
-from sluice.models import calibration
 from sluice.models.quantization import check_quantization
 from sluice.tokenizer import Tokenizer
 

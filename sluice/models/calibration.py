@@ -76,9 +76,7 @@ def quantize_activations(
         raise ModelLoadError("int8 activations do not apply in batch-invariant mode")
     if len(token_ids) < 2:
         raise ModelLoadError("int8 activations need a calibration text of 2 tokens or more")
-    targets = [
-        getattr(layer, name) for layer in model.layers for name in INT8_ACTIVATION_MATRICES
-    ]
+    targets = [getattr(layer, name) for layer in model.layers for name in INT8_ACTIVATION_MATRICES]
     absmax = _read(cache_file, targets)
     if absmax is None:
         measured = input_absmax(model, targets, token_ids)
@@ -98,9 +96,13 @@ def _read(cache_file: Path | None, targets: list[Linear]) -> list[Tensor] | None
     except Exception as error:  # noqa: BLE001 - a damaged file is measured again
         logger.warning("calibration cache %s unreadable (%s); measuring again", cache_file, error)
         return None
-    fits = isinstance(kept, list) and len(kept) == len(targets) and all(
-        isinstance(t, Tensor) and t.dtype == torch.float32 and t.shape == (linear.in_features,)
-        for t, linear in zip(kept, targets)
+    fits = (
+        isinstance(kept, list)
+        and len(kept) == len(targets)
+        and all(
+            isinstance(t, Tensor) and t.dtype == torch.float32 and t.shape == (linear.in_features,)
+            for t, linear in zip(kept, targets, strict=True)
+        )
     )
     return kept if fits else None
 

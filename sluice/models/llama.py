@@ -128,7 +128,9 @@ class LlamaDecoderLayer(nn.Module):
         return self._mlp_rows(x)
 
     def _mlp_rows(self, x: Tensor) -> Tensor:  # [T, hidden]
-        return self.down_proj(self.swiglu(self.gate_up_proj(x)))  # [T, 2 I] -> [T, I] -> [T, hidden]
+        return self.down_proj(
+            self.swiglu(self.gate_up_proj(x))
+        )  # [T, 2 I] -> [T, I] -> [T, hidden]
 
 
 def _swiglu(gate_up: Tensor) -> Tensor:  # [T, 2 I] (gate, then up) -> [T, I]

@@ -39,7 +39,8 @@ from sluice.config import default_cache_dir
 logger = logging.getLogger(__name__)
 
 _SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("paged_decode_attention.c", "rms_norm.c", "rows.c", "int8_rows.c")
+    Path(__file__).with_name(name)
+    for name in ("paged_decode_attention.c", "rms_norm.c", "rows.c", "int8_rows.c")
 )
 _HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "vector_exp.h"))
 # Compiling with -ffast-math lets gcc vectorize the dot products (float32
