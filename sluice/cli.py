@@ -103,7 +103,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="compute every prompt in full (by default full KV blocks of earlier requests' "
         "tokens are reused)",
     )
-    group.add_argument("--max-num-batched-tokens", type=int, default=512)
+    group.add_argument("--max-num-batched-tokens", type=int, default=2048)
     group.add_argument("--max-num-seqs", type=int, default=64)
     group.add_argument("--no-chunked-prefill", action="store_true")
     group.add_argument(

@@ -67,8 +67,12 @@ class CacheConfig:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    # Tokens computed in one step, summed over the batch (decodes + prefill chunks).
-    max_num_batched_tokens: int = 512
+    # Tokens computed in one step, summed over the batch (decodes + prefill
+    # chunks). vLLM's CPU default: a 2,000-token prompt prefills 1.2x sooner
+    # than in 512-token chunks (2.43 vs 2.91 s on the embedded model: fewer
+    # masked attention passes over the prompt, larger matmuls), at the price
+    # of one longer pause for the decodes sharing that step.
+    max_num_batched_tokens: int = 2048
     # Requests running at once.
     max_num_seqs: int = 64
     # Split long prompts across steps so running decodes are never starved.
