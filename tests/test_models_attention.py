@@ -130,6 +130,12 @@ def test_chunked_prefill_sees_cached_context_and_is_causal_within_the_chunk():
     assert_matches_reference(make_sequences([(5, 9), (16, 16), (3, 2)], seed=1))
 
 
+def test_a_long_chunk_behind_a_short_cached_prefix_and_the_reverse():
+    """On CPU such a chunk attends to its context and to itself in two flash
+    calls merged by log-sum-exp (attention._cached_prefix_then_chunk)."""
+    assert_matches_reference(make_sequences([(16, 40), (1, 30), (33, 3), (9, 10)], seed=7))
+
+
 def test_decode_batch_of_different_lengths_matches_dense_attention():
     assert_matches_reference(make_sequences([(30, 1), (0, 1), (7, 1), (16, 1)], seed=2))
 

@@ -347,20 +347,59 @@ def _prefill_attention(
     scale: float,
 ) -> Tensor:  # [query_len, num_heads, head_dim]
     if plan.block_ids is None:
-        keys, values = k, v  # [seq_len, Hkv, D]: nothing cached before this chunk
+        keys, values, mask = k, v, None  # [seq_len, Hkv, D]: nothing cached before this chunk
+    elif q.device.type == "cpu":
+        return _cached_prefix_then_chunk(q, k, v, kv_cache, plan, scale)
     else:
         blocks = kv_cache.index_select(1, plan.block_ids)  # [2, nb, bs, Hkv, D]
         kv = blocks.flatten(1, 2)[:, : plan.seq_len]  # [2, seq_len, Hkv, D]
-        keys, values = kv[0], kv[1]
+        keys, values, mask = kv[0], kv[1], plan.causal_mask
     # 4-d inputs: with 3-d ones torch's CPU dispatch takes the unfused math
     # path (4x slower at 1,000 tokens); 4-d ones get the flash kernel.
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None],  # [1, Hq, query_len, D]
-        keys.transpose(0, 1)[None],  # [1, Hkv, seq_len, D]
-        values.transpose(0, 1)[None],  # [1, Hkv, seq_len, D]
-        attn_mask=plan.causal_mask,
-        is_causal=plan.causal_mask is None,
+        _heads_first(q),  # [1, Hq, query_len, D]
+        _heads_first(keys),  # [1, Hkv, seq_len, D]
+        _heads_first(values),  # [1, Hkv, seq_len, D]
+        attn_mask=mask,
+        is_causal=mask is None,
         scale=scale,
         enable_gqa=True,
     )  # [1, Hq, query_len, D]
     return out[0].transpose(0, 1)
+
+
+def _cached_prefix_then_chunk(
+    q: Tensor,  # [query_len, num_heads, head_dim]
+    k: Tensor,  # [query_len, num_kv_heads, head_dim]
+    v: Tensor,  # [query_len, num_kv_heads, head_dim]
+    kv_cache: Tensor,
+    plan: PrefillPlan,
+    scale: float,
+) -> Tensor:  # [query_len, num_heads, head_dim]
+    """A chunk after cached context, on CPU: attention over the context (every
+    key visible) and causal attention over the chunk itself, merged by their
+    log-sum-exps. One masked call over all keys computes the masked half of
+    the chunk's square too, and builds the mask: a 2,000-token prompt behind
+    a cached system prompt (16 tokens) prefilled in 3.1 s that way, 2.2 s
+    without a cached prefix."""
+    block_size = kv_cache.shape[2]
+    context_blocks = plan.block_ids[: -(-plan.context_len // block_size)]
+    blocks = kv_cache.index_select(1, context_blocks)  # [2, nb, bs, Hkv, D]
+    context = blocks.flatten(1, 2)[:, : plan.context_len]  # [2, context_len, Hkv, D]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    query = _heads_first(q)  # [1, Hq, query_len, D]
+    # Grouped-query heads broadcast inside the kernel (Hq a multiple of Hkv).
+    context_out, context_lse = flash(
+        query, _heads_first(context[0]), _heads_first(context[1]), 0.0, False, scale=scale
+    )  # [1, Hq, query_len, D], [1, Hq, query_len] float32
+    chunk_out, chunk_lse = flash(query, _heads_first(k), _heads_first(v), 0.0, True, scale=scale)
+    top = torch.maximum(context_lse, chunk_lse)
+    context_weight = (context_lse - top).exp_()[..., None]  # [1, Hq, query_len, 1]
+    chunk_weight = (chunk_lse - top).exp_()[..., None]
+    merged = context_out.float().mul_(context_weight).add_(chunk_out.float().mul_(chunk_weight))
+    merged = merged.div_(context_weight + chunk_weight).to(q.dtype)
+    return merged[0].transpose(0, 1)
+
+
+def _heads_first(x: Tensor) -> Tensor:  # [tokens, heads, D] -> [1, heads, tokens, D]
+    return x.transpose(0, 1)[None]
