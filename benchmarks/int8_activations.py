@@ -1,0 +1,97 @@
+"""Int8 activations (W8A8) against bfloat16 for the large steps, interleaved in one process.
+
+    .venv/bin/python benchmarks/int8_activations.py [--batches 16,48,64] [--steps 60]
+        [--prefill-tokens 480,2000] [--rounds 4] [--force]
+
+One engine core with the default settings (on a VNNI CPU: bfloat16 + int4 +
+int8 activations). For each batch, decode steps alternate between the two
+paths of q/k/v, o and gate/up (`Linear._large_matmul`: the W8A8 layer or the
+dense bfloat16 matmul on the same weights), so the machine's drift hits both
+alike; the figure is the ratio of the medians. Then prefills of the given
+prompt lengths, the paths alternating round by round. `--force` also sends
+steps below MIN_INT8_ACTIVATION_TOKENS through W8A8 (to find the threshold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from sluice.config import EngineConfig, ModelConfig
+from sluice.engine.core import EngineCore
+from sluice.engine.sampling_params import SamplingParams
+from sluice.models import int8_activations, linear
+from sluice.models.calibration import INT8_ACTIVATION_MATRICES
+
+TEXT = Path(__file__).parent.parent / "tests" / "data" / "quality_text.txt"
+PROMPT = "Write a long story about a lighthouse keeper and the sea. " * 4
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="16,48,64")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--prefill-tokens", default="480,2000")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args()
+    core = EngineCore(EngineConfig(model=ModelConfig(), multiprocess=False))
+    print(f"model: {core.loaded.choices}")
+    targets = [
+        getattr(layer, name)
+        for layer in core.runner.model.layers
+        for name in INT8_ACTIVATION_MATRICES
+    ]
+    if not all(t.int8_activations for t in targets):
+        raise SystemExit("this machine's defaults have no int8 activations (no VNNI?)")
+    if args.force:  # the module reads the threshold at every call
+        linear.MIN_INT8_ACTIVATION_TOKENS = 1
+
+    def use(path: str) -> None:
+        for t in targets:
+            t._large_matmul = t.int8_activations.forward if path == "w8a8" else t._dense_matmul
+
+    tokenizer = core.loaded.tokenizer
+    params = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
+    prompt = tokenizer.encode(PROMPT)
+    for batch in [int(b) for b in args.batches.split(",")]:
+        ids = [f"b{batch}-{i}" for i in range(batch)]
+        for request_id in ids:
+            core.add_request(request_id, prompt, params)
+        for _ in range(5):
+            core.step()
+        seconds: dict[str, list[float]] = {"bf16": [], "w8a8": []}
+        for i in range(args.steps):
+            path = ("bf16", "w8a8")[i % 2]
+            use(path)
+            start = time.perf_counter()
+            core.step()
+            seconds[path].append(time.perf_counter() - start)
+        core.abort_requests(ids)
+        while core.has_unfinished_requests():
+            core.step()
+        bf16, w8a8 = (statistics.median(seconds[p]) * 1e3 for p in ("bf16", "w8a8"))
+        print(f"batch {batch:>3}: bf16 {bf16:6.1f} ms, w8a8 {w8a8:6.1f} ms, "
+              f"bf16 / w8a8 {bf16 / w8a8:.3f}", flush=True)  # fmt: skip
+    text_ids = tokenizer.encode(TEXT.read_text(encoding="utf-8") * 8)
+    for length in [int(n) for n in args.prefill_tokens.split(",")]:
+        seconds = {"bf16": [], "w8a8": []}
+        for i in range(2 * args.rounds):
+            path = ("bf16", "w8a8")[i % 2]
+            use(path)
+            core.kv.reset_prefix_cache()
+            core.add_request(f"p{length}-{i}", text_ids[:length], SamplingParams(max_tokens=1))
+            start = time.perf_counter()
+            while core.has_unfinished_requests():
+                core.step()
+            seconds[path].append(time.perf_counter() - start)
+        bf16, w8a8 = (statistics.median(seconds[p]) * 1e3 for p in ("bf16", "w8a8"))
+        print(f"prefill {length}: bf16 {bf16:6.0f} ms, w8a8 {w8a8:6.0f} ms, "
+              f"bf16 / w8a8 {bf16 / w8a8:.3f}", flush=True)  # fmt: skip
+    print(f"(the shipped threshold: {int8_activations.MIN_INT8_ACTIVATION_TOKENS} rows)")
+
+
+if __name__ == "__main__":
+    main()
