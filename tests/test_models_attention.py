@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.models import attention
 from sluice.models.attention import (
     AttentionMetadata,
     allocate_kv_caches,
@@ -134,6 +135,24 @@ def test_a_long_chunk_behind_a_short_cached_prefix_and_the_reverse():
     """On CPU such a chunk attends to its context and to itself in two flash
     calls merged by log-sum-exp (attention._cached_prefix_then_chunk)."""
     assert_matches_reference(make_sequences([(16, 40), (1, 30), (33, 3), (9, 10)], seed=7))
+
+
+def test_the_other_devices_masked_path_matches_the_cpu_split(monkeypatch):
+    """Off the CPU a chunk behind cached context is one masked call
+    (attention._cached_prefix_masked); run here, it gives the CPU path's values."""
+    sequences = make_sequences([(16, 40), (1, 30), (33, 3), (9, 10)], seed=8)
+    split, _ = run_batch(sequences)
+    monkeypatch.setattr(
+        attention,
+        "_cached_prefix_then_chunk",
+        lambda q, k, v, kv_cache, plan, scale: attention._cached_prefix_masked(
+            q, kv_cache, plan, scale
+        ),
+    )
+    masked, _ = run_batch(sequences)
+    torch.testing.assert_close(masked, split, atol=1e-5, rtol=1e-5)
+    expected = torch.cat([reference_attention(s) for s in sequences])
+    torch.testing.assert_close(masked, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_decode_batch_of_different_lengths_matches_dense_attention():

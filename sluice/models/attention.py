@@ -77,8 +77,6 @@ class PrefillPlan:
     # Cache blocks holding the sequence; None when context_len == 0, since then
     # the chunk's own new K/V are the whole sequence.
     block_ids: Tensor | None  # [ceil(seq_len / block_size)] int64
-    # True where query i may see key j (j <= context_len + i); None means plain causal.
-    causal_mask: Tensor | None  # [query_len, seq_len] bool
 
 
 @dataclass(slots=True)
@@ -208,20 +206,14 @@ def _plan_token_rows(meta: AttentionMetadata) -> TokenRows:
 def _plan_prefills(meta: AttentionMetadata) -> list[PrefillPlan]:
     plans = []
     token_start = 0
-    device = meta.block_tables.device
     for b, (query_len, seq_len) in enumerate(zip(meta.query_lens, meta.seq_lens_list, strict=True)):
         context_len = seq_len - query_len
         if query_len > 1:
-            block_ids = causal_mask = None
+            block_ids = None
             if context_len > 0:
                 block_ids = meta.block_tables[b, : -(-seq_len // meta.block_size)]
-                key_pos = torch.arange(seq_len, device=device)  # [seq_len]
-                query_pos = torch.arange(context_len, seq_len, device=device)  # [query_len]
-                causal_mask = key_pos[None, :] <= query_pos[:, None]  # [query_len, seq_len]
             end = token_start + query_len
-            plans.append(
-                PrefillPlan(token_start, end, context_len, seq_len, block_ids, causal_mask)
-            )
+            plans.append(PrefillPlan(token_start, end, context_len, seq_len, block_ids))
         token_start += query_len
     return plans
 
@@ -346,14 +338,31 @@ def _prefill_attention(
     plan: PrefillPlan,
     scale: float,
 ) -> Tensor:  # [query_len, num_heads, head_dim]
-    if plan.block_ids is None:
-        keys, values, mask = k, v, None  # [seq_len, Hkv, D]: nothing cached before this chunk
-    elif q.device.type == "cpu":
+    if plan.block_ids is None:  # nothing cached before this chunk: it is the whole sequence
+        return _sdpa(q, k, v, None, scale)
+    if q.device.type == "cpu":
         return _cached_prefix_then_chunk(q, k, v, kv_cache, plan, scale)
-    else:
-        blocks = kv_cache.index_select(1, plan.block_ids)  # [2, nb, bs, Hkv, D]
-        kv = blocks.flatten(1, 2)[:, : plan.seq_len]  # [2, seq_len, Hkv, D]
-        keys, values, mask = kv[0], kv[1], plan.causal_mask
+    return _cached_prefix_masked(q, kv_cache, plan, scale)
+
+
+def _cached_prefix_masked(
+    q: Tensor,  # [query_len, num_heads, head_dim]
+    kv_cache: Tensor,
+    plan: PrefillPlan,
+    scale: float,
+) -> Tensor:  # [query_len, num_heads, head_dim]
+    """A chunk after cached context in one call over all its keys (from the
+    cache, where the chunk's own were written first), causal by a mask."""
+    keys, values = _cached_kv(kv_cache, plan.block_ids, plan.seq_len)  # [seq_len, Hkv, D]
+    key_pos = torch.arange(plan.seq_len, device=q.device)  # [seq_len]
+    query_pos = key_pos[plan.context_len :]  # [query_len]
+    mask = key_pos[None, :] <= query_pos[:, None]  # [query_len, seq_len]: j <= context + i
+    return _sdpa(q, keys, values, mask, scale)
+
+
+def _sdpa(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """[query_len, Hq, D] over [seq_len, Hkv, D] keys and values; causal when
+    `mask` is None (then query_len == seq_len)."""
     # 4-d inputs: with 3-d ones torch's CPU dispatch takes the unfused math
     # path (4x slower at 1,000 tokens); 4-d ones get the flash kernel.
     out = F.scaled_dot_product_attention(
@@ -378,19 +387,16 @@ def _cached_prefix_then_chunk(
 ) -> Tensor:  # [query_len, num_heads, head_dim]
     """A chunk after cached context, on CPU: attention over the context (every
     key visible) and causal attention over the chunk itself, merged by their
-    log-sum-exps. One masked call over all keys computes the masked half of
-    the chunk's square too, and builds the mask: a 2,000-token prompt behind
+    log-sum-exps. One masked call over all keys (the other devices' path)
+    computes the masked half of the chunk's square too, and builds the mask: a 2,000-token prompt behind
     a cached system prompt (16 tokens) prefilled in 3.1 s that way, 2.2 s
     without a cached prefix."""
-    block_size = kv_cache.shape[2]
-    context_blocks = plan.block_ids[: -(-plan.context_len // block_size)]
-    blocks = kv_cache.index_select(1, context_blocks)  # [2, nb, bs, Hkv, D]
-    context = blocks.flatten(1, 2)[:, : plan.context_len]  # [2, context_len, Hkv, D]
+    context_keys, context_values = _cached_kv(kv_cache, plan.block_ids, plan.context_len)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     query = _heads_first(q)  # [1, Hq, query_len, D]
     # Grouped-query heads broadcast inside the kernel (Hq a multiple of Hkv).
     context_out, context_lse = flash(
-        query, _heads_first(context[0]), _heads_first(context[1]), 0.0, False, scale=scale
+        query, _heads_first(context_keys), _heads_first(context_values), 0.0, False, scale=scale
     )  # [1, Hq, query_len, D], [1, Hq, query_len] float32
     chunk_out, chunk_lse = flash(query, _heads_first(k), _heads_first(v), 0.0, True, scale=scale)
     top = torch.maximum(context_lse, chunk_lse)
@@ -399,6 +405,15 @@ def _cached_prefix_then_chunk(
     merged = context_out.float().mul_(context_weight).add_(chunk_out.float().mul_(chunk_weight))
     merged = merged.div_(context_weight + chunk_weight).to(q.dtype)
     return merged[0].transpose(0, 1)
+
+
+def _cached_kv(kv_cache: Tensor, block_ids: Tensor, num_tokens: int) -> tuple[Tensor, Tensor]:
+    """The first `num_tokens` cached keys and values of a sequence on `block_ids`,
+    gathered into [num_tokens, Hkv, D] each."""
+    block_size = kv_cache.shape[2]
+    blocks = kv_cache.index_select(1, block_ids[: -(-num_tokens // block_size)])
+    kv = blocks.flatten(1, 2)[:, :num_tokens]  # [2, num_tokens, Hkv, D]
+    return kv[0], kv[1]
 
 
 def _heads_first(x: Tensor) -> Tensor:  # [tokens, heads, D] -> [1, heads, tokens, D]
