@@ -68,8 +68,8 @@ class Sampler:
         self._shared_generator.seed()
         # Re-seeded for every seeded row at every step; never carries state over.
         self._row_generator = torch.Generator(device=self.device)
-        # The greedy fast path's argmax: a CPU kernel where built (torch's
-        # argmax over 64 rows of a 49k vocabulary takes 2.4 ms, the kernel 0.3).
+        # The greedy fast path's argmax: a CPU kernel where built (64 rows of
+        # a 49k vocabulary: 1.2 ms, against 1.8-2.6 ms for torch's argmax).
         kernel = argmax_kernel() if self.device.type == "cpu" else None
         self._argmax = kernel or _torch_argmax
 

@@ -19,7 +19,7 @@ gets the fastest setting that does not cost quality they would notice.
   too: the large steps' matmuls run 1.7-1.9x faster, within the same 1%.
 
 Every choice comes with its reason, which the engine prints at startup; an
-explicit `--dtype` or `--quantization` always wins.
+explicit `--dtype`, `--quantization` or `--activation-quantization` always wins.
 """
 
 from __future__ import annotations

@@ -100,7 +100,9 @@ def _read(cache_file: Path | None, targets: list[Linear]) -> list[Tensor] | None
         isinstance(kept, list)
         and len(kept) == len(targets)
         and all(
-            isinstance(t, Tensor) and t.dtype == torch.float32 and t.shape == (linear.in_features,)
+            isinstance(t, Tensor)
+            and t.dtype == torch.float32
+            and t.shape == linear.weight.shape[1:]
             for t, linear in zip(kept, targets, strict=True)
         )
     )

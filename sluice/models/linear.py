@@ -90,7 +90,6 @@ class Linear(nn.Module):
         super().__init__()
         # Batch-invariant mode: every matmul on tiles of this many rows (module docstring).
         self.row_tile = row_tile
-        self.in_features = in_features
         self.weight = uninitialised_weight(out_features, in_features, dtype=dtype, device=device)
         self.bias = (
             uninitialised_weight(out_features, dtype=dtype, device=device) if has_bias else None

@@ -3,10 +3,11 @@
 `paged_decode_attention.c` reads K/V straight from the paged cache (no
 gathered copy) for decode steps; `rms_norm.c` normalises rows in one pass;
 `int8_rows.c` quantizes activation rows to int8 and scales an int8 matmul's
-int32 result back (sluice/models/int8_activations.py); `rows.c` computes SwiGLU's silu(gate) * up in one pass and the rows' argmax
-of greedy sampling (64 rows of 49,152 logits: 1.2 ms, against 1.8-2.6 ms for
-torch's argmax on this VM; silu * up of 64 rows of the embedded model: 0.04
-ms, against 0.07 ms for torch's two ops and their strided gate half). They are compiled once per machine and source
+int32 result back (sluice/models/int8_activations.py); `rows.c` computes
+SwiGLU's silu(gate) * up in one pass (64 rows of the embedded model: 0.04
+ms, against 0.07 ms for torch's two ops on the strided gate half) and the
+rows' argmax of greedy sampling (64 rows of 49,152 logits: 1.2 ms, against
+1.8-2.6 ms for torch's argmax). They are compiled once per machine and source
 into the cache directory (`native_dir`), loaded with ctypes, and called with
 tensors' data pointers: no torch headers, so a build takes about a second.
 It is built with OpenMP and loaded after torch, so it shares torch's OpenMP
@@ -242,6 +243,7 @@ def argmax_kernel():
     function = library.argmax_f32
 
     def argmax(x: Tensor) -> Tensor:
+        assert x.dtype == torch.float32, "float32 logits"
         x = x.contiguous()
         out = torch.empty(x.shape[0], dtype=torch.int64)
         function(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
