@@ -8,21 +8,23 @@ int8 activations). For each batch, decode steps alternate between the two
 paths of q/k/v, o and gate/up (`Linear._large_matmul`: the W8A8 layer or the
 dense bfloat16 matmul on the same weights), so the machine's drift hits both
 alike; the figure is the ratio of the medians. Then prefills of the given
-prompt lengths, the paths alternating round by round. `--force` also sends
-steps below MIN_INT8_ACTIVATION_TOKENS through W8A8 (to find the threshold).
+prompt lengths, the paths alternating round by round. `--force` sends every
+step through W8A8, below the threshold (`Int8ActivationLinear.min_rows`) too
+(to find it); the other side keeps weight-only int4 for the smallest steps
+(the column is named bf16 for both).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
 from sluice.engine.sampling_params import SamplingParams
-from sluice.models import int8_activations, linear
 from sluice.models.calibration import INT8_ACTIVATION_MATRICES
 
 TEXT = Path(__file__).parent.parent / "tests" / "data" / "quality_text.txt"
@@ -46,12 +48,18 @@ def main() -> None:
     ]
     if not all(t.int8_activations for t in targets):
         raise SystemExit("this machine's defaults have no int8 activations (no VNNI?)")
-    if args.force:  # the module reads the threshold at every call
-        linear.MIN_INT8_ACTIVATION_TOKENS = 1
+    shipped_rows = {t: t.min_large_rows for t in targets}
 
     def use(path: str) -> None:
+        """w8a8: these matrices' steps from the shipped threshold on (every
+        step with --force) through W8A8; bf16: the paths without it
+        (weight-only int4 up to its row limit, the dense bfloat16 matmul above)."""
         for t in targets:
-            t._large_matmul = t.int8_activations.forward if path == "w8a8" else t._dense_matmul
+            if path == "w8a8":
+                t._large_matmul = t.int8_activations.forward
+                t.min_large_rows = 1 if args.force else shipped_rows[t]
+            else:
+                t._large_matmul, t.min_large_rows = t._dense_matmul, sys.maxsize
 
     tokenizer = core.loaded.tokenizer
     params = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
@@ -90,7 +98,7 @@ def main() -> None:
         bf16, w8a8 = (statistics.median(seconds[p]) * 1e3 for p in ("bf16", "w8a8"))
         print(f"prefill {length}: bf16 {bf16:6.0f} ms, w8a8 {w8a8:6.0f} ms, "
               f"bf16 / w8a8 {bf16 / w8a8:.3f}", flush=True)  # fmt: skip
-    print(f"(the shipped threshold: {int8_activations.MIN_INT8_ACTIVATION_TOKENS} rows)")
+    print(f"(the shipped threshold: {targets[0].int8_activations.min_rows} rows)")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,15 @@
 - The C passes around the int8 matmul compute what the torch fallback does
   (bfloat16 within one output rounding, float32 to float32 rounding), with a
   bias, a row of zeros, strided rows;
+- the packed VNNI matmul gives exactly the bits of the exact integer product
+  scaled in torch's order, for any row count (tails of its 6-row and
+  192-row blocks), column counts off its 64-column tiles, with and without
+  a bias, extreme codes included; the bfloat16 layer uses it and matches the
+  _int_mm path;
 - the layer is close to the exact matmul, and smoothing is what keeps it
   close when activations have outlier columns;
-- `Linear` takes the path from MIN_INT8_ACTIVATION_TOKENS rows on, keeps
+- `Linear` takes the path from the layer's threshold on (40 rows through
+  _int_mm, 4 with the packed matmul, where it takes over from int4), keeps
   its other paths below, and batch-invariant matrices never take it;
 - calibration records the largest |x| per column over every chunk, keeps
   the maxima in a cache file that a second load reads back instead of
@@ -23,13 +29,14 @@ from sluice.errors import ModelLoadError
 from sluice.models import calibration
 from sluice.models.int8_activations import (
     MIN_INT8_ACTIVATION_TOKENS,
+    MIN_PACKED_INT8_TOKENS,
     Int8ActivationLinear,
     _dequantize_rows,
     _quantize_rows,
 )
 from sluice.models.linear import Linear
 from sluice.models.llama import LlamaForCausalLM
-from sluice.models.native import int8_row_kernels
+from sluice.models.native.int8 import int8_gemm_kernels, int8_row_kernels
 
 requires_kernel = pytest.mark.skipif(
     int8_row_kernels(torch.float32) is None, reason="no C compiler here"
@@ -82,6 +89,59 @@ def test_quantize_reads_strided_rows():
     assert (codes.int() - want_codes.int()).abs().max() <= 1
 
 
+requires_gemm = pytest.mark.skipif(
+    int8_gemm_kernels() is None, reason="no AVX512-VNNI (or no C compiler) here"
+)
+
+
+def exact_scaled_product(q, scales, w, col_scales, bias):
+    """What int8_gemm.c must give: the integer product, scaled as torch does, rounded."""
+    acc = (q.long() @ w.long().T).float()  # exact below 2^24 (asserted by the sizes)
+    y = (acc * scales[:, None] * col_scales).to(torch.bfloat16)
+    return y if bias is None else y + bias
+
+
+@requires_gemm
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 16, 64, 200])
+@pytest.mark.parametrize("out_features", [64, 80, 200])
+def test_the_packed_vnni_matmul_gives_the_exact_products_bits(rows, out_features):
+    pack, gemm = int8_gemm_kernels()
+    generator = torch.Generator().manual_seed(rows * 1000 + out_features)
+    in_features = 96
+    w = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8, generator=generator)
+    w[0] = 127  # the extremes: the unsigned-times-signed trick must not saturate
+    w[1] = -127
+    q = torch.randint(-127, 128, (rows, in_features), dtype=torch.int8, generator=generator)
+    q[0] = -127
+    scales = torch.rand(rows, generator=generator) * 0.1 + 1e-3
+    col_scales = torch.rand(out_features, generator=generator) * 1e-3
+    bias = torch.randn(out_features, generator=generator).to(torch.bfloat16)
+    weights = pack(w)
+    for b in (None, bias):
+        got = gemm(q, scales, weights, col_scales, b)
+        assert got.shape == (rows, out_features) and got.dtype == torch.bfloat16
+        assert torch.equal(got, exact_scaled_product(q, scales, w, col_scales, b))
+
+
+@requires_gemm
+def test_the_bfloat16_layer_runs_the_packed_matmul_and_matches_int_mm():
+    weight = torch.randn(80, 96, generator=torch.Generator().manual_seed(9)) * 0.05
+    bias = (torch.randn(80) * 0.1).to(torch.bfloat16)
+    absmax = activations(128, 96).abs().amax(0)
+    layer = Int8ActivationLinear.quantize(weight, bias, absmax, torch.bfloat16)
+    assert layer.packed is not None and layer.weight_int8 is None
+    x = activations(24, 96, seed=10).to(torch.bfloat16)
+    codes, scales = layer._quantize(x, layer.inv_smooth)
+    want = int8_row_kernels(torch.bfloat16)[1](
+        torch._int_mm(codes, _codes_of(weight, absmax).t()), scales, layer.weight_scales, bias
+    )
+    assert torch.equal(layer(x), want)
+
+
+def _codes_of(weight, absmax):
+    return Int8ActivationLinear.quantize(weight, None, absmax, torch.float32).weight_int8
+
+
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want).norm() / want.norm()).item()
 
@@ -117,6 +177,20 @@ def test_linear_takes_the_path_from_the_threshold_on():
     invariant.weight.copy_(linear.weight)
     invariant.quantize_activations(torch.ones(96))
     assert torch.equal(invariant(at), torch.nn.functional.linear(at, invariant.weight))
+
+
+@requires_gemm
+def test_with_the_packed_matmul_w8a8_takes_over_from_int4_at_its_threshold():
+    linear = Linear(96, 128, False, torch.bfloat16, "cpu")
+    linear.weight.copy_(torch.randn(128, 96, generator=torch.Generator().manual_seed(11)) * 0.05)
+    linear.quantize("int4")
+    linear.quantize_activations(activations(128, 96).abs().amax(0))
+    layer = linear.int8_activations
+    assert layer.min_rows == MIN_PACKED_INT8_TOKENS < linear.max_quantized_tokens
+    below = activations(MIN_PACKED_INT8_TOKENS - 1, 96, seed=12).to(torch.bfloat16)
+    at = activations(MIN_PACKED_INT8_TOKENS, 96, seed=13).to(torch.bfloat16)
+    assert torch.equal(linear(below), linear.quantized.matmul_for(torch.bfloat16)(below))
+    assert torch.equal(linear(at), layer(at))
 
 
 @pytest.fixture

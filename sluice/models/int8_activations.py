@@ -1,10 +1,14 @@
-"""Int8 activations times int8 weights (W8A8) for the matmuls of large steps, on CPU.
+"""W8A8: int8 activations times int8 weights, for all but the smallest steps, on CPU.
 
-In steps of many tokens (large decode batches, prefill chunks) the
-decoder's bfloat16 matmuls run at the two cores' compute peak; int8
-multiply-adds (VNNI: 4 per lane per instruction, against bfloat16's 2) do the
-same matmul 1.7-1.9x faster here (torch's `_int_mm`, oneDNN), and a whole
-step 1.05-1.14x faster from 48 tokens on (`MIN_INT8_ACTIVATION_TOKENS`). `Int8ActivationLinear` computes y = x W^T + b as
+Int8 multiply-adds (VNNI: 4 per lane per instruction, against bfloat16's 2)
+do a matmul up to twice as fast as bfloat16. On a CPU with AVX512-VNNI the
+int8 matmul is native/int8_gemm.c, on weights packed once: with its passes,
+1.5-1.9x faster than the prepacked bfloat16 matmul for the embedded model's
+shapes from 4 to 512 rows, and whole decode steps 1.05x faster at 4 tokens,
+1.23-1.28x from 8 to 64 (`MIN_PACKED_INT8_TOKENS`; below, weight-only int4
+reads half the bytes and wins). Elsewhere it is torch's `_int_mm` (oneDNN,
+which packs the weights on every call), and pays only from about 40 rows
+(`MIN_INT8_ACTIVATION_TOKENS`). `Int8ActivationLinear` computes y = x W^T + b as
 
     v = x / smooth                     (per input column, SmoothQuant)
     q_x = round(v / s_t), s_t = max|v_t| / 127    (per token: each row its own scale)
@@ -21,10 +25,10 @@ and gate/up take this path (75% of the decoder's multiply-adds); down_proj
 (its input, silu(gate) * up, has the widest outliers) and lm_head keep
 bfloat16. tests/test_quality_gate.py holds the default within 1%.
 
-The passes around the int8 matmul are one C kernel each
-(native/int8_rows.c); in torch ops they cost more than the matmul saves (a
-batch-64 step went from 88 to 104 ms). The torch fallback here computes the
-same values.
+The passes around the int8 matmul are C kernels too (native/int8_rows.c;
+the packed matmul scales its int32 sums itself); in torch ops they cost more
+than the matmul saves (a batch-64 step went from 88 to 104 ms). The torch
+fallback here computes the same values.
 
 Invariants: weights and activations use symmetric codes in [-127, 127]; a
 row of zeros gets scale 1 (codes 0); float32 throughout up to one rounding
@@ -36,13 +40,24 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from sluice.models.native import MAX_QUANTIZE_COLUMNS, int8_row_kernels
+from sluice.models.native.int8 import (
+    MAX_QUANTIZE_COLUMNS,
+    PackedInt8Weights,
+    int8_gemm_kernels,
+    int8_row_kernels,
+)
 
-# Fewest rows a matmul takes this path with: below, the two passes around
-# the int8 matmul cost more than it saves. Decode steps of the embedded
-# model, bf16 against W8A8 interleaved step by step in one process (medians of
-# 30 steps each): batch 16 0.93x, 24 1.01x, 32 0.96x, 48 1.11x, 64 1.09x;
-# a 480-token prefill 1.05-1.14x.
+# Fewest rows a matmul takes this path with (`Int8ActivationLinear.min_rows`).
+# With the packed VNNI matmul (native/int8_gemm.c), decode steps of the
+# embedded model against the paths without W8A8 (weight-only int4 up to 8
+# rows, bfloat16 above), interleaved step by step in one process
+# (benchmarks/int8_activations.py --force): batch 1 0.91x, 2 0.96x, 4 1.05x,
+# 8 1.24x, 16 1.28x, 64 1.23x; a 480-token prefill 1.23x. Smaller steps
+# keep int4: they are bound by the bytes of the weights, int4's half of int8's.
+MIN_PACKED_INT8_TOKENS = 4
+# Through torch._int_mm (no VNNI kernel here: oneDNN packs the weights on
+# every call), against bfloat16: batch 16 0.93x, 24 1.01x, 32 0.96x, 48
+# 1.11x, 64 1.09x; a 480-token prefill 1.05-1.14x.
 MIN_INT8_ACTIVATION_TOKENS = 40
 # SmoothQuant's migration strength: 0.5 measured best on the embedded model
 # (0.4: +1.8%, 0.55: +1.5%, 0.7: +3.3% with all four matmuls).
@@ -62,13 +77,23 @@ class Int8ActivationLinear(nn.Module):
         dtype: torch.dtype,
     ):
         super().__init__()
-        self.register_buffer("weight_int8", weight_int8)
         self.register_buffer("weight_scales", weight_scales)
         self.register_buffer("inv_smooth", inv_smooth)
         self.bias = bias
         self.dtype = dtype
-        kernels = int8_row_kernels(dtype) if weight_int8.shape[1] <= MAX_QUANTIZE_COLUMNS else None
+        num_columns = weight_int8.shape[1]
+        kernels = int8_row_kernels(dtype) if num_columns <= MAX_QUANTIZE_COLUMNS else None
         self._quantize, self._dequantize = kernels or (_quantize_rows, _dequantize_rows(dtype))
+        gemm_kernels = int8_gemm_kernels() if kernels and dtype == torch.bfloat16 else None
+        if gemm_kernels is not None and num_columns % 4 == 0:
+            # VNNI on weights packed once (native/int8_gemm.c); the codes
+            # themselves are not kept.
+            pack, self._gemm = gemm_kernels
+            self.packed: PackedInt8Weights | None = pack(weight_int8)
+            self.weight_int8 = None
+        else:
+            self.packed = None
+            self.register_buffer("weight_int8", weight_int8)
 
     @classmethod
     @torch.no_grad()
@@ -85,10 +110,17 @@ class Int8ActivationLinear(nn.Module):
         codes = w.div_(scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         return cls(codes, scales, smooth.reciprocal(), bias, dtype)
 
+    @property
+    def min_rows(self) -> int:
+        """Fewest rows for which this layer beats the model's other paths."""
+        return MIN_PACKED_INT8_TOKENS if self.packed is not None else MIN_INT8_ACTIVATION_TOKENS
+
     def forward(self, x: Tensor) -> Tensor:  # [T, in] model dtype -> [T, out]
         if x.stride(-1) != 1:
             x = x.contiguous()
         codes, row_scales = self._quantize(x, self.inv_smooth)  # [T, in] int8, [T] f32
+        if self.packed is not None:
+            return self._gemm(codes, row_scales, self.packed, self.weight_scales, self.bias)
         acc = torch._int_mm(codes, self.weight_int8.t())  # [T, out] int32
         return self._dequantize(acc, row_scales, self.weight_scales, self.bias)
 

@@ -21,13 +21,14 @@ mode uses the dense matmul (on the quantized values) for every step.
 from __future__ import annotations
 
 import platform
+import sys
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sluice.models.int8_activations import MIN_INT8_ACTIVATION_TOKENS, Int8ActivationLinear
+from sluice.models.int8_activations import Int8ActivationLinear
 from sluice.models.quantization import MAX_QUANTIZED_TOKENS, quantize_weight
 
 # Rows per matmul in batch-invariant mode: small enough that a one-row decode
@@ -99,17 +100,19 @@ class Linear(nn.Module):
         # for matmuls of at most `max_quantized_tokens` rows.
         self.quantized: nn.Module | None = None
         self.max_quantized_tokens = 0
-        # Set by `quantize_activations`: W8A8 for matmuls of at least
-        # MIN_INT8_ACTIVATION_TOKENS rows (`_large_matmul`).
+        # Set by `quantize_activations`: W8A8 (`_large_matmul`) for matmuls
+        # of at least `min_large_rows` rows, its `min_rows`; it takes
+        # precedence over the weight-only copy.
         self.int8_activations: Int8ActivationLinear | None = None
+        self.min_large_rows = sys.maxsize
         self._bind()
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
         num_rows = x.shape[0]
+        if num_rows >= self.min_large_rows:
+            return self._large_matmul(x)
         if num_rows <= self.max_quantized_tokens:
             return self._small_matmul(x)
-        if num_rows >= MIN_INT8_ACTIVATION_TOKENS:
-            return self._large_matmul(x)
         return self._dense_matmul(x)
 
     def _plain_matmul(self, x: Tensor) -> Tensor:
@@ -134,9 +137,10 @@ class Linear(nn.Module):
         self._small_matmul = (
             self._dense_matmul if quantized is None else quantized.matmul_for(weight.dtype)
         )
-        self._large_matmul = self._dense_matmul
+        self._large_matmul, self.min_large_rows = self._dense_matmul, sys.maxsize
         if self.int8_activations is not None and self.row_tile is None:
             self._large_matmul = self.int8_activations.forward
+            self.min_large_rows = self.int8_activations.min_rows
 
     def prepack(self) -> None:
         # The batch-size hint 1 tunes the layout for decode; any batch still works.
@@ -151,7 +155,7 @@ class Linear(nn.Module):
 
     @torch.no_grad()
     def quantize_activations(self, input_absmax: Tensor) -> None:
-        """Serve matmuls of MIN_INT8_ACTIVATION_TOKENS rows or more with int8
+        """Serve matmuls of the W8A8 layer's `min_rows` rows or more with int8
         activations times int8 weights, smoothed by the calibration's max |x|
         per input column [in]. Smaller steps keep their path; batch-invariant
         mode keeps the dense matmul for every step."""

@@ -167,7 +167,7 @@ class LlamaForCausalLM(nn.Module):
         self.is_loaded = False
         # The weight-only mode `quantize` applied ("int8", "int4"), or None.
         self.quantization: str | None = None
-        # "int8" once calibration.quantize_activations gave large steps W8A8.
+        # "int8" once calibration.quantize_activations gave the decoder W8A8.
         self.activation_quantization: str | None = None
         cos, sin = rope_cos_sin(config, dtype, device)
         self.register_buffer("rope_cos", cos, persistent=False)  # [max_pos, head_dim // 2]

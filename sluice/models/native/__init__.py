@@ -2,8 +2,8 @@
 
 `paged_decode_attention.c` reads K/V straight from the paged cache (no
 gathered copy) for decode steps; `rms_norm.c` normalises rows in one pass;
-`int8_rows.c` quantizes activation rows to int8 and scales an int8 matmul's
-int32 result back (sluice/models/int8_activations.py); `rows.c` computes
+`int8_rows.c` and `int8_gemm.c` are W8A8's passes and matmul (their
+wrappers are in `int8.py`); `rows.c` computes
 SwiGLU's silu(gate) * up in one pass (64 rows of the embedded model: 0.04
 ms, against 0.07 ms for torch's two ops on the strided gate half) and the
 rows' argmax of greedy sampling (64 rows of 49,152 logits: 1.2 ms, against
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 _SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("paged_decode_attention.c", "rms_norm.c", "rows.c", "int8_rows.c")
+    for name in ("paged_decode_attention.c", "rms_norm.c", "rows.c", "int8_rows.c", "int8_gemm.c")
 )
 _HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "vector_exp.h"))
 # Compiling with -ffast-math lets gcc vectorize the dot products (float32
@@ -124,15 +124,7 @@ def _library() -> ctypes.CDLL | None:
         function.restype = None
     library.argmax_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     library.argmax_f32.restype = None
-    for name in ("quantize_rows_bf16", "quantize_rows_f32"):
-        function = getattr(library, name)
-        function.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3
-        function.restype = ctypes.c_int
-    for name in ("dequantize_rows_bf16", "dequantize_rows_f32"):
-        function = getattr(library, name)
-        function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-        function.argtypes += [ctypes.c_void_p] * 4
-        function.restype = None
+    _declare_int8(library)
     return library
 
 
@@ -252,41 +244,24 @@ def argmax_kernel():
     return argmax
 
 
-# Most columns `quantize_rows` takes (its stack buffer in int8_rows.c).
-MAX_QUANTIZE_COLUMNS = 2048
-
-
-@cache
-def int8_row_kernels(dtype: torch.dtype):
-    """(quantize, dequantize) for W8A8 matmuls on `dtype` rows; None: no kernel.
-
-    quantize(x [T, K], inv_smooth [K] f32) -> (q [T, K] int8, scales [T] f32), K <= 2048;
-    dequantize(acc [T, N] int32, scales [T], col_scales [N] f32, bias [N] | None) -> [T, N].
-    """
-    if dtype not in (torch.bfloat16, torch.float32):
-        return None
-    library = _library()
-    if library is None:
-        return None
-    is_bf16 = dtype == torch.bfloat16
-    quantize_rows = library.quantize_rows_bf16 if is_bf16 else library.quantize_rows_f32
-    dequantize_rows = library.dequantize_rows_bf16 if is_bf16 else library.dequantize_rows_f32
-
-    def quantize(x: Tensor, inv_smooth: Tensor) -> tuple[Tensor, Tensor]:
-        rows, cols = x.shape
-        assert x.stride(1) == 1 and cols <= MAX_QUANTIZE_COLUMNS, "rows contiguous, K <= 2048"
-        q = torch.empty((rows, cols), dtype=torch.int8)
-        scales = torch.empty(rows, dtype=torch.float32)
-        quantize_rows(x.data_ptr(), rows, cols, x.stride(0), inv_smooth.data_ptr(),
-                      q.data_ptr(), scales.data_ptr())  # fmt: skip
-        return q, scales
-
-    def dequantize(acc: Tensor, scales: Tensor, col_scales: Tensor, bias: Tensor | None) -> Tensor:
-        rows, cols = acc.shape
-        assert acc.is_contiguous() and (bias is None or bias.dtype == dtype)
-        out = torch.empty((rows, cols), dtype=dtype)
-        dequantize_rows(acc.data_ptr(), rows, cols, scales.data_ptr(), col_scales.data_ptr(),
-                        None if bias is None else bias.data_ptr(), out.data_ptr())  # fmt: skip
-        return out
-
-    return quantize, dequantize
+def _declare_int8(library: ctypes.CDLL) -> None:
+    """Argument types of int8_rows.c's and int8_gemm.c's functions."""
+    int64, pointer = ctypes.c_int64, ctypes.c_void_p
+    for name in ("quantize_rows_bf16", "quantize_rows_f32"):
+        function = getattr(library, name)
+        function.argtypes = [pointer] + [int64] * 3 + [pointer] * 3
+        function.restype = ctypes.c_int
+    for name in ("dequantize_rows_bf16", "dequantize_rows_f32"):
+        function = getattr(library, name)
+        function.argtypes = [pointer, int64, int64]
+        function.argtypes += [pointer] * 4
+        function.restype = None
+    library.int8_gemm_available.argtypes = []
+    library.int8_gemm_available.restype = ctypes.c_int
+    library.int8_packed_bytes.argtypes = [int64, int64]
+    library.int8_packed_bytes.restype = int64
+    library.pack_int8_weights.argtypes = [pointer, int64, int64, pointer, pointer]
+    library.pack_int8_weights.restype = ctypes.c_int
+    library.int8_gemm_bf16.argtypes = [pointer, pointer, int64, int64] + [pointer] * 4
+    library.int8_gemm_bf16.argtypes += [int64, pointer]
+    library.int8_gemm_bf16.restype = None

@@ -1,0 +1,190 @@
+/* The int8 matmul of W8A8 (sluice/models/int8_activations.py) with AVX512-VNNI,
+ * on weights packed once at load, its result scaled straight to bfloat16:
+ *
+ *     out[t, n] = round_bf16(acc[t, n] * row_scale[t] * col_scale[n])   (then + bias[n], rounded)
+ *     acc[t, n] = sum_k q[t, k] * w[n, k]                                (int32, exact)
+ *
+ * the same values as torch._int_mm followed by dequantize_rows_bf16
+ * (int8_rows.c). oneDNN's s8s8 gemm behind _int_mm packs the weight matrix on
+ * every call, which at 16 rows costs about as much as the multiply; here it
+ * is packed once (`pack_int8_weights`).
+ *
+ * VNNI's vpdpbusd multiplies unsigned by signed bytes, four per int32 lane.
+ * The activations' codes q (signed, [-127, 127]) are fed as q + 128 (one xor
+ * of the sign bit) and the extra 128 * sum_k w[n, k] is taken off again:
+ * `compensation[n]`, computed at packing. int32 cannot overflow for K below
+ * 2^31 / (255 * 127), about 66,000.
+ *
+ * Packed layout: columns in tiles of 64 (TILE_N; the last one zero-padded),
+ * K in groups of 4 (K % 4 == 0). For tile j and group g, 256 bytes: four
+ * zmm-sized blocks of 16 columns, each column's 4 consecutive k. So the inner
+ * loop reads one contiguous stream per tile.
+ *
+ * Work split: rows in blocks of ROW_BLOCK (a block's activation rows stay
+ * in L2 while every weight tile passes), (row block, column tile) pairs
+ * shared out statically over torch's OpenMP threads; inside a pair, rows go
+ * 6 at a time (24 accumulators + 4 weight registers + 1 broadcast = 29 of
+ * the 32 zmm registers). */
+#include <stdint.h>
+#include <string.h>
+
+/* The library is built with -ffast-math; the scaling here must round exactly
+ * as torch does (product by product, in this order), so not in this file. */
+#pragma GCC optimize("no-fast-math")
+
+#define TILE_N 64
+#define ROW_BLOCK 192
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+
+int int8_gemm_available(void) { return 1; }
+
+/* w [n, k] int8 row-major -> packed (size int8_packed_bytes(n, k)), compensation [n] int32. */
+int64_t int8_packed_bytes(int64_t n, int64_t k) {
+    return ((n + TILE_N - 1) / TILE_N) * TILE_N * k;
+}
+
+int pack_int8_weights(const int8_t *w, int64_t n, int64_t k, int8_t *packed,
+                      int32_t *compensation) {
+    if (k % 4 != 0) return -1;
+    const int64_t tiles = (n + TILE_N - 1) / TILE_N, groups = k / 4;
+    memset(packed, 0, (size_t)int8_packed_bytes(n, k));
+    for (int64_t col = 0; col < n; col++) {
+        const int64_t tile = col / TILE_N, lane = col % TILE_N;
+        int32_t sum = 0;
+        for (int64_t g = 0; g < groups; g++) {
+            int8_t *dst = packed + ((tile * groups + g) * TILE_N + lane) * 4;
+            for (int i = 0; i < 4; i++) {
+                dst[i] = w[col * k + g * 4 + i];
+                sum += dst[i];
+            }
+        }
+        compensation[col] = 128 * sum;
+    }
+    (void)tiles;
+    return 0;
+}
+
+/* float32 -> bfloat16 bits (round to nearest even; no NaN can arise here). */
+static inline __m256i round_to_bf16(__m512 f) {
+    const __m512i u = _mm512_castps_si512(f);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+static inline __m512 bf16_to_f32(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Scale one row's 64 accumulators of a tile and store them (`valid` columns). */
+static inline void store_tile_row(const __m512i acc[4], const int32_t *comp, float row_scale,
+                                  const float *col_scales, const uint16_t *bias, uint16_t *out,
+                                  int64_t valid) {
+    const __m512 rs = _mm512_set1_ps(row_scale);
+    for (int j = 0; j < 4; j++) {
+        const int64_t left = valid - 16 * j;
+        if (left <= 0) return;
+        const __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        const __m512i exact = _mm512_sub_epi32(acc[j], _mm512_maskz_loadu_epi32(mask, comp + 16 * j));
+        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), rs);
+        f = _mm512_mul_ps(f, _mm512_maskz_loadu_ps(mask, col_scales + 16 * j));
+        __m256i h = round_to_bf16(f);
+        if (bias != NULL) {
+            const __m256i b = _mm256_maskz_loadu_epi16(mask, bias + 16 * j);
+            h = round_to_bf16(_mm512_add_ps(bf16_to_f32(h), bf16_to_f32(b)));
+        }
+        _mm256_mask_storeu_epi16(out + 16 * j, mask, h);
+    }
+}
+
+/* ROWS (1..6) activation rows times one packed weight tile. Each
+ * accumulator is its own variable (an array of them, gcc spilled to the
+ * stack every group): rows past ROWS are dead code the compiler drops. */
+#define ROW_STEP(R)                                                                           \
+    if (tile_rows > R) {                                                                         \
+        const __m512i a = _mm512_xor_si512(                                                   \
+            _mm512_set1_epi32(*(const int32_t *)(q + R * k + g * 4)), flip);                  \
+        c##R##0 = _mm512_dpbusd_epi32(c##R##0, a, w0);                                        \
+        c##R##1 = _mm512_dpbusd_epi32(c##R##1, a, w1);                                        \
+        c##R##2 = _mm512_dpbusd_epi32(c##R##2, a, w2);                                        \
+        c##R##3 = _mm512_dpbusd_epi32(c##R##3, a, w3);                                        \
+    }
+#define ROW_ZERO(R) __m512i c##R##0 = zero, c##R##1 = zero, c##R##2 = zero, c##R##3 = zero;
+#define ROW_STORE(R)                                                                          \
+    if (tile_rows > R) {                                                                         \
+        const __m512i acc[4] = {c##R##0, c##R##1, c##R##2, c##R##3};                          \
+        store_tile_row(acc, comp, row_scales[R], col_scales, bias, out + R * n, valid);       \
+    }
+
+#define DEFINE_TILE(ROWS)                                                                     \
+    static void tile_##ROWS(const int8_t *q, int64_t k, const int8_t *w, const int32_t *comp, \
+                            const float *row_scales, const float *col_scales,                 \
+                            const uint16_t *bias, uint16_t *out, int64_t n, int64_t valid) {  \
+        const int tile_rows = ROWS;                                                           \
+        const __m512i zero = _mm512_setzero_si512();                                          \
+        const __m512i flip = _mm512_set1_epi32((int)0x80808080u);                             \
+        ROW_ZERO(0) ROW_ZERO(1) ROW_ZERO(2) ROW_ZERO(3) ROW_ZERO(4) ROW_ZERO(5)               \
+        const int64_t groups = k / 4;                                                         \
+        for (int64_t g = 0; g < groups; g++) {                                                \
+            const int8_t *wg = w + g * TILE_N * 4;                                            \
+            const __m512i w0 = _mm512_loadu_si512(wg), w1 = _mm512_loadu_si512(wg + 64);      \
+            const __m512i w2 = _mm512_loadu_si512(wg + 128), w3 = _mm512_loadu_si512(wg + 192); \
+            ROW_STEP(0) ROW_STEP(1) ROW_STEP(2) ROW_STEP(3) ROW_STEP(4) ROW_STEP(5)           \
+        }                                                                                     \
+        ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)         \
+    }
+
+DEFINE_TILE(1)
+DEFINE_TILE(2)
+DEFINE_TILE(3)
+DEFINE_TILE(4)
+DEFINE_TILE(5)
+DEFINE_TILE(6)
+
+typedef void (*tile_fn)(const int8_t *, int64_t, const int8_t *, const int32_t *, const float *,
+                        const float *, const uint16_t *, uint16_t *, int64_t, int64_t);
+static const tile_fn TILES[7] = {NULL, tile_1, tile_2, tile_3, tile_4, tile_5, tile_6};
+
+/* q [rows, k] int8 codes (row-major), their scales [rows]; packed weights of
+ * [n, k] with compensation [n] and col_scales [n]; bias [n] bf16 or NULL;
+ * out [rows, n] bf16, row-major. */
+void int8_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int64_t k,
+                    const int8_t *packed, const int32_t *compensation, const float *col_scales,
+                    const uint16_t *bias, int64_t n, uint16_t *out) {
+    const int64_t tiles = (n + TILE_N - 1) / TILE_N;
+    const int64_t blocks = (rows + ROW_BLOCK - 1) / ROW_BLOCK;
+    _Pragma("omp parallel for collapse(2) schedule(static) if (tiles * rows >= 8)")
+    for (int64_t b = 0; b < blocks; b++) {
+        for (int64_t j = 0; j < tiles; j++) {
+            const int64_t col = j * TILE_N, valid = n - col < TILE_N ? n - col : TILE_N;
+            const int8_t *w = packed + j * TILE_N * k;
+            const int64_t end = (b + 1) * ROW_BLOCK < rows ? (b + 1) * ROW_BLOCK : rows;
+            for (int64_t t = b * ROW_BLOCK; t < end; t += 6) {
+                const int64_t count = end - t < 6 ? end - t : 6;
+                TILES[count](q + t * k, k, w, compensation + col, row_scales + t,
+                             col_scales + col, bias == NULL ? NULL : bias + col,
+                             out + t * n + col, n, valid);
+            }
+        }
+    }
+}
+
+#else /* no AVX512-VNNI: the caller keeps torch._int_mm */
+
+int int8_gemm_available(void) { return 0; }
+int64_t int8_packed_bytes(int64_t n, int64_t k) { return n * k; }
+int pack_int8_weights(const int8_t *w, int64_t n, int64_t k, int8_t *packed,
+                      int32_t *compensation) {
+    (void)w; (void)n; (void)k; (void)packed; (void)compensation;
+    return -1;
+}
+void int8_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int64_t k,
+                    const int8_t *packed, const int32_t *compensation, const float *col_scales,
+                    const uint16_t *bias, int64_t n, uint16_t *out) {
+    (void)q; (void)row_scales; (void)rows; (void)k; (void)packed; (void)compensation;
+    (void)col_scales; (void)bias; (void)n; (void)out;
+}
+
+#endif
