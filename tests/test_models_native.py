@@ -66,8 +66,13 @@ def test_float32_kernel_equals_the_torch_path(lengths, heads):
 
 @requires_kernel
 @pytest.mark.parametrize("lengths", [[70], [33, 100, 7, 64, 65, 1, 2, 3, 200]])
-def test_bfloat16_kernel_within_one_output_rounding_of_exact(lengths):
-    q, cache, plan = decode_case(lengths, 9, 3, head_dim=64, dtype=torch.bfloat16)
+@pytest.mark.parametrize(
+    ("heads", "head_dim"), [((9, 3), 64), ((8, 1), 128), ((4, 4), 128), ((6, 2), 96)]
+)
+def test_bfloat16_kernel_within_one_output_rounding_of_exact(lengths, heads, head_dim):
+    # One sequence: a task per KV head; nine: a task per sequence (all its
+    # heads); head sizes 64 and 128 take the tiled path, 96 the other one.
+    q, cache, plan = decode_case(lengths, *heads, head_dim=head_dim, dtype=torch.bfloat16)
     # Exact: the same bfloat16 inputs through the float32 torch path.
     exact = decode_attention_torch(q.float(), cache.float(), plan, 0.125)
     got = run_kernel(q, cache, plan, 0.125).float()

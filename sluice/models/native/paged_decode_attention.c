@@ -104,7 +104,243 @@ static int check_tables(const int64_t *block_ids, const int64_t *seq_lens, int64
             for (int64_t d = 0; d < head_dim; d++) STORE(out + g * head_dim + d, acc[g][d]);   \
     }
 
-#define DEFINE_DECODE_ATTENTION(NAME, ATTEND, T)                                                \
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+/* The bfloat16 path on CPUs with AVX512-BF16, for head_dim a multiple of 32:
+ * keys in tiles of 16, an online softmax (a running maximum and sum per
+ * query head, flash-decoding's rescaling), so each K and V row is read once
+ * for the G query heads and no score buffer is needed.
+ *   - scores: vdpbf16ps multiplies the bfloat16 query and key pairs exactly
+ *     into float32 sums, 16 lanes per key; `sum16` then turns 16 keys' lane
+ *     vectors into one vector of their 16 sums (a transpose-and-add tree, 45
+ *     shuffles and adds against 16 separate horizontal sums);
+ *   - softmax: `exp16`, the vector form of vector_exp.h's polynomial;
+ *   - the weighted sum of V in float32, the tile's value rows converted once.
+ * Against the scalar-sum kernel below, the embedded model's shapes (9 query
+ * and 3 KV heads of 64), 64 sequences of 100 tokens, bf16: 268-328 us per
+ * layer instead of 550-732 with the cache in L3; 660-730 instead of 950-1280
+ * with 30 layers' caches read in turn, as in a step. */
+#include <immintrin.h>
+
+#define TILE 16
+/* The head sizes with a tiled path (others take attend_one_bf16). */
+#define MAX_TILE_DIM 128
+
+static inline __m512 sum16(__m512 v[TILE]) {
+    __m512 s1[8], s2[4];
+    for (int i = 0; i < 8; i++)
+        s1[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                              _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        s2[i] = _mm512_add_ps(_mm512_shuffle_ps(s1[2 * i], s1[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(s1[2 * i], s1[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(u, w, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(u, w, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* exp of x <= 0 (scores minus their maximum); lanes below -87.3 give 0. */
+static inline __m512 exp16(__m512 x) {
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 poly = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),
+                                      _mm512_set1_ps(1.0f));
+    return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(poly, n));
+}
+
+static inline __m512 load_bf16x16(const uint16_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Query heads one task keeps state for (a task's KV heads times the group). */
+#define MAX_TASK_HEADS 32
+
+/* KV heads [h0, h0 + nh) of one sequence. A task takes every KV head of its
+ * sequence when there are enough sequences to go round the threads: then a
+ * token's keys (and values) for all its heads are one contiguous read, where
+ * one head's rows alone are a third of each stretch of memory (measured: the
+ * hardware prefetcher then fetched much that no one read). head_dim is a
+ * constant in each caller below, so the loops over it unroll. */
+static inline __attribute__((always_inline)) void attend_tiles(
+    const uint16_t *q, const uint16_t *keys, const uint16_t *values, const int64_t *table,
+    int64_t len, int64_t block_size, int64_t token_stride, int64_t group, const int64_t head_dim,
+    int64_t h0, int64_t nh, float scale, uint16_t *out) {
+    const int64_t pairs = head_dim / 32, chunks = head_dim / 16, num_q = nh * group;
+    __m512 acc[MAX_TASK_HEADS][MAX_TILE_DIM / 16];
+    float top[MAX_TASK_HEADS], total[MAX_TASK_HEADS];
+    for (int64_t j = 0; j < num_q; j++) {
+        top[j] = -INFINITY;
+        total[j] = 0.0f;
+        for (int64_t c = 0; c < chunks; c++) acc[j][c] = _mm512_setzero_ps();
+    }
+    const __m512 scales = _mm512_set1_ps(scale);
+    const int64_t span_bytes = nh * head_dim * (int64_t)sizeof(uint16_t);
+    keys += h0 * head_dim;
+    values += h0 * head_dim;
+    /* Where each key of the current and the next tile sits (offsets in
+     * elements); the next tile is prefetched while this one is computed. */
+    int64_t offsets[2][TILE];
+    int64_t block = 0, in_block = 0;
+    for (int64_t t = 0; t < 2; t++)
+        for (int64_t i = 0; i < TILE && t * TILE + i < len; i++) {
+            offsets[t][i] = (table[block] * block_size + in_block) * token_stride;
+            if (++in_block == block_size) in_block = 0, block++;
+        }
+    for (int64_t start = 0, cur = 0; start < len; start += TILE, cur ^= 1) {
+        const int64_t n = len - start < TILE ? len - start : TILE;
+        int64_t here[TILE];
+        for (int64_t i = 0; i < n; i++) here[i] = offsets[cur][i];
+        /* The tile after the next one: its offsets replace this tile's. */
+        const int64_t ahead = start + 2 * TILE;
+        for (int64_t i = 0; i < TILE && ahead + i < len; i++) {
+            offsets[cur][i] = (table[block] * block_size + in_block) * token_stride;
+            if (++in_block == block_size) in_block = 0, block++;
+        }
+        const int64_t next_n = len - start - TILE < TILE ? len - start - TILE : TILE;
+        for (int64_t i = 0; i < next_n; i++) {
+            const char *k = (const char *)(keys + offsets[cur ^ 1][i]);
+            const char *v = (const char *)(values + offsets[cur ^ 1][i]);
+            for (int64_t line = 0; line < span_bytes; line += 64) {
+                _mm_prefetch(k + line, _MM_HINT_T0);
+                _mm_prefetch(v + line, _MM_HINT_T0);
+            }
+        }
+        const __mmask16 valid = (__mmask16)((1u << n) - 1);
+        /* 1. Every query head's 16 scores (independent across heads). */
+        float weights[MAX_TASK_HEADS][TILE], rescale[MAX_TASK_HEADS];
+        for (int64_t j = 0; j < num_q; j++) {
+            const uint16_t *qj = q + j * head_dim;
+            const int64_t kv_offset = (j / group) * head_dim;
+            __m512 part[TILE];
+            for (int64_t i = 0; i < TILE; i++) {
+                __m512 dot = _mm512_setzero_ps();
+                if (i < n) {
+                    const uint16_t *krow = keys + here[i] + kv_offset;
+                    for (int64_t c = 0; c < pairs; c++)
+                        dot = _mm512_dpbf16_ps(dot, (__m512bh)_mm512_loadu_si512(qj + 32 * c),
+                                               (__m512bh)_mm512_loadu_si512(krow + 32 * c));
+                }
+                part[i] = dot;
+            }
+            _mm512_storeu_ps(weights[j], _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid,
+                                                             _mm512_mul_ps(sum16(part), scales)));
+        }
+        /* 2. The online softmax's update, head by head. */
+        for (int64_t j = 0; j < num_q; j++) {
+            const __m512 s = _mm512_loadu_ps(weights[j]);
+            const float new_top = fmaxf(top[j], _mm512_reduce_max_ps(s));
+            rescale[j] = top[j] == -INFINITY ? 0.0f : expf(top[j] - new_top);
+            const __m512 w = exp16(_mm512_sub_ps(s, _mm512_set1_ps(new_top)));
+            total[j] = total[j] * rescale[j] + _mm512_reduce_add_ps(w);
+            top[j] = new_top;
+            _mm512_storeu_ps(weights[j], w);
+        }
+        /* 3. The weighted values: each value row converted once per KV head,
+         * two partial sums per output chunk (halves the FMA chains). */
+        for (int64_t h = 0; h < nh; h++) {
+            __m512 vf[TILE][MAX_TILE_DIM / 16];
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t c = 0; c < chunks; c++)
+                    vf[i][c] = load_bf16x16(values + here[i] + h * head_dim + 16 * c);
+            for (int64_t i = n; i < TILE; i++)
+                for (int64_t c = 0; c < chunks; c++) vf[i][c] = _mm512_setzero_ps();
+            for (int64_t g = 0; g < group; g++) {
+                const int64_t j = h * group + g;
+                __m512 even[MAX_TILE_DIM / 16], odd[MAX_TILE_DIM / 16];
+                for (int64_t c = 0; c < chunks; c++) {
+                    even[c] = _mm512_mul_ps(acc[j][c], _mm512_set1_ps(rescale[j]));
+                    odd[c] = _mm512_setzero_ps();
+                }
+                for (int64_t i = 0; i < n; i += 2) {
+                    const __m512 w0 = _mm512_set1_ps(weights[j][i]);
+                    const __m512 w1 = _mm512_set1_ps(weights[j][i + 1]);  /* 0 past n */
+                    for (int64_t c = 0; c < chunks; c++) {
+                        even[c] = _mm512_fmadd_ps(w0, vf[i][c], even[c]);
+                        odd[c] = _mm512_fmadd_ps(w1, vf[i + 1][c], odd[c]);
+                    }
+                }
+                for (int64_t c = 0; c < chunks; c++) acc[j][c] = _mm512_add_ps(even[c], odd[c]);
+            }
+        }
+    }
+    for (int64_t j = 0; j < num_q; j++) {
+        const float inv = 1.0f / total[j];
+        float row[MAX_TILE_DIM];
+        for (int64_t c = 0; c < chunks; c++)
+            _mm512_storeu_ps(row + 16 * c, _mm512_mul_ps(acc[j][c], _mm512_set1_ps(inv)));
+        for (int64_t d = 0; d < head_dim; d++) bf16_store(out + j * head_dim + d, row[d]);
+    }
+}
+
+static void attend_task_bf16(const uint16_t *q, const uint16_t *keys, const uint16_t *values,
+                             const int64_t *table, int64_t len, int64_t block_size,
+                             int64_t token_stride, int64_t group, int64_t head_dim, int64_t h0,
+                             int64_t nh, float scale, uint16_t *out) {
+    if (head_dim == 64)
+        attend_tiles(q, keys, values, table, len, block_size, token_stride, group, 64, h0, nh,
+                     scale, out);
+    else
+        attend_tiles(q, keys, values, table, len, block_size, token_stride, group, 128, h0, nh,
+                     scale, out);
+}
+
+static int has_tiles(int64_t head_dim, int64_t group) {
+    return (head_dim == 64 || head_dim == 128) && group <= MAX_TASK_HEADS;
+}
+
+/* Below this many sequences, a task is one KV head (more tasks than threads). */
+#define MIN_SEQS_FOR_WHOLE_TASKS 8
+
+static void decode_attention_bf16_tiles(const uint16_t *q, const uint16_t *cache,
+                                        const int64_t *block_ids, const int64_t *seq_lens,
+                                        int64_t q_stride, int64_t num_seqs,
+                                        int64_t blocks_per_seq, int64_t num_blocks,
+                                        int64_t block_size, int64_t num_heads,
+                                        int64_t num_kv_heads, int64_t head_dim, float scale,
+                                        uint16_t *out) {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t token_stride = num_kv_heads * head_dim;
+    const uint16_t *values = cache + num_blocks * block_size * token_stride;
+    int64_t per_task = 1;
+    if (num_seqs >= MIN_SEQS_FOR_WHOLE_TASKS) {
+        per_task = MAX_TASK_HEADS / group;
+        if (per_task > num_kv_heads) per_task = num_kv_heads;
+    }
+    const int64_t tasks_per_seq = (num_kv_heads + per_task - 1) / per_task;
+    const int64_t num_tasks = num_seqs * tasks_per_seq;
+    _Pragma("omp parallel for schedule(dynamic, 1) if (num_tasks >= 2)")
+    for (int64_t task = 0; task < num_tasks; task++) {
+        const int64_t b = task / tasks_per_seq, h0 = (task % tasks_per_seq) * per_task;
+        const int64_t nh = num_kv_heads - h0 < per_task ? num_kv_heads - h0 : per_task;
+        attend_task_bf16(q + b * q_stride + h0 * group * head_dim, cache, values, block_ids + b * blocks_per_seq,
+                         seq_lens[b], block_size, token_stride, group, head_dim, h0, nh, scale,
+                         out + b * num_heads * head_dim + h0 * group * head_dim);
+    }
+}
+#define HAS_BF16_TILES 1
+#else
+#define HAS_BF16_TILES 0
+static int has_tiles(int64_t head_dim, int64_t group) {
+    (void)head_dim, (void)group;
+    return 0;
+}
+#endif
+
+#define DEFINE_DECODE_ATTENTION(NAME, ATTEND, TILED, T)                                                \
     int NAME(const T *q, const T *cache, const int64_t *block_ids, const int64_t *seq_lens,     \
              int64_t q_stride, int64_t num_seqs, int64_t blocks_per_seq, int64_t num_blocks,    \
              int64_t block_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,     \
@@ -114,6 +350,9 @@ static int check_tables(const int64_t *block_ids, const int64_t *seq_lens, int64
             return -1;                                                                          \
         if (check_tables(block_ids, seq_lens, num_seqs, blocks_per_seq, num_blocks, block_size)) \
             return -1;                                                                          \
+        if (TILED(q, cache, block_ids, seq_lens, q_stride, num_seqs, blocks_per_seq, num_blocks, \
+                  block_size, num_heads, num_kv_heads, head_dim, scale, out))                   \
+            return 0;                                                                           \
         const int64_t group = num_heads / num_kv_heads;                                        \
         const int64_t token_stride = num_kv_heads * head_dim;                                   \
         const T *values = cache + num_blocks * block_size * token_stride;                       \
@@ -139,5 +378,37 @@ static int check_tables(const int64_t *block_ids, const int64_t *seq_lens, int64
 
 DEFINE_ATTEND_ONE(attend_one_bf16, uint16_t, bf16_load, bf16_store)
 DEFINE_ATTEND_ONE(attend_one_f32, float, f32_load, f32_store)
-DEFINE_DECODE_ATTENTION(decode_attention_bf16, attend_one_bf16, uint16_t)
-DEFINE_DECODE_ATTENTION(decode_attention_f32, attend_one_f32, float)
+
+/* The tiled path where it applies (1: done), else 0 and the pairs below. */
+static int tiled_bf16(const uint16_t *q, const uint16_t *cache, const int64_t *block_ids,
+                      const int64_t *seq_lens, int64_t q_stride, int64_t num_seqs,
+                      int64_t blocks_per_seq, int64_t num_blocks, int64_t block_size,
+                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
+                      uint16_t *out) {
+#if HAS_BF16_TILES
+    if (has_tiles(head_dim, num_heads / num_kv_heads)) {
+        decode_attention_bf16_tiles(q, cache, block_ids, seq_lens, q_stride, num_seqs,
+                                    blocks_per_seq, num_blocks, block_size, num_heads,
+                                    num_kv_heads, head_dim, scale, out);
+        return 1;
+    }
+#endif
+    (void)q, (void)cache, (void)block_ids, (void)seq_lens, (void)q_stride, (void)num_seqs;
+    (void)blocks_per_seq, (void)num_blocks, (void)block_size, (void)num_heads;
+    (void)num_kv_heads, (void)head_dim, (void)scale, (void)out;
+    return 0;
+}
+
+static int tiled_f32(const float *q, const float *cache, const int64_t *block_ids,
+                     const int64_t *seq_lens, int64_t q_stride, int64_t num_seqs,
+                     int64_t blocks_per_seq, int64_t num_blocks, int64_t block_size,
+                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
+                     float *out) {
+    (void)q, (void)cache, (void)block_ids, (void)seq_lens, (void)q_stride, (void)num_seqs;
+    (void)blocks_per_seq, (void)num_blocks, (void)block_size, (void)num_heads;
+    (void)num_kv_heads, (void)head_dim, (void)scale, (void)out;
+    return 0;
+}
+
+DEFINE_DECODE_ATTENTION(decode_attention_bf16, attend_one_bf16, tiled_bf16, uint16_t)
+DEFINE_DECODE_ATTENTION(decode_attention_f32, attend_one_f32, tiled_f32, float)
