@@ -105,7 +105,8 @@ def exact_scaled_product(q, scales, w, col_scales, bias):
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 16, 64, 200])
 @pytest.mark.parametrize("out_features", [64, 80, 200])
 def test_the_packed_vnni_matmul_gives_the_exact_products_bits(rows, out_features):
-    pack, gemm = int8_gemm_kernels()
+    kernels = int8_gemm_kernels()
+    pack, gemm = kernels.pack, kernels.gemm
     generator = torch.Generator().manual_seed(rows * 1000 + out_features)
     in_features = 96
     w = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8, generator=generator)
@@ -136,6 +137,9 @@ def test_the_bfloat16_layer_runs_the_packed_matmul_and_matches_int_mm():
         torch._int_mm(codes, _codes_of(weight, absmax).t()), scales, layer.weight_scales, bias
     )
     assert torch.equal(layer(x), want)
+    # Rows read with their stride (a view into a wider tensor), as contiguous ones.
+    wide = torch.cat([x, x], dim=1)
+    assert torch.equal(layer(wide[:, 96:]), want)
 
 
 def _codes_of(weight, absmax):

@@ -84,12 +84,12 @@ class Int8ActivationLinear(nn.Module):
         num_columns = weight_int8.shape[1]
         kernels = int8_row_kernels(dtype) if num_columns <= MAX_QUANTIZE_COLUMNS else None
         self._quantize, self._dequantize = kernels or (_quantize_rows, _dequantize_rows(dtype))
-        gemm_kernels = int8_gemm_kernels() if kernels and dtype == torch.bfloat16 else None
-        if gemm_kernels is not None and num_columns % 4 == 0:
+        gemm = int8_gemm_kernels() if kernels and dtype == torch.bfloat16 else None
+        if gemm is not None and num_columns % 4 == 0:
             # VNNI on weights packed once (native/int8_gemm.c); the codes
             # themselves are not kept.
-            pack, self._gemm = gemm_kernels
-            self.packed: PackedInt8Weights | None = pack(weight_int8)
+            self._linear = gemm.linear
+            self.packed: PackedInt8Weights | None = gemm.pack(weight_int8)
             self.weight_int8 = None
         else:
             self.packed = None
@@ -118,9 +118,9 @@ class Int8ActivationLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # [T, in] model dtype -> [T, out]
         if x.stride(-1) != 1:
             x = x.contiguous()
+        if self.packed is not None:  # quantize and matmul in one native call
+            return self._linear(x, self.inv_smooth, self.packed, self.weight_scales, self.bias)
         codes, row_scales = self._quantize(x, self.inv_smooth)  # [T, in] int8, [T] f32
-        if self.packed is not None:
-            return self._gemm(codes, row_scales, self.packed, self.weight_scales, self.bias)
         acc = torch._int_mm(codes, self.weight_int8.t())  # [T, out] int32
         return self._dequantize(acc, row_scales, self.weight_scales, self.bias)
 

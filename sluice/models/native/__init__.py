@@ -265,3 +265,6 @@ def _declare_int8(library: ctypes.CDLL) -> None:
     library.int8_gemm_bf16.argtypes = [pointer, pointer, int64, int64] + [pointer] * 4
     library.int8_gemm_bf16.argtypes += [int64, pointer]
     library.int8_gemm_bf16.restype = None
+    library.int8_linear_bf16.argtypes = [pointer, int64, int64, int64] + [pointer] * 5
+    library.int8_linear_bf16.argtypes += [int64, pointer]
+    library.int8_linear_bf16.restype = ctypes.c_int

@@ -9,6 +9,7 @@ path, which computes the same values (tests compare them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -67,14 +68,23 @@ class PackedInt8Weights:
     in_features: int  # K
 
 
-@cache
-def int8_gemm_kernels():
-    """(pack, gemm) of int8_gemm.c; None where the CPU has no AVX512-VNNI or no kernels.
+@dataclass(slots=True, frozen=True)
+class Int8GemmKernels:
+    """int8_gemm.c's functions (`int8_gemm_kernels`)."""
 
-    pack(w [N, K] int8, K % 4 == 0) -> PackedInt8Weights;
-    gemm(q [T, K] int8, scales [T] f32, weights, col_scales [N] f32, bias [N] bf16 | None)
-        -> [T, N] bfloat16, round_bf16(q @ W^T * scales[:, None] * col_scales) (+ bias).
-    """
+    # w [N, K] int8, K % 4 == 0 -> PackedInt8Weights.
+    pack: Callable[[Tensor], PackedInt8Weights]
+    # (q [T, K] int8, scales [T] f32, weights, col_scales [N] f32, bias [N] bf16 | None)
+    #   -> [T, N] bf16: round_bf16(q @ W^T * scales[:, None] * col_scales) (+ bias).
+    gemm: Callable[..., Tensor]
+    # (x [T, K] bf16 rows contiguous, inv_smooth [K] f32, weights, col_scales, bias)
+    #   -> [T, N] bf16: int8_row_kernels' quantize, then gemm, in one call.
+    linear: Callable[..., Tensor]
+
+
+@cache
+def int8_gemm_kernels() -> Int8GemmKernels | None:
+    """The packed VNNI matmul; None where the CPU has no AVX512-VNNI or there are no kernels."""
     library = _library()
     if library is None or not library.int8_gemm_available():
         return None
@@ -106,4 +116,23 @@ def int8_gemm_kernels():
         )  # fmt: skip
         return out
 
-    return pack, gemm
+    linear_bf16 = library.int8_linear_bf16
+
+    def linear(
+        x: Tensor, inv_smooth: Tensor, weights: PackedInt8Weights, col_scales: Tensor,
+        bias: Tensor | None,
+    ) -> Tensor:  # fmt: skip
+        rows, k = x.shape
+        assert x.stride(1) == 1 and x.dtype == torch.bfloat16 and k == weights.in_features
+        n = weights.out_features
+        out = torch.empty((rows, n), dtype=torch.bfloat16)
+        status = linear_bf16(
+            x.data_ptr(), rows, k, x.stride(0), inv_smooth.data_ptr(), weights.packed.data_ptr(),
+            weights.compensation.data_ptr(), col_scales.data_ptr(),
+            None if bias is None else bias.data_ptr(), n, out.data_ptr(),
+        )  # fmt: skip
+        if status != 0:
+            raise MemoryError("int8_linear_bf16: no memory for the quantized rows")
+        return out
+
+    return Int8GemmKernels(pack, gemm, linear)

@@ -77,7 +77,59 @@
         }                                                                                     \
     }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+/* bfloat16 rows with AVX-512: the same two passes and the same products in
+ * the same order (x * inv_smooth, then times 1 / scale, rounded to nearest
+ * even by the conversion), 16 columns at a time; gcc's vectorisation of the
+ * generic loops left about 1 ns per element. */
+static void quantize_row_bf16(const uint16_t *row, int64_t cols, const float *inv_smooth,
+                              int8_t *out, float *scale_out) {
+    __m512 top16 = _mm512_setzero_ps();
+    const int64_t full = cols - cols % 16;
+    for (int64_t j = 0; j < full; j += 16) {
+        const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + j))), 16));
+        top16 = _mm512_max_ps(top16, _mm512_abs_ps(_mm512_mul_ps(x, _mm512_loadu_ps(inv_smooth + j))));
+    }
+    float top = _mm512_reduce_max_ps(top16);
+    for (int64_t j = full; j < cols; j++) {
+        const float a = fabsf(bf16_load(row + j) * inv_smooth[j]);
+        top = a > top ? a : top;
+    }
+    const float scale = top > 0.0f ? top / 127.0f : 1.0f;
+    const float inv = 1.0f / scale;
+    const __m512 inv16 = _mm512_set1_ps(inv);
+    const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+    for (int64_t j = 0; j < full; j += 16) {
+        const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + j))), 16));
+        const __m512 v = _mm512_mul_ps(_mm512_mul_ps(x, _mm512_loadu_ps(inv_smooth + j)), inv16);
+        const __m512i r = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(v), hi), lo);
+        _mm_storeu_si128((__m128i *)(out + j), _mm512_cvtepi32_epi8(r));
+    }
+    for (int64_t j = full; j < cols; j++) {
+        float r = rintf(bf16_load(row + j) * inv_smooth[j] * inv);
+        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+        out[j] = (int8_t)r;
+    }
+    *scale_out = scale;
+}
+
+/* Rows share out over the threads only when there is enough work to pay
+ * for waking them (a 16 x 576 step took longer on two threads). */
+#define MIN_PARALLEL_ELEMENTS 32768
+
+int quantize_rows_bf16(const uint16_t *x, int64_t rows, int64_t cols, int64_t row_stride,
+                       const float *inv_smooth, int8_t *q, float *scales) {
+    _Pragma("omp parallel for schedule(static) if (rows * cols >= MIN_PARALLEL_ELEMENTS)")
+    for (int64_t t = 0; t < rows; t++)
+        quantize_row_bf16(x + t * row_stride, cols, inv_smooth, q + t * cols, scales + t);
+    return 0;
+}
+#else
 DEFINE_QUANTIZE_ROWS(quantize_rows_bf16, uint16_t, bf16_load)
+#endif
 DEFINE_QUANTIZE_ROWS(quantize_rows_f32, float, f32_load)
 DEFINE_DEQUANTIZE_ROWS(dequantize_rows_bf16, uint16_t, bf16_load, bf16_store)
 DEFINE_DEQUANTIZE_ROWS(dequantize_rows_f32, float, f32_load, f32_store)
