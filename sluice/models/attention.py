@@ -17,7 +17,9 @@ Invariants of `paged_attention`:
   in one call of a C kernel reading the cache in place (sluice/models/native),
   elsewhere (or without a C compiler) as one block gather and one batched
   SDPA call, padded to the longest with a mask;
-  longer chunks (prefills) run one SDPA call each;
+  longer chunks (prefills) run one call each: on CPU in bfloat16 (heads of
+  64 or 128) a flash-attention C kernel (native/prefill_attention.c, causal
+  over the cached context and the chunk together), elsewhere torch's SDPA;
 - the gather plans and masks depend on the batch only, not the layer: they
   are built once per step, in `AttentionMetadata.__post_init__`.
 
@@ -44,6 +46,8 @@ from torch import Tensor
 
 from sluice.models.config import LlamaConfig
 from sluice.models.native import decode_attention_kernel
+from sluice.models.native.prefill import HEAD_DIMS as PREFILL_HEAD_DIMS
+from sluice.models.native.prefill import prefill_attention_kernel
 
 
 @dataclass(slots=True)
@@ -338,6 +342,19 @@ def _prefill_attention(
     plan: PrefillPlan,
     scale: float,
 ) -> Tensor:  # [query_len, num_heads, head_dim]
+    head_dim = q.shape[2]
+    if (
+        q.device.type == "cpu"
+        and head_dim in PREFILL_HEAD_DIMS
+        and (kernel := prefill_attention_kernel(q.dtype)) is not None
+    ):
+        # native/prefill_attention.c: causal over the chunk's keys, with the
+        # cached context's before them (read back from the cache, where the
+        # chunk's own were written first).
+        if plan.block_ids is None:
+            return kernel(q, k, v, scale)
+        keys, values = _cached_kv(kv_cache, plan.block_ids, plan.seq_len)
+        return kernel(q, keys, values, scale)
     if plan.block_ids is None:  # nothing cached before this chunk: it is the whole sequence
         return _sdpa(q, k, v, None, scale)
     if q.device.type == "cpu":

@@ -1,7 +1,8 @@
 """Small C kernels for the CPU hot path, built with the system C compiler on first use.
 
 `paged_decode_attention.c` reads K/V straight from the paged cache (no
-gathered copy) for decode steps; `rms_norm.c` normalises rows in one pass;
+gathered copy) for decode steps; `prefill_attention.c` is flash attention
+for prefill chunks (its wrapper is in `prefill.py`); `rms_norm.c` normalises rows in one pass;
 `int8_rows.c` and `int8_gemm.c` are W8A8's passes and matmul (their
 wrappers are in `int8.py`); `rows.c` computes
 SwiGLU's silu(gate) * up in one pass (64 rows of the embedded model: 0.04
@@ -41,7 +42,14 @@ logger = logging.getLogger(__name__)
 
 _SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("paged_decode_attention.c", "rms_norm.c", "rows.c", "int8_rows.c", "int8_gemm.c")
+    for name in (
+        "paged_decode_attention.c",
+        "prefill_attention.c",
+        "rms_norm.c",
+        "rows.c",
+        "int8_rows.c",
+        "int8_gemm.c",
+    )
 )
 _HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "vector_exp.h"))
 # Compiling with -ffast-math lets gcc vectorize the dot products (float32

@@ -1,0 +1,93 @@
+"""The prefill flash-attention kernel (native/prefill_attention.c) against exact attention.
+
+Causal over the chunk with cached context before it (queries are the last L
+of S positions): whole prompts and chunks behind context, lengths on and off
+its 8-query blocks and 16-key tiles, a single token, grouped-query and plain
+heads, heads of 64 and 128, strided views as the model passes them (keys contiguous, as RoPE leaves
+them, values a view). Each
+output is within what torch's own bfloat16 attention errs by (float32
+attention on the same bfloat16 inputs is the reference). Other head sizes
+and dtypes get no kernel; the model's prefill takes the kernel's path.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sluice.models import attention
+from sluice.models.native.prefill import prefill_attention_kernel
+
+requires_kernel = pytest.mark.skipif(
+    prefill_attention_kernel(torch.bfloat16) is None, reason="no AVX512-BF16 (or no compiler)"
+)
+
+
+def case(num_queries, num_keys, heads, head_dim, seed=0):
+    num_heads, num_kv_heads = heads
+    generator = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(num_keys, num_heads + 2 * num_kv_heads, head_dim, generator=generator)
+    qkv = qkv.to(torch.bfloat16)  # views into one tensor, as the model's q, k and v are
+    q = qkv[num_keys - num_queries :, :num_heads]
+    k = qkv[:, num_heads : num_heads + num_kv_heads].contiguous()  # as after RoPE
+    v = qkv[:, num_heads + num_kv_heads :]
+    return q, k, v
+
+
+def reference(q, k, v, scale, dtype):
+    num_queries, num_keys = q.shape[0], k.shape[0]
+    query_pos = torch.arange(num_keys - num_queries, num_keys)[:, None]
+    mask = torch.arange(num_keys)[None, :] <= query_pos
+    out = F.scaled_dot_product_attention(
+        *(x.transpose(0, 1)[None].to(dtype) for x in (q, k, v)),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1).float()
+
+
+@requires_kernel
+@pytest.mark.parametrize(
+    ("num_queries", "num_keys"),
+    [(1, 1), (5, 5), (8, 8), (37, 37), (130, 130), (1, 40), (20, 100), (17, 33), (64, 300)],
+)
+@pytest.mark.parametrize(("heads", "head_dim"), [((9, 3), 64), ((8, 1), 128), ((4, 4), 128)])
+def test_the_kernel_is_as_close_to_exact_as_torchs_bfloat16_attention(
+    num_queries, num_keys, heads, head_dim
+):
+    q, k, v = case(num_queries, num_keys, heads, head_dim, seed=num_queries * 7 + num_keys)
+    kernel = prefill_attention_kernel(torch.bfloat16)
+    got = kernel(q, k, v, 0.125).float()
+    exact = reference(q, k, v, 0.125, torch.float32)
+    torch_error = (reference(q, k, v, 0.125, torch.bfloat16) - exact).abs()
+    error = (got - exact).abs()
+    assert got.shape == (num_queries, heads[0], head_dim)
+    assert error.max() <= 2 * torch_error.max() + 2**-8
+    assert error.mean() <= 1.5 * torch_error.mean() + 1e-4
+
+
+@requires_kernel
+def test_other_shapes_and_dtypes_get_no_kernel_or_an_error():
+    assert prefill_attention_kernel(torch.float32) is None
+    q, k, v = case(4, 4, (4, 2), 96)
+    with pytest.raises(ValueError, match="unsupported shape"):
+        prefill_attention_kernel(torch.bfloat16)(q, k, v, 0.1)
+
+
+@requires_kernel
+def test_the_models_prefill_takes_the_kernel(monkeypatch):
+    calls = []
+    kernel = prefill_attention_kernel(torch.bfloat16)
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return kernel(*args)
+
+    monkeypatch.setattr(attention, "prefill_attention_kernel", lambda dtype: counting)
+    q, k, v = case(12, 12, (9, 3), 64)
+    plan = attention.PrefillPlan(0, 12, context_len=0, seq_len=12, block_ids=None)
+    out = attention._prefill_attention(q, k, v, None, plan, 0.125)
+    assert calls == [q.shape]
+    assert torch.equal(out, kernel(q, k, v, 0.125))
