@@ -21,8 +21,8 @@
  * loop reads one contiguous stream per tile.
  *
  * Work split: rows in blocks of ROW_BLOCK (a block's activation rows stay
- * in L2 while every weight tile passes), (row block, column tile) pairs
- * shared out statically over torch's OpenMP threads; inside a pair, rows go
+ * in L2 while every weight tile passes), (row block, column tile, 6 rows)
+ * items shared out statically over torch's OpenMP threads; rows go
  * 6 at a time (24 accumulators + 4 weight registers + 1 broadcast = 29 of
  * the 32 zmm registers). */
 #include <stdint.h>
@@ -154,21 +154,35 @@ static const tile_fn TILES[7] = {NULL, tile_1, tile_2, tile_3, tile_4, tile_5, t
 void int8_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int64_t k,
                     const int8_t *packed, const int32_t *compensation, const float *col_scales,
                     const uint16_t *bias, int64_t n, uint16_t *out) {
+    /* Work items: (row block, column tile, group of 6 rows), tile-major
+     * within a block so that a thread's consecutive items share a weight
+     * tile; shared out statically. Splitting rows as well as columns keeps
+     * the threads level when there are few tiles: o_proj's 9 tiles at 16
+     * rows ran 1.12x faster on two threads than on one, split by tile only. */
     const int64_t tiles = (n + TILE_N - 1) / TILE_N;
-    const int64_t blocks = (rows + ROW_BLOCK - 1) / ROW_BLOCK;
-    _Pragma("omp parallel for collapse(2) schedule(static) if (tiles * rows >= 8)")
-    for (int64_t b = 0; b < blocks; b++) {
-        for (int64_t j = 0; j < tiles; j++) {
-            const int64_t col = j * TILE_N, valid = n - col < TILE_N ? n - col : TILE_N;
-            const int8_t *w = packed + j * TILE_N * k;
-            const int64_t end = (b + 1) * ROW_BLOCK < rows ? (b + 1) * ROW_BLOCK : rows;
-            for (int64_t t = b * ROW_BLOCK; t < end; t += 6) {
-                const int64_t count = end - t < 6 ? end - t : 6;
-                TILES[count](q + t * k, k, w, compensation + col, row_scales + t,
-                             col_scales + col, bias == NULL ? NULL : bias + col,
-                             out + t * n + col, n, valid);
-            }
+    const int64_t full_blocks = rows / ROW_BLOCK, groups_per_block = ROW_BLOCK / 6;
+    const int64_t rest = rows - full_blocks * ROW_BLOCK, rest_groups = (rest + 5) / 6;
+    const int64_t items_full = full_blocks * tiles * groups_per_block;
+    const int64_t items = items_full + tiles * rest_groups;
+    _Pragma("omp parallel for schedule(static) if (items >= 4)")
+    for (int64_t item = 0; item < items; item++) {
+        int64_t b, within, groups;
+        if (item < items_full) {
+            b = item / (tiles * groups_per_block);
+            within = item % (tiles * groups_per_block);
+            groups = groups_per_block;
+        } else {
+            b = full_blocks;
+            within = item - items_full;
+            groups = rest_groups;
         }
+        const int64_t j = within / groups, t = b * ROW_BLOCK + (within % groups) * 6;
+        const int64_t end = b == full_blocks ? rows : (b + 1) * ROW_BLOCK;
+        const int64_t count = end - t < 6 ? end - t : 6;
+        const int64_t col = j * TILE_N, valid = n - col < TILE_N ? n - col : TILE_N;
+        TILES[count](q + t * k, k, packed + j * TILE_N * k, compensation + col, row_scales + t,
+                     col_scales + col, bias == NULL ? NULL : bias + col, out + t * n + col, n,
+                     valid);
     }
 }
 
