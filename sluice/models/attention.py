@@ -243,9 +243,12 @@ def paged_attention(
     kv_cache: Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     meta: AttentionMetadata,
     scale: float,
+    kv_written: bool = False,
 ) -> Tensor:  # [num_tokens, num_heads, head_dim]
-    """Store the new K/V, then attend each query over its sequence's context."""
-    _write_kv(kv_cache, k, v, meta.slot_mapping)
+    """Store the new K/V (unless the caller's RoPE kernel already did:
+    `kv_written`), then attend each query over its sequence's context."""
+    if not kv_written:
+        _write_kv(kv_cache, k, v, meta.slot_mapping)
     decode = meta.decode
     if meta.is_decode_only and decode is not None:
         return _decode_attention(q, kv_cache, decode, scale)

@@ -57,6 +57,7 @@ from sluice.models.linear import (
     uninitialised_weight,
 )
 from sluice.models.native import silu_mul_kernel
+from sluice.models.native.rope import rope_write_kv_kernel
 from sluice.models.quantization import check_quantization
 from sluice.models.rope_norm import RMSNorm, RopeAngles, rope_cos_sin
 
@@ -89,6 +90,11 @@ class LlamaDecoderLayer(nn.Module):
         # silu(gate) * up in one pass where the CPU kernel is there (same roundings).
         kernel = silu_mul_kernel(dtype) if torch.device(device).type == "cpu" else None
         self.swiglu = kernel or _swiglu
+        # RoPE of q and k and the K/V cache write in one native call (CPU,
+        # bfloat16); batch-invariant mode keeps its own attention path.
+        self.rope_write_kv = None
+        if torch.device(device).type == "cpu" and not batch_invariant:
+            self.rope_write_kv = rope_write_kv_kernel(dtype)
 
     def finish_loading(self) -> None:
         """Bind the norms to their loaded weights (called once, by `load_weights`)."""
@@ -113,10 +119,16 @@ class LlamaDecoderLayer(nn.Module):
         num_qk_heads = self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) * D]
         qkv = qkv.view(num_tokens, num_qk_heads + self.num_kv_heads, self.head_dim)
-        qk = rope.rotate(qkv[:, :num_qk_heads])  # [T, Hq + Hkv, D]
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # [T, Hq, D], [T, Hkv, D]
         v = qkv[:, num_qk_heads:]  # [T, Hkv, D]
-        out = self.attend(q, k, v, kv_cache, attn, self.scale)  # [T, Hq, D]
+        if self.rope_write_kv is not None:
+            # Rotated q and k; k and v already in the cache at attn.slot_mapping.
+            q, k = self.rope_write_kv(qkv, self.num_heads, rope.cos32, rope.sin32, kv_cache,
+                                      attn.slot_mapping)  # fmt: skip
+            out = self.attend(q, k, v, kv_cache, attn, self.scale, kv_written=True)
+        else:
+            qk = rope.rotate(qkv[:, :num_qk_heads])  # [T, Hq + Hkv, D]
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # [T, Hq, D], [T, Hkv, D]
+            out = self.attend(q, k, v, kv_cache, attn, self.scale)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, -1))
 
     def _mlp(self, x: Tensor) -> Tensor:  # [T, hidden]
@@ -172,6 +184,10 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = rope_cos_sin(config, dtype, device)
         self.register_buffer("rope_cos", cos, persistent=False)  # [max_pos, head_dim // 2]
         self.register_buffer("rope_sin", sin, persistent=False)  # [max_pos, head_dim // 2]
+        # Where every layer has the native RoPE kernel, it reads float32 angles.
+        self.rope_float32: tuple[Tensor, Tensor] | None = None
+        if all(layer.rope_write_kv is not None for layer in self.layers):
+            self.rope_float32 = rope_cos_sin(config, torch.float32, device)
 
     def forward(
         self,
@@ -181,7 +197,8 @@ class LlamaForCausalLM(nn.Module):
         attn: AttentionMetadata,
     ) -> Tensor:  # [num_tokens, hidden], after the final norm
         hidden = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
-        rope = RopeAngles.at(self.rope_cos, self.rope_sin, positions, self.batch_invariant)
+        rope = RopeAngles.at(self.rope_cos, self.rope_sin, positions, self.batch_invariant,
+                             self.rope_float32)  # fmt: skip
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, rope, kv_cache, attn)
         return self.final_norm(hidden)

@@ -81,6 +81,10 @@ class RopeAngles:
     # rotate(x) = x * cos_full + cat(x2, x1) * sin_signed.
     cos_full: Tensor | None  # [T, 1, D]
     sin_signed: Tensor | None  # [T, 1, D]
+    # The same angles in float32 ([T, D // 2]), for the native RoPE kernel
+    # (sluice/models/native/rope.py); None when the model has no such tables.
+    cos32: Tensor | None = None
+    sin32: Tensor | None = None
 
     @classmethod
     def at(
@@ -89,8 +93,13 @@ class RopeAngles:
         sin_table: Tensor,
         positions: Tensor,
         is_batch_invariant: bool = False,
+        float32_tables: tuple[Tensor, Tensor] | None = None,
     ) -> RopeAngles:
-        """Tables [max_pos, D // 2] indexed at positions [T]."""
+        """Tables [max_pos, D // 2] indexed at positions [T] (and the float32
+        tables, when given, for the native kernel alone)."""
+        if float32_tables is not None:
+            cos32, sin32 = (table[positions] for table in float32_tables)  # [T, D // 2]
+            return cls(None, None, None, None, cos32, sin32)  # type: ignore[arg-type]
         cos = cos_table[positions].unsqueeze(1)  # [T, 1, D // 2]
         sin = sin_table[positions].unsqueeze(1)  # [T, 1, D // 2]
         if is_batch_invariant or positions.shape[0] > FEW_TOKENS:

@@ -2,7 +2,9 @@
 
 `paged_decode_attention.c` reads K/V straight from the paged cache (no
 gathered copy) for decode steps; `prefill_attention.c` is flash attention
-for prefill chunks (its wrapper is in `prefill.py`); `rms_norm.c` normalises rows in one pass;
+for prefill chunks (its wrapper is in `prefill.py`); `rope_kv.c` rotates a
+step's queries and keys and writes keys and values into the cache in one
+pass (`rope.py`); `rms_norm.c` normalises rows in one pass;
 `int8_rows.c` and `int8_gemm.c` are W8A8's passes and matmul (their
 wrappers are in `int8.py`); `rows.c` computes
 SwiGLU's silu(gate) * up in one pass (64 rows of the embedded model: 0.04
@@ -47,6 +49,7 @@ _SOURCES = tuple(
         "prefill_attention.c",
         "rms_norm.c",
         "rows.c",
+        "rope_kv.c",
         "int8_rows.c",
         "int8_gemm.c",
     )
