@@ -14,6 +14,11 @@ layers, and each op costs 1-3 us of dispatch however small its tensors.
   the same up to a rare last-bit flip.
 Large steps keep torch's plain formulas, which are faster there.
 
+On CPU in bfloat16 the model rotates q and k with a native kernel instead
+(sluice/models/native/rope.py: float32 angles, `RopeAngles.cos32`/`sin32`,
+one rounding, the K/V cache write in the same pass); `rotate` is the path
+elsewhere and in batch-invariant mode.
+
 Batch-invariant mode takes one path for every step size (the plain rotation;
 the C RMSNorm kernel, one row at a time, else torch's plain formula), so a
 row's bits never depend on how many rows share its step.
