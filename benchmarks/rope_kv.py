@@ -1,0 +1,65 @@
+"""The native RoPE-and-cache-write kernel against the torch path, whole decode steps.
+
+    .venv/bin/python benchmarks/rope_kv.py [--batches 1,16,64] [--steps 60]
+
+One engine core with the default settings; for each batch the decode steps
+alternate between the two paths (every layer's `rope_write_kv` kernel with
+float32 angles, or `RopeAngles.rotate` then attention's `_write_kv`), so the
+machine's drift hits both alike; the figure is the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from sluice.config import EngineConfig, ModelConfig
+from sluice.engine.core import EngineCore
+from sluice.engine.sampling_params import SamplingParams
+
+PROMPT = "Write a long story about a lighthouse keeper and the sea. " * 4
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--steps", type=int, default=60)
+    args = parser.parse_args()
+    core = EngineCore(EngineConfig(model=ModelConfig(), multiprocess=False))
+    model = core.runner.model
+    kernel, float32_tables = model.layers[0].rope_write_kv, model.rope_float32
+    if kernel is None:
+        raise SystemExit("no native RoPE kernel here (not bfloat16 on CPU, or no compiler)")
+
+    def use(native: bool) -> None:
+        for layer in model.layers:
+            layer.rope_write_kv = kernel if native else None
+        model.rope_float32 = float32_tables if native else None
+
+    prompt = core.loaded.tokenizer.encode(PROMPT)
+    params = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
+    for batch in [int(b) for b in args.batches.split(",")]:
+        ids = [f"b{batch}-{i}" for i in range(batch)]
+        for request_id in ids:
+            core.add_request(request_id, prompt, params)
+        for _ in range(5):
+            core.step()
+        seconds: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(args.steps):
+            native = bool(i % 2)
+            use(native)
+            start = time.perf_counter()
+            core.step()
+            seconds[native].append(time.perf_counter() - start)
+        use(True)
+        core.abort_requests(ids)
+        while core.has_unfinished_requests():
+            core.step()
+        torch_ms, native_ms = (statistics.median(seconds[k]) * 1e3 for k in (False, True))
+        print(f"batch {batch:>3}: torch path {torch_ms:6.2f} ms, native {native_ms:6.2f} ms, "
+              f"torch / native {torch_ms / native_ms:.3f}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
