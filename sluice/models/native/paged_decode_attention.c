@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "vector_exp.h"
 
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16
@@ -140,25 +141,6 @@ static inline __m512 sum16(__m512 v[TILE]) {
                                    _mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(3, 1, 3, 1)));
     return _mm512_add_ps(_mm512_shuffle_f32x4(u, w, _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_f32x4(u, w, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-/* exp of x <= 0 (scores minus their maximum); lanes below -87.3 give 0. */
-static inline __m512 exp16(__m512 x) {
-    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    const __m512 poly = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),
-                                      _mm512_set1_ps(1.0f));
-    return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(poly, n));
 }
 
 static inline __m512 load_bf16x16(const uint16_t *p) {
