@@ -316,10 +316,6 @@ static void decode_attention_bf16_tiles(const uint16_t *q, const uint16_t *cache
 #define HAS_BF16_TILES 1
 #else
 #define HAS_BF16_TILES 0
-static int has_tiles(int64_t head_dim, int64_t group) {
-    (void)head_dim, (void)group;
-    return 0;
-}
 #endif
 
 #define DEFINE_DECODE_ATTENTION(NAME, ATTEND, TILED, T)                                                \
