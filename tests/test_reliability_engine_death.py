@@ -176,7 +176,10 @@ def test_an_in_process_engine_whose_step_failed_restarts_on_a_fresh_core(tiny_lo
         try:
             assert client.is_alive and client.core is not broken_core
             again = RecordingSink()
-            client.add_request("b", [5, 9, 13], SamplingParams(max_tokens=4), again)
+            # ignore_eos: the tiny random model samples EOS now and then, which
+            # would end the request with "stop" before its 4 tokens.
+            params = SamplingParams(max_tokens=4, ignore_eos=True)
+            client.add_request("b", [5, 9, 13], params, again)
             await asyncio.wait_for(again.done.wait(), 30)
             assert again.deltas[-1].finish_reason == "length" and len(again.token_ids) == 4
         finally:
