@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from _interleaved import decode_step_medians
+
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
 from sluice.engine.sampling_params import SamplingParams
@@ -62,25 +64,9 @@ def main() -> None:
                 t._large_matmul, t.min_large_rows = t._dense_matmul, sys.maxsize
 
     tokenizer = core.loaded.tokenizer
-    params = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
     prompt = tokenizer.encode(PROMPT)
     for batch in [int(b) for b in args.batches.split(",")]:
-        ids = [f"b{batch}-{i}" for i in range(batch)]
-        for request_id in ids:
-            core.add_request(request_id, prompt, params)
-        for _ in range(5):
-            core.step()
-        seconds: dict[str, list[float]] = {"bf16": [], "w8a8": []}
-        for i in range(args.steps):
-            path = ("bf16", "w8a8")[i % 2]
-            use(path)
-            start = time.perf_counter()
-            core.step()
-            seconds[path].append(time.perf_counter() - start)
-        core.abort_requests(ids)
-        while core.has_unfinished_requests():
-            core.step()
-        bf16, w8a8 = (statistics.median(seconds[p]) * 1e3 for p in ("bf16", "w8a8"))
+        bf16, w8a8 = decode_step_medians(core, prompt, batch, args.steps, use, ("bf16", "w8a8"))
         print(f"batch {batch:>3}: bf16 {bf16:6.1f} ms, w8a8 {w8a8:6.1f} ms, "
               f"bf16 / w8a8 {bf16 / w8a8:.3f}", flush=True)  # fmt: skip
     text_ids = tokenizer.encode(TEXT.read_text(encoding="utf-8") * 8)

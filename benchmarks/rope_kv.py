@@ -11,12 +11,11 @@ machine's drift hits both alike; the figure is the ratio of the medians.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+
+from _interleaved import decode_step_medians
 
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
-from sluice.engine.sampling_params import SamplingParams
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea. " * 4
 
@@ -32,31 +31,16 @@ def main() -> None:
     if kernel is None:
         raise SystemExit("no native RoPE kernel here (not bfloat16 on CPU, or no compiler)")
 
-    def use(native: bool) -> None:
+    def use(path: str) -> None:
+        native = path == "native"
         for layer in model.layers:
             layer.rope_write_kv = kernel if native else None
         model.rope_float32 = float32_tables if native else None
 
     prompt = core.loaded.tokenizer.encode(PROMPT)
-    params = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
     for batch in [int(b) for b in args.batches.split(",")]:
-        ids = [f"b{batch}-{i}" for i in range(batch)]
-        for request_id in ids:
-            core.add_request(request_id, prompt, params)
-        for _ in range(5):
-            core.step()
-        seconds: dict[bool, list[float]] = {True: [], False: []}
-        for i in range(args.steps):
-            native = bool(i % 2)
-            use(native)
-            start = time.perf_counter()
-            core.step()
-            seconds[native].append(time.perf_counter() - start)
-        use(True)
-        core.abort_requests(ids)
-        while core.has_unfinished_requests():
-            core.step()
-        torch_ms, native_ms = (statistics.median(seconds[k]) * 1e3 for k in (False, True))
+        torch_ms, native_ms = decode_step_medians(core, prompt, batch, args.steps, use,
+                                                  ("torch", "native"))  # fmt: skip
         print(f"batch {batch:>3}: torch path {torch_ms:6.2f} ms, native {native_ms:6.2f} ms, "
               f"torch / native {torch_ms / native_ms:.3f}", flush=True)  # fmt: skip
 
