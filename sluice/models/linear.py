@@ -74,7 +74,7 @@ class Linear(nn.Module):
     bfloat16 (float32 rounds differently, by about 1e-6 relative), and 1.3-1.7x
     faster bfloat16 matmuls (about 1.1x in float32) at decode batch sizes.
 
-    `forward` is one comparison and one call: each path is a closure bound
+    `forward` is at most two comparisons and one call: each path is a closure bound
     once, when the weights change (`_bind`), since a decode step runs 120 of
     these matmuls and every Python call layer on them costs the step time.
     """

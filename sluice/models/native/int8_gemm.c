@@ -49,7 +49,7 @@ int64_t int8_packed_bytes(int64_t n, int64_t k) {
 int pack_int8_weights(const int8_t *w, int64_t n, int64_t k, int8_t *packed,
                       int32_t *compensation) {
     if (k % 4 != 0) return -1;
-    const int64_t tiles = (n + TILE_N - 1) / TILE_N, groups = k / 4;
+    const int64_t groups = k / 4;
     memset(packed, 0, (size_t)int8_packed_bytes(n, k));
     for (int64_t col = 0; col < n; col++) {
         const int64_t tile = col / TILE_N, lane = col % TILE_N;
@@ -63,7 +63,6 @@ int pack_int8_weights(const int8_t *w, int64_t n, int64_t k, int8_t *packed,
         }
         compensation[col] = 128 * sum;
     }
-    (void)tiles;
     return 0;
 }
 

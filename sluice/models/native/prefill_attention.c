@@ -30,7 +30,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "bf16.h"
 #include "vector_exp.h"
