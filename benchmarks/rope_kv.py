@@ -16,6 +16,7 @@ from _interleaved import decode_step_medians
 
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
+from sluice.models.rope_norm import rope_cos_sin
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea. " * 4
 
@@ -27,15 +28,19 @@ def main() -> None:
     args = parser.parse_args()
     core = EngineCore(EngineConfig(model=ModelConfig(), multiprocess=False))
     model = core.runner.model
-    kernel, float32_tables = model.layers[0].rope_write_kv, model.rope_float32
-    if kernel is None:
+    if not model.native_rope:
         raise SystemExit("no native RoPE kernel here (not bfloat16 on CPU, or no compiler)")
+    kernel = model.layers[0].rope_write_kv
+    tables = {
+        "native": (model.rope_cos, model.rope_sin),  # float32
+        "torch": rope_cos_sin(model.config, model.dtype, model.rope_cos.device),
+    }
 
     def use(path: str) -> None:
-        native = path == "native"
+        model.native_rope = path == "native"
         for layer in model.layers:
-            layer.rope_write_kv = kernel if native else None
-        model.rope_float32 = float32_tables if native else None
+            layer.rope_write_kv = kernel if model.native_rope else None
+        model.rope_cos, model.rope_sin = tables[path]
 
     prompt = core.loaded.tokenizer.encode(PROMPT)
     for batch in [int(b) for b in args.batches.split(",")]:

@@ -132,8 +132,9 @@ def test_the_bfloat16_layer_runs_the_packed_matmul_and_matches_int_mm():
     layer = Int8ActivationLinear.quantize(weight, bias, absmax, torch.bfloat16)
     assert layer.packed is not None and layer.weight_int8 is None
     x = activations(24, 96, seed=10).to(torch.bfloat16)
-    codes, scales = layer._quantize(x, layer.inv_smooth)
-    want = int8_row_kernels(torch.bfloat16)[1](
+    quantize, dequantize = int8_row_kernels(torch.bfloat16)
+    codes, scales = quantize(x, layer.inv_smooth)
+    want = dequantize(
         torch._int_mm(codes, _codes_of(weight, absmax).t()), scales, layer.weight_scales, bias
     )
     assert torch.equal(layer(x), want)

@@ -77,8 +77,8 @@ def test_a_bfloat16_cpu_model_takes_the_kernel(tiny_loaded):
     assert rope_write_kv_kernel(torch.float32) is None
     model = LlamaForCausalLM(tiny_loaded.model_config, torch.bfloat16, torch.device("cpu"))
     assert all(layer.rope_write_kv is not None for layer in model.layers)
-    assert model.rope_float32 is not None and model.rope_float32[0].dtype == torch.float32
+    assert model.native_rope and model.rope_cos.dtype == model.rope_sin.dtype == torch.float32
     invariant = LlamaForCausalLM(
         tiny_loaded.model_config, torch.bfloat16, torch.device("cpu"), batch_invariant=True
     )
-    assert invariant.rope_float32 is None
+    assert not invariant.native_rope and invariant.rope_cos.dtype == torch.bfloat16

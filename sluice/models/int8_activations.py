@@ -83,15 +83,15 @@ class Int8ActivationLinear(nn.Module):
         self.dtype = dtype
         num_columns = weight_int8.shape[1]
         kernels = int8_row_kernels(dtype) if num_columns <= MAX_QUANTIZE_COLUMNS else None
-        self._quantize, self._dequantize = kernels or (_quantize_rows, _dequantize_rows(dtype))
         gemm = int8_gemm_kernels() if kernels and dtype == torch.bfloat16 else None
         if gemm is not None and num_columns % 4 == 0:
-            # VNNI on weights packed once (native/int8_gemm.c); the codes
-            # themselves are not kept.
+            # VNNI on weights packed once (native/int8_gemm.c), quantizing
+            # inside the same call; the codes themselves are not kept.
             self._linear = gemm.linear
             self.packed: PackedInt8Weights | None = gemm.pack(weight_int8)
             self.weight_int8 = None
         else:
+            self._quantize, self._dequantize = kernels or (_quantize_rows, _dequantize_rows(dtype))
             self.packed = None
             self.register_buffer("weight_int8", weight_int8)
 

@@ -59,7 +59,7 @@ from sluice.models.linear import (
 from sluice.models.native import silu_mul_kernel
 from sluice.models.native.rope import rope_write_kv_kernel
 from sluice.models.quantization import check_quantization
-from sluice.models.rope_norm import RMSNorm, RopeAngles, rope_cos_sin
+from sluice.models.rope_norm import Float32Angles, RMSNorm, RopeAngles, rope_cos_sin
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -104,7 +104,7 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         hidden: Tensor,  # [T, hidden], updated in place (the residual stream)
-        rope: RopeAngles,
+        rope: RopeAngles | Float32Angles,
         kv_cache: Tensor,
         attn: AttentionMetadata,
     ) -> Tensor:
@@ -113,16 +113,16 @@ class LlamaDecoderLayer(nn.Module):
         return hidden
 
     def _attention(
-        self, x: Tensor, rope: RopeAngles, kv_cache: Tensor, attn: AttentionMetadata
+        self, x: Tensor, rope: RopeAngles | Float32Angles, kv_cache: Tensor, attn: AttentionMetadata
     ) -> Tensor:  # [T, hidden]
         num_tokens = x.shape[0]
         num_qk_heads = self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) * D]
         qkv = qkv.view(num_tokens, num_qk_heads + self.num_kv_heads, self.head_dim)
         v = qkv[:, num_qk_heads:]  # [T, Hkv, D]
-        if self.rope_write_kv is not None:
+        if isinstance(rope, Float32Angles):
             # Rotated q and k; k and v already in the cache at attn.slot_mapping.
-            q, k = self.rope_write_kv(qkv, self.num_heads, rope.cos32, rope.sin32, kv_cache,
+            q, k = self.rope_write_kv(qkv, self.num_heads, rope.cos, rope.sin, kv_cache,
                                       attn.slot_mapping)  # fmt: skip
             out = self.attend(q, k, v, kv_cache, attn, self.scale, kv_written=True)
         else:
@@ -181,13 +181,12 @@ class LlamaForCausalLM(nn.Module):
         self.quantization: str | None = None
         # "int8" once calibration.quantize_activations gave the decoder W8A8.
         self.activation_quantization: str | None = None
-        cos, sin = rope_cos_sin(config, dtype, device)
+        # Where every layer has the native RoPE kernel, it reads float32
+        # angles; the torch path reads them in the model's dtype.
+        self.native_rope = all(layer.rope_write_kv is not None for layer in self.layers)
+        cos, sin = rope_cos_sin(config, torch.float32 if self.native_rope else dtype, device)
         self.register_buffer("rope_cos", cos, persistent=False)  # [max_pos, head_dim // 2]
         self.register_buffer("rope_sin", sin, persistent=False)  # [max_pos, head_dim // 2]
-        # Where every layer has the native RoPE kernel, it reads float32 angles.
-        self.rope_float32: tuple[Tensor, Tensor] | None = None
-        if all(layer.rope_write_kv is not None for layer in self.layers):
-            self.rope_float32 = rope_cos_sin(config, torch.float32, device)
 
     def forward(
         self,
@@ -197,8 +196,10 @@ class LlamaForCausalLM(nn.Module):
         attn: AttentionMetadata,
     ) -> Tensor:  # [num_tokens, hidden], after the final norm
         hidden = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
-        rope = RopeAngles.at(self.rope_cos, self.rope_sin, positions, self.batch_invariant,
-                             self.rope_float32)  # fmt: skip
+        if self.native_rope:
+            rope = Float32Angles.at(self.rope_cos, self.rope_sin, positions)
+        else:
+            rope = RopeAngles.at(self.rope_cos, self.rope_sin, positions, self.batch_invariant)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, rope, kv_cache, attn)
         return self.final_norm(hidden)

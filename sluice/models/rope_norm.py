@@ -15,8 +15,7 @@ layers, and each op costs 1-3 us of dispatch however small its tensors.
 Large steps keep torch's plain formulas, which are faster there.
 
 On CPU in bfloat16 the model rotates q and k with a native kernel instead
-(sluice/models/native/rope.py: float32 angles, `RopeAngles.cos32`/`sin32`,
-one rounding, the K/V cache write in the same pass); `rotate` is the path
+(sluice/models/native/rope.py: float32 angles, `Float32Angles`, one rounding, the K/V cache write in the same pass); `rotate` is the path
 elsewhere and in batch-invariant mode.
 
 Batch-invariant mode takes one path for every step size (the plain rotation;
@@ -86,25 +85,13 @@ class RopeAngles:
     # rotate(x) = x * cos_full + cat(x2, x1) * sin_signed.
     cos_full: Tensor | None  # [T, 1, D]
     sin_signed: Tensor | None  # [T, 1, D]
-    # The same angles in float32 ([T, D // 2]), for the native RoPE kernel
-    # (sluice/models/native/rope.py); None when the model has no such tables.
-    cos32: Tensor | None = None
-    sin32: Tensor | None = None
 
     @classmethod
     def at(
-        cls,
-        cos_table: Tensor,
-        sin_table: Tensor,
-        positions: Tensor,
+        cls, cos_table: Tensor, sin_table: Tensor, positions: Tensor,
         is_batch_invariant: bool = False,
-        float32_tables: tuple[Tensor, Tensor] | None = None,
-    ) -> RopeAngles:
-        """Tables [max_pos, D // 2] indexed at positions [T] (and the float32
-        tables, when given, for the native kernel alone)."""
-        if float32_tables is not None:
-            cos32, sin32 = (table[positions] for table in float32_tables)  # [T, D // 2]
-            return cls(None, None, None, None, cos32, sin32)  # type: ignore[arg-type]
+    ) -> RopeAngles:  # fmt: skip
+        """Tables [max_pos, D // 2] indexed at positions [T]."""
         cos = cos_table[positions].unsqueeze(1)  # [T, 1, D // 2]
         sin = sin_table[positions].unsqueeze(1)  # [T, 1, D // 2]
         if is_batch_invariant or positions.shape[0] > FEW_TOKENS:
@@ -117,6 +104,19 @@ class RopeAngles:
             cos, sin = self.cos, self.sin
             return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         return torch.addcmul(x * self.cos_full, torch.cat((x2, x1), dim=-1), self.sin_signed)
+
+
+@dataclass(slots=True)
+class Float32Angles:
+    """One step's angles in float32, for the native RoPE kernel
+    (sluice/models/native/rope.py), which rotates and rounds once."""
+
+    cos: Tensor  # [T, D // 2] float32
+    sin: Tensor  # [T, D // 2] float32
+
+    @classmethod
+    def at(cls, cos_table: Tensor, sin_table: Tensor, positions: Tensor) -> Float32Angles:
+        return cls(cos_table[positions], sin_table[positions])
 
 
 class RMSNorm:
