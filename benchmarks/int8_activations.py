@@ -1,7 +1,7 @@
 """Int8 activations (W8A8) against bfloat16 for the large steps, interleaved in one process.
 
     .venv/bin/python benchmarks/int8_activations.py [--batches 16,48,64] [--steps 60]
-        [--prefill-tokens 480,2000] [--rounds 4] [--force]
+        [--prefill-tokens 480,2000 ("" for none)] [--rounds 4] [--force]
 
 One engine core with the default settings (on a VNNI CPU: bfloat16 + int4 +
 int8 activations). For each batch, decode steps alternate between the two
@@ -70,7 +70,7 @@ def main() -> None:
         print(f"batch {batch:>3}: bf16 {bf16:6.1f} ms, w8a8 {w8a8:6.1f} ms, "
               f"bf16 / w8a8 {bf16 / w8a8:.3f}", flush=True)  # fmt: skip
     text_ids = tokenizer.encode(TEXT.read_text(encoding="utf-8") * 8)
-    for length in [int(n) for n in args.prefill_tokens.split(",")]:
+    for length in [int(n) for n in args.prefill_tokens.split(",") if n]:  # "" skips them
         seconds = {"bf16": [], "w8a8": []}
         for i in range(2 * args.rounds):
             path = ("bf16", "w8a8")[i % 2]
