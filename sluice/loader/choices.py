@@ -18,6 +18,9 @@ gets the fastest setting that does not cost quality they would notice.
   VNNI (AVX512-VNNI, AVX-VNNI or AMX-INT8) when the weights are quantized
   too: decode steps of 8 to 64 tokens run 1.23-1.28x faster with
   AVX512-VNNI (from 4 tokens on; 40 with the other two), within the same 1%.
+  On a CPU with AMX-BF16 the dense bfloat16 matmul runs on AMX tiles, so
+  the load races the two (sluice/models/int8_threshold.py): `after_amx_race`
+  puts the winner's row count, or W8A8 off, into the reason.
 
 Every choice comes with its reason, which the engine prints at startup; an
 explicit `--dtype`, `--quantization` or `--activation-quantization` always wins.
@@ -26,7 +29,8 @@ explicit `--dtype`, `--quantization` or `--activation-quantization` always wins.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -110,6 +114,15 @@ def choose(
             activations = "int8"
             reasons.append(f"int8 activations in steps of several tokens: the CPU has {vnni}")
     return ModelChoices(dtype, quantization, "; ".join(reasons) or "as asked", activations)
+
+
+def after_amx_race(chosen: ModelChoices, rows: int) -> ModelChoices:
+    """`chosen` once W8A8 raced the AMX bfloat16 matmul at load
+    (sluice/models/int8_threshold.py): from `rows` rows, or off (sys.maxsize)."""
+    if rows == sys.maxsize:
+        reason = "int8 activations off: they lost to AMX bfloat16 at load"
+        return replace(chosen, activations=None, reason=f"{chosen.reason}; {reason}")
+    return replace(chosen, reason=f"{chosen.reason} (from {rows} rows: raced against AMX at load)")
 
 
 def _vnni(flags: frozenset[str]) -> str | None:

@@ -89,7 +89,11 @@ def load_model(config: ModelConfig) -> LoadedModel:
         kept = calibration.calibration_file(
             config.cache_dir, files, chosen.dtype, chosen.quantization, text
         )
-        calibration.quantize_activations(model, tokenizer.encode(text), kept)
+        # With AMX the bfloat16 matmul runs on its tiles: W8A8 races it (int8_threshold.py).
+        race = chosen.dtype == "bfloat16" and "amx_bf16" in choices.cpu_flags()
+        rows = calibration.quantize_activations(model, tokenizer.encode(text), kept, race)
+        if race:
+            chosen = choices.after_amx_race(chosen, rows)
     model.eval()
     return LoadedModel(
         model=model,

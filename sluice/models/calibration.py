@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from sluice.errors import ModelLoadError
+from sluice.models import int8_threshold
 from sluice.models.linear import Linear
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.scoring import forward_chunks
@@ -66,10 +67,14 @@ def calibration_file(
 
 @torch.no_grad()
 def quantize_activations(
-    model: LlamaForCausalLM, token_ids: list[int], cache_file: Path | None = None
-) -> None:
+    model: LlamaForCausalLM, token_ids: list[int], cache_file: Path | None = None,
+    race_against_amx: bool = False,
+) -> int:  # fmt: skip
     """Give q/k/v, o and gate/up of every layer int8 activations, smoothed from
-    `token_ids` (or from the maxima kept in `cache_file`, when it holds them)."""
+    `token_ids` (or from the maxima kept in `cache_file`, when it holds them),
+    from their own threshold on, or (`race_against_amx`) from the rows raced
+    at load (int8_threshold.py). Returns the rows from which W8A8 serves a
+    step; `int8_threshold.NEVER` where it lost the race and was dropped."""
     if not model.is_loaded:
         raise ModelLoadError("int8 activations need the weights loaded first")
     if model.batch_invariant:
@@ -84,7 +89,13 @@ def quantize_activations(
         _write(cache_file, absmax)
     for linear, column_max in zip(targets, absmax, strict=True):
         linear.quantize_activations(column_max)
-    model.activation_quantization = "int8"
+    if race_against_amx:
+        per_layer = len(INT8_ACTIVATION_MATRICES)
+        middle = len(model.layers) // 2 * per_layer
+        int8_threshold.race_against_amx(targets[middle : middle + per_layer], targets)
+    kept_w8a8 = targets[0].int8_activations is not None
+    model.activation_quantization = "int8" if kept_w8a8 else None
+    return targets[0].min_large_rows
 
 
 def _read(cache_file: Path | None, targets: list[Linear]) -> list[Tensor] | None:

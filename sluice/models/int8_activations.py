@@ -90,10 +90,14 @@ class Int8ActivationLinear(nn.Module):
             self._linear = gemm.linear
             self.packed: PackedInt8Weights | None = gemm.pack(weight_int8)
             self.weight_int8 = None
+            # The fewest rows for which this layer beats the model's other
+            # paths (on a CPU with AMX, int8_threshold.py may raise it).
+            self.min_rows = MIN_PACKED_INT8_TOKENS
         else:
             self._quantize, self._dequantize = kernels or (_quantize_rows, _dequantize_rows(dtype))
             self.packed = None
             self.register_buffer("weight_int8", weight_int8)
+            self.min_rows = MIN_INT8_ACTIVATION_TOKENS
 
     @classmethod
     @torch.no_grad()
@@ -109,11 +113,6 @@ class Int8ActivationLinear(nn.Module):
         scales = w.abs().amax(dim=1).clamp(min=1e-12).div_(127)  # [out]
         codes = w.div_(scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         return cls(codes, scales, smooth.reciprocal(), bias, dtype)
-
-    @property
-    def min_rows(self) -> int:
-        """Fewest rows for which this layer beats the model's other paths."""
-        return MIN_PACKED_INT8_TOKENS if self.packed is not None else MIN_INT8_ACTIVATION_TOKENS
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] model dtype -> [T, out]
         if x.stride(-1) != 1:

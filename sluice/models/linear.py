@@ -149,6 +149,22 @@ class Linear(nn.Module):
         self.is_prepacked = True
         self._bind()
 
+    def dense_matmul(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
+        """The dense (prepacked) path whatever the rows, as `forward` takes it
+        between the weight-only and the W8A8 thresholds."""
+        return self._dense_matmul(x)
+
+    def start_int8_activations_at(self, rows: int) -> None:
+        """Serve W8A8 from `rows` rows on (never below the layer's own
+        threshold); sys.maxsize drops the W8A8 layer (int8_threshold.py)."""
+        if self.int8_activations is None:
+            return
+        if rows == sys.maxsize:
+            self.int8_activations = None
+        else:
+            self.int8_activations.min_rows = max(rows, self.int8_activations.min_rows)
+        self._bind()
+
     def dense_weight(self) -> Tensor:  # [out, in], plain layout
         # oneDNN reorders a packed weight back to the plain layout bit for bit.
         return self.weight.to_dense() if self.is_prepacked else self.weight
