@@ -46,7 +46,8 @@ def race_min_rows(
     one warm-up of each, then `repeats` runs alternating, medians compared."""
     threshold = NEVER
     for n in rows:
-        dense(n), w8a8(n)
+        dense(n)  # warm-ups
+        w8a8(n)
         seconds: dict[Callable, list[float]] = {dense: [], w8a8: []}
         for _ in range(repeats):
             for run in (dense, w8a8):
