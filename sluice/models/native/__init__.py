@@ -135,7 +135,6 @@ def _library() -> ctypes.CDLL | None:
         function.restype = None
     library.argmax_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     library.argmax_f32.restype = None
-    _declare_int8(library)
     return library
 
 
@@ -253,29 +252,3 @@ def argmax_kernel():
         return out
 
     return argmax
-
-
-def _declare_int8(library: ctypes.CDLL) -> None:
-    """Argument types of int8_rows.c's and int8_gemm.c's functions."""
-    int64, pointer = ctypes.c_int64, ctypes.c_void_p
-    for name in ("quantize_rows_bf16", "quantize_rows_f32"):
-        function = getattr(library, name)
-        function.argtypes = [pointer] + [int64] * 3 + [pointer] * 3
-        function.restype = ctypes.c_int
-    for name in ("dequantize_rows_bf16", "dequantize_rows_f32"):
-        function = getattr(library, name)
-        function.argtypes = [pointer, int64, int64]
-        function.argtypes += [pointer] * 4
-        function.restype = None
-    library.int8_gemm_available.argtypes = []
-    library.int8_gemm_available.restype = ctypes.c_int
-    library.int8_packed_bytes.argtypes = [int64, int64]
-    library.int8_packed_bytes.restype = int64
-    library.pack_int8_weights.argtypes = [pointer, int64, int64, pointer, pointer]
-    library.pack_int8_weights.restype = ctypes.c_int
-    library.int8_gemm_bf16.argtypes = [pointer, pointer, int64, int64] + [pointer] * 4
-    library.int8_gemm_bf16.argtypes += [int64, pointer]
-    library.int8_gemm_bf16.restype = None
-    library.int8_linear_bf16.argtypes = [pointer, int64, int64, int64] + [pointer] * 5
-    library.int8_linear_bf16.argtypes += [int64, pointer]
-    library.int8_linear_bf16.restype = ctypes.c_int
