@@ -15,7 +15,8 @@ layers, and each op costs 1-3 us of dispatch however small its tensors.
 Large steps keep torch's plain formulas, which are faster there.
 
 On CPU in bfloat16 the model rotates q and k with a native kernel instead
-(sluice/models/native/rope.py: float32 angles, `Float32Angles`, one rounding, the K/V cache write in the same pass); `rotate` is the path
+(sluice/models/native/rope.py: float32 angles, `Float32Angles`, one
+rounding, the K/V cache write in the same pass); `rotate` is the path
 elsewhere and in batch-invariant mode.
 
 Batch-invariant mode takes one path for every step size (the plain rotation;
@@ -88,9 +89,12 @@ class RopeAngles:
 
     @classmethod
     def at(
-        cls, cos_table: Tensor, sin_table: Tensor, positions: Tensor,
+        cls,
+        cos_table: Tensor,
+        sin_table: Tensor,
+        positions: Tensor,
         is_batch_invariant: bool = False,
-    ) -> RopeAngles:  # fmt: skip
+    ) -> RopeAngles:
         """Tables [max_pos, D // 2] indexed at positions [T]."""
         cos = cos_table[positions].unsqueeze(1)  # [T, 1, D // 2]
         sin = sin_table[positions].unsqueeze(1)  # [T, 1, D // 2]

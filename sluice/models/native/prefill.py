@@ -42,7 +42,8 @@ def prefill_attention_kernel(dtype: torch.dtype):
         out = torch.empty((num_queries, num_heads, head_dim), dtype=torch.bfloat16)
         status = function(
             q.data_ptr(), q.stride(0), keys.data_ptr(), keys.stride(0), values.data_ptr(),
-            values.stride(0), num_queries, num_keys, num_heads, num_kv_heads, head_dim, scale, out.data_ptr(),
+            values.stride(0), num_queries, num_keys, num_heads, num_kv_heads, head_dim, scale,
+            out.data_ptr(),
         )  # fmt: skip
         if status != 0:
             raise ValueError("prefill attention: unsupported shape, or no memory")
