@@ -27,7 +27,13 @@ from sluice.frontend.chat_message import ParsedChoice, delta_fields
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.logprob_format import TokenStrings, chat_logprobs, vllm_prompt_logprobs
 from sluice.frontend.request import GenerationRequest
-from sluice.frontend.sse import DONE_EVENT, TEXT_PLACEHOLDER, ChunkEvents, TextChoice
+from sluice.frontend.sse import (
+    DONE_EVENT,
+    TEXT_PLACEHOLDER,
+    ChunkEvents,
+    TextChoice,
+    openai_error_events,
+)
 from sluice.frontend.usage import UsageCounter
 
 CHUNK_OBJECT = "chat.completion.chunk"
@@ -109,6 +115,9 @@ class ChatChunks:
         if not self._request.include_usage:
             return [DONE_EVENT]
         return [self._events.event(None, self.usage.total()), DONE_EVENT]
+
+    def error_events(self, error: Exception) -> list[bytes]:
+        return openai_error_events(error)
 
     # -- non-streamed ----------------------------------------------------------
 

@@ -27,7 +27,13 @@ from sluice.frontend.logprob_format import (
     vllm_prompt_logprobs,
 )
 from sluice.frontend.request import GenerationRequest
-from sluice.frontend.sse import DONE_EVENT, TEXT_PLACEHOLDER, ChunkEvents, TextChoice
+from sluice.frontend.sse import (
+    DONE_EVENT,
+    TEXT_PLACEHOLDER,
+    ChunkEvents,
+    TextChoice,
+    openai_error_events,
+)
 from sluice.frontend.usage import UsageCounter
 
 OBJECT = "text_completion"
@@ -87,6 +93,9 @@ class CompletionChunks:
         if not self._request.include_usage:
             return [DONE_EVENT]
         return [self._events.event(None, self.usage.total()), DONE_EVENT]
+
+    def error_events(self, error: Exception) -> list[bytes]:
+        return openai_error_events(error)
 
     # -- non-streamed ----------------------------------------------------------
 

@@ -21,8 +21,12 @@ class PromptInput:
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    kind: Literal["completion", "chat"]
-    # "cmpl-…" or "chatcmpl-…"; the same on every chunk.
+    # Which API's shapes the output takes: chat and completions (OpenAI), the
+    # Responses API's events and items, Anthropic's Messages events and blocks.
+    # "responses" and "messages" are chat requests underneath (one prompt
+    # rendered from messages, output parsing for tools and reasoning).
+    kind: Literal["completion", "chat", "responses", "messages"]
+    # "cmpl-…", "chatcmpl-…", "resp_…" or "msg_…"; the same on every event.
     response_id: str
     # Unix seconds; the same on every chunk.
     created: int

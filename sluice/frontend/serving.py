@@ -30,14 +30,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Protocol
 
 import msgspec
 
 from sluice.engine.client_base import EngineClient
 from sluice.engine.sampling_params import SamplingParams
-from sluice.errors import SluiceError, openai_error_of
+from sluice.errors import SluiceError
 from sluice.frontend.chat_chunks import ChatChunks
 from sluice.frontend.completions_chunks import CompletionChunks
 from sluice.frontend.deltas import ChoiceDelta
@@ -46,20 +46,35 @@ from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.observer import ChunkTimer, RequestObserver
 from sluice.frontend.output_processor import OutputProcessor, engine_request_id
 from sluice.frontend.request import GenerationRequest
-from sluice.frontend.sse import DONE_EVENT, encode_event
 from sluice.frontend.stream_output import StreamOutput, WriteNow
 
 logger = logging.getLogger(__name__)
 
 
-class _ResponseChunks(Protocol):
-    """What CompletionChunks and ChatChunks have in common."""
+class ResponseChunks(Protocol):
+    """One API's projection of a request's choice deltas: the events of a
+    stream and the folded body. CompletionChunks and ChatChunks
+    (OpenAI), ResponsesEvents (the Responses API), MessagesEvents
+    (Anthropic's Messages) implement it; each is built per request and lives
+    on the event loop."""
 
-    def opening_events(self) -> list[bytes]: ...
+    def opening_events(self) -> list[bytes]:
+        """Events sent with the first delta's, before them."""
+        ...
 
-    def delta_event(self, index: int, delta: ChoiceDelta) -> bytes | None: ...
+    def delta_event(self, index: int, delta: ChoiceDelta) -> bytes | None:
+        """The bytes of one or more whole SSE events carrying `delta`, written
+        at once; None when output parsing holds all of it back for now."""
+        ...
 
-    def closing_events(self) -> list[bytes]: ...
+    def closing_events(self) -> list[bytes]:
+        """The events after every choice finished (usage, [DONE] or the
+        API's terminal event)."""
+        ...
+
+    def error_events(self, error: Exception) -> list[bytes]:
+        """The events that end a stream which fails after its first event."""
+        ...
 
     def fold(self, index: int, delta: ChoiceDelta) -> None: ...
 
@@ -125,7 +140,7 @@ class Frontend:
         return EventStream(self._events(run, chunks, output), output)
 
     async def _events(
-        self, run: _RequestRun, chunks: _ResponseChunks, output: StreamOutput
+        self, run: _RequestRun, chunks: ResponseChunks, output: StreamOutput
     ) -> AsyncGenerator[bytes, None]:
         # Not cancelled: every event was made, or an error ended the stream.
         is_ended = False
@@ -147,7 +162,7 @@ class Frontend:
                 if not has_yielded:
                     is_ended = True
                     raise  # nothing sent yet: the edge answers with an HTTP error
-                closing = [encode_event(openai_error_of(_logged(error))), DONE_EVENT]
+                closing = chunks.error_events(_logged(error))
             is_ended = True
             for event in closing:
                 yield event
@@ -180,10 +195,8 @@ class Frontend:
             run.close(is_aborted=is_cancelled and not output.is_done)
         return chunks.body()
 
-    def _chunks(self, request: GenerationRequest) -> _ResponseChunks:
-        if request.kind == "chat":
-            return ChatChunks(request, self._strings)
-        return CompletionChunks(request, self._strings)
+    def _chunks(self, request: GenerationRequest) -> ResponseChunks:
+        return _PROJECTIONS[request.kind](request, self._strings)
 
 
 class _RequestRun:
@@ -254,6 +267,13 @@ class _RequestRun:
                     now_s - self._timer.started_s,
                     delta.finish_reason,
                 )
+
+
+# Per `GenerationRequest.kind`: the builder of its events and body.
+_PROJECTIONS: dict[str, Callable[[GenerationRequest, TokenStrings], ResponseChunks]] = {
+    "completion": CompletionChunks,
+    "chat": ChatChunks,
+}
 
 
 def _choice_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -16,11 +16,19 @@ from typing import Any
 
 import orjson
 
+from sluice.errors import openai_error_of
+
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def encode_event(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def openai_error_events(error: Exception) -> list[bytes]:
+    """How a chat or completions stream ends when it fails after its first
+    event: one `data: {"error": ...}` event, then [DONE]."""
+    return [encode_event(openai_error_of(error)), DONE_EVENT]
 
 
 class ChunkEvents:
