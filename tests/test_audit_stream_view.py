@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import ast
+import gc
 import json
+from pathlib import Path
 
+import sluice.audit.records as records_module
+from sluice.audit import stream_view
 from sluice.audit.records import CHAT, COMPLETIONS
-from sluice.audit.stream_view import request_shape, view_exchange
+from sluice.audit.stream_view import request_shape, view_exchange, view_of
 from tests.broken_servers import chat_chunk, completion_chunk, recorded, sse
 
 
@@ -99,3 +104,27 @@ def test_a_failed_response_has_an_empty_view():
         recorded(CHAT, {"messages": [], "stream": True}, b'{"error": {}}', status=400)
     )
     assert view.chunks == [] and view.choices == {}
+
+
+def test_records_imports_nothing_of_the_audit_so_views_depend_on_records_only():
+    tree = ast.parse(Path(records_module.__file__).read_text())
+    imported = [
+        node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+    ] + [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    ]
+    assert not [name for name in imported if name.startswith("sluice")]
+
+
+def test_a_view_is_computed_once_per_exchange_and_forgotten_with_it():
+    raw = sse(completion_chunk(0, "hi", "stop"))
+    exchange = recorded(COMPLETIONS, {"prompt": "x", "stream": True}, raw)
+    first = view_of(exchange)
+    assert view_of(exchange) is first
+    key = id(exchange)
+    del exchange
+    gc.collect()
+    assert key not in stream_view._VIEWS

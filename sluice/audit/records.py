@@ -15,10 +15,7 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from sluice.audit.stream_view import StreamView
+from typing import Any, Literal
 
 ReaderKind = Literal["normal", "slow", "abandon"]
 Severity = Literal["invariant", "note"]
@@ -50,7 +47,9 @@ class Reader:
     abandon_after_events: int = 4
 
 
-@dataclass(slots=True)
+# Weak references let `stream_view.view_of` remember each exchange's view
+# without this module knowing the view's type (records stays a leaf).
+@dataclass(slots=True, weakref_slot=True)
 class Exchange:
     """One HTTP request and its response, as seen on the wire."""
 
@@ -83,8 +82,6 @@ class Exchange:
     twin: Exchange | None = None
     # Stops scenario: the greedy text of the same prompt without stop strings, per index.
     unstopped_texts: dict[int, str] | None = None
-    # Filled by the runner once the response is complete.
-    view: StreamView | None = None
 
     @property
     def is_stream(self) -> bool:

@@ -13,6 +13,7 @@ Both APIs are normalised here, once: completions `text` and chat
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,6 +166,23 @@ def _top_logprobs(is_chat: bool, body: dict[str, Any]) -> int | None:
             return None
         return body["top_logprobs"] if _is_count(body.get("top_logprobs")) else 0
     return body["logprobs"] if _is_count(body.get("logprobs")) else None
+
+
+# id(exchange) -> its view, for exchanges still alive (a finalizer drops the
+# entry before the id can be reused). Views are read many times per exchange
+# (every check, the metrics, the twin's comparisons) and never change once the
+# response is complete.
+_VIEWS: dict[int, StreamView] = {}
+
+
+def view_of(exchange: Exchange) -> StreamView:
+    """The exchange's view, computed once (call it when the response is complete)."""
+    key = id(exchange)
+    view = _VIEWS.get(key)
+    if view is None:
+        view = _VIEWS[key] = view_exchange(exchange)
+        weakref.finalize(exchange, _VIEWS.pop, key, None)
+    return view
 
 
 def view_exchange(exchange: Exchange) -> StreamView:

@@ -16,7 +16,7 @@ from sluice.audit.checks.text import check_text
 from sluice.audit.checks.usage import check_usage
 from sluice.audit.checks.wire import check_status, check_stream_framing
 from sluice.audit.records import Exchange, Finding
-from sluice.audit.stream_view import StreamView, view_exchange
+from sluice.audit.stream_view import StreamView, view_of
 
 Check = Callable[[Exchange, StreamView], list[Finding]]
 
@@ -31,9 +31,7 @@ RESPONSE_CHECKS: tuple[Check, ...] = (
 
 
 def ensure_view(exchange: Exchange) -> StreamView:
-    if exchange.view is None:
-        exchange.view = view_exchange(exchange)
-    return exchange.view
+    return view_of(exchange)
 
 
 def check_exchange(exchange: Exchange, *, include_twin: bool = True) -> list[Finding]:

@@ -20,7 +20,13 @@ import re
 from sluice.audit.checks.evidence import finding
 from sluice.audit.logprob_entries import LogprobEntry
 from sluice.audit.records import Exchange, Finding
-from sluice.audit.stream_view import ChoiceChunk, RequestShape, StreamView, is_prompt_entry
+from sluice.audit.stream_view import (
+    ChoiceChunk,
+    RequestShape,
+    StreamView,
+    is_prompt_entry,
+    view_of,
+)
 from sluice.audit.text_utils import split_partial_utf8
 
 _SPECIAL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>|</?s>|<(?:eos|bos|pad|unk)>|\[/?[A-Z_]{2,20}\]")
@@ -203,7 +209,7 @@ def _is_held_back(excess: bytes, delivered: bytes, request: RequestShape, is_las
 
 def _check_text_offsets(exchange: Exchange, view: StreamView) -> list[Finding]:
     """Completions text_offset must continue across chunks as in the non-streamed twin."""
-    twin = exchange.twin.view if exchange.twin is not None else None
+    twin = view_of(exchange.twin) if exchange.twin is not None else None
     if view.request.is_chat or not view.request.is_stream or twin is None:
         return []
     findings = []

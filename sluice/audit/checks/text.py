@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from sluice.audit.checks.evidence import finding
 from sluice.audit.records import Exchange, Finding
-from sluice.audit.stream_view import ChoiceChunk, StreamView
+from sluice.audit.stream_view import ChoiceChunk, StreamView, view_of
 from sluice.audit.text_utils import align_deltas, first_difference, stopped_text
 
 
@@ -35,9 +35,9 @@ def check_text(exchange: Exchange, view: StreamView) -> list[Finding]:
 
 def _usable_twin(exchange: Exchange) -> StreamView | None:
     twin = exchange.twin
-    if twin is None or not twin.is_ok or twin.view is None or exchange.transport_error:
+    if twin is None or not twin.is_ok or exchange.transport_error:
         return None
-    return twin.view
+    return view_of(twin)
 
 
 def _text(chunks: list[ChoiceChunk]) -> str:

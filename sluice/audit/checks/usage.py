@@ -18,7 +18,7 @@ from typing import Any
 
 from sluice.audit.checks.evidence import finding
 from sluice.audit.records import Exchange, Finding
-from sluice.audit.stream_view import ChoiceChunk, StreamView, is_prompt_entry
+from sluice.audit.stream_view import ChoiceChunk, StreamView, is_prompt_entry, view_of
 
 
 def check_usage(exchange: Exchange, view: StreamView) -> list[Finding]:
@@ -91,7 +91,7 @@ def _compare_to_delivered(
         return [
             f"completion_tokens {completion}, but {delivered} tokens were delivered (logprob entries)"
         ]
-    twin = exchange.twin.view if exchange.twin is not None else None
+    twin = view_of(exchange.twin) if exchange.twin is not None else None
     twin_usage = twin.chunks[0].usage if twin is not None and twin.chunks else None
     if not view.request.is_stream or not twin_usage or twin.texts() != view.texts():
         return []
