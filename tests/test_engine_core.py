@@ -68,6 +68,12 @@ def test_greedy_output_is_the_same_alone_and_in_a_batch_of_16(tiny_loaded):
         assert alone == batched[i]
 
 
+def test_a_temperature_below_1e_5_gives_the_greedy_tokens(tiny_loaded):
+    prompts = random_prompts(3, seed=4)
+    tiny = msgspec.structs.replace(GREEDY, temperature=1e-38, logprobs=0)
+    assert run(make_core(tiny_loaded), prompts, tiny) == run(make_core(tiny_loaded), prompts)
+
+
 def test_chunked_prefill_gives_the_same_tokens_as_whole_prompts(tiny_loaded):
     prompts = random_prompts(8, seed=2)
     chunked = run(make_core(tiny_loaded, budget=16), prompts)

@@ -98,6 +98,20 @@ def test_greedy_rows_beside_sampling_rows_still_take_the_argmax():
     assert [tokens[i].token_id for i in (0, 2, 3, 5)] == [argmax[i] for i in (0, 2, 3, 5)]
 
 
+@pytest.mark.parametrize("temperature", [1e-6, 1e-38, 1e-45, 0.0])
+def test_a_temperature_below_1e_5_is_greedy(temperature):
+    """vLLM's rule: dividing by such a temperature overflows the logits to
+    infinities, whose softmax is NaN; the row takes the argmax instead."""
+    logits = random_logits(2, seed=5)
+    rows = [make_row(temperature=temperature, logprobs=1), make_row(temperature=1e-5, seed=1)]
+    tokens = Sampler(V, frozenset({EOS}), "cpu")(logits, rows)
+    argmax = logits.argmax(dim=-1).tolist()
+    assert tokens[0].token_id == argmax[0]
+    assert tokens[0].logprob == pytest.approx(logits[0].log_softmax(-1).max().item())
+    # 1e-5 itself still samples, sharpened: the argmax too, at these logits.
+    assert tokens[1].token_id == argmax[1]
+
+
 def test_padded_vocabulary_columns_are_never_sampled():
     logits = torch.zeros(2, V + 6)
     logits[:, V:] = 100.0

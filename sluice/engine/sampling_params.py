@@ -13,9 +13,14 @@ import msgspec
 
 from sluice.structured.spec import StructuredOutputSpec
 
+# A temperature below this is greedy (vLLM's rule): dividing the logits by it
+# would overflow float32 to infinities, whose softmax is NaN.
+GREEDY_TEMPERATURE_EPS = 1e-5
+
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
-    # 0.0 means greedy (argmax); any other value divides the logits.
+    # Below GREEDY_TEMPERATURE_EPS (0.0 included) means greedy (argmax); any
+    # other value divides the logits.
     temperature: float = 1.0
     # Nucleus: keep the smallest set of tokens whose probability sum >= top_p.
     top_p: float = 1.0
@@ -53,4 +58,4 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE_EPS
