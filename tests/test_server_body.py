@@ -52,11 +52,11 @@ class ThreadNotingTokenizer(ChatFakeTokenizer):
         self._note_thread()
         return super().decode(ids, skip_special_tokens, **options)
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, **extra) -> str:
         self._note_thread()
         if any(message["role"] == "tool" for message in messages):
             raise InvalidRequestError("this template takes no tool turns", param="messages")
-        return super().apply_chat_template(messages, add_generation_prompt)
+        return super().apply_chat_template(messages, add_generation_prompt, **extra)
 
 
 def reader(tokenizer, offload_threshold_bytes: int, limits: RequestLimits = LIMITS) -> BodyReader:
@@ -194,6 +194,12 @@ SAME_BODIES = [
     {"messages": [{"role": "tool", "content": "42"}]},
     {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
     {"model": "other", "prompt": "hi"},
+    # Grammars are compiled inline in the worker.
+    {"prompt": "hi", "guided_json": {"type": "object"}},
+    {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
+    {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required",
+     "tools": [{"type": "function", "function": {"name": "f"}}]},
+    {"prompt": "hi", "structured_outputs": {"regex": "a(b"}},
 ]  # fmt: skip
 
 
@@ -220,6 +226,66 @@ def test_a_request_through_the_worker_is_what_it_is_on_the_loop(body):
     got = outcome(reader(in_worker, offload_threshold_bytes=0), body)
     assert got == expected
     assert on_loop.threads <= {"event loop"} and in_worker.threads <= {"worker"}
+
+
+# -- grammars on the worker path -----------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": SCHEMA}}
+# 9,000 characters (1,500 tokens): a body over OFFLOAD_THRESHOLD_BYTES.
+BIG_TEXT = " hello" * 1500
+GRAMMAR_FIELDS = [
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "A", "schema": SCHEMA}}},
+    {"structured_outputs": {"json": SCHEMA}},
+    {"structured_outputs": {"choice": ["yes", "no"]}},
+    {"guided_json": SCHEMA},
+    {"guided_regex": "[0-9]+"},
+    {"guided_grammar": 'start: "a"+'},
+]
+TOOL_CHOICES = [
+    {"tools": [TOOL], "tool_choice": "required"},
+    {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+]
+BIG_GRAMMAR_BODIES = [
+    *[("/v1/chat/completions", {"messages": [{"role": "user", "content": BIG_TEXT}], **fields})
+      for fields in GRAMMAR_FIELDS + TOOL_CHOICES],
+    *[("/v1/completions", {"prompt": BIG_TEXT, **fields}) for fields in GRAMMAR_FIELDS],
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def grammar_server():
+    """A live server on the fake engine; the params of every request it got."""
+    seen = []
+
+    def script(request_id, prompt, params):
+        seen.append(params)
+        return [ord(c) for c in '{"a": 1}']
+
+    with (
+        LiveServer(FakeEngine(script), ChatFakeTokenizer()) as live,
+        httpx2.Client(base_url=live.url, timeout=30) as http,
+    ):
+        yield http, seen
+
+
+@pytest.mark.parametrize(("path", "body"), BIG_GRAMMAR_BODIES)
+def test_a_large_body_with_a_grammar_is_compiled_in_its_worker(grammar_server, path, body):
+    http, seen = grammar_server
+    raw = orjson.dumps({"model": MODEL, "max_tokens": 8, **body})
+    assert len(raw) > body_module.OFFLOAD_THRESHOLD_BYTES
+    response = http.post(path, content=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 200, response.text
+    assert seen[-1].structured_output is not None
+
+
+def test_a_large_body_with_a_bad_grammar_is_a_400_naming_its_field(grammar_server):
+    http, _ = grammar_server
+    body = {"model": MODEL, "prompt": BIG_TEXT, "guided_regex": "a(b"}
+    response = http.post("/v1/completions", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "guided_regex"
 
 
 def test_tokenize_and_detokenize_take_the_worker_path_too():

@@ -17,7 +17,8 @@ the middle of a call into C), so a worker works in pieces:
 - JSON is parsed by orjson ~64 KiB at a time (`json_pieces`), and pydantic
   validates a window of list elements at a time (`validation_windows`);
 - conversion runs with a preprocessor that does everything inline (template,
-  tokenizer: the Rust tokenizer releases the GIL while it encodes);
+  tokenizer: the Rust tokenizer releases the GIL while it encodes), and
+  compiles grammars inline (llguidance releases the GIL while it compiles);
 - meanwhile threads switch every WORKER_SWITCH_INTERVAL_S instead of every
   5 ms (a worker running Python, the template or a fake tokenizer, gives the
   GIL up that often; with a third thread waiting too, the loop could wait 3
@@ -59,6 +60,7 @@ from sluice.config import RequestLimits
 from sluice.errors import RequestTooLargeError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.server import json_pieces, limits, protocol, validation_windows
+from sluice.server.structured_fields import GrammarCheck
 from sluice.server.to_internal import RequestOptions
 
 # Bodies longer than this are parsed and converted in a worker thread (as
@@ -103,6 +105,7 @@ class BodyReader:
             preprocessor=Preprocessor(
                 on_loop.tokenizer, on_loop.max_model_len, offload_threshold_chars=sys.maxsize
             ),
+            grammar_check=GrammarCheck(is_inline=True),
         )
         self.offload_threshold_bytes = offload_threshold_bytes
         # The worker lanes: one body at a time in each.

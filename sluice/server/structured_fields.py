@@ -9,9 +9,9 @@ Forms read (chat completions and completions alike):
 - vLLM's older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
 
 A request carries at most one constraint: a second is a 400 naming it. The
-spec is compiled here, in a worker thread (a large schema must not stall the
-event loop), so a bad schema, regex or grammar is a 400 naming the field
-before anything is queued.
+spec is compiled here (`GrammarCheck`: in a worker thread, so a large schema
+never stalls the event loop), so a bad schema, regex or grammar is a 400
+naming the field before anything is queued.
 """
 
 from __future__ import annotations
@@ -29,6 +29,28 @@ from sluice.structured.spec import StructuredOutputSpec
 
 
 @dataclass(frozen=True, slots=True)
+class GrammarCheck:
+    """Compiles a spec to check it, off the event loop.
+
+    From the loop, the compile runs in a worker thread. A conversion that
+    already runs in one (a large body's, `sluice.server.body`) must never
+    suspend: it compiles right there (`is_inline`), as its Preprocessor
+    tokenizes right there."""
+
+    is_inline: bool = False
+
+    async def __call__(self, spec: StructuredOutputSpec, param: str, what: str) -> None:
+        """Raises InvalidRequestError naming `param` when `spec` does not compile."""
+        try:
+            if self.is_inline:
+                grammar_of(spec)
+            else:
+                await asyncio.to_thread(grammar_of, spec)
+        except GrammarError as error:
+            raise InvalidRequestError(f"invalid {what}: {error}", param=param) from None
+
+
+@dataclass(frozen=True, slots=True)
 class StructuredField:
     """One constraint a request asked for, and the field that asked (for errors)."""
 
@@ -36,15 +58,14 @@ class StructuredField:
     spec: StructuredOutputSpec
 
 
-async def structured_output(body: protocol.SamplingFields) -> StructuredOutputSpec | None:
+async def structured_output(
+    body: protocol.SamplingFields, check: GrammarCheck
+) -> StructuredOutputSpec | None:
     """The request's constraint, compiled once to check it; None when it has none."""
     field = structured_field(body)
     if field is None:
         return None
-    try:
-        await asyncio.to_thread(grammar_of, field.spec)
-    except GrammarError as error:
-        raise InvalidRequestError(f"invalid {field.param}: {error}", param=field.param) from None
+    await check(field.spec, field.param, field.param)
     return field.spec
 
 

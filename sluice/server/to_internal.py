@@ -25,7 +25,7 @@ from sluice.errors import InvalidRequestError, ModelNotFoundError
 from sluice.frontend.preprocess import ChatMessage, Preprocessor
 from sluice.frontend.request import GenerationRequest, PromptInput
 from sluice.server import limits, protocol, tool_fields
-from sluice.server.structured_fields import structured_output
+from sluice.server.structured_fields import GrammarCheck, structured_output
 from sluice.structured.spec import StructuredOutputSpec
 
 T = TypeVar("T")
@@ -48,6 +48,8 @@ class RequestOptions:
     # template; None: tool_choice "auto" is refused) and the reasoning parser.
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    # How structured-output specs are compiled to check them.
+    grammar_check: GrammarCheck = field(default_factory=GrammarCheck)
 
 
 def check_model(requested: str | None, served_model_name: str) -> str:
@@ -69,7 +71,7 @@ async def completion_request(
     n = body.n or 1
     _refuse_unsupported_completion_fields(body, n)
     stream = _check_stream_options(body)
-    structured = await structured_output(body)
+    structured = await structured_output(body, options.grammar_check)
     prompts = await _completion_prompts(body, n, options.preprocessor)
     limits.check_prompts(prompts, options.limits, "prompt")
     echo = _default(body.echo, False)
@@ -93,8 +95,10 @@ async def chat_request(
     n = body.n or 1
     logprobs = _chat_logprobs(body)
     stream = _check_stream_options(body)
-    structured = await structured_output(body)
-    tools = await tool_fields.tool_plan(body, options.tool_call_parser, options.reasoning_parser)
+    structured = await structured_output(body, options.grammar_check)
+    tools = await tool_fields.tool_plan(
+        body, options.tool_call_parser, options.reasoning_parser, options.grammar_check
+    )
     structured = tool_fields.structured_output_of(tools, structured)
     messages = chat_messages(body.messages)
     prompt = await options.preprocessor.chat_prompt(

@@ -27,14 +27,13 @@ sampling and the reading of the output: one `ToolPlan`.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 from sluice.errors import InvalidRequestError
 from sluice.frontend.preprocess import MessageToolCall
 from sluice.server import protocol
-from sluice.structured.grammar import GrammarError, grammar_of
+from sluice.server.structured_fields import GrammarCheck
 from sluice.structured.spec import StructuredOutputSpec
 from sluice.tools.output_parsing import NAMED_FORMAT, REQUIRED_FORMAT, OutputParsing
 from sluice.tools.parsers import KEEPS_SPECIAL_TOKENS
@@ -57,6 +56,7 @@ async def tool_plan(
     body: protocol.ChatCompletionRequest,
     tool_call_parser: str | None,
     reasoning_parser: str | None,
+    check: GrammarCheck = GrammarCheck(),
 ) -> ToolPlan:
     _refuse_deprecated_fields(body)
     tools = _function_tools(body.tools)
@@ -86,10 +86,7 @@ async def tool_plan(
         schema = named_function_schema(tool)
         parsing = OutputParsing(NAMED_FORMAT, function_name=tool.name)
     spec = StructuredOutputSpec.json_schema(schema)
-    try:
-        await asyncio.to_thread(grammar_of, spec)
-    except GrammarError as error:
-        raise InvalidRequestError(f"invalid tool parameters: {error}", param="tools") from None
+    await check(spec, "tools", "tool parameters")
     return ToolPlan(template_tools, parsing, spec)
 
 
