@@ -29,7 +29,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 from tokenizers import Tokenizer as BackendTokenizer
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import decoders, models, pre_tokenizers, processors
 
 from sluice.config import CacheConfig, EngineConfig, SchedulerConfig
 from sluice.engine.core import EngineCore
@@ -139,8 +139,9 @@ def make_core(
     return EngineCore(config, loaded=loaded)
 
 
-def write_tiny_tokenizer(folder: Path, num_tokens: int = 259) -> None:
-    """A byte-level BPE tokenizer: <unk>, <s>, </s>, then the 256 byte symbols."""
+def write_tiny_tokenizer(folder: Path, num_tokens: int = 259, *, adds_bos: bool = False) -> None:
+    """A byte-level BPE tokenizer: <unk>, <s>, </s>, then the 256 byte symbols.
+    `adds_bos`: encoding with special tokens prepends <s>, as Llama's tokenizers do."""
     table = _unicode_to_byte()
     symbols = ["<unk>", "<s>", "</s>", *sorted(table, key=table.__getitem__)]
     symbols += [f"extra{i}" for i in range(num_tokens - len(symbols))]
@@ -148,6 +149,10 @@ def write_tiny_tokenizer(folder: Path, num_tokens: int = 259) -> None:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens(["<unk>", "<s>", "</s>"])
+    if adds_bos:
+        backend.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+        )
     backend.save(str(folder / "tokenizer.json"))
     special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     (folder / "tokenizer_config.json").write_text(json.dumps(special))
