@@ -16,6 +16,7 @@
 OpenAI error object, the one place that object's shape is spelled: the HTTP
 edge (`sluice.server.errors`) sends it with the error's status, a stream that
 already started sends it as its last event (`sluice.frontend.serving`).
+`anthropic_error` spells Anthropic's (the Messages API's routes).
 Cancellation is not an error: it is `asyncio.CancelledError` and the normal
 abort path.
 """
@@ -104,3 +105,31 @@ def openai_error_of(error: BaseException) -> dict[str, Any]:
     if isinstance(error, ServiceUnavailableError):
         return openai_error(error.message, error.error_type)
     return openai_error(INTERNAL_ERROR_MESSAGE, INTERNAL_ERROR_TYPE)
+
+
+# Anthropic's error types by HTTP status; any other status is an "api_error".
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error(status_code: int, message: str) -> dict[str, Any]:
+    """Anthropic's error object: {"type": "error", "error": {"type", "message"}}."""
+    error_type = ANTHROPIC_ERROR_TYPES.get(status_code, "api_error")
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+def anthropic_error_of(error: BaseException) -> dict[str, Any]:
+    """`error` in Anthropic's shape, told as much as `openai_error_of` tells."""
+    message = openai_error_of(error)["error"]["message"]
+    if isinstance(error, (RequestError, ServiceUnavailableError)):
+        return anthropic_error(error.status_code, message)
+    return anthropic_error(500, message)

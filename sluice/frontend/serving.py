@@ -43,6 +43,7 @@ from sluice.frontend.completions_chunks import CompletionChunks
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.detokenizer import DecodingTokenizer
 from sluice.frontend.logprob_format import TokenStrings
+from sluice.frontend.messages_events import MessagesEvents
 from sluice.frontend.observer import ChunkTimer, RequestObserver
 from sluice.frontend.output_processor import OutputProcessor, engine_request_id
 from sluice.frontend.request import GenerationRequest
@@ -273,6 +274,7 @@ class _RequestRun:
 _PROJECTIONS: dict[str, Callable[[GenerationRequest, TokenStrings], ResponseChunks]] = {
     "completion": CompletionChunks,
     "chat": ChatChunks,
+    "messages": MessagesEvents,
 }
 
 
