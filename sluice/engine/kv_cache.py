@@ -63,8 +63,9 @@ class KVCacheManager:
         self._ref_count: dict[int, int] = {}
         self._hash_by_block: dict[int, bytes] = {}
         self._block_by_hash: dict[bytes, int] = {}
-        # Tokens looked up and found by admitted requests (for metrics; a
-        # lookup whose admission failed is not counted: it is tried again).
+        # Tokens looked up and found by requests at their first admission (for
+        # metrics; a lookup whose admission failed is not counted: it is tried
+        # again, nor is a preempted request's return).
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
 
@@ -142,7 +143,7 @@ class KVCacheManager:
         return num_hit_tokens
 
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
-        """Count the lookup of a request that was admitted with it."""
+        """Count the lookup of a request admitted with it for the first time."""
         if self.enable_prefix_caching:
             self.num_queried_tokens += num_tokens
             self.num_hit_tokens += num_hit_tokens

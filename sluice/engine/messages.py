@@ -51,7 +51,8 @@ class EngineStatsSnapshot(msgspec.Struct, frozen=True):
     # Fraction of KV blocks held by requests, 0.0 .. 1.0.
     kv_cache_usage: float = 0.0
     # Since the engine started: prompt tokens looked up in the prefix cache
-    # at admission, and those found there.
+    # at a request's first admission (not its returns after preemption), and
+    # those found there.
     prefix_cache_queried_tokens: int = 0
     prefix_cache_hit_tokens: int = 0
     # Since the engine started: running requests preempted for KV blocks.

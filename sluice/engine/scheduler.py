@@ -259,8 +259,10 @@ class Scheduler:
                 self.kv.free(request)  # the prefix goes back to the cache
                 request.num_computed_tokens = 0
                 return  # FCFS: nobody overtakes the head of the queue
-            self.kv.record_lookup(request.num_tokens, num_cached_tokens)
             if request.status is RequestStatus.WAITING:
+                # A request's first admission only: a preempted one recomputing
+                # its own tokens is not a lookup (vLLM keeps those apart too).
+                self.kv.record_lookup(request.num_tokens, num_cached_tokens)
                 request.num_cached_tokens = num_cached_tokens
             self._waiting.popleft()
             request.status = RequestStatus.RUNNING
