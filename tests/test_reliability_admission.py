@@ -1,11 +1,11 @@
-"""Admission control under overload: a bounded queue, first-token deadlines, draining.
+"""Admission control under overload: a bounded queue, queue timeouts, draining.
 
 The issue's scenario (500 streams against a queue of 64) is scaled to 200
 streams against 8 running + 16 waiting, on the fake engine in its own
 process: the overflow gets 503 + Retry-After at once and every accepted
 stream completes exactly (contract I1-I5). The gate's own rules are then
 checked one by one on a fake engine in this process, in virtual time
-(`run_in_virtual_time`): a deadline and an engine step land exactly when
+(`run_in_virtual_time`): a timeout and an engine step land exactly when
 they are due, whatever the machine's load.
 """
 
@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import threading
 
 import aiohttp
 import httpx2
 import orjson
 import pytest
 
+from sluice.config import EngineConfig, SchedulerConfig
+from sluice.engine.client_base import QueueTimeout
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import EngineDeadError, InvalidRequestError, QueueFullError
 from sluice.server.admission import (
@@ -92,7 +95,7 @@ def test_overflow_gets_503_at_once_and_every_accepted_stream_completes_exactly(t
     assert f'sluice:requests_refused_total{{reason="queue_full"}} {len(refused)}.0' in metrics
 
 
-# -- first-token deadlines over HTTP ------------------------------------------------
+# -- queue timeouts over HTTP ------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +106,7 @@ def slow_prefill():
         yield server
 
 
-def test_a_stream_that_waits_past_its_deadline_gets_a_503_naming_the_timeout(slow_prefill):
+def test_a_stream_that_waits_past_its_queue_timeout_gets_a_503_naming_it(slow_prefill):
     async def go():
         async with aiohttp.ClientSession() as session:
             return await read_stream(
@@ -116,8 +119,8 @@ def test_a_stream_that_waits_past_its_deadline_gets_a_503_naming_the_timeout(slo
     record = run(go())
     assert record.status == 503 and record.headers["Retry-After"] == "1"
     assert "queue timeout" in orjson.loads(record.body)["error"]["message"]
-    # Not before its deadline; and before its first token (100 steps of at least
-    # 10 ms each), which the engine never produced: the deadline cut it.
+    # Not before its timeout; and before its first token (100 steps of at least
+    # 10 ms each), which the engine never produced: the timeout cut it.
     assert record.ended_s - record.sent_s >= 0.2
     request_id = slow_prefill.engine.added_request_ids[-1]
     assert slow_prefill.engine.outputs[request_id] == []
@@ -125,7 +128,7 @@ def test_a_stream_that_waits_past_its_deadline_gets_a_503_naming_the_timeout(slo
     assert request_id in slow_prefill.engine.aborted_request_ids
 
 
-def test_a_chat_stream_past_its_deadline_gets_a_503_too(slow_prefill):
+def test_a_chat_stream_past_its_queue_timeout_gets_a_503_too(slow_prefill):
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 5}
 
     async def go():
@@ -139,7 +142,7 @@ def test_a_chat_stream_past_its_deadline_gets_a_503_too(slow_prefill):
     assert "queue timeout" in orjson.loads(record.body)["error"]["message"]
 
 
-def test_a_request_within_its_deadline_is_served_and_a_bad_deadline_is_a_400(slow_prefill):
+def test_a_request_within_its_queue_timeout_is_served_and_a_bad_one_is_a_400(slow_prefill):
     with httpx2.Client(base_url=slow_prefill.url, timeout=10) as http:
         body = completion_body(3, stream=False)
         served = http.post("/v1/completions", json=body, headers={QUEUE_TIMEOUT_HEADER: "5"})
@@ -151,7 +154,7 @@ def test_a_request_within_its_deadline_is_served_and_a_bad_deadline_is_a_400(slo
 
 
 @pytest.mark.parametrize("value", ["5", "0.25", ".5", "86399.9"])
-def test_a_deadline_header_is_ascii_decimal_seconds(value):
+def test_a_queue_timeout_header_is_ascii_decimal_seconds(value):
     assert queue_timeout_s(value, None) == float(value)
 
 
@@ -162,7 +165,7 @@ def test_a_deadline_header_is_ascii_decimal_seconds(value):
         " 5", "\u00b2", "\u0661\u0662", "\uff15",  # "²", Arabic-Indic "١٢", fullwidth "５"
     ],
 )  # fmt: skip
-def test_any_other_deadline_header_is_a_400_naming_it(value):
+def test_any_other_queue_timeout_header_is_a_400_naming_it(value):
     with pytest.raises(InvalidRequestError) as error:
         queue_timeout_s(value, 5.0)
     assert error.value.param == QUEUE_TIMEOUT_HEADER
@@ -206,42 +209,42 @@ def test_an_aborted_request_frees_its_slot_and_its_sink_hears_nothing_more():
     run_in_virtual_time(go())
 
 
-def test_a_deadline_fires_only_while_nothing_was_produced():
+def test_a_queue_timeout_fires_only_while_nothing_was_produced():
     async def go() -> None:
         loop = asyncio.get_running_loop()
         engine = FakeEngine(step_interval_s=0.01, prefill_steps=30)
         gate = AdmissionGate(engine, capacity=4)
         waiting, served = RecordingSink(), RecordingSink()
-        gate.add_request("waiting", [5], PARAMS, waiting, first_token_timeout_s=0.1)
+        gate.add_request("waiting", [5], PARAMS, waiting, queue_timeout=QueueTimeout(0.1))
         await waiting.done.wait()
-        # Cut at its deadline, long before its first token (30 steps: 0.3 s).
+        # Cut at its timeout, long before its first token (30 steps: 0.3 s).
         assert loop.time() == pytest.approx(0.1)
         assert [type(e) for e in waiting.errors] == [QueueTimeoutError]
         assert "waiting" in engine.aborted_request_ids
         quick = FakeEngine(step_interval_s=0.05)
         gate = AdmissionGate(quick, capacity=4)
         added_s = loop.time()
-        gate.add_request("served", [5], PARAMS, served, first_token_timeout_s=0.08)
+        gate.add_request("served", [5], PARAMS, served, queue_timeout=QueueTimeout(0.08))
         await served.done.wait()
         # Its first token came at 50 ms, in time; the other four took until
-        # 250 ms, long past the 80 ms deadline: no error.
+        # 250 ms, long past the 80 ms timeout: no error.
         assert loop.time() - added_s == pytest.approx(0.25)
         assert not served.errors and served.deltas[-1].finish_reason == "length"
 
 
-def test_the_deadline_view_adds_every_request_with_its_deadline():
+def test_the_choices_of_one_api_request_share_their_queue_timeout_and_count_once():
     async def go() -> None:
         engine = FakeEngine(step_interval_s=0.01, prefill_steps=30)
         gate = AdmissionGate(engine, capacity=4)
-        assert gate.with_first_token_deadline(None) is gate
-        view = gate.with_first_token_deadline(0.1)
+        queue_timeout = QueueTimeout(0.1)
         sinks = [RecordingSink(), RecordingSink()]
-        view.add_request("a", [5], PARAMS, sinks[0])
-        view.add_request("b", [5], PARAMS, sinks[1])
-        assert gate.num_in_flight == 2 and view.is_alive
+        for request_id, sink in zip("ab", sinks, strict=True):
+            gate.add_request(request_id, [5], PARAMS, sink, queue_timeout=queue_timeout)
+        assert gate.num_in_flight == 2
         await asyncio.gather(*(sink.done.wait() for sink in sinks))
         assert all([type(e) for e in sink.errors] == [QueueTimeoutError] for sink in sinks)
-        assert gate.num_refused["queue_timeout"] == 2 and gate.num_in_flight == 0
+        assert gate.num_refused["queue_timeout"] == 1 and gate.num_in_flight == 0
+        assert queue_timeout.has_expired
 
     run_in_virtual_time(go())
 
@@ -276,3 +279,80 @@ def test_a_request_the_engine_refuses_takes_no_slot():
         assert gate.num_in_flight == 0
 
     run_in_virtual_time(go())
+
+
+# -- what one API request asks of the gate, over HTTP ----------------------------------
+
+
+def _engine_config(max_num_seqs: int, max_waiting_requests: int) -> EngineConfig:
+    scheduler = SchedulerConfig(
+        max_num_seqs=max_num_seqs, max_waiting_requests=max_waiting_requests
+    )
+    return EngineConfig(scheduler=scheduler)
+
+
+def test_n_beyond_the_admission_capacity_is_a_400_naming_n_even_on_an_idle_server():
+    engine = LoopFakeEngine()
+    with (
+        LiveServer(engine, ChatFakeTokenizer(), engine=_engine_config(4, 0)) as server,
+        httpx2.Client(base_url=server.url, timeout=10) as http,
+    ):
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        responses = [
+            http.post("/v1/completions", json=completion_body(2, stream=False) | {"n": 5}),
+            http.post("/v1/chat/completions", json=chat | {"n": 5, "stream": True}),
+            # Two prompts of n=3 need six engine requests at once: never admissible.
+            http.post(
+                "/v1/completions",
+                json=completion_body(2, stream=False) | {"prompt": ["a", "b"], "n": 3},
+            ),
+        ]
+        fits = http.post("/v1/completions", json=completion_body(2, stream=False) | {"n": 4})
+        metrics = http.get("/metrics").text
+    for response in responses:
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "n" and "4" in error["message"]
+    assert engine.added_request_ids == [f"{fits.json()['id']}-{i}" for i in range(4)]
+    assert fits.status_code == 200 and len(fits.json()["choices"]) == 4
+    # A request that can never be served is the client's error, not a refusal for load.
+    assert 'sluice:requests_refused_total{reason="queue_full"} 0.0' in metrics
+
+
+def test_refusals_count_once_per_api_request_whatever_its_n(slow_prefill):
+    def refused(reason: str) -> float:
+        metrics = httpx2.get(slow_prefill.url + "/metrics").text
+        line = f'sluice:requests_refused_total{{reason="{reason}"}} '
+        return float(metrics.split(line)[1].split()[0])
+
+    before = refused("queue_timeout")
+    with httpx2.Client(base_url=slow_prefill.url, timeout=10) as http:
+        body = completion_body(3, stream=False) | {"n": 3}
+        headers = {QUEUE_TIMEOUT_HEADER: "0.1"}
+        responses = [http.post("/v1/completions", json=body, headers=headers) for _ in range(2)]
+    assert [r.status_code for r in responses] == [503, 503]
+    assert refused("queue_timeout") - before == 2
+
+
+def test_a_full_queue_refuses_an_api_request_once_whatever_its_n():
+    engine = LoopFakeEngine(step_interval_s=0.01, prefill_steps=1000)
+    with (
+        LiveServer(engine, ChatFakeTokenizer(), engine=_engine_config(2, 2)) as server,
+        httpx2.Client(base_url=server.url, timeout=10) as http,
+    ):
+        # Three of four slots taken by a request that waits for its first token.
+        holder = threading.Thread(
+            target=http.post,
+            args=("/v1/completions",),
+            kwargs={"json": completion_body(2, stream=False) | {"n": 3}},
+        )
+        holder.start()
+        engine.wait_until(lambda: len(engine.added_request_ids) == 3)
+        refused = http.post("/v1/completions", json=completion_body(2) | {"n": 3})
+        metrics = http.get("/metrics").text
+        engine.die_threadsafe()
+        holder.join(10)
+    assert refused.status_code == 503 and "queue is full" in refused.json()["error"]["message"]
+    # It was refused before any of its choices reached the engine.
+    assert len(engine.added_request_ids) == 3
+    assert 'sluice:requests_refused_total{reason="queue_full"} 1.0' in metrics

@@ -21,6 +21,7 @@ Guarantees every implementation keeps:
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
@@ -49,6 +50,18 @@ class ReplicaState(msgspec.Struct, frozen=True):
     stats: EngineStatsSnapshot
 
 
+@dataclass(slots=True, eq=False)
+class QueueTimeout:
+    """The longest one API request may wait for its first token: a value its
+    engine requests (one per choice) share. The `AdmissionGate` enforces it
+    (sluice/server/admission.py); an engine takes it and ignores it."""
+
+    timeout_s: float
+    # Set when the first of its engine requests ran out of time, so that the
+    # refusal counts once per API request however many choices waited.
+    has_expired: bool = False
+
+
 class DeltaSink(Protocol):
     def on_delta(self, delta: RequestDelta) -> None: ...
 
@@ -69,8 +82,11 @@ class EngineClient(abc.ABC):
         prompt_token_ids: list[int],
         params: SamplingParams,
         sink: DeltaSink,
+        *,
+        queue_timeout: QueueTimeout | None = None,
     ) -> None:
-        """Queue a request. Raises EngineDeadError if the engine is down."""
+        """Queue a request. Raises EngineDeadError if the engine is down.
+        `queue_timeout` is the admission gate's: an engine ignores it."""
 
     @abc.abstractmethod
     def abort(self, request_ids: list[str]) -> None:

@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 
-from sluice.engine.client_base import DeltaSink, EngineClient
+from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout
 from sluice.engine.core import EngineCore
 from sluice.engine.messages import (
     AbortRequests,
@@ -76,6 +76,8 @@ class InProcessEngineClient(EngineClient):
         prompt_token_ids: list[int],
         params: SamplingParams,
         sink: DeltaSink,
+        *,
+        queue_timeout: QueueTimeout | None = None,
     ) -> None:
         if not self._is_alive:
             raise EngineDeadError("the engine is not running")

@@ -27,7 +27,7 @@ import time
 import zmq
 import zmq.asyncio
 
-from sluice.engine.client_base import DeltaSink, EngineClient
+from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout
 from sluice.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -163,6 +163,8 @@ class ZmqEngineClient(EngineClient):
         prompt_token_ids: list[int],
         params: SamplingParams,
         sink: DeltaSink,
+        *,
+        queue_timeout: QueueTimeout | None = None,
     ) -> None:
         if not self._is_alive:
             raise EngineDeadError("the engine is not running")

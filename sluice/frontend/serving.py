@@ -35,7 +35,7 @@ from typing import Protocol
 
 import msgspec
 
-from sluice.engine.client_base import EngineClient
+from sluice.engine.client_base import EngineClient, QueueTimeout
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import SluiceError
 from sluice.frontend.chat_chunks import ChatChunks
@@ -204,7 +204,11 @@ class _RequestRun:
     """One API request in flight: its engine requests, its counts, its timing."""
 
     def __init__(
-        self, request: GenerationRequest, engine: EngineClient, observer: RequestObserver | None
+        self,
+        request: GenerationRequest,
+        engine: EngineClient,
+        queue_timeout: QueueTimeout | None,
+        observer: RequestObserver | None,
     ):
         self._request = request
         self._engine = engine
@@ -224,7 +228,13 @@ class _RequestRun:
                 request_id = engine_request_id(request.response_id, index)
                 prompt = request.prompts[index // request.n]
                 params = _choice_params(request.params, index)
-                self._engine.add_request(request_id, list(prompt.token_ids), params, processor)
+                self._engine.add_request(
+                    request_id,
+                    list(prompt.token_ids),
+                    params,
+                    processor,
+                    queue_timeout=self._queue_timeout,
+                )
                 added.append(request_id)
         except BaseException:
             processor.close()

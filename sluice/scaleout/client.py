@@ -27,7 +27,7 @@ import logging
 import math
 
 from sluice.config import DataParallelConfig, EngineConfig
-from sluice.engine.client_base import DeltaSink, EngineClient, ReplicaState
+from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout, ReplicaState
 from sluice.engine.messages import EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
@@ -90,6 +90,8 @@ class DataParallelEngineClient(EngineClient):
         prompt_token_ids: list[int],
         params: SamplingParams,
         sink: DeltaSink,
+        *,
+        queue_timeout: QueueTimeout | None = None,
     ) -> None:
         healthy = self._healthy_replicas()
         if not healthy:

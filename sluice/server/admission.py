@@ -1,4 +1,4 @@
-"""Admission control at the edge: a bounded queue, first-token deadlines, a drain switch.
+"""Admission control at the edge: a bounded queue, queue timeouts, a drain switch.
 
 `AdmissionGate` wraps the engine client the frontend talks to. Each engine
 request is counted from `add_request` until its sink hears its finish or an
@@ -7,11 +7,14 @@ error, or it is aborted. Invariants:
   engine runs at most max_num_seqs at once, so capacity = max_num_seqs +
   max_waiting_requests bounds its waiting queue. Beyond it `add_request`
   raises QueueFullError at once (503 with Retry-After): nothing piles up.
-- A request added with `first_token_timeout_s` (the route passes the gate's
-  `with_first_token_deadline(timeout_s)` view to the frontend) that has
-  produced nothing when the timeout expires is aborted in the engine and its
+  An API request whose choices could never all be admitted is a 400 naming
+  `n` (`check_open`): retrying could not help.
+- A request added with a `QueueTimeout` (the longest its API request may wait
+  for its first token: the X-Sluice-Queue-Timeout header or --queue-timeout-s)
+  that has produced nothing when it runs out is aborted in the engine and its
   sink gets one QueueTimeoutError: a 503 if its stream has not started, an
-  error event and [DONE] if it has. Never a silent drop.
+  error event and [DONE] if it has. Never a silent drop. The choices of one
+  API request share their QueueTimeout: the refusal counts once.
 - While draining (shutdown), `add_request` refuses with ServiceUnavailableError;
   `fail_all` ends every open request with one error and aborts it in the engine.
 - A sink hears nothing after its finish or its error, also when the gate
@@ -28,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sluice.config import SchedulerConfig
-from sluice.engine.client_base import DeltaSink, EngineClient, ReplicaState
+from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout, ReplicaState
 from sluice.engine.messages import EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
@@ -39,7 +42,7 @@ QUEUE_TIMEOUT_HEADER = "x-sluice-queue-timeout"
 
 
 class QueueTimeoutError(ServiceUnavailableError):
-    """The request waited past its deadline without producing a token."""
+    """The request waited past its queue timeout without producing a token."""
 
 
 class ShuttingDownError(ServiceUnavailableError):
@@ -50,7 +53,7 @@ _DECIMAL_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+", re.ASCII)
 
 
 def queue_timeout_s(header_value: str | None, default_s: float | None) -> float | None:
-    """The deadline a request asked for (header), else the server's default.
+    """The queue timeout a request asked for (header), else the server's default.
 
     Seconds in ASCII decimal ("5", "0.25", ".5"): `float()` alone would also
     take signs, exponents, underscores, "nan" and other scripts' digits."""
@@ -74,21 +77,21 @@ def capacity_of(config: SchedulerConfig) -> int:
 class _TrackedSink:
     """Forwards one engine request's output until it ends; then hears nothing."""
 
-    __slots__ = ("_gate", "_request_id", "_sink", "deadline_handle", "is_open")
+    __slots__ = ("_gate", "_request_id", "_sink", "timeout_handle", "is_open")
 
     def __init__(self, gate: AdmissionGate, request_id: str, sink: DeltaSink):
         self._gate = gate
         self._request_id = request_id
         self._sink = sink
-        self.deadline_handle: asyncio.TimerHandle | None = None
+        self.timeout_handle: asyncio.TimerHandle | None = None
         self.is_open = True
 
     def on_delta(self, delta: RequestDelta) -> None:
         # Runs for every engine step of every request: the checks are inlined.
         if not self.is_open:
             return
-        if self.deadline_handle is not None:
-            self.cancel_deadline()  # it produced something: no longer waiting
+        if self.timeout_handle is not None:
+            self.cancel_timeout()  # it produced something: no longer waiting
         if delta.finish_reason is not None:
             self._gate._release(self._request_id)
         self._sink.on_delta(delta)
@@ -101,14 +104,14 @@ class _TrackedSink:
         """Stop forwarding; True if it was still open."""
         if not self.is_open:
             return False
-        self.cancel_deadline()
+        self.cancel_timeout()
         self._gate._release(self._request_id)
         return True
 
-    def cancel_deadline(self) -> None:
-        if self.deadline_handle is not None:
-            self.deadline_handle.cancel()
-            self.deadline_handle = None
+    def cancel_timeout(self) -> None:
+        if self.timeout_handle is not None:
+            self.timeout_handle.cancel()
+            self.timeout_handle = None
 
 
 class AdmissionGate(EngineClient):
@@ -133,12 +136,20 @@ class AdmissionGate(EngineClient):
     def is_full(self) -> bool:
         return len(self._open) >= self.capacity
 
-    def check_open(self) -> None:
-        """Refuse at once, before any work on the request, if it could not be admitted."""
+    def check_open(self, num_engine_requests: int = 1) -> None:
+        """Refuse at once, before any work, an API request whose engine requests
+        (one per choice) could not all be admitted now (503), or ever (400)."""
+        if num_engine_requests > self.capacity:
+            raise InvalidRequestError(
+                f"the request asks for {num_engine_requests} choices at once (n times the "
+                f"prompts); this server admits at most {self.capacity} "
+                "(--max-num-seqs + --max-waiting-requests)",
+                param="n",
+            )
         if self.is_draining:
             self.num_refused["shutting_down"] += 1
             raise ShuttingDownError("the server is shutting down; retry on another instance")
-        if self.is_full:
+        if len(self._open) + num_engine_requests > self.capacity:
             self.num_refused["queue_full"] += 1
             raise QueueFullError(
                 f"the waiting queue is full ({self.capacity} requests in flight); retry later"
@@ -152,10 +163,11 @@ class AdmissionGate(EngineClient):
         prompt_token_ids: list[int],
         params: SamplingParams,
         sink: DeltaSink,
-        first_token_timeout_s: float | None = None,
+        *,
+        queue_timeout: QueueTimeout | None = None,
     ) -> None:
-        """Admit and add one engine request; with `first_token_timeout_s`, end
-        it with QueueTimeoutError if it produces nothing within that time."""
+        """Admit and add one engine request; with `queue_timeout`, end it with
+        QueueTimeoutError if it produces nothing within that time."""
         self.check_open()
         tracked = _TrackedSink(self, request_id, sink)
         self._open[request_id] = tracked
@@ -165,10 +177,10 @@ class AdmissionGate(EngineClient):
         except BaseException:
             tracked.end()
             raise
-        if first_token_timeout_s is not None and tracked.is_open:
+        if queue_timeout is not None and tracked.is_open:
             loop = asyncio.get_running_loop()
-            tracked.deadline_handle = loop.call_later(
-                first_token_timeout_s, self._expire, request_id, first_token_timeout_s
+            tracked.timeout_handle = loop.call_later(
+                queue_timeout.timeout_s, self._expire, request_id, queue_timeout
             )
 
     def abort(self, request_ids: list[str]) -> None:
@@ -197,13 +209,6 @@ class AdmissionGate(EngineClient):
     async def shutdown(self) -> None:
         await self.engine.shutdown()
 
-    def with_first_token_deadline(self, timeout_s: float | None) -> EngineClient:
-        """The gate as one API request's engine client: every engine request it
-        adds gets `timeout_s` as its first-token deadline (None: no deadline)."""
-        if timeout_s is None:
-            return self
-        return _DeadlineClient(self, timeout_s)
-
     # -- draining ----------------------------------------------------------------
 
     def start_draining(self) -> None:
@@ -229,15 +234,17 @@ class AdmissionGate(EngineClient):
 
     # -- internals -----------------------------------------------------------------
 
-    def _expire(self, request_id: str, timeout_s: float) -> None:
+    def _expire(self, request_id: str, queue_timeout: QueueTimeout) -> None:
         tracked = self._open.get(request_id)
         if tracked is None:
             return
-        tracked.deadline_handle = None
-        self.num_refused["queue_timeout"] += 1
+        tracked.timeout_handle = None
+        if not queue_timeout.has_expired:  # its API request's first choice to run out
+            queue_timeout.has_expired = True
+            self.num_refused["queue_timeout"] += 1
         tracked.on_error(
             QueueTimeoutError(
-                f"the request waited {timeout_s:g} s without being served "
+                f"the request waited {queue_timeout.timeout_s:g} s without being served "
                 "(queue timeout); retry later"
             )
         )
@@ -250,45 +257,6 @@ class AdmissionGate(EngineClient):
             tracked.is_open = False
         if not self._open:
             self._idle.set()
-
-
-class _DeadlineClient(EngineClient):
-    """`AdmissionGate.with_first_token_deadline`: adds with the deadline, the
-    rest is the gate's."""
-
-    def __init__(self, gate: AdmissionGate, first_token_timeout_s: float):
-        self._gate = gate
-        self._first_token_timeout_s = first_token_timeout_s
-
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        sink: DeltaSink,
-    ) -> None:
-        self._gate.add_request(
-            request_id, prompt_token_ids, params, sink, self._first_token_timeout_s
-        )
-
-    def abort(self, request_ids: list[str]) -> None:
-        self._gate.abort(request_ids)
-
-    def reset_prefix_cache(self) -> None:
-        self._gate.reset_prefix_cache()
-
-    @property
-    def is_alive(self) -> bool:
-        return self._gate.is_alive
-
-    def stats(self) -> EngineStatsSnapshot:
-        return self._gate.stats()
-
-    async def start(self) -> None:
-        raise AssertionError("a per-request view: the app starts the gate itself")
-
-    async def shutdown(self) -> None:
-        raise AssertionError("a per-request view: the app shuts the gate down itself")
 
 
 class AdmissionCollector(Collector):

@@ -18,7 +18,7 @@ Invariants:
   supervisor (restart or exit when it dies) and the loop watchdog.
 - Every engine request passes the `AdmissionGate`: a full queue or a draining
   server is a 503 with Retry-After before any work; a request that waits past
-  its first-token deadline gets one clear error.
+  its queue timeout for its first token gets one clear error.
 - A stream whose writes stay stuck for `send_timeout_s` is cut and its engine
   requests aborted; other streams never wait for it.
 """
@@ -39,7 +39,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from sluice.config import ServerConfig
-from sluice.engine.client_base import EngineClient
+from sluice.engine.client_base import EngineClient, QueueTimeout
 from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
@@ -159,45 +159,46 @@ class Routes:
 
     async def completions(self, request: Request) -> Response:
         body = await self.bodies.parse(request, protocol.CompletionRequest)
-        timeout_s = self._admit(request)
+        queue_timeout = self._admit(request, body.value.n or 1)
         generation = await self.bodies.convert(body, to_internal.completion_request)
-        return await self._respond(request, generation, timeout_s)
+        return await self._respond(request, generation, queue_timeout)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self.bodies.parse(request, protocol.ChatCompletionRequest)
-        timeout_s = self._admit(request)
+        queue_timeout = self._admit(request, body.value.n or 1)
         generation = await self.bodies.convert(body, to_internal.chat_request)
-        return await self._respond(request, generation, timeout_s)
+        return await self._respond(request, generation, queue_timeout)
 
-    def _admit(self, request: Request) -> float | None:
-        """Refuse before any work if the request cannot run; its first-token deadline."""
+    def _admit(self, request: Request, n: int) -> QueueTimeout | None:
+        """Refuse before any work if the request cannot run; its queue timeout."""
         timeout_s = admission.queue_timeout_s(
             request.headers.get(admission.QUEUE_TIMEOUT_HEADER), self.queue_timeout_s
         )
         if not self.gate.is_alive:
             raise EngineDeadError("the engine is not running; retry later")
-        self.gate.check_open()
-        return timeout_s
+        self.gate.check_open(n)
+        return None if timeout_s is None else QueueTimeout(timeout_s)
 
     async def _respond(
-        self, request: Request, generation: GenerationRequest, timeout_s: float | None
+        self, request: Request, generation: GenerationRequest, queue_timeout: QueueTimeout | None
     ) -> Response:
+        if len(generation.prompts) > 1:  # n was checked; n times the prompts may not fit
+            self.gate.check_open(generation.num_choices)
         log = _request_log(request)
         if log is not None:
             log.num_prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
-        engine = self.gate.with_first_token_deadline(timeout_s)
         if generation.stream:
-            return await self._stream(request, generation, engine, log)
-        return await self._complete(request, generation, engine, log)
+            return await self._stream(request, generation, queue_timeout, log)
+        return await self._complete(request, generation, queue_timeout, log)
 
     async def _stream(
         self,
         request: Request,
         generation: GenerationRequest,
-        engine: EngineClient,
+        queue_timeout: QueueTimeout | None,
         log: RequestLog | None,
     ) -> Response:
-        events = self.frontend.stream(generation, engine)
+        events = self.frontend.stream(generation, queue_timeout)
         # Wait for the first event before sending headers: an error up to here
         # propagates from it and becomes a real HTTP error (errors.py).
         try:
@@ -221,11 +222,11 @@ class Routes:
         self,
         request: Request,
         generation: GenerationRequest,
-        engine: EngineClient,
+        queue_timeout: QueueTimeout | None,
         log: RequestLog | None,
     ) -> Response:
         body = await _unless_disconnected(
-            request.receive, self.frontend.complete(generation, engine)
+            request.receive, self.frontend.complete(generation, queue_timeout)
         )
         if body is None:
             return Response(status_code=CLIENT_CLOSED_STATUS)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import cycle
 
-from sluice.engine.client_base import DeltaSink, EngineClient
+from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout
 from sluice.engine.messages import EngineStatsSnapshot
 from sluice.engine.outputs import FinishReason, PromptLogprobs, RequestDelta, TokenLogprobs
 from sluice.engine.sampling_params import SamplingParams
@@ -166,6 +166,8 @@ class FakeEngine(FakeEngineBase):
         prompt_token_ids: list[int],
         params: SamplingParams,
         sink: DeltaSink,
+        *,
+        queue_timeout: QueueTimeout | None = None,
     ) -> None:
         if not self._is_alive:
             raise EngineDeadError("the fake engine is dead")
@@ -349,6 +351,8 @@ class LoopFakeEngine(FakeEngine):
         prompt_token_ids: list[int],
         params: SamplingParams,
         sink: DeltaSink,
+        *,
+        queue_timeout: QueueTimeout | None = None,
     ) -> None:
         super().add_request(request_id, prompt_token_ids, params, sink)
         with self._changed:

@@ -36,6 +36,7 @@ class LiveServer:
         self,
         engine: EngineClient,
         tokenizer: ServedTokenizer,
+        /,  # so that `engine=EngineConfig(...)` reaches the ServerConfig
         *,
         model_name: str = DEFAULT_MODEL_NAME,
         max_model_len: int = 4096,

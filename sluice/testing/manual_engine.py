@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from sluice.engine.client_base import DeltaSink
+from sluice.engine.client_base import DeltaSink, QueueTimeout
 from sluice.engine.outputs import FinishReason, RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.sink_router import deliver_delta
@@ -47,6 +47,8 @@ class ManualEngine(FakeEngineBase):
         prompt_token_ids: list[int],
         params: SamplingParams,
         sink: DeltaSink,
+        *,
+        queue_timeout: QueueTimeout | None = None,
     ) -> None:
         if not self._is_alive:
             raise EngineDeadError("the manual engine is dead")
