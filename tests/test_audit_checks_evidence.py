@@ -7,7 +7,13 @@ import re
 from pathlib import Path
 
 from sluice.audit.checks.catalogue import CHECKS
-from sluice.audit.checks.evidence import escape_bytes, finding, merge_findings, request_text
+from sluice.audit.checks.evidence import (
+    cause_of,
+    escape_bytes,
+    finding,
+    merge_findings,
+    request_text,
+)
 from sluice.audit.records import CHAT
 from tests.broken_servers import recorded
 
@@ -33,12 +39,12 @@ def test_requests_are_quoted_as_json_and_truncated():
     assert text.startswith('{"model":"m"') and text.endswith("chars]") and len(text) < 800
 
 
-def test_findings_of_one_check_on_one_response_merge_their_chunks():
+def test_findings_of_one_check_and_cause_on_one_response_merge_keeping_every_message():
     exchange = recorded(CHAT, {"model": "m"}, b"")
     merged = merge_findings(
         [
-            finding("empty_chunk", exchange, "a", [3], evidence=["#3"]),
-            finding("empty_chunk", exchange, "b", [1, 3], evidence=["#1"]),
+            finding("empty_chunk", exchange, "1 empty chunks on index 0", [3], evidence=["#3"]),
+            finding("empty_chunk", exchange, "2 empty chunks on index 1", [1, 3], evidence=["#1"]),
             finding("role_repeated", exchange, "c", [2], evidence=[]),
         ]
     )
@@ -46,6 +52,24 @@ def test_findings_of_one_check_on_one_response_merge_their_chunks():
         ("empty_chunk", [1, 3], ["#3", "#1"]),
         ("role_repeated", [2], []),
     ]
+    assert merged[0].message == "1 empty chunks on index 0 | 2 empty chunks on index 1"
+    assert merged[0].cause == "N empty chunks on index N"
+
+
+def test_two_causes_of_one_check_on_one_response_stay_two_findings():
+    exchange = recorded(CHAT, {"model": "m"}, b"")
+    merged = merge_findings(
+        [
+            finding("id_changed", exchange, "created changed: 1 then 2", [1]),
+            finding("id_changed", exchange, "model changed: 'a' then 'b'", [2]),
+        ]
+    )
+    assert [f.cause for f in merged] == ["created changed: N then N", "model changed: … then …"]
+
+
+def test_a_cause_blanks_numbers_and_quoted_texts_but_keeps_names():
+    message = "differs at character 360: streamed 'a\\'b', non-streamed b'\\x01' in model_9"
+    assert cause_of(message) == "differs at character N: streamed …, non-streamed … in model_9"
 
 
 def test_every_check_id_the_code_reports_is_in_the_catalogue():

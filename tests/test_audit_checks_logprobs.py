@@ -5,6 +5,7 @@ from __future__ import annotations
 from sluice.audit.checks.exchange import check_exchange
 from sluice.audit.records import CHAT, COMPLETIONS
 from tests.broken_servers import chat_chunk, completion_chunk, recorded, sse
+from tests.peer_shapes import llama_completion_chunk, llama_logprob_entry, llama_stream
 
 ROLE = {"role": "assistant", "content": ""}
 
@@ -248,3 +249,18 @@ def test_a_special_token_cut_by_a_stop_string_still_counts_its_delivered_prefix(
         stop=["|"],
     )
     assert found == {}
+
+
+def test_chat_shaped_logprobs_on_completions_are_a_shape_break_and_still_checked():
+    """llama-server's completions logprobs: read in chat's shape, so the
+    greedy-head check still sees alternatives given to the wrong token."""
+    body = {"model": "m", "prompt": "p", "stream": True, "logprobs": 1, "temperature": 0}
+    entries = [
+        llama_logprob_entry("Hello", -0.1, [("Hello", -0.1)]),
+        llama_logprob_entry(" world", -0.2, [("Hello", -0.1)]),  # the previous token's
+    ]
+    raw = llama_stream(llama_completion_chunk("Hello world", "length", logprobs=entries))
+    found = {f.check_id: f for f in check_exchange(recorded(COMPLETIONS, body, raw))}
+    assert set(found) == {"logprob_shape", "logprob_greedy_head"}
+    assert found["logprob_shape"].chunk_numbers == [0]
+    assert "no logprobs object" not in found["logprob_shape"].message

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sluice.audit.checks.exchange import check_exchange
 from sluice.audit.records import CHAT, COMPLETIONS
 from tests.broken_servers import chat_chunk, completion_chunk, recorded, sse
+from tests.peer_shapes import LLAMA_CREATED, llama_completion_chunk, llama_stream
 
 CHAT_STREAM = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
 ROLE = {"role": "assistant", "content": ""}
@@ -79,3 +80,20 @@ def test_list_prompts_with_n_must_stream_indices_prompt_index_times_n_plus_i():
     assert findings_of(COMPLETIONS, body, *chunks) == {}
     found = findings_of(COMPLETIONS, body, *chunks[:3], completion_chunk(4, "x", "stop"))
     assert set(found) == {"index_unexpected", "index_missing"}
+
+
+def test_created_changing_between_chunks_names_created_and_both_values():
+    """llama-server stamps each chunk with the time it was built."""
+    raw = llama_stream(
+        llama_completion_chunk("a"),
+        llama_completion_chunk("b", created=LLAMA_CREATED + 1),
+        llama_completion_chunk("c", "length", created=LLAMA_CREATED + 1),
+    )
+    body = {"model": "m", "prompt": "p", "stream": True}
+    (changed,) = [f for f in check_exchange(recorded(COMPLETIONS, body, raw))]
+    assert changed.check_id == "id_changed"
+    assert changed.message.startswith(
+        f"created changed: chunk #0 has {LLAMA_CREATED}, chunk #1 {LLAMA_CREATED + 1}"
+    )
+    assert changed.cause == "created differs between chunks of one response"
+    assert changed.chunk_numbers == [0, 1, 2]

@@ -93,3 +93,35 @@ def test_a_stream_that_simply_differs_is_only_a_determinism_note():
         )
     )
     assert [(f.check_id, f.severity) for f in findings] == [("text_mismatch_nonstream", "note")]
+
+
+def stopped(deltas: list[str], *, include: bool, unstopped: str) -> dict[str, list[int]]:
+    body = {"model": "m", "messages": [], "stream": True, "stop": ["fox"]}
+    if include:
+        body["include_stop_str_in_output"] = True
+    chunks = [
+        chat_chunk(0, {"content": d}, "stop" if i == len(deltas) - 1 else None)
+        for i, d in enumerate(deltas)
+    ]
+    exchange = recorded(CHAT, body, sse(chat_chunk(0, ROLE), *chunks))
+    exchange.unstopped_texts = {0: unstopped}
+    return {f.check_id: f.chunk_numbers for f in check_exchange(exchange)}
+
+
+def test_include_stop_str_in_output_is_checked_not_skipped():
+    unstopped = "The quick brown fox jumps"
+    assert stopped(["The quick ", "brown fox"], include=True, unstopped=unstopped) == {}
+    # A server that ignores the extension cuts the stop string all the same.
+    assert stopped(["The quick ", "brown "], include=True, unstopped=unstopped) == {
+        "stop_str_not_included": [2]
+    }
+    assert stopped(["The quick ", "brown "], include=False, unstopped=unstopped) == {}
+
+
+def test_a_choice_that_stopped_on_eos_needs_no_stop_string():
+    assert stopped(["The end."], include=True, unstopped="The end.") == {}
+
+
+def test_the_determinism_note_cites_the_chunk_where_the_texts_part():
+    found = findings_of(["Hello", " world", ", again"], twin_text="Hello world; again")
+    assert found == {"text_mismatch_nonstream": [3]}

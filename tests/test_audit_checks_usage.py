@@ -5,6 +5,14 @@ from __future__ import annotations
 from sluice.audit.checks.exchange import check_exchange
 from sluice.audit.records import COMPLETIONS
 from tests.broken_servers import completion_chunk, recorded, sse, usage_chunk
+from tests.peer_shapes import (
+    llama_completion_chunk,
+    llama_logprob_entry,
+    llama_stream,
+    llama_usage,
+    vllm_completion_chunk,
+    vllm_stream,
+)
 
 INCLUDE = {"include_usage": True}
 CONTINUOUS = {"include_usage": True, "continuous_usage_stats": True}
@@ -91,7 +99,7 @@ def test_continuous_usage_running_ahead_of_the_logprob_count_is_inexact():
         completion_chunk(0, "c", "length", logprobs=logprobs("c"), usage=usage(4)),
         usage_chunk("completion", 2, 3),
     )
-    assert found == {"usage_inexact": [0, 1]}
+    assert found == {"usage_continuous_inexact": [0, 1]}
 
 
 def test_one_unshown_eos_token_is_allowed_on_a_stop_finish():
@@ -118,3 +126,72 @@ def test_the_final_usage_must_match_a_non_streamed_twin_with_the_same_text():
         twin=twin,
     )
     assert found == {"usage_inexact": [1]}
+
+
+# --- llama-server's and vLLM's shapes (tests/peer_shapes.py) ---------------------------------
+
+
+def peer_findings(request: dict, raw: bytes) -> dict[str, list[str]]:
+    found = check_exchange(recorded(COMPLETIONS, request, raw))
+    return {finding.check_id: finding.message for finding in found}
+
+
+def test_usage_on_the_finish_chunk_alone_is_not_checked_as_continuous_usage():
+    """llama-server puts usage on its finish chunk only: there is no continuous
+    count to compare, and its 32 tokens are not "expected 0"."""
+    entries = [llama_logprob_entry(t, -0.1, [(t, -0.1)]) for t in ("a", "b")]
+    raw = llama_stream(
+        llama_completion_chunk("ab", logprobs=entries),
+        llama_completion_chunk("", "length", usage=llama_usage(3, 2), logprobs=[]),
+    )
+    found = peer_findings(body(stream_options=CONTINUOUS, logprobs=1, max_tokens=2), raw)
+    assert "usage_continuous_inexact" not in found and "usage_frozen" not in found
+    assert "usage_inexact" not in found
+
+
+def test_continuous_usage_counts_tokens_of_chunks_that_carried_no_usage():
+    found = findings_of(
+        body(stream_options=CONTINUOUS, logprobs=1),
+        completion_chunk(0, "ab", logprobs=logprobs("a", "b"), usage=usage(2)),
+        completion_chunk(0, "c", logprobs=logprobs("c")),
+        completion_chunk(0, "d", "length", logprobs=logprobs("d"), usage=usage(4)),
+        usage_chunk("completion", 2, 4),
+    )
+    assert found == {"usage_continuous_missing": [1]}
+
+
+def test_fewer_logprob_entries_than_max_tokens_by_length_blame_the_logprobs_not_the_usage():
+    """llama-server merges the tokens of one character into one entry: 4 tokens
+    generated (finished by length at max_tokens 4), usage 4, 3 entries."""
+    entries = [llama_logprob_entry(token, -0.2, [(token, -0.2)]) for token in ("Tok", "yo", " 東")]
+    raw = llama_stream(
+        llama_completion_chunk("Tokyo 東", logprobs=entries),
+        llama_completion_chunk("", "length", usage=llama_usage(3, 4), logprobs=[]),
+    )
+    found = peer_findings(body(stream_options=INCLUDE, logprobs=1, max_tokens=4), raw)
+    assert "usage_inexact" not in found
+    assert (
+        found["logprob_count"]
+        == "3 logprob entries for 4 tokens (finished by length at max_tokens)"
+    )
+
+
+def test_llama_servers_usage_on_its_finish_chunk_is_a_placement_break():
+    raw = llama_stream(
+        llama_completion_chunk("ab"),
+        llama_completion_chunk("", "length", usage=llama_usage(3, 2)),
+    )
+    found = check_exchange(recorded(COMPLETIONS, body(stream_options=INCLUDE, max_tokens=2), raw))
+    assert [(f.check_id, f.cause) for f in found] == [
+        ("usage_placement", "N usage chunks with choices: []; expected one, last before [DONE]"),
+        ("usage_placement", "N content chunks carry usage without continuous_usage_stats"),
+    ]
+
+
+def test_vllms_null_usage_on_content_chunks_is_no_usage():
+    raw = vllm_stream(
+        vllm_completion_chunk("ab"),
+        vllm_completion_chunk("c", "length"),
+        {**vllm_completion_chunk("", None), "choices": [], "usage": usage(3)},
+    )
+    assert peer_findings(body(stream_options=INCLUDE, max_tokens=3), raw) == {}

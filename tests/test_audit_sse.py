@@ -24,11 +24,14 @@ def test_crlf_line_endings_are_a_framing_problem_but_still_parse():
     assert parsed.events[0].problem == "line ending is not a bare LF"
 
 
-def test_event_and_comment_lines_are_named_in_the_problem():
-    parsed = parse_sse(b'event: message\ndata: {"a":1}\n\n: keep-alive\n\n')
+def test_event_lines_are_named_in_the_problem_but_comment_lines_are_legal_sse():
+    parsed = parse_sse(b'event: message\ndata: {"a":1}\n\n: keep-alive\n\n: ping\ndata: 2\n\n')
     assert "event" in parsed.events[0].problem
     assert parsed.events[0].payload == {"a": 1}
-    assert "(comment)" in parsed.events[1].problem
+    ping = parsed.events[1]
+    assert (ping.problem, ping.comment_lines, ping.is_comment_only) == (None, 1, True)
+    assert (parsed.events[2].problem, parsed.events[2].payload) == (None, 2)
+    assert parsed.events[2].comment_lines == 1
 
 
 def test_json_split_over_several_data_lines_is_flagged():

@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 ReaderKind = Literal["normal", "slow", "abandon"]
-Severity = Literal["invariant", "note"]
+# "break": the OpenAI API's contract broke; "extension": a vLLM extension the
+# server supports (its preflight probe passed) broke; "strict": a rule sluice
+# holds itself to beyond the API (reported with --strict only); "note":
+# reported, never failed. Every severity but "note" fails the audit (exit 1).
+Severity = Literal["break", "extension", "strict", "note"]
+FAILING_SEVERITIES = frozenset({"break", "extension", "strict"})
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -78,6 +83,9 @@ class Exchange:
     end_s: float = 0.0
     # Connection refused, reset, timed out... (never set for an abandon reader's own close).
     transport_error: str | None = None
+    # Sent again on a fresh connection: the pooled one it went out on was dead
+    # (closed by the server after its previous response) before any byte came.
+    is_retried: bool = False
     # The same request sent with `stream: false`, for I1 and for counting tokens.
     twin: Exchange | None = None
     # Stops scenario: the greedy text of the same prompt without stop strings, per index.
@@ -98,7 +106,6 @@ class Finding:
 
     # Stable id, e.g. "usage_frozen" (the list is in sluice.audit.checks.catalogue).
     check_id: str
-    # "invariant": the contract broke (exit status 1); "note": reported, not failed.
     severity: Severity
     scenario: str
     target: str
@@ -111,6 +118,17 @@ class Finding:
     chunk_numbers: list[int] = field(default_factory=list)
     # The raw bytes of those events (escaped, truncated).
     evidence: list[str] = field(default_factory=list)
+    # What the report groups by, with the check id: findings of one cause share
+    # it across responses (by default the message with its numbers and quoted
+    # texts blanked out, see `evidence.cause_of`).
+    cause: str = ""
+    # Which response it is about (0: the server as a whole), so a report can
+    # count affected requests.
+    response_id: int = 0
+
+    @property
+    def is_failure(self) -> bool:
+        return self.severity in FAILING_SEVERITIES
 
 
 @dataclass(slots=True)
@@ -135,14 +153,18 @@ class AuditResult:
     results: list[ScenarioResult]
     started_at: str
     duration_s: float
+    # About the server rather than a scenario: preflight (extensions it lacks)
+    # and transport (it closes kept-alive connections) notes.
+    server_findings: list[Finding] = field(default_factory=list)
 
     @property
     def findings(self) -> list[Finding]:
-        return [finding for result in self.results for finding in result.findings]
+        scenario_findings = [finding for result in self.results for finding in result.findings]
+        return self.server_findings + scenario_findings
 
     @property
     def has_broken_invariant(self) -> bool:
-        return any(finding.severity == "invariant" for finding in self.findings)
+        return any(finding.is_failure for finding in self.findings)
 
     def results_for(self, target: str) -> list[ScenarioResult]:
         return [result for result in self.results if result.target == target]

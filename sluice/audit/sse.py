@@ -6,8 +6,10 @@ never throws on a malformed body; it records a `problem` per event instead, so
 the framing check can report it and the other checks can still read the rest.
 
 The contract (STREAMING_CONTRACT.md, "The wire"): every event is exactly
-`data: ` + one line of JSON + `\\n\\n`, LF only, no `event:` or comment lines,
-and the last event is `data: [DONE]` with nothing after it.
+`data: ` + one line of JSON + `\\n\\n`, LF only, no `event:` lines, and the
+last event is `data: [DONE]` with nothing after it. Comment lines (`: ping`)
+are legal SSE that every client skips: they are counted, not a framing
+problem (sluice's own stricter rule reports them under --strict).
 """
 
 from __future__ import annotations
@@ -36,6 +38,15 @@ class SseEvent:
     is_done: bool
     # What is wrong with the framing of this event; None when well formed.
     problem: str | None
+    # The data as a client reads it (None when the event has no data line).
+    data: bytes | None = None
+    # Comment lines (starting with ':') in the event; alone they make a
+    # block that clients do not dispatch.
+    comment_lines: int = 0
+
+    @property
+    def is_comment_only(self) -> bool:
+        return self.data is None and self.comment_lines > 0 and self.problem is None
 
 
 @dataclass(slots=True)
@@ -70,22 +81,26 @@ def _event(
     number: int, start: int, end: int, raw: bytes, lines: list[tuple[bytes, bytes]]
 ) -> SseEvent:
     """One event from its lines (the last one being the blank separator)."""
-    content_lines = [content for content, _ in lines[:-1]]
-    problem = _framing_problem(lines)
+    content_lines = [content for content, _ in lines[:-1] if not content.startswith(b":")]
+    comment_lines = len(lines) - 1 - len(content_lines)
+    problem = _framing_problem(lines, content_lines)
     data = _data_of(content_lines)
     is_done = data == DONE
     payload = None
     if not is_done and data is not None:
         payload, decode_problem = _decode_json(data)
         problem = problem or decode_problem
-    return SseEvent(number, start, end, raw[start:end], payload, is_done, problem)
+    return SseEvent(
+        number, start, end, raw[start:end], payload, is_done, problem, data, comment_lines
+    )
 
 
-def _framing_problem(lines: list[tuple[bytes, bytes]]) -> str | None:
+def _framing_problem(lines: list[tuple[bytes, bytes]], content_lines: list[bytes]) -> str | None:
     if any(ending != b"\n" for _, ending in lines):
         return "line ending is not a bare LF"
-    content_lines = [content for content, _ in lines[:-1]]
     names = [_field_name(line) for line in content_lines]
+    if not content_lines:
+        return None  # comment lines only
     if len(content_lines) != 1:
         return f"event has {len(content_lines)} lines ({', '.join(names)}), expected one data line"
     if names[0] != "data":
@@ -96,7 +111,7 @@ def _framing_problem(lines: list[tuple[bytes, bytes]]) -> str | None:
 
 
 def _field_name(line: bytes) -> str:
-    return line.split(b":", 1)[0].decode("latin-1") or "(comment)"
+    return line.split(b":", 1)[0].decode("latin-1")
 
 
 def _data_of(content_lines: list[bytes]) -> bytes | None:

@@ -44,6 +44,9 @@ class RequestShape:
     echoed_prompts: tuple[str, ...] = ()
     # temperature 0: each sampled token is the most likely one.
     is_greedy: bool = False
+    # Tokens each choice may generate (None when not given): a choice that
+    # finished with "length" generated exactly this many.
+    max_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +85,9 @@ class ChoiceChunk:
     # text; a chunk may carry only these.
     tool_calls: list[Any] = field(default_factory=list)
     reasoning: str = ""
+    # Completions whose logprobs came in chat's shape (`content: [...]`, as
+    # llama-server sends them): read all the same, so every logprob check runs.
+    has_chat_shaped_logprobs: bool = False
 
     @property
     def has_content(self) -> bool:
@@ -141,6 +147,7 @@ def request_shape(endpoint: str, body: dict[str, Any] | None) -> RequestShape:
         min_tokens=body["min_tokens"] if _is_count(body.get("min_tokens")) else 0,
         echoed_prompts=_echoed_prompts(is_chat, body),
         is_greedy=_is_zero(body.get("temperature")),
+        max_tokens=body["max_tokens"] if _is_count(body.get("max_tokens")) else None,
     )
 
 
@@ -237,6 +244,7 @@ def _add_chunk(view: StreamView, number: int, payload: dict[str, Any], time_s: f
 
 
 def _choice_chunk(is_chat: bool, number: int, choice: dict[str, Any], time_s: float) -> ChoiceChunk:
+    chat_shaped = None
     if is_chat:
         delta = choice.get("delta") or choice.get("message") or {}
         text, role = delta.get("content"), delta.get("role")
@@ -244,6 +252,8 @@ def _choice_chunk(is_chat: bool, number: int, choice: dict[str, Any], time_s: fl
     else:
         text, role = choice.get("text"), None
         entries = completion_entries(choice.get("logprobs"))
+        chat_shaped = chat_entries(choice.get("logprobs")) if entries is None else None
+        entries = entries if chat_shaped is None else chat_shaped
     chunk = ChoiceChunk(
         number=number,
         text=text if isinstance(text, str) else "",
@@ -254,6 +264,7 @@ def _choice_chunk(is_chat: bool, number: int, choice: dict[str, Any], time_s: fl
         usage=None,
         time_s=time_s,
     )
+    chunk.has_chat_shaped_logprobs = chat_shaped is not None
     if is_chat:
         tool_calls = delta.get("tool_calls")
         chunk.tool_calls = tool_calls if isinstance(tool_calls, list) else []

@@ -244,12 +244,10 @@ class _RequestRun:
 
     def account(self, taken: list[tuple[int, ChoiceDelta]]) -> None:
         """Count what is handed over: tokens per choice, chunk timing."""
-        num_tokens = 0
         for index, delta in taken:
-            num_tokens += len(delta.token_ids)
             self._num_tokens[index] += len(delta.token_ids)
         if self._timer is not None:
-            self._observe(taken, num_tokens)
+            self._observe(taken)
 
     def close(self, *, is_aborted: bool) -> None:
         """Stop listening and abort whatever still runs in the engine.
@@ -265,12 +263,12 @@ class _RequestRun:
         if is_aborted and self._observer is not None:
             self._observer.on_abort()
 
-    def _observe(self, taken: list[tuple[int, ChoiceDelta]], num_tokens: int) -> None:
+    def _observe(self, taken: list[tuple[int, ChoiceDelta]]) -> None:
         assert self._timer is not None and self._observer is not None, "with an observer only"
         now_s = time.perf_counter()
-        if num_tokens:
-            self._timer.on_tokens(num_tokens, now_s)
         for index, delta in taken:
+            if delta.token_ids:
+                self._timer.on_tokens(index, len(delta.token_ids), now_s)
             if delta.finish_reason is not None:
                 self._observer.on_finish(
                     delta.num_prompt_tokens,

@@ -1,8 +1,11 @@
 """Every check id the audit can report, with its severity and one line saying
 what broke. Ids are stable: tools parse them from the JSON report.
 
-"invariant" findings make the audit exit with status 1; "note" findings are
-reported (the determinism figure) but a correct server may produce them.
+Four classes (`records.Severity`): "break", the OpenAI API's contract;
+"extension", a vLLM extension the server supports (preflight probed it) that
+misbehaved; "strict", rules sluice holds itself to beyond the API (reported
+with --strict only); "note", reported but never failed: a correct server may
+produce them. All but notes make the audit exit with status 1.
 """
 
 from __future__ import annotations
@@ -18,17 +21,18 @@ class CheckInfo:
     summary: str
 
 
-_INVARIANT = {
+_BREAK = {
     # The wire.
     "content_type": "a stream's Content-Type is not text/event-stream",
-    "framing": "an event is not `data: ` + one JSON line + a blank line (LF only, no event:/comment lines)",
+    "framing": "an event is not `data: ` + JSON + a blank line, or its data is not one JSON value",
+    "data_null": "a `data: null` event (openai-python yields None and user code crashes)",
     "done_missing": "the stream does not end with `data: [DONE]`",
     "done_not_last": "bytes or events follow `data: [DONE]`",
-    "error_event": "an error event arrived inside a 200 stream",
+    "error_event": "an error event that is not one OpenAI error object followed by [DONE]",
     "connection_error": "the connection failed or was reset mid-request",
     "stream_stalled": "no byte for the request timeout after the stream's first token",
     # Errors.
-    "bad_error_shape": 'a 4xx body is not {"error": {"message", "type", "param", "code"}}',
+    "bad_error_shape": 'a 4xx body is not {"error": {"message", "type", "code", ...}}',
     "server_error_5xx": "a 5xx answer (other than 503 with Retry-After)",
     "status_422": "a 422 answer (validation errors must be 400)",
     "retry_after_missing": "a 429/503 answer without Retry-After",
@@ -40,7 +44,6 @@ _INVARIANT = {
     "object_wrong": "`object` is not text_completion / chat.completion.chunk",
     "role_not_first": "a chat index's first chunk is not the role chunk",
     "role_repeated": "`role` appears again after an index's first chunk",
-    "empty_chunk": "a chunk carries nothing (no text, role, finish reason or logprobs)",
     "finish_reason_count": "an index has zero or several non-null finish reasons",
     "finish_reason_not_last": "chunks of an index follow its finish chunk",
     "finish_reason_empty_string": 'finish_reason is "" instead of null',
@@ -52,9 +55,10 @@ _INVARIANT = {
     "usage_unrequested": "usage arrived although stream_options.include_usage was not set",
     "usage_placement": "the usage chunk is missing, repeated, has choices, or is not last before [DONE]",
     "usage_inexact": "usage counts disagree with the tokens delivered (or total != prompt + completion)",
-    "usage_frozen": "continuous completion_tokens did not grow on a chunk that carried new text",
     # Logprobs.
-    "logprob_count": "logprob entries missing, unrequested, or the wrong number of alternatives",
+    "logprob_count": "logprob entries missing, unrequested, fewer than the tokens generated, "
+    "or the wrong number of alternatives",
+    "logprob_shape": "a logprobs object in the other API's shape (chat `content` on completions)",
     "logprob_alignment": "the entries' tokens do not concatenate to the chunk text",
     "logprob_copied": "identical logprobs and alternatives at positions holding different tokens",
     "logprob_nonfinite": "a logprob is NaN, Infinity or not a number",
@@ -82,7 +86,28 @@ _INVARIANT = {
     "health_stalled": "/health (or /v1/models) answered slowly while streams were lagging",
 }
 
+_EXTENSION = {
+    "usage_continuous_missing": "content chunks without usage under continuous_usage_stats",
+    "usage_continuous_inexact": "continuous completion_tokens disagree with the tokens delivered",
+    "usage_frozen": "continuous completion_tokens did not grow on a chunk that carried new text",
+    "stop_str_not_included": "include_stop_str_in_output: the matched stop string is not at "
+    "the end of the text",
+}
+
+_STRICT = {
+    "empty_chunk": "a chunk carries nothing (no text, role, finish reason or logprobs)",
+    "comment_line": "an SSE comment line (`: ping`): legal SSE, which clients skip",
+    "error_param_missing": "an error object without the `param` key",
+}
+
 _NOTE = {
+    "extension_unsupported": "a vLLM extension the server does not support (no scenario sends it)",
+    "model_name_ignored": "the server answers any model name, so the unknown-model case is skipped",
+    "connection_closed_after_response": "the server closes kept-alive connections after a "
+    "response; requests sent on one were retried once on a fresh connection",
+    "request_refused": "a valid request was refused (4xx, or 429/503 with Retry-After)",
+    "stream_ended_by_error": "a stream ended with an error event and [DONE] (the request failed, "
+    "as the contract prescribes)",
     "structured_cut_by_length": "max_tokens cut a json_schema answer before the JSON ended",
     "tools_cut_by_length": "max_tokens cut a tool call before it ended",
     "text_mismatch_nonstream": "streamed text differs from the non-streamed greedy text (determinism)",
@@ -91,15 +116,24 @@ _NOTE = {
 }
 
 CHECKS: dict[str, CheckInfo] = {
-    **{check_id: CheckInfo("invariant", summary) for check_id, summary in _INVARIANT.items()},
+    **{check_id: CheckInfo("break", summary) for check_id, summary in _BREAK.items()},
+    **{check_id: CheckInfo("extension", summary) for check_id, summary in _EXTENSION.items()},
+    **{check_id: CheckInfo("strict", summary) for check_id, summary in _STRICT.items()},
     **{check_id: CheckInfo("note", summary) for check_id, summary in _NOTE.items()},
 }
 
+
+# A stream the server ended with an error event lacks its finish and usage.
+_ENDED_BY_ERROR = frozenset({"stream_ended_by_error", "error_event"})
 
 # A finding that is only a consequence of another on the same response is
 # dropped: one anomaly, one id. (A duplicated chunk also breaks the cumulative
 # logprob alignment and makes the text differ from the twin.)
 SUBSUMED_BY: dict[str, frozenset[str]] = {
+    "usage_placement": _ENDED_BY_ERROR,
+    "usage_continuous_missing": _ENDED_BY_ERROR,
+    "finish_reason_count": _ENDED_BY_ERROR,
+    "index_missing": _ENDED_BY_ERROR,
     "logprob_alignment": frozenset({"duplicate_delta", "skipped_delta"}),
     # Alternatives copied from another position do not head the token they sit on.
     "logprob_greedy_head": frozenset({"logprob_copied"}),

@@ -1,11 +1,13 @@
 """Turning an anomaly into a `Finding` a person can act on: the request body,
 the chunk numbers, and the raw bytes of those chunks, truncated sensibly
-(long events keep their head and tail; at most a few events are quoted).
+(long events keep their head and tail; at most a few events are quoted), and
+the cause it shares with findings on other responses.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 from sluice.audit.checks.catalogue import severity_of
 from sluice.audit.records import Exchange, Finding
@@ -15,6 +17,17 @@ MAX_EVENT_BYTES = 480
 MAX_EVENTS_QUOTED = 4
 MAX_REQUEST_CHARS = 700
 MAX_CHUNK_NUMBERS = 64
+# Between the distinct messages of one merged finding.
+MESSAGE_SEPARATOR = " | "
+# Quoted texts (reprs of strings and bytes) and numbers vary between responses
+# of one cause; blanked out, the rest of a message names the cause.
+_QUOTED = re.compile(r"b?'(?:[^'\\]|\\.)*'|b?\"(?:[^\"\\]|\\.)*\"")
+_NUMBER = re.compile(r"(?<![A-Za-z_])-?\d+(?:\.\d+)?(?:e-?\d+)?")
+
+
+def cause_of(message: str) -> str:
+    """A message with what varies per response blanked: "chunk #N: ... '…'"."""
+    return _NUMBER.sub("N", _QUOTED.sub("…", message))
 
 
 def escape_bytes(raw: bytes, limit: int = MAX_EVENT_BYTES) -> str:
@@ -55,7 +68,10 @@ def finding(
     *,
     view: StreamView | None = None,
     evidence: list[str] | None = None,
+    cause: str | None = None,
 ) -> Finding:
+    """`cause` names what went wrong when the message's wording varies with more
+    than numbers and quoted texts (default: `cause_of(message)`)."""
     numbers = sorted(set(chunk_numbers or []))
     return Finding(
         check_id=check_id,
@@ -68,6 +84,8 @@ def finding(
         request=request_text(exchange),
         chunk_numbers=numbers[:MAX_CHUNK_NUMBERS],
         evidence=evidence if evidence is not None else quote_events(exchange, view, numbers),
+        cause=cause if cause is not None else cause_of(message),
+        response_id=id(exchange),
     )
 
 
@@ -83,17 +101,21 @@ def scenario_finding(
         message=message,
         case=scenario,
         evidence=evidence or [],
+        cause=cause_of(message),
     )
 
 
 def merge_findings(findings: list[Finding]) -> list[Finding]:
-    """One finding per check id (call it per response): chunk numbers and evidence pooled."""
-    merged: dict[str, Finding] = {}
+    """One finding per check id and cause (call it per response): chunk numbers
+    and evidence pooled, every distinct message kept."""
+    merged: dict[tuple[str, str], Finding] = {}
     for item in findings:
-        first = merged.get(item.check_id)
+        first = merged.get((item.check_id, item.cause))
         if first is None:
-            merged[item.check_id] = item
+            merged[(item.check_id, item.cause)] = item
             continue
+        if item.message not in first.message.split(MESSAGE_SEPARATOR):
+            first.message += MESSAGE_SEPARATOR + item.message
         first.chunk_numbers = sorted(set(first.chunk_numbers + item.chunk_numbers))[
             :MAX_CHUNK_NUMBERS
         ]

@@ -1,7 +1,8 @@
 """Checks of logprobs (STREAMING_CONTRACT.md, I3 and hard case 5).
 
-Per index: entries only when asked, on every chunk that carries text, with
-the asked number of alternatives; finite numbers; no entry copied onto a
+Per index: entries only when asked, in the API's own shape, on every chunk
+that carries text, one per token generated (a choice finished by "length"
+generated max_tokens), with the asked number of alternatives; finite numbers; no entry copied onto a
 position holding another token; under greedy decoding, the sampled token
 heads its own alternatives with its own logprob (a tie for first place is
 fine); the entries' bytes concatenate to the text.
@@ -42,7 +43,10 @@ def check_logprobs(exchange: Exchange, view: StreamView) -> list[Finding]:
                 message = "logprob entries although logprobs were not requested"
                 findings.append(finding("logprob_count", exchange, message, unrequested, view=view))
             continue
+        findings += _check_shape(exchange, view, chunks)
         findings += _check_counts(exchange, view, chunks, view.echo_chars(index))
+        if is_complete:
+            findings += _check_token_count(exchange, view, chunks, view.echo_chars(index))
         findings += _check_values(exchange, view, chunks, view.echo_chars(index))
         findings += _check_greedy_heads(exchange, view, chunks, view.echo_chars(index))
         problem = alignment_problem(chunks, view.request, is_complete)
@@ -75,6 +79,31 @@ def _check_counts(
             finding("logprob_count", exchange, message, sorted(set(wrong_top)), view=view)
         )
     return findings
+
+
+def _check_shape(exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk]) -> list[Finding]:
+    wrong = [chunk.number for chunk in chunks if chunk.has_chat_shaped_logprobs]
+    if not wrong:
+        return []
+    message = "completions logprobs in chat's shape (content: [...]), not tokens/token_logprobs"
+    return [finding("logprob_shape", exchange, message, wrong, view=view)]
+
+
+def _check_token_count(
+    exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk], echo_chars: int
+) -> list[Finding]:
+    """A choice that finished by "length" generated max_tokens tokens: one entry each."""
+    max_tokens = view.request.max_tokens
+    if max_tokens is None or chunks[-1].finish_reason != "length":
+        return []
+    entries = [e for c in chunks for e in c.logprobs or [] if not is_prompt_entry(e, echo_chars)]
+    if not entries or len(entries) == max_tokens:
+        return []
+    numbers = [chunk.number for chunk in chunks if chunk.logprobs]
+    message = (
+        f"{len(entries)} logprob entries for {max_tokens} tokens (finished by length at max_tokens)"
+    )
+    return [finding("logprob_count", exchange, message, numbers, view=view)]
 
 
 def _is_unscored_prompt(entry: LogprobEntry, echo_chars: int) -> bool:

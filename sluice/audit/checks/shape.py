@@ -36,19 +36,23 @@ def _check_identity(exchange: Exchange, view: StreamView) -> list[Finding]:
         return []
     expected_object = "chat.completion.chunk" if view.request.is_chat else "text_completion"
     first = chunks[0]
-    changed = [
-        chunk.number
-        for chunk in chunks
-        if (chunk.id, chunk.created, chunk.model) != (first.id, first.created, first.model)
-    ]
+    findings = []
+    for name in ("id", "created", "model"):
+        expected = getattr(first, name)
+        changed = [chunk for chunk in chunks if getattr(chunk, name) != expected]
+        if changed:
+            message = (
+                f"{name} changed: chunk #{first.number} has {expected!r}, "
+                f"chunk #{changed[0].number} {getattr(changed[0], name)!r} "
+                f"({len(changed)} chunks differ)"
+            )
+            numbers = [first.number, *(chunk.number for chunk in changed)]
+            cause = f"{name} differs between chunks of one response"
+            findings.append(
+                finding("id_changed", exchange, message, numbers, view=view, cause=cause)
+            )
     wrong_object = [chunk.number for chunk in chunks if chunk.object != expected_object]
     empty = [c.number for c in chunks if c.num_choices == 0 and c.usage is None]
-    findings = []
-    if changed:
-        message = f"chunk #{first.number} has id={first.id!r}; {len(changed)} chunks differ"
-        findings.append(
-            finding("id_changed", exchange, message, [first.number, *changed], view=view)
-        )
     if wrong_object:
         message = f"object must be {expected_object!r}"
         findings.append(finding("object_wrong", exchange, message, wrong_object, view=view))

@@ -4,6 +4,9 @@
 - `stop_leak`: a stop string in the output (without include_stop_str_in_output),
   or the expected output followed by a prefix of a stop string: text sent and
   never retracted.
+- `stop_str_not_included` (vLLM's include_stop_str_in_output): a choice that
+  finished with "stop" where the stop-free greedy text shows a stop string
+  matched must end with that stop string.
 - `duplicate_delta` / `skipped_delta`: deltas aligned against the non-streamed
   twin, by tokens when both carry logprobs, else by text.
 - `text_mismatch_nonstream` (a note): streamed text differs from the twin; a
@@ -24,6 +27,7 @@ def check_text(exchange: Exchange, view: StreamView) -> list[Finding]:
     for index, chunks in view.choices.items():
         twin_chunks = twin.choices.get(index) if twin is not None else None
         findings += _check_stop_leak(exchange, view, index, chunks)
+        findings += _check_stop_included(exchange, view, index, chunks)
         if not view.request.is_stream:
             continue
         findings += _check_replacement(exchange, view, chunks, twin_chunks)
@@ -84,6 +88,23 @@ def _check_stop_leak(
     return []
 
 
+def _check_stop_included(
+    exchange: Exchange, view: StreamView, index: int, chunks: list[ChoiceChunk]
+) -> list[Finding]:
+    stops, text = view.request.stops, _text(chunks)
+    unstopped = (exchange.unstopped_texts or {}).get(index)
+    if not view.request.include_stop_str or unstopped is None or not stops:
+        return []
+    if chunks[-1].finish_reason != "stop" or stopped_text(unstopped, stops, False) == unstopped:
+        return []  # no stop string matched: nothing to include
+    if any(text.endswith(stop) for stop in stops):
+        return []
+    expected = stopped_text(unstopped, stops, True)
+    message = f"text ends {text[-20:]!r}; with the stop string it ends {expected[-20:]!r}"
+    numbers = [chunk.number for chunk in chunks][-1:]
+    return [finding("stop_str_not_included", exchange, message, numbers, view=view)]
+
+
 def _leak(
     exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk], start: int, message: str
 ) -> Finding:
@@ -137,5 +158,18 @@ def _check_determinism(
         f"differs at character {offset}: streamed {streamed[offset : offset + 30]!r}, "
         f"non-streamed {expected[offset : offset + 30]!r}"
     )
-    numbers = [chunk.number for chunk in chunks if chunk.text][:1]
-    return [finding("text_mismatch_nonstream", exchange, message, numbers, view=view)]
+    return [
+        finding(
+            "text_mismatch_nonstream", exchange, message, [_chunk_at(chunks, offset)], view=view
+        )
+    ]
+
+
+def _chunk_at(chunks: list[ChoiceChunk], offset: int) -> int:
+    """The number of the chunk that holds character `offset` of the text (or the last one)."""
+    position = 0
+    for chunk in chunks:
+        position += len(chunk.text)
+        if position > offset:
+            return chunk.number
+    return chunks[-1].number

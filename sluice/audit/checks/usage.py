@@ -1,15 +1,21 @@
 """Checks of usage reporting (STREAMING_CONTRACT.md, I5).
 
 No usage unless asked. `include_usage`: exactly one chunk with `choices: []`
-and the totals, last before `[DONE]`. `continuous_usage_stats`: every chunk
-carries cumulative usage whose `completion_tokens` equals the tokens delivered
-so far for that index (counted from logprob entries when the request asked
-for them), never repeated on a chunk that carried new text.
+and the totals, last before `[DONE]`. `continuous_usage_stats` (a vLLM
+extension, checked once some content chunk carries usage: a server without
+it was told so by preflight): every chunk carries cumulative usage whose
+`completion_tokens` equals the tokens delivered so far for that index
+(counted from logprob entries when the request asked for them), never
+repeated on a chunk that carried new text.
 
 Tokens are countable from logprobs only; without them the totals are compared
 to the non-streamed twin's usage when both produced the same text. A server
 may count an EOS token it does not show: one extra token is allowed on an
-index that finished with "stop".
+index that finished with "stop". When every index finished with "length" and
+the usage says max_tokens each, the usage is right by definition: fewer
+entries are the logprobs' fault (`logprob_count`), not the usage's.
+
+Only complete 200 responses are read: a refusal has no usage to check.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from sluice.audit.stream_view import ChoiceChunk, StreamView, is_prompt_entry, v
 
 
 def check_usage(exchange: Exchange, view: StreamView) -> list[Finding]:
+    if exchange.status != 200:
+        return []
     if not view.request.is_stream:
         return _check_totals(exchange, view, [c for c in view.chunks if c.usage])
     usage_chunks = [chunk for chunk in view.chunks if chunk.usage is not None]
@@ -53,14 +61,16 @@ def _check_placement(exchange: Exchange, view: StreamView) -> list[Finding]:
         message = f"{len(finals)} usage chunks with choices: []; expected one, last before [DONE]"
         findings.append(finding("usage_placement", exchange, message, numbers, view=view))
     with_choices = [chunk for chunk in chunks if chunk.num_choices > 0]
+    check_id = "usage_placement"
     if view.request.continuous_usage:
+        check_id = "usage_continuous_missing"
         bare = [chunk.number for chunk in with_choices if chunk.usage is None]
         message = f"{len(bare)} chunks without usage under continuous_usage_stats"
     else:
         bare = [chunk.number for chunk in with_choices if chunk.usage is not None]
         message = f"{len(bare)} content chunks carry usage without continuous_usage_stats"
     if bare:
-        findings.append(finding("usage_placement", exchange, message, bare, view=view))
+        findings.append(finding(check_id, exchange, message, bare, view=view))
     return findings
 
 
@@ -87,6 +97,8 @@ def _compare_to_delivered(
     exchange: Exchange, view: StreamView, prompt: int, completion: int
 ) -> list[str]:
     delivered = _delivered_tokens(view)
+    if delivered is not None and _is_max_tokens_by_length(view, completion):
+        return []  # usage right by definition; fewer entries are logprob_count's
     if delivered is not None and not _is_close(completion, delivered, _stop_finishes(view)):
         return [
             f"completion_tokens {completion}, but {delivered} tokens were delivered (logprob entries)"
@@ -119,6 +131,19 @@ def _delivered_tokens(view: StreamView) -> int | None:
     )
 
 
+def _is_max_tokens_by_length(view: StreamView, completion: int) -> bool:
+    """Every index finished with "length" and the usage counts max_tokens for each."""
+    max_tokens = view.request.max_tokens
+    finishes = [c.finish_reason for chunks in view.choices.values() for c in chunks]
+    finishes = [reason for reason in finishes if reason is not None]
+    return (
+        max_tokens is not None
+        and len(finishes) == len(view.choices) > 0
+        and all(reason == "length" for reason in finishes)
+        and completion == max_tokens * len(view.choices)
+    )
+
+
 def _stop_finishes(view: StreamView) -> int:
     return sum(1 for chunks in view.choices.values() for c in chunks if c.finish_reason == "stop")
 
@@ -131,15 +156,18 @@ def _is_close(reported: int, delivered: int, allowance: int) -> bool:
 def _check_continuous(
     exchange: Exchange, view: StreamView, chunks: list[ChoiceChunk], echo_chars: int
 ) -> list[Finding]:
+    if not any(chunk.usage is not None for chunk in chunks if chunk.finish_reason is None):
+        return []  # usage on the finish chunk alone is not continuous: nothing to count
     countable = view.request.top_logprobs is not None
     delivered, previous = 0, None
     frozen, inexact = [], []
     for chunk in chunks:
+        # Every chunk's tokens count, whether or not it carried usage.
+        delivered += sum(not is_prompt_entry(entry, echo_chars) for entry in chunk.logprobs or [])
+        countable = countable and (chunk.logprobs is not None or not chunk.text)
         if chunk.usage is None or not isinstance(chunk.usage.get("completion_tokens"), int):
             continue
         reported = chunk.usage["completion_tokens"]
-        delivered += sum(not is_prompt_entry(entry, echo_chars) for entry in chunk.logprobs or [])
-        countable = countable and (chunk.logprobs is not None or not chunk.text)
         is_new_text = chunk.has_content
         if is_new_text and previous is not None and reported == previous:
             frozen.append(chunk.number)
@@ -156,5 +184,5 @@ def _check_continuous(
         number, reported, expected = inexact[0]
         message = f"chunk #{number}: completion_tokens {reported}, expected {expected} ({len(inexact)} chunks off)"
         numbers = [item[0] for item in inexact]
-        findings.append(finding("usage_inexact", exchange, message, numbers, view=view))
+        findings.append(finding("usage_continuous_inexact", exchange, message, numbers, view=view))
     return findings
