@@ -1,4 +1,4 @@
-"""ChunkTimer: the first take is the first token, later takes are reported in batches."""
+"""ChunkTimer: each choice's first take is its first token, later takes are reported in batches."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Recorder:
 def test_the_first_take_is_the_time_to_first_token_and_no_chunk_gap():
     recorder = Recorder()
     timer = ChunkTimer(recorder)
-    timer.on_tokens(3, timer.started_s + 0.25)
+    timer.on_tokens(0, 3, timer.started_s + 0.25)
     timer.report()
     assert recorder.first == [(0.25, 3)]
     assert recorder.batches == []
@@ -38,9 +38,9 @@ def test_later_takes_are_reported_in_full_batches_with_their_gaps():
     recorder = Recorder()
     timer = ChunkTimer(recorder)
     start_s = timer.started_s
-    timer.on_tokens(1, start_s)
+    timer.on_tokens(0, 1, start_s)
     for i in range(1, CHUNKS_PER_REPORT + 3):
-        timer.on_tokens(i % 4 + 1, start_s + i * 0.001)
+        timer.on_tokens(0, i % 4 + 1, start_s + i * 0.001)
     (batch,) = recorder.batches
     assert len(batch[0]) == CHUNKS_PER_REPORT
     assert all(abs(gap_s - 0.001) < 1e-9 for gap_s in batch[1])
@@ -54,10 +54,24 @@ def test_a_slow_stream_is_reported_within_the_report_interval():
     recorder = Recorder()
     timer = ChunkTimer(recorder)
     start_s = timer.started_s
-    timer.on_tokens(1, start_s)
-    timer.on_tokens(1, start_s + 0.1)
+    timer.on_tokens(0, 1, start_s)
+    timer.on_tokens(0, 1, start_s + 0.1)
     assert recorder.batches == []  # waits for more
-    timer.on_tokens(2, start_s + 0.1 + REPORT_EVERY_S)
+    timer.on_tokens(0, 2, start_s + 0.1 + REPORT_EVERY_S)
     ((num_tokens, gaps_s),) = recorder.batches
     assert num_tokens == [1, 2]
     assert abs(gaps_s[0] - 0.1) < 1e-9 and abs(gaps_s[1] - REPORT_EVERY_S) < 1e-9
+
+
+def test_each_choice_has_its_own_first_token_and_its_own_gaps():
+    recorder = Recorder()
+    timer = ChunkTimer(recorder)
+    start_s = timer.started_s
+    for step in range(3):  # two choices, one token each per take, 0.1 s apart
+        for index in (0, 1):
+            timer.on_tokens(index, 1, start_s + 0.1 * (step + 1))
+    timer.report()
+    assert [round(ttft_s, 6) for ttft_s, _ in recorder.first] == [0.1, 0.1]
+    ((num_tokens, gaps_s),) = recorder.batches
+    assert num_tokens == [1, 1, 1, 1]
+    assert all(abs(gap_s - 0.1) < 1e-9 for gap_s in gaps_s)  # not 0.1 / 2 choices

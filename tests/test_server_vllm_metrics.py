@@ -95,3 +95,30 @@ def test_vllm_counts_match_the_requests_served(families):
     assert itl_count <= 3 + 3 + 5
     prompt_tokens = sample_value(families["vllm:prompt_tokens"], "_total")
     assert prompt_tokens == sample_value(families["sluice:prompt_tokens"], "_total") > 0
+
+
+def test_with_n_choices_latencies_are_per_choice_as_each_choices_client_sees_them():
+    """n=4: vLLM times each choice as its own engine request. Each choice's
+    inter-token gaps add up to its e2e latency minus its time to first token
+    (the finish comes with the last token), so the sums must agree; timed per
+    API request, the gaps summed to a quarter of that (all choices' tokens of
+    a take spread over one gap)."""
+    engine = LoopFakeEngine(tokens_per_step=1, step_interval_s=0.01)
+    with LiveServer(engine, ChatFakeTokenizer(), max_model_len=MAX_MODEL_LEN) as live:
+        http = httpx2.Client(base_url=live.url, timeout=10)
+        body = {"model": MODEL, "prompt": "a b c", "max_tokens": 6, "n": 4, "stream": True,
+                "ignore_eos": True}  # fmt: skip
+        assert http.post("/v1/completions", json=body).status_code == 200
+        text = http.get("/metrics").text
+        http.close()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    ttft, e2e = (
+        families["vllm:time_to_first_token_seconds"],
+        families["vllm:e2e_request_latency_seconds"],
+    )
+    itl = families["vllm:inter_token_latency_seconds"]
+    assert sample_value(ttft, "_count") == sample_value(e2e, "_count") == 4
+    assert sample_value(itl, "_count") <= 4 * 5  # fewer where a reader's take merged tokens
+    gaps_s = sample_value(e2e, "_sum") - sample_value(ttft, "_sum")
+    assert gaps_s > 4 * 5 * 0.005  # 20 gaps of about one step interval each
+    assert sample_value(itl, "_sum") == pytest.approx(gaps_s, rel=1e-6)

@@ -5,14 +5,17 @@ the frontend calls it on the event loop, from the consumer side, i.e. when
 tokens are handed to the client, not when the engine produced them. A
 Frontend without an observer skips every call.
 
-Call order for one API request: on_first_token once (the first take from the
-mailbox that carries tokens); on_chunks for the later takes that carry
-tokens, in batches (`ChunkTimer`); on_finish once per choice when its finish
-is handed over; on_abort once if the client went away first. Every take's
-chunk is reported by the time the request ends.
+Everything is timed per choice, as vLLM times each engine request (with
+`n > 1` or a list of prompts, one API request fans out into several), so a
+latency is what that choice's client sees. Call order for one API request:
+on_first_token once per choice (its first take that carries tokens);
+on_chunks for each choice's later takes that carry tokens, in batches
+(`ChunkTimer`); on_finish once per choice when its finish is handed over;
+on_abort once if the client went away first. Every take's chunks are
+reported by the time the request ends.
 
-Takes happen once per token when the reader keeps up, so a take costs the
-observer side two list appends: `ChunkTimer` hands the chunks over at most
+Takes happen once per token when the reader keeps up, so a choice's chunk
+costs the observer side two list appends: `ChunkTimer` hands the chunks over at most
 `CHUNKS_PER_REPORT` at a time, and never later than `REPORT_EVERY_S` after
 the oldest of them (so a scrape never misses more than that).
 """
@@ -29,12 +32,12 @@ REPORT_EVERY_S = 1.0
 
 class RequestObserver(Protocol):
     def on_first_token(self, ttft_s: float, num_tokens: int) -> None:
-        """The first tokens (`num_tokens`, all choices together), handed over
-        `ttft_s` seconds after the request reached the frontend."""
+        """One choice's first tokens (`num_tokens`), handed over `ttft_s`
+        seconds after the API request reached the frontend."""
 
     def on_chunks(self, num_tokens: Sequence[int], gaps_s: Sequence[float]) -> None:
-        """Later chunks, in order: the tokens of each (all choices together),
-        handed over `gaps_s[i]` seconds after the chunk before it."""
+        """Later chunks of any choices: the tokens of each, handed over
+        `gaps_s[i]` seconds after the same choice's chunk before it."""
 
     def on_finish(
         self,
@@ -50,7 +53,7 @@ class RequestObserver(Protocol):
 
 
 class ChunkTimer:
-    """Times one API request's takes and reports them to `observer` in batches."""
+    """Times one API request's chunks, per choice, and reports them to `observer` in batches."""
 
     __slots__ = (
         "started_s",
@@ -64,15 +67,18 @@ class ChunkTimer:
     def __init__(self, observer: RequestObserver):
         self.started_s = time.perf_counter()
         self._observer = observer
-        self._last_tokens_s: float | None = None
+        # Per choice index: when its last chunk with tokens was handed over.
+        self._last_tokens_s: dict[int, float] = {}
         # The chunks not reported yet: tokens of each, gap before each.
         self._num_tokens: list[int] = []
         self._gaps_s: list[float] = []
         self._report_due_s = 0.0
 
-    def on_tokens(self, num_tokens: int, now_s: float) -> None:
-        """A take carried `num_tokens` (> 0) at `now_s` (perf_counter seconds)."""
-        last_s, self._last_tokens_s = self._last_tokens_s, now_s
+    def on_tokens(self, index: int, num_tokens: int, now_s: float) -> None:
+        """A take carried `num_tokens` (> 0) of choice `index` at `now_s`
+        (perf_counter seconds)."""
+        last_s = self._last_tokens_s.get(index)
+        self._last_tokens_s[index] = now_s
         if last_s is None:
             self._observer.on_first_token(now_s - self.started_s, num_tokens)
             return

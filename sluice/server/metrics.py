@@ -146,11 +146,13 @@ class ServerMetrics:
             _both("request_success"), "Finished requests by finish reason.", "finished_reason"
         )
         self.ttft_s = LoopHistogram(
-            _both("time_to_first_token_seconds"), "Time to first token.", TTFT_BUCKETS_S
+            _both("time_to_first_token_seconds"),
+            "Time to each choice's first token.",
+            TTFT_BUCKETS_S,
         )
         self.itl_s = LoopHistogram(
             (*_both("inter_token_latency_seconds"), "vllm:time_per_output_token_seconds"),
-            "Time between tokens (a chunk's gap spread over its tokens).",
+            "Time between one choice's tokens (a chunk's gap spread over its tokens).",
             ITL_BUCKETS_S,
         )
         self.e2e_s = LoopHistogram(
