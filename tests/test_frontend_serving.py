@@ -218,13 +218,13 @@ def test_each_choice_gets_its_own_seed_and_engine_request_id():
     assert seen == {"cmpl-9-0": 100, "cmpl-9-1": 101, "cmpl-9-2": 102, "cmpl-9-3": 103}
 
 
-def test_the_observer_sees_first_token_chunks_and_one_finish_per_choice():
+def test_the_observer_sees_a_first_token_chunks_and_a_finish_per_choice():
     observer = RecordingObserver()
     engine = FakeEngine(endless_words, tokens_per_step=3)
     request = make_request(params=SamplingParams(max_tokens=7))
     body = asyncio.run(collect(Frontend(engine, TOKENIZER, observer=observer), request))
     assert observer.calls[0][0] == "first_token"
-    assert [call[0] for call in observer.calls].count("first_token") == 1
+    assert [call[0] for call in observer.calls].count("first_token") == 2
     finishes = [call for call in observer.calls if call[0] == "finish"]
     assert finishes == [("finish", 2, 7, "length")] * 2
     chunks = [call for call in observer.calls if call[0] in ("first_token", "chunk")]
