@@ -55,11 +55,12 @@ class ParsedChoice:
 
     def entries(self, entries: list[dict[str, Any]] | None, is_sent: bool) -> list | None:
         """The logprob entries a chunk carries: those held back first. Not
-        `is_sent` (the chunk is skipped): they wait for the next one."""
-        if entries is None:
-            return None
-        self._pending_entries += entries
-        if not is_sent:
+        `is_sent` (the chunk is skipped): they wait for the next one. A chunk
+        without tokens of its own (a finish with none) still carries the held
+        ones: none may be lost."""
+        if entries is not None:
+            self._pending_entries += entries
+        if not is_sent or (entries is None and not self._pending_entries):
             return None
         sent, self._pending_entries = self._pending_entries, []
         return sent
