@@ -55,7 +55,7 @@ NOISE = st.lists(
     st.sampled_from(['<tool_call>', '</tool_call>', '<tool_call', '{"name": "f"', '"name"', ': ',
                      ', "arguments": ', ', "parameters": ', '{"a": 1}', '{', '}', '[TOOL_CALLS]',
                      '[', ']', ', ', ';', '<|python_tag|>', '"', '\\', ' ', '\n', 'é', '😀',
-                     '1', '.', 'e', 'tru', 'x', '"q"']),
+                     '1', '.', 'e', 'tru', 'x', '"q"', '\\ud83d', '\\udc00', '\\u']),
     max_size=20,
 ).map("".join)  # fmt: skip
 

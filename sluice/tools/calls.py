@@ -25,6 +25,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from sluice.tools.json_scan import Scan, Status, scan_string, scan_value, skip_whitespace
+from sluice.tools.surrogates import mend_decoded, mend_escapes
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,15 +57,17 @@ class CallObject:
     arguments_start: int | None = None
     arguments_scan: Scan | None = None
 
-    def call(self, text: str) -> ParsedCall:
+    def call(self, text: str, is_final: bool) -> ParsedCall:
         assert self.name is not None, "only a named object is a call"
-        arguments = self._arguments(text)
+        arguments = self._arguments(text, is_final)
         return ParsedCall(self.name, arguments, self.scan.is_complete)
 
-    def _arguments(self, text: str) -> str:
+    def _arguments(self, text: str, is_final: bool) -> str:
         if self.arguments_start is None or self.arguments_scan is None:
             return "{}" if self.scan.is_complete else ""
-        return text[self.arguments_start : self.arguments_scan.end]
+        is_decided = is_final or self.arguments_scan.status is not Status.INCOMPLETE
+        raw = text[self.arguments_start : self.arguments_scan.end]
+        return mend_escapes(raw, is_decided)
 
 
 def scan_call_object(text: str, position: int, arguments_keys: Collection[str]) -> CallObject:
@@ -125,7 +128,7 @@ def _scan_member(
         return Scan(Status.INVALID, position)
     value = scan_value(text, position)
     if is_name and value.is_complete:
-        found.name = json.loads(text[position : value.end])
+        found.name = mend_decoded(json.loads(text[position : value.end]))
     if is_arguments:
         found.arguments_start, found.arguments_scan = position, value
     return value

@@ -32,6 +32,7 @@ from sluice.tools.calls import (
     scan_call_object,
 )
 from sluice.tools.json_scan import Status, scan_value, skip_whitespace
+from sluice.tools.surrogates import mend_escapes
 
 ToolCallParser = Callable[[str, bool], ParsedText]
 
@@ -60,7 +61,7 @@ def parse_hermes(text: str, is_final: bool = False) -> ParsedText:
             out.add_content(text[start : found.scan.end])
             position = found.scan.end
             continue
-        out.add_call(found.call(text))
+        out.add_call(found.call(text, is_final))
         if found.scan.status is Status.INCOMPLETE:
             return out.parsed(is_final)
         position = _after_hermes_call(text, found.scan.end)
@@ -102,7 +103,7 @@ def parse_llama3_json(text: str, is_final: bool = False) -> ParsedText:
                 return _held(out, text, content_start, is_final)
             out.add_content(text[content_start:])
             return out.parsed(is_final)
-        out.add_call(found.call(text))
+        out.add_call(found.call(text, is_final))
         if not found.scan.is_complete:
             return _rest_after_break(out, text, found.scan.status, found.scan.end, is_final)
         position = skip_whitespace(text, found.scan.end)
@@ -150,11 +151,13 @@ def named_function_parser(name: str) -> ToolCallParser:
     def parse_named(text: str, is_final: bool = False) -> ParsedText:
         position = skip_whitespace(text, 0)
         if position == len(text) or text[position] != "{":
-            end, is_complete = position, False
+            end, is_complete, is_decided = position, False, True
         else:
             scan = scan_value(text, position)
             end, is_complete = scan.end, scan.is_complete
-        return ParsedText("", (ParsedCall(name, text[position:end], is_complete),))
+            is_decided = scan.status is not Status.INCOMPLETE
+        arguments = mend_escapes(text[position:end], is_final or is_decided)
+        return ParsedText("", (ParsedCall(name, arguments, is_complete),))
 
     return parse_named
 
@@ -179,7 +182,7 @@ def _call_list(
                 return _held(out, text, start if not out.calls else position, is_final)
             out.add_content(text[start if not out.calls else position :])
             return out.parsed(is_final)
-        out.add_call(found.call(text))
+        out.add_call(found.call(text, is_final))
         if not found.scan.is_complete:
             return _rest_after_break(out, text, found.scan.status, found.scan.end, is_final)
         position = skip_whitespace(text, found.scan.end)
