@@ -128,7 +128,7 @@ def count_plain(body: bytes, workload: Workload) -> int:
 def check_sampled(body: bytes, workload: Workload) -> int:
     """The chunks of a fully checked stream (logprobs, continuous usage)."""
     expect = Expectations(
-        "completion", 1, has_logprobs=True, include_usage=True, continuous_usage_stats=True
+        "completion", 1, logprobs=1, include_usage=True, continuous_usage_stats=True
     )
     result = check_stream(body, expect)
     assert result.error is None, f"error event: {result.error}"

@@ -77,9 +77,9 @@ OPENINGS = ("Here is a short poem about", "Once upon a time, there was",
 TOPICS = ("the sea", "a robot", "the moon", "a small town",
           "coffee", "winter", "a library", "the desert")  # fmt: skip
 STREAM_EXPECT = Expectations(
-    "completion", 1, has_logprobs=True, include_usage=True, continuous_usage_stats=True
+    "completion", 1, logprobs=TOP_LOGPROBS, include_usage=True, continuous_usage_stats=True
 )
-BODY_EXPECT = Expectations("completion", 1, has_logprobs=True)
+BODY_EXPECT = Expectations("completion", 1, logprobs=TOP_LOGPROBS)
 
 
 @dataclasses.dataclass(slots=True)

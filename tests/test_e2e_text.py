@@ -71,14 +71,14 @@ def stops_of(fields: dict) -> dict:
 def chat_call(model: str, prompt: str, *, stream: bool, logprobs: bool, **fields) -> Call:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
             "temperature": 0, "stream": stream, "logprobs": logprobs, **fields}  # fmt: skip
-    expect = Expectations("chat", 1, has_logprobs=logprobs, **stops_of(fields))
+    expect = Expectations("chat", 1, logprobs=0 if logprobs else None, **stops_of(fields))
     return Call("/v1/chat/completions", body, expect)
 
 
 def completion_call(model: str, prompt: str, *, stream: bool, logprobs: bool, **fields) -> Call:
     body = {"model": model, "prompt": prompt, "temperature": 0, "ignore_eos": True,
             "stream": stream, "logprobs": 0 if logprobs else None, **fields}  # fmt: skip
-    expect = Expectations("completion", 1, has_logprobs=logprobs, **stops_of(fields))
+    expect = Expectations("completion", 1, logprobs=0 if logprobs else None, **stops_of(fields))
     return Call("/v1/completions", body, expect)
 
 

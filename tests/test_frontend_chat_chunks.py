@@ -69,7 +69,7 @@ def expectations(request: GenerationRequest) -> Expectations:
     return Expectations(
         "chat",
         request.num_choices,
-        has_logprobs=request.logprobs is not None,
+        logprobs=request.logprobs,
         include_usage=request.include_usage,
         continuous_usage_stats=request.continuous_usage_stats,
     )

@@ -52,9 +52,7 @@ def test_a_broken_stream_is_refused_naming_the_rule(body: bytes, rule: str):
 
 
 def test_continuous_usage_may_not_run_ahead_of_the_tokens():
-    expect = Expectations(
-        "chat", 1, has_logprobs=True, include_usage=True, continuous_usage_stats=True
-    )
+    expect = Expectations("chat", 1, logprobs=0, include_usage=True, continuous_usage_stats=True)
     entry = {"token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": []}
     # One token delivered; an unshown EOS would explain one more, not two.
     usage = {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
@@ -77,3 +75,24 @@ def test_a_stream_that_failed_half_way_passes_only_when_the_error_is_expected():
         check_stream(body, CHAT)
     result = check_stream(body, Expectations("chat", 1, allows_error=True))
     assert result.error == error["error"] and result.choices[0].text == "hi"
+
+
+def test_too_few_logprob_alternatives_fail_whatever_the_body_shows():
+    def logprobs(num_alternatives: int) -> dict:
+        alternatives = [
+            {"token": t, "logprob": -2.0, "bytes": [ord(t)]} for t in "xyz"[:num_alternatives]
+        ]
+        entry = {"token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": alternatives}
+        return {"content": [entry]}
+
+    def body(num_alternatives: int) -> bytes:
+        token = chunk({"content": "a"})
+        token["choices"][0]["logprobs"] = logprobs(num_alternatives)
+        return sse(ROLE, token, chunk({}, "stop"))
+
+    asked_for_two = Expectations("chat", 1, logprobs=2)
+    check_stream(body(2), asked_for_two)
+    # One alternative in every entry: the expectation is the request's two, not
+    # the fewest the body itself shows.
+    with pytest.raises(AssertionError, match="logprob"):
+        check_stream(body(1), asked_for_two)

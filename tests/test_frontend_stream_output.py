@@ -336,7 +336,7 @@ def test_direct_writes_make_the_same_stream_as_yielding(logprobs):
     expect = Expectations(
         "chat",
         2,
-        has_logprobs=logprobs is not None,
+        logprobs=logprobs,
         include_usage=True,
         continuous_usage_stats=True,
     )

@@ -257,7 +257,7 @@ def test_streams_meet_the_contract_and_equal_the_non_streamed_response(scenario)
     expect = Expectations(
         request.kind,
         request.num_choices,
-        has_logprobs=request.logprobs is not None,
+        logprobs=request.logprobs,
         include_usage=request.include_usage,
         continuous_usage_stats=request.continuous_usage_stats,
         echo=request.echo,

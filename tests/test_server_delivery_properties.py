@@ -102,7 +102,7 @@ def scenarios(draw: st.DrawFn):
     expect = Expectations(
         kind,
         num_choices,
-        has_logprobs=logprobs is not None,
+        logprobs=logprobs,
         include_usage=include_usage,
         continuous_usage_stats=include_usage and continuous,  # vLLM's rule
         allows_error=death_at is not None,
@@ -170,7 +170,7 @@ def test_every_chunk_meets_the_contract_whatever_lands_in_one_loop_pass(scenario
     assert (result.error is not None) == has_died_mid_stream
     for got, choice in zip(result.choices, choices, strict=True):
         assert got.text == choice.released, "I1/I2: exactly the released text, in order"
-        if expect.has_logprobs:
+        if expect.logprobs is not None:
             assert got.token_logprobs == [
                 fake_logprobs(p, 0, 0)[0] for p in range(choice.num_released_tokens)
             ], "I2/I3: one entry per released token, none lost, repeated or moved"

@@ -27,7 +27,7 @@ PIECES = [TOKENIZER.encode(text) for text in (" a", " b", " c", " x", " y")]
 EXPECT = Expectations(
     kind="completion",
     num_choices=1,
-    has_logprobs=True,
+    logprobs=1,
     include_usage=True,
     continuous_usage_stats=True,
 )
