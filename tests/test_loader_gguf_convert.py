@@ -6,6 +6,9 @@ import itertools
 import json
 import os
 import string
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -234,3 +237,69 @@ def test_a_truncated_gguf_is_reported_as_corrupt(tiny_gguf, tmp_path):
     with pytest.raises(ModelLoadError, match="corrupt GGUF file") as info:
         converted_folder(path, tmp_path / "cache")
     assert "\n" not in str(info.value)
+
+
+_KILLED_CONVERSION = """
+import sys, time
+from pathlib import Path
+from sluice.loader import gguf_convert
+
+def endless_write(gguf_path, folder):
+    (folder / "model.safetensors").write_bytes(b"x" * 4096)
+    print("writing", flush=True)
+    time.sleep(600)
+
+gguf_convert.write_hf_folder = endless_write
+gguf_convert.converted_folder(Path(sys.argv[1]), Path(sys.argv[2]))
+"""
+
+
+def test_a_killed_conversions_temporary_folder_is_removed_by_the_next_start(tiny_gguf, tmp_path):
+    cache_dir = tmp_path / "cache"
+    killed = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_CONVERSION, str(tiny_gguf), str(cache_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert killed.stdout.readline().strip() == "writing"
+    killed.kill()
+    killed.wait()
+    (left,) = cache_dir.iterdir()
+    assert (left / "model.safetensors").is_file()
+    folder = converted_folder(tiny_gguf, cache_dir)
+    assert [p.name for p in cache_dir.iterdir()] == [folder.name]
+
+
+def _temp_named(cache_dir: Path, owner: str, age_s: float = 0.0) -> Path:
+    temp = cache_dir / f".model-0123456789abcdef.{owner}abcd_123"
+    temp.mkdir(parents=True)
+    if age_s:
+        then_s = time.time() - age_s
+        os.utime(temp, (then_s, then_s))
+    return temp
+
+
+def test_only_temporary_folders_whose_owner_is_gone_or_that_are_too_old_are_removed(
+    tiny_gguf, tmp_path
+):
+    cache_dir = tmp_path / "cache"
+    host = gguf_convert.host_name()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    kept = [
+        _temp_named(cache_dir / "a", f"{host}-{os.getpid()}."),  # converting right now
+        _temp_named(cache_dir / "b", "elsewhere-12."),  # another machine's, recent
+        _temp_named(cache_dir / "c", ""),  # an older sluice's, recent
+    ]
+    removed = [
+        _temp_named(cache_dir / "d", f"{host}-{gone.stdout.strip()}."),
+        _temp_named(cache_dir / "e", "elsewhere-12.", age_s=gguf_convert.STALE_TEMP_AGE_S + 60),
+        _temp_named(cache_dir / "f", "", age_s=gguf_convert.STALE_TEMP_AGE_S + 60),
+    ]
+    unrelated = cache_dir / "g" / ".not-a-conversion"
+    unrelated.mkdir(parents=True)
+    for sub in "abcdefg":
+        gguf_convert.remove_stale_temps(cache_dir / sub)
+    assert all(temp.is_dir() for temp in kept)
+    assert not any(temp.exists() for temp in removed)
+    assert unrelated.is_dir()

@@ -16,7 +16,11 @@ Invariants:
   format version), so an edited or replaced file is converted again;
 - the folder appears atomically: everything is written into a temporary
   sibling and renamed into place, so a crash never leaves a half cache, and
-  two processes converting at once both end with one complete folder.
+  two processes converting at once both end with one complete folder;
+- a temporary sibling names its owner (`.<folder>.<host>-<pid>.<random>`), so
+  one left by a killed conversion (as big as the weights) is removed by the
+  next start: when its owner process on this host is gone, or, owned
+  elsewhere (a shared cache), when untouched for `STALE_TEMP_AGE_S`.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +45,28 @@ from sluice.loader import gguf_llama
 # Bump when the folder layout or tensor conversion changes: old caches are ignored.
 CONVERSION_VERSION = 2
 SOURCE_FILE = "sluice_source.json"
+# A temporary folder whose owner cannot be checked (another host's, or one
+# from before owners were named) is stale once untouched this long: far
+# beyond the slowest conversion.
+STALE_TEMP_AGE_S = 24 * 3600
+# `.<stem>-<key>.<host>-<pid>.<mkdtemp's 8 characters>`; no owner part before
+# owners were named.
+_TEMP_NAME = re.compile(r"\.[^/]+-[0-9a-f]{16}\.(?:(?P<host>[\w-]+)-(?P<pid>\d+)\.)?[a-z0-9_]{8}")
 
 
 def converted_folder(gguf_path: Path, cache_dir: Path) -> Path:
     """The cached HF folder for `gguf_path`, converting it first if needed."""
     folder = cache_folder_for(gguf_path, cache_dir)
     if folder.is_dir():
+        remove_stale_temps(cache_dir)
         return folder
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ModelLoadError(f"cannot create cache dir {cache_dir}: {exc.strerror}") from exc
-    temp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=cache_dir))
+    remove_stale_temps(cache_dir)
+    owner = f"{host_name()}-{os.getpid()}"
+    temp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{owner}.", dir=cache_dir))
     try:
         temp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
         write_hf_folder(gguf_path, temp)
@@ -66,6 +83,43 @@ def cache_folder_for(gguf_path: Path, cache_dir: Path) -> Path:
     identity = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{CONVERSION_VERSION}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return cache_dir / f"{path.stem}-{key}"
+
+
+def remove_stale_temps(cache_dir: Path) -> None:
+    """Remove the temporary conversion folders of conversions that died."""
+    try:
+        entries = [entry for entry in os.scandir(cache_dir) if _TEMP_NAME.fullmatch(entry.name)]
+    except OSError:
+        return  # no cache yet, or unreadable: nothing of ours to clean
+    for entry in entries:
+        if _is_stale(entry):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def host_name() -> str:
+    """This machine's name as temporary folder names hold it (no dots)."""
+    return re.sub(r"[^\w-]", "_", socket.gethostname())
+
+
+def _is_stale(entry: os.DirEntry) -> bool:
+    match = _TEMP_NAME.fullmatch(entry.name)
+    assert match is not None, "only temporary folder names are judged"
+    if match["host"] == host_name():
+        return not _is_running(int(match["pid"]))
+    try:
+        return time.time() - entry.stat().st_mtime > STALE_TEMP_AGE_S
+    except OSError:
+        return False
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def write_hf_folder(gguf_path: Path, folder: Path) -> None:
