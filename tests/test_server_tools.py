@@ -10,6 +10,7 @@ import json
 import httpx2
 import pytest
 
+from sluice.server.limits import MAX_JSON_DEPTH
 from sluice.testing import FakeEngine
 from sluice.testing.contract import parse_sse
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
@@ -163,6 +164,46 @@ REFUSALS = [
 ]  # fmt: skip
 
 
+def tool(parameters) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
+def deep_lists(depth: int) -> list:
+    """Lists nested `depth` deep (json.dumps takes a few hundred levels)."""
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def earlier_call(arguments: str) -> list[dict]:
+    return [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1",
+         "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12 degrees"},
+    ]  # fmt: skip
+
+
+DEEP_PARAMETERS = {"type": "object", "properties": {"a": {"enum": deep_lists(600)}}}
+NAMED_F = {"type": "function", "function": {"name": "f"}}
+REFUSALS += [
+    # Nested too deep for what reads them (json, the template, llguidance): a
+    # RecursionError, and a 500, before.
+    ({"messages": earlier_call("[" * 1500 + "]" * 1500)},
+     "messages[1].tool_calls[0].function.arguments"),
+    ({"messages": earlier_call("[" * 1500)}, "messages[1].tool_calls[0].function.arguments"),
+    ({"tools": [tool(DEEP_PARAMETERS)], "tool_choice": "required"}, "tools[0].function.parameters"),
+    ({"tools": [tool(DEEP_PARAMETERS)], "tool_choice": NAMED_F}, "tools[0].function.parameters"),
+    ({"tools": [tool(DEEP_PARAMETERS)]}, "tools[0].function.parameters"),
+    # $defs that is not an object: an AttributeError, and a 500, before.
+    *[({"tools": [tool({"type": "object", "$defs": defs})], "tool_choice": "required"},
+       "tools[0].function.parameters.$defs") for defs in ("x", None, [1])],
+    ({"tools": [tool({"type": "object", "definitions": "x"})], "tool_choice": NAMED_F},
+     "tools[0].function.parameters.definitions"),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(("fields", "param"), REFUSALS)
 def test_bad_tool_fields_are_400s_naming_the_field(fields, param):
     with serve("", tool_call_parser="hermes") as live:
@@ -177,3 +218,26 @@ def test_auto_without_a_parser_is_a_400_that_says_how_to_enable_it():
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "tool_choice" and "--tool-call-parser" in error["message"]
+
+
+def test_json_within_the_depth_limit_is_served():
+    brackets_in_strings = json.dumps({"city": "[{" * 1000, "quote": '"[\\'})
+    fields = {
+        "messages": earlier_call(brackets_in_strings),
+        "tools": [tool({"type": "object", "properties": {"a": {"enum": [deep_lists(60)]}}})],
+        "tool_choice": "required",
+    }
+    with serve('[{"name": "f", "parameters": {}}]') as live:
+        response = httpx2.post(live.url + "/v1/chat/completions", json=chat_body(**fields))
+    assert response.status_code == 200, response.text
+    assert calls_of(response.json()["choices"][0]["message"]) == [("f", "{}")]
+    parameters = fields["tools"][0]["function"]["parameters"]
+    assert max_depth(parameters) == MAX_JSON_DEPTH
+
+
+def max_depth(value) -> int:
+    if isinstance(value, dict):
+        value = list(value.values())
+    if not isinstance(value, list):
+        return 0
+    return 1 + max(map(max_depth, value), default=0)

@@ -5,12 +5,14 @@ grammar is a 400 in OpenAI format naming the field, before the engine sees it.""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx2
 import pytest
 
 from sluice.errors import InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
+from sluice.server.limits import MAX_JSON_DEPTH
 from sluice.server.protocol import ChatCompletionRequest, CompletionRequest
 from sluice.server.to_internal import RequestOptions, chat_request, completion_request
 from sluice.structured import StructuredOutputSpec as Spec
@@ -165,3 +167,43 @@ def test_a_good_constraint_reaches_the_engine_in_the_sampling_params(served):
     body = {"model": MODEL, "prompt": "hi", "structured_outputs": {"regex": "[0-9]+"}}
     assert http.post("/v1/completions", json=body).status_code == 200
     assert seen[-1].structured_output == Spec.regex("[0-9]+")
+
+
+# A schema nested 1,000 deep, as JSON text (json.dumps takes a few hundred levels).
+DEEP_SCHEMA = '{"type": "object", "x": ' + "[" * 999 + "]" * 999 + "}"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "A",
+          "schema": "<deep>"}}}, "response_format.json_schema.schema"),
+        ({"structured_outputs": {"json": "<deep>"}}, "structured_outputs.json"),
+        ({"guided_json": "<deep>"}, "guided_json"),
+        ({"guided_json": DEEP_SCHEMA}, "guided_json"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "A",
+          "schema": {"type": "object", "$defs": "A"}}}},
+         "response_format.json_schema.schema.$defs"),
+        ({"guided_json": {"type": "object", "definitions": [{"type": "integer"}]}},
+         "guided_json.definitions"),
+    ],
+)  # fmt: skip
+def test_a_schema_too_deep_or_with_odd_definitions_is_a_400_naming_it(served, fields, param):
+    """Nested 1,000 deep, a schema was a RecursionError (msgspec encoding it): a 500."""
+    http, _ = served
+    for path, prompt in [("/v1/chat/completions", {"messages": MESSAGES}), ("/v1/completions",
+                         {"prompt": "hi"})]:  # fmt: skip
+        raw = json.dumps({"model": MODEL, **prompt, **fields}).replace('"<deep>"', DEEP_SCHEMA)
+        response = http.post(path, content=raw, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+
+
+def test_a_schema_at_the_depth_limit_is_served(served):
+    http, seen = served
+    schema = {"type": "object", "properties": {}}
+    for _ in range(MAX_JSON_DEPTH // 2 - 1):
+        schema = {"type": "object", "properties": {"a": schema}}
+    body = {"model": MODEL, "prompt": "hi", "guided_json": schema}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    assert seen[-1].structured_output == Spec.json_schema(schema)

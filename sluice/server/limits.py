@@ -8,17 +8,36 @@ The protocol's fixed caps still apply first; these can only be stricter.
 `check_parsed` runs earlier, by `sluice.server.body` on the parsed JSON before
 pydantic sees it: counts that bound validation's own cost (chat messages,
 logit_bias entries, which pydantic validates in one call).
+
+JSON a client nests inside a field (a schema, a tool's parameters, an earlier
+tool call's arguments) is at most MAX_JSON_DEPTH deep: `check_json_depth` for
+a parsed value, `check_json_text_depth` for JSON text. Both count without
+recursion; what reads the value later (deepcopy, msgspec, json, the chat
+template, llguidance) recurses once per level.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 from sluice.config import RequestLimits
 from sluice.errors import InvalidRequestError
 from sluice.frontend.request import PromptInput
 from sluice.server import protocol
+
+# Deepest nesting of lists and objects in JSON a field carries ({} and [] are
+# 1 deep): far beyond what schemas (OpenAI allows 10 levels of objects, ~20
+# of JSON) or arguments need, and well within what readers recurse through
+# (llguidance stops at 128, and the "required" schema nests the tools'
+# parameters 6 deeper).
+MAX_JSON_DEPTH = 64
+# A JSON string, or the rest of the text from an unterminated one.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 def check_parsed(
@@ -32,6 +51,32 @@ def check_parsed(
     if "logit_bias" in model.model_fields and isinstance(logit_bias, dict):
         _at_most(len(logit_bias), limits.max_logit_bias_entries, "logit_bias",
                  what="logit_bias entries")  # fmt: skip
+
+
+def check_json_depth(value: object, param: str) -> None:
+    """`value` (parsed JSON) nests at most MAX_JSON_DEPTH lists and dicts deep."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > MAX_JSON_DEPTH:
+            _too_deep(param)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+
+
+def check_json_text_depth(text: str, param: str) -> None:
+    """JSON text opens at most MAX_JSON_DEPTH brackets at once outside strings:
+    whether or not it is valid JSON, a parser goes no deeper than that."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    if max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > MAX_JSON_DEPTH:
+        _too_deep(param)
+
+
+def _too_deep(param: str) -> None:
+    raise InvalidRequestError(
+        f"{param} nests JSON more than this server's limit of {MAX_JSON_DEPTH} levels deep",
+        param=param,
+    )
 
 
 def check_body(body: protocol.SamplingFields, limits: RequestLimits) -> None:

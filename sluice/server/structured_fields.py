@@ -8,7 +8,9 @@ Forms read (chat completions and completions alike):
   `json_object`;
 - vLLM's older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
 
-A request carries at most one constraint: a second is a 400 naming it. The
+A request carries at most one constraint: a second is a 400 naming it. A
+schema nested deeper than `limits.MAX_JSON_DEPTH`, or whose `$defs` or
+`definitions` is not an object, is a 400 naming it (`check_json_schema`). The
 spec is compiled here (`GrammarCheck`: in a worker thread, so a large schema
 never stalls the event loop), so a bad schema, regex or grammar is a 400
 naming the field before anything is queued.
@@ -23,7 +25,7 @@ from typing import Any
 import orjson
 
 from sluice.errors import InvalidRequestError
-from sluice.server import protocol
+from sluice.server import limits, protocol
 from sluice.structured.grammar import GrammarError, grammar_of
 from sluice.structured.spec import StructuredOutputSpec
 
@@ -101,7 +103,8 @@ def _response_format(response_format: protocol.ResponseFormat | None) -> list[St
         param = "response_format.json_schema" + ("" if json_schema is None else ".schema")
         raise InvalidRequestError(f"{param} is required for type 'json_schema'", param=param)
     param = "response_format.json_schema.schema"
-    return [StructuredField(param, StructuredOutputSpec.json_schema(json_schema.schema_))]
+    schema = _schema(json_schema.schema_, param)
+    return [StructuredField(param, StructuredOutputSpec.json_schema(schema))]
 
 
 def _structured_outputs(
@@ -156,14 +159,27 @@ def _constraints(
     return found
 
 
+def check_json_schema(schema: dict[str, Any], param: str) -> None:
+    """What the compilers trip over: depth (each recurses once per level), and
+    definitions that are not an object (llguidance ignores them; they are no
+    JSON Schema)."""
+    limits.check_json_depth(schema, param)
+    for keyword in ("$defs", "definitions"):
+        if keyword in schema and not isinstance(schema[keyword], dict):
+            raise InvalidRequestError(
+                f"{param}.{keyword} must be an object of named schemas", param=f"{param}.{keyword}"
+            )
+
+
 def _schema(value: dict[str, Any] | str, param: str) -> dict[str, Any]:
-    """A schema given as an object, or as JSON text of one (vLLM takes both)."""
-    if isinstance(value, dict):
-        return value
-    try:
-        schema = orjson.loads(value)
-    except orjson.JSONDecodeError as error:
-        raise InvalidRequestError(f"{param} is not valid JSON: {error}", param=param) from None
+    """A checked schema given as an object, or as JSON text of one (vLLM takes both)."""
+    schema = value
+    if isinstance(value, str):
+        try:
+            schema = orjson.loads(value)
+        except orjson.JSONDecodeError as error:
+            raise InvalidRequestError(f"{param} is not valid JSON: {error}", param=param) from None
     if not isinstance(schema, dict):
         raise InvalidRequestError(f"{param} must be a JSON schema object", param=param)
+    check_json_schema(schema, param)
     return schema

@@ -1,8 +1,9 @@
 """A chat request's tool fields -> what they mean for the prompt, the
 sampling and the reading of the output: one `ToolPlan`.
 
-- `tools` are checked (unique names, object parameter schemas) and passed to
-  the chat template in the request's shape.
+- `tools` are checked (unique names, object parameter schemas nested at most
+  `limits.MAX_JSON_DEPTH` deep, `$defs` an object) and passed to the chat
+  template in the request's shape.
 - `tool_choice` defaults to "auto" with tools, "none" without; any value
   without tools is a 400 (as OpenAI), and so is a named function not in them.
   - "auto": the output is read by the server's tool-call parser
@@ -20,8 +21,8 @@ sampling and the reading of the output: one `ToolPlan`.
 - `parallel_tool_calls: false`: at most one call (the schema's maxItems, or
   the parser keeps the first).
 - An assistant message's `tool_calls` go to the template (their arguments
-  parsed from JSON, as HF templates expect); a `tool` message needs its
-  `tool_call_id`. OpenAI's deprecated `functions` / `function_call` are
+  parsed from JSON, as HF templates expect, so nested at most
+  `limits.MAX_JSON_DEPTH` deep); a `tool` message needs its `tool_call_id`. OpenAI's deprecated `functions` / `function_call` are
   refused by name rather than ignored.
 """
 
@@ -32,8 +33,8 @@ from typing import Any
 
 from sluice.errors import InvalidRequestError
 from sluice.frontend.preprocess import MessageToolCall
-from sluice.server import protocol
-from sluice.server.structured_fields import GrammarCheck
+from sluice.server import limits, protocol
+from sluice.server.structured_fields import GrammarCheck, check_json_schema
 from sluice.structured.spec import StructuredOutputSpec
 from sluice.tools.output_parsing import NAMED_FORMAT, REQUIRED_FORMAT, OutputParsing
 from sluice.tools.parsers import KEEPS_SPECIAL_TOKENS
@@ -104,6 +105,9 @@ def message_tool_calls(message: protocol.ChatMessage, index: int) -> tuple[Messa
             f"only assistant messages carry tool_calls, not {message.role}",
             param=f"messages[{index}].tool_calls",
         )
+    for call_index, call in enumerate(message.tool_calls):
+        param = f"messages[{index}].tool_calls[{call_index}].function.arguments"
+        limits.check_json_text_depth(call.function.arguments, param)
     return tuple(
         MessageToolCall(call.id, call.function.name, call.function.arguments)
         for call in message.tool_calls
@@ -131,11 +135,13 @@ def _function_tools(tools: list[protocol.ChatTool] | None) -> list[FunctionTool]
             )
         seen.add(function.name)
         parameters = function.parameters
-        if parameters is not None and parameters.get("type", "object") != "object":
-            raise InvalidRequestError(
-                "a function's parameters must be a JSON schema of an object",
-                param=f"{param}.parameters",
-            )
+        if parameters is not None:
+            if parameters.get("type", "object") != "object":
+                raise InvalidRequestError(
+                    "a function's parameters must be a JSON schema of an object",
+                    param=f"{param}.parameters",
+                )
+            check_json_schema(parameters, f"{param}.parameters")
         functions.append(
             FunctionTool(function.name, function.description, parameters, function.strict)
         )

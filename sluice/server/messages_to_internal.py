@@ -1,0 +1,205 @@
+"""Anthropic Messages bodies -> the equivalent chat request -> `GenerationRequest`.
+
+A Messages request is a chat request underneath: this module builds the
+`protocol.ChatCompletionRequest` that says the same (system first, content
+blocks flattened to text, `tool_use` blocks as an assistant's `tool_calls`,
+`tool_result` blocks as `tool` messages, tools and tool_choice in OpenAI's
+shapes) and runs it through `to_internal.chat_request`, so tools take the
+same parsers and forced-choice grammars, then marks it "messages".
+What differs from chat, for what agents need (docs/API.md):
+- `max_tokens` beyond what the context leaves is lowered to fit, never a
+  400: Claude Code asks for 32,000 or more whatever the model.
+- `tool_choice` "auto" when the server has no tool-call parser: the model
+  answers in text (a 400 would stop the agent, which sends tools every turn).
+- Any `model` name is served by the served model (agents pick their own).
+Errors still name the Anthropic field (`messages[1].content[0].type`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from typing import Any
+
+import msgspec
+
+from sluice.errors import InvalidRequestError
+from sluice.frontend.request import GenerationRequest
+from sluice.server import limits, messages_protocol, protocol, tool_fields
+from sluice.server.to_internal import RequestOptions, chat_messages, chat_request
+
+_CUSTOM_TOOL_TYPES = (None, "custom")
+
+
+async def messages_request(
+    body: messages_protocol.MessagesRequest, options: RequestOptions
+) -> GenerationRequest:
+    options = _with_thinking(body.thinking, options)
+    sampling = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
+    chat = _chat_body(body, options, stream=bool(body.stream), stop=body.stop_sequences, **sampling)
+    request = await chat_request(chat, options)
+    # chat_request gave the rest of the context: the client's max_tokens, if it fits.
+    max_tokens = min(limits.cap_max_tokens(body.max_tokens, options.limits),
+                     request.params.max_tokens)  # fmt: skip
+    params = msgspec.structs.replace(request.params, max_tokens=max_tokens)
+    return dataclasses.replace(
+        request,
+        kind="messages",
+        response_id=f"msg_{uuid.uuid4().hex}",
+        params=params,
+        # The stream's message_delta carries the usage: the access log reads it.
+        include_usage=request.stream,
+    )
+
+
+async def count_tokens(body: messages_protocol.CountTokensRequest, options: RequestOptions) -> int:
+    """The prompt's tokens as `messages_request` would build it."""
+    options = _with_thinking(body.thinking, options)
+    chat = _chat_body(body, options, stream=False)
+    tools = await tool_fields.tool_plan(chat, options.tool_call_parser, options.reasoning_parser)
+    prompt = await options.preprocessor.chat_prompt(
+        chat_messages(chat.messages),
+        add_generation_prompt=True,
+        add_special_tokens=False,
+        tools=tools.template_tools,
+    )
+    return len(prompt.token_ids)
+
+
+def _with_thinking(
+    thinking: messages_protocol.Thinking | None, options: RequestOptions
+) -> RequestOptions:
+    if thinking is not None and thinking.type == "disabled":
+        return dataclasses.replace(options, reasoning_parser=None)
+    return options
+
+
+def _chat_body(
+    body: messages_protocol.PromptFields, options: RequestOptions, **fields: Any
+) -> protocol.ChatCompletionRequest:
+    tools = _chat_tools(body.tools)
+    tool_choice, parallel = _tool_choice(body.tool_choice, tools, options)
+    messages = _system_messages(body.system)
+    for index, message in enumerate(body.messages):
+        messages += _chat_turn(message, index)
+    # Built from validated parts: constructed, not validated again.
+    return protocol.ChatCompletionRequest.model_construct(
+        model=None,
+        messages=messages,
+        tools=tools or None,
+        tool_choice=tool_choice if tools else None,
+        parallel_tool_calls=parallel,
+        **fields,
+    )
+
+
+def _system_messages(system: str | list[messages_protocol.TextBlock] | None) -> list:
+    if system is None:
+        return []
+    text = system if isinstance(system, str) else "\n".join(block.text for block in system)
+    return [_message("system", text)]
+
+
+def _chat_turn(message: messages_protocol.Message, index: int) -> list[protocol.ChatMessage]:
+    """One Messages turn as chat messages: tool results become `tool` messages."""
+    if isinstance(message.content, str):
+        return [_message(message.role, message.content)]
+    texts: list[str] = []
+    results: list[protocol.ChatMessage] = []
+    calls: list[protocol.MessageToolCall] = []
+    for block_index, block in enumerate(message.content):
+        param = f"messages[{index}].content[{block_index}]"
+        if block.type == "text":
+            texts.append(_required(block.text, f"{param}.text"))
+        elif block.type == "tool_use" and message.role == "assistant":
+            calls.append(_tool_call(block, param))
+        elif block.type == "tool_result" and message.role == "user":
+            tool_use_id = _required(block.tool_use_id, f"{param}.tool_use_id")
+            text = _result_text(block.content, f"{param}.content")
+            results.append(_message("tool", text, tool_call_id=tool_use_id))
+        elif block.type not in ("thinking", "redacted_thinking"):
+            raise _unsupported_block(block.type, message.role, f"{param}.type")
+        # Earlier thinking is left out of the prompt, as chat templates leave reasoning.
+    if not texts and (results or calls):
+        return [*results, *([_message("assistant", "", tool_calls=calls)] if calls else [])]
+    return [*results, _message(message.role, "\n".join(texts), tool_calls=calls or None)]
+
+
+def _tool_call(block: messages_protocol.ContentBlock, param: str) -> protocol.MessageToolCall:
+    function = protocol.FunctionCall.model_construct(
+        name=_required(block.name, f"{param}.name"),
+        arguments=json.dumps(block.input or {}, ensure_ascii=False),
+    )
+    call_id = _required(block.id, f"{param}.id")
+    return protocol.MessageToolCall.model_construct(id=call_id, type="function", function=function)
+
+
+def _result_text(content: str | list[messages_protocol.ContentBlock] | None, param: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for index, block in enumerate(content):
+        if block.type != "text":
+            raise _unsupported_block(block.type, "tool_result", f"{param}[{index}].type")
+        texts.append(_required(block.text, f"{param}[{index}].text"))
+    return "\n".join(texts)
+
+
+def _chat_tools(tools: list[messages_protocol.Tool] | None) -> list[protocol.ChatTool]:
+    chat_tools = []
+    for tool in tools or ():
+        if tool.type not in _CUSTOM_TOOL_TYPES:
+            continue  # Anthropic's own tools: no schema to show the model (docs/API.md)
+        function = protocol.FunctionDefinition.model_construct(
+            name=tool.name, description=tool.description, parameters=tool.input_schema, strict=None
+        )
+        chat_tools.append(protocol.ChatTool.model_construct(type="function", function=function))
+    return chat_tools
+
+
+def _tool_choice(
+    choice: messages_protocol.ToolChoice | None,
+    tools: list[protocol.ChatTool],
+    options: RequestOptions,
+) -> tuple[Any, bool | None]:
+    """OpenAI's tool_choice and parallel_tool_calls for Anthropic's tool_choice."""
+    parallel = None if choice is None or not choice.disable_parallel_tool_use else False
+    kind = "auto" if choice is None else choice.type
+    if kind == "auto":
+        # No parser to read calls: text answers rather than a 400 (module docstring).
+        return ("auto" if options.tool_call_parser else "none"), parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "none":
+        return "none", parallel
+    name = _required(choice.name if choice else None, "tool_choice.name")
+    if name not in {tool.function.name for tool in tools}:
+        raise InvalidRequestError(
+            f"tool_choice names the tool {name[:64]!r}, which is not among the tools",
+            param="tool_choice.name",
+        )
+    named = protocol.NamedToolChoice.model_construct(
+        type="function", function=protocol.ToolChoiceFunction.model_construct(name=name)
+    )
+    return named, parallel
+
+
+def _message(role: str, content: str, **fields: Any) -> protocol.ChatMessage:
+    return protocol.ChatMessage.model_construct(role=role, content=content, **fields)
+
+
+def _required(value: str | None, param: str) -> str:
+    if value is None:
+        raise InvalidRequestError(f"'{param}' is required", param=param)
+    return value
+
+
+def _unsupported_block(block_type: str, where: str, param: str) -> InvalidRequestError:
+    if block_type in ("image", "document"):
+        reason = "this server serves a text-only model"
+    else:
+        reason = "only text, tool_use (assistant), tool_result (user) and thinking are"
+    return InvalidRequestError(
+        f"{block_type[:40]!r} blocks are not supported in {where} content: {reason}", param=param
+    )
