@@ -121,15 +121,18 @@ ANTHROPIC_ERROR_TYPES = {
 }
 
 
-def anthropic_error(status_code: int, message: str) -> dict[str, Any]:
-    """Anthropic's error object: {"type": "error", "error": {"type", "message"}}."""
+def anthropic_error(status_code: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """Anthropic's error object: {"type": "error", "error": {"type", "message"}}.
+    It has no `param`: the message names the field, as Anthropic's do."""
     error_type = ANTHROPIC_ERROR_TYPES.get(status_code, "api_error")
+    if param is not None and param not in message:
+        message = f"{param}: {message}"
     return {"type": "error", "error": {"type": error_type, "message": message}}
 
 
 def anthropic_error_of(error: BaseException) -> dict[str, Any]:
     """`error` in Anthropic's shape, told as much as `openai_error_of` tells."""
-    message = openai_error_of(error)["error"]["message"]
+    told = openai_error_of(error)["error"]
     if isinstance(error, (RequestError, ServiceUnavailableError)):
-        return anthropic_error(error.status_code, message)
-    return anthropic_error(500, message)
+        return anthropic_error(error.status_code, told["message"], told["param"])
+    return anthropic_error(500, told["message"])

@@ -9,6 +9,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
 
 from sluice.errors import (
     AuthenticationError,
@@ -95,9 +96,12 @@ def test_a_missing_field_reads_as_required():
     assert error.message == "'messages' is required"
 
 
-def call_handler(app: FastAPI, exc: Exception):
-    handler = app.exception_handlers[type(exc)]
-    return asyncio.run(handler(None, exc))
+def call_handler(app: FastAPI, exc: Exception, path: str = "/v1/completions"):
+    handler = next(
+        app.exception_handlers[c] for c in type(exc).__mro__ if c in app.exception_handlers
+    )
+    request = Request({"type": "http", "method": "POST", "path": path, "headers": []})
+    return asyncio.run(handler(request, exc))
 
 
 def test_fastapi_validation_errors_become_400_never_422():
@@ -117,3 +121,31 @@ def test_http_exceptions_keep_their_status_in_the_openai_shape():
     assert error_of(response)["message"] == "Method Not Allowed"
     response = call_handler(app, HTTPException(404, "Not Found"))
     assert error_of(response)["type"] == "not_found_error"
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "error_type"),
+    [
+        (InvalidRequestError("bad value", param="max_tokens"), 400, "invalid_request_error"),
+        (AuthenticationError("x"), 401, "authentication_error"),
+        (ModelNotFoundError("x"), 404, "not_found_error"),
+        (QueueFullError("full"), 503, "overloaded_error"),
+    ],
+)
+def test_messages_routes_answer_in_anthropics_shape_with_the_same_status(error, status, error_type):
+    app = FastAPI()
+    install_error_handlers(app)
+    response = call_handler(app, error, path="/v1/messages")
+    assert response.status_code == status
+    body = orjson.loads(response.body)
+    assert body["type"] == "error" and body["error"]["type"] == error_type
+    assert set(body["error"]) == {"type", "message"}
+    if error_type == "invalid_request_error":
+        assert body["error"]["message"] == "max_tokens: bad value"
+    if status == 503:
+        assert response.headers["Retry-After"] == "1"
+
+
+def test_an_internal_error_on_a_messages_route_is_an_api_error():
+    body = orjson.loads(internal_error_response("/v1/messages/count_tokens").body)
+    assert body["error"]["type"] == "api_error" and "logged" in body["error"]["message"]

@@ -1,6 +1,7 @@
 """The FastAPI app: OpenAI-compatible routes over one engine and one tokenizer.
 
     POST /v1/completions, /v1/chat/completions   generation, streamed (SSE) or not
+    POST /v1/messages, /v1/messages/count_tokens Anthropic's Messages API (the same path)
     GET  /v1/models, /version, /health, /metrics
     POST /tokenize, /detokenize                  vLLM's helpers
     POST /reset_prefix_cache                     forget the engine's cached prefixes
@@ -45,7 +46,13 @@ from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend
-from sluice.server import admission, protocol, to_internal
+from sluice.server import (
+    admission,
+    messages_protocol,
+    messages_to_internal,
+    protocol,
+    to_internal,
+)
 from sluice.server.admission import AdmissionCollector, AdmissionGate, ShuttingDownError
 from sluice.server.body import BodyReader
 from sluice.server.errors import install_error_handlers, unavailable_response
@@ -115,6 +122,8 @@ def create_app(config: ServerConfig, engine: EngineClient, model: ServedModel) -
     app.state.shutdown = shutdown
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
+    app.add_api_route("/v1/messages", routes.messages, methods=["POST"])
+    app.add_api_route("/v1/messages/count_tokens", routes.count_tokens, methods=["POST"])
     app.add_api_route("/v1/models", routes.models, methods=["GET"])
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/version", routes.version, methods=["GET"])
@@ -168,6 +177,17 @@ class Routes:
         queue_timeout = self._admit(request, body.value.n or 1)
         generation = await self.bodies.convert(body, to_internal.chat_request)
         return await self._respond(request, generation, queue_timeout)
+
+    async def messages(self, request: Request) -> Response:
+        body = await self.bodies.parse(request, messages_protocol.MessagesRequest)
+        queue_timeout = self._admit(request, 1)
+        generation = await self.bodies.convert(body, messages_to_internal.messages_request)
+        return await self._respond(request, generation, queue_timeout)
+
+    async def count_tokens(self, request: Request) -> Response:
+        body = await self.bodies.parse(request, messages_protocol.CountTokensRequest)
+        num_tokens = await self.bodies.convert(body, messages_to_internal.count_tokens)
+        return _json({"input_tokens": num_tokens})
 
     def _admit(self, request: Request, n: int) -> QueueTimeout | None:
         """Refuse before any work if the request cannot run; its queue timeout."""

@@ -19,6 +19,11 @@ raised from the frontend's first read, before any header is sent, and lands
 here like any other; after the first event it can only be an error event in
 the stream (`sluice.frontend.serving`), carrying the same object.
 
+The Messages API's routes (`/v1/messages`, `/v1/messages/...`) answer with
+the same statuses in Anthropic's shape instead, `{"type": "error", "error":
+{"type", "message"}}` (`sluice.errors.anthropic_error`): every function here
+takes the request's `path` and picks the shape from it, here and nowhere else.
+
 Invariant: a client can reach the 500 branch only through a bug, never by what it sends.
 """
 
@@ -39,6 +44,7 @@ from sluice.errors import (
     InvalidRequestError,
     RequestError,
     ServiceUnavailableError,
+    anthropic_error,
     openai_error,
     openai_error_of,
 )
@@ -46,6 +52,12 @@ from sluice.errors import (
 # Pydantic names union branches and wrappers in error locations ("str",
 # "list[int]", "function-after[...]"); they are not part of the client's JSON path.
 _PYDANTIC_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+# The routes whose errors take Anthropic's shape.
+ANTHROPIC_PATH = "/v1/messages"
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
 
 
 def error_response(
@@ -55,26 +67,31 @@ def error_response(
     param: str | None = None,
     code: str | int | None = None,
     headers: dict[str, str] | None = None,
+    path: str = "",
 ) -> Response:
-    return _response(status_code, openai_error(message, error_type, param, code), headers)
+    error = openai_error(message, error_type, param, code)
+    return _response(status_code, error, headers, path)
 
 
-def request_error_response(exc: RequestError) -> Response:
-    return _response(exc.status_code, openai_error_of(exc))
+def request_error_response(exc: RequestError, path: str = "") -> Response:
+    return _response(exc.status_code, openai_error_of(exc), path=path)
 
 
-def unavailable_response(exc: ServiceUnavailableError) -> Response:
+def unavailable_response(exc: ServiceUnavailableError, path: str = "") -> Response:
     headers = {"Retry-After": str(exc.retry_after_s)}
-    return _response(exc.status_code, openai_error_of(exc), headers)
+    return _response(exc.status_code, openai_error_of(exc), headers, path)
 
 
-def internal_error_response() -> Response:
-    return _response(500, openai_error(INTERNAL_ERROR_MESSAGE, INTERNAL_ERROR_TYPE))
+def internal_error_response(path: str = "") -> Response:
+    error = openai_error(INTERNAL_ERROR_MESSAGE, INTERNAL_ERROR_TYPE)
+    return _response(500, error, path=path)
 
 
 def _response(
-    status_code: int, error: dict[str, Any], headers: dict[str, str] | None = None
+    status_code: int, error: dict[str, Any], headers: dict[str, str] | None = None, path: str = ""
 ) -> Response:
+    if is_anthropic_path(path):
+        error = anthropic_error(status_code, error["error"]["message"], error["error"]["param"])
     return Response(
         orjson.dumps(error), status_code=status_code, headers=headers, media_type="application/json"
     )
@@ -115,24 +132,25 @@ def validation_error(errors: Sequence[dict[str, Any]]) -> InvalidRequestError:
 
 async def _on_request_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestError), "handler registered for RequestError"
-    return request_error_response(exc)
+    return request_error_response(exc, request.url.path)
 
 
 async def _on_unavailable(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServiceUnavailableError), "handler registered for 503 errors"
-    return unavailable_response(exc)
+    return unavailable_response(exc, request.url.path)
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError), "handler registered for validation"
-    return request_error_response(validation_error(exc.errors()))
+    return request_error_response(validation_error(exc.errors()), request.url.path)
 
 
 async def _on_http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException), "handler registered for HTTPException"
     error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    headers = dict(exc.headers or {})
     return error_response(
-        exc.status_code, str(exc.detail), error_type, headers=dict(exc.headers or {})
+        exc.status_code, str(exc.detail), error_type, headers=headers, path=request.url.path
     )
 
 

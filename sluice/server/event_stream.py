@@ -114,8 +114,8 @@ class EventStreamResponse(Response):
                 await writer.write(event)
                 watch.write_started_s = None
             previous, last = last, event
-        if self._log is not None:
-            self._log.num_completion_tokens = completion_tokens(previous[len(b"data: ") :])
+        if self._log is not None:  # the usage chunk, or Anthropic's message_delta
+            self._log.num_completion_tokens = completion_tokens(previous.partition(b"data: ")[2])
         watch.write_started_s = loop_time()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         watch.write_started_s = None
@@ -156,10 +156,11 @@ async def _cut_on_disconnect(receive: Receive, cut: _StreamCut) -> None:
 
 
 def completion_tokens(body: bytes) -> int | None:
-    """`usage.completion_tokens` of a JSON chunk or body; None if it has none."""
+    """`usage.completion_tokens` (Anthropic's: `output_tokens`) of a JSON chunk
+    or body; None if it has none."""
     try:
         usage = orjson.loads(body).get("usage") or {}
     except (orjson.JSONDecodeError, AttributeError):
         return None
-    tokens = usage.get("completion_tokens")
+    tokens = usage.get("completion_tokens", usage.get("output_tokens"))
     return tokens if isinstance(tokens, int) else None

@@ -116,7 +116,7 @@ class RequestContextMiddleware:
             is_failed = True
             logger.exception("unexpected error on %s %s", log.method, log.path)
             if log.status is None:
-                await internal_error_response()(scope, receive, send_with_id)
+                await internal_error_response(log.path)(scope, receive, send_with_id)
         finally:
             if not is_logged:
                 # The response never finished: cut by the error above, or the client left.
@@ -135,11 +135,13 @@ def _request_id(scope: Scope) -> str:
 
 
 class ApiKeyMiddleware:
-    """`Authorization: Bearer <key>` on every path but probes; 401 otherwise."""
+    """`Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on
+    every path but probes; 401 otherwise."""
 
     def __init__(self, app: ASGIApp, api_key: str):
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
+        self._expected_key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
@@ -147,15 +149,20 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         given = next((v for n, v in scope["headers"] if n == b"authorization"), b"")
-        if hmac.compare_digest(given, self._expected):
+        given_key = next((v for n, v in scope["headers"] if n == b"x-api-key"), b"")
+        # Both compared, whichever is given: no timing difference between them.
+        is_bearer = hmac.compare_digest(given, self._expected)
+        is_key = hmac.compare_digest(given_key, self._expected_key)
+        if is_bearer or (given_key and is_key):
             await self.app(scope, receive, send)
             return
-        message = "missing API key" if not given else "invalid API key"
+        message = "missing API key" if not (given or given_key) else "invalid API key"
         response = error_response(
             401,
-            f"{message}; send 'Authorization: Bearer <key>'",
+            f"{message}; send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
             "authentication_error",
             code="invalid_api_key",
+            path=path,
         )
         await response(scope, receive, send)
 
