@@ -241,3 +241,21 @@ def max_depth(value) -> int:
     if not isinstance(value, list):
         return 0
     return 1 + max(map(max_depth, value), default=0)
+
+
+PYDANTIC_V1_PARAMETERS = {
+    "type": "object",
+    "properties": {"unit": {"$ref": "#/definitions/Unit"}, "also": {"$ref": "#/properties/unit"}},
+    "definitions": {"Unit": {"enum": ["celsius", "fahrenheit"]}},
+}
+
+
+@pytest.mark.parametrize("tool_choice", ["required", NAMED_F])
+def test_references_outside_defs_work_for_required_as_for_a_named_function(tool_choice):
+    """#/definitions/... (pydantic v1) and #/properties/...: "required" said the
+    pointer did not exist, as its tools' parameters moved and their references
+    did not."""
+    fields = {"tools": [tool(PYDANTIC_V1_PARAMETERS)], "tool_choice": tool_choice}
+    with serve('[{"name": "f", "parameters": {"unit": "celsius"}}]') as live:
+        response = httpx2.post(live.url + "/v1/chat/completions", json=chat_body(**fields))
+    assert response.status_code == 200, response.text

@@ -1,5 +1,6 @@
-"""The schemas that force tool calls: their shape (vLLM's), $defs hoisted, inputs
-untouched, and llguidance compiles them."""
+"""The schemas that force tool calls: their shape (vLLM's), every local
+reference pointing where its target moved, inputs untouched, and llguidance
+compiles them."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import copy
 
 import pytest
 
-from sluice.errors import InvalidRequestError
 from sluice.structured.grammar import grammar_of
 from sluice.structured.spec import StructuredOutputSpec
 from sluice.tools.schema import (
     EMPTY_PARAMETERS,
     FunctionTool,
     named_function_schema,
+    relocated,
     required_schema,
 )
 
@@ -43,8 +44,11 @@ def test_required_is_an_array_of_one_branch_per_tool():
     weather, now = schema["items"]["anyOf"]
     assert weather["properties"]["name"] == {"type": "string", "enum": ["get_weather"]}
     assert weather["required"] == ["name", "parameters"]
-    assert "$defs" not in weather["properties"]["parameters"]
-    assert schema["$defs"] == {"unit": {"enum": ["celsius", "fahrenheit"]}}
+    parameters = weather["properties"]["parameters"]
+    assert parameters["$defs"] == WEATHER.parameters["$defs"]
+    assert parameters["properties"]["unit"] == {
+        "$ref": "#/items/anyOf/0/properties/parameters/$defs/unit"
+    }
     assert now["properties"]["parameters"] == EMPTY_PARAMETERS
 
 
@@ -52,11 +56,53 @@ def test_without_parallel_calls_at_most_one_item():
     assert required_schema([NOW], parallel_tool_calls=False)["maxItems"] == 1
 
 
-def test_two_tools_defining_one_name_differently_is_a_400():
-    other = FunctionTool("other", None, {"type": "object", "$defs": {"unit": {"type": "integer"}}})
-    with pytest.raises(InvalidRequestError) as error:
-        required_schema([WEATHER, other], parallel_tool_calls=True)
-    assert error.value.param == "tools[1].function.parameters"
+def test_two_tools_may_define_one_name_differently():
+    other = FunctionTool("other", None, {"type": "object", "$defs": {"unit": {"type": "integer"}},
+                                          "properties": {"u": {"$ref": "#/$defs/unit"}}})  # fmt: skip
+    schema = required_schema([WEATHER, other], parallel_tool_calls=True)
+    reference = schema["items"]["anyOf"][1]["properties"]["parameters"]["properties"]["u"]
+    assert reference == {"$ref": "#/items/anyOf/1/properties/parameters/$defs/unit"}
+    grammar_of(StructuredOutputSpec.json_schema(schema))
+
+
+def test_every_local_reference_moves_and_nothing_else_does():
+    schema = {
+        "properties": {
+            "self": {"$ref": "#"},
+            "old": {"$ref": "#/definitions/A", "default": {"$ref": "#/data"}},
+            "sibling": {"anyOf": [{"$ref": "#/properties/old"}, {"$ref": "other.json#/A"}]},
+            # Properties named like keywords are schemas all the same.
+            "enum": {"$ref": "#/$defs/B"},
+            "$ref": {"type": "string"},
+        },
+        "enum": [{"$ref": "#/data"}],
+        "definitions": {"A": {"type": "integer"}},
+        "$defs": {"B": {"items": {"$ref": "#/definitions/A"}}},
+    }
+    before = copy.deepcopy(schema)
+    moved = relocated(schema, "#/x/0")
+    assert schema == before
+    properties = moved["properties"]
+    assert properties["self"] == {"$ref": "#/x/0"}
+    assert properties["old"] == {"$ref": "#/x/0/definitions/A", "default": {"$ref": "#/data"}}
+    assert properties["sibling"]["anyOf"] == [
+        {"$ref": "#/x/0/properties/old"}, {"$ref": "other.json#/A"}
+    ]  # fmt: skip
+    assert properties["enum"] == {"$ref": "#/x/0/$defs/B"}
+    assert properties["$ref"] == {"type": "string"}
+    assert moved["enum"] == [{"$ref": "#/data"}]
+    assert moved["$defs"]["B"] == {"items": {"$ref": "#/x/0/definitions/A"}}
+    assert relocated(schema, "#") == schema
+
+
+def test_relocating_a_deep_schema_needs_no_recursion():
+    schema: dict = {"type": "object"}
+    for _ in range(5000):
+        schema = {"type": "object", "properties": {"a": schema}}
+    moved = relocated(schema, "#/x")
+    for _ in range(5000):
+        moved = moved["properties"]["a"]
+    assert moved == {"type": "object"}
 
 
 @pytest.mark.parametrize("parallel", [True, False])

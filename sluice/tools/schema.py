@@ -5,23 +5,30 @@ function asks of constrained decoding (the same shapes as vLLM's).
   `parameters` (an empty object schema when it has none).
 - required: the output is a JSON array of `{"name": ..., "parameters": {...}}`,
   one `anyOf` branch per tool (its name as a one-value enum), at least one
-  item, at most one unless parallel tool calls are allowed. `$defs` of the
-  tools' parameters are hoisted to the root, where their `#/$defs/...`
-  references point once the parameters are nested; two tools defining the same
-  name differently is a 400.
-Pure functions of the tools: the inputs are never changed.
+  item, at most one unless parallel tool calls are allowed. Each tool's
+  parameters move whole (their `$defs` or `definitions` with them) to
+  `#/items/anyOf/<i>/properties/parameters`, and every local reference in them
+  (`#`, `#/$defs/...`, `#/definitions/...`, `#/properties/...`) is rewritten
+  to point there: a reference means in the array what it meant in the tool,
+  and two tools may define the same name differently. (vLLM hoists `$defs` to
+  the root instead, which breaks every other local reference.)
+Pure functions of the tools: the inputs are never changed. Without recursion:
+the edge bounds a schema's depth, and so does nothing here.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.errors import InvalidRequestError
-
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+# Keywords whose value maps names to schemas (their keys are no keywords).
+SCHEMA_MAP_KEYWORDS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+# Keywords whose value is data: a "$ref" in it refers to nothing.
+DATA_KEYWORDS = frozenset({"const", "default", "enum", "examples"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,55 +52,60 @@ class FunctionTool:
 
 
 def named_function_schema(tool: FunctionTool) -> dict[str, Any]:
-    return copy.deepcopy(tool.parameters) if tool.parameters else dict(EMPTY_PARAMETERS)
+    return relocated(tool.parameters, "#") if tool.parameters else dict(EMPTY_PARAMETERS)
 
 
 def required_schema(tools: Sequence[FunctionTool], parallel_tool_calls: bool) -> dict[str, Any]:
     assert tools, "tool_choice required comes with tools"
-    parameters = [copy.deepcopy(tool.parameters) if tool.parameters else None for tool in tools]
-    definitions = _hoisted_definitions(parameters)
     schema: dict[str, Any] = {
         "type": "array",
         "minItems": 1,
         "items": {
             "type": "object",
-            "anyOf": [
-                _call_schema(tool.name, tool_parameters)
-                for tool, tool_parameters in zip(tools, parameters, strict=True)
-            ],
+            "anyOf": [_call_schema(index, tool) for index, tool in enumerate(tools)],
         },
     }
     if not parallel_tool_calls:
         schema["maxItems"] = 1
-    if definitions:
-        schema["$defs"] = definitions
     return schema
 
 
-def _call_schema(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
+def _call_schema(index: int, tool: FunctionTool) -> dict[str, Any]:
+    parameters = dict(EMPTY_PARAMETERS)
+    if tool.parameters:
+        parameters = relocated(tool.parameters, f"#/items/anyOf/{index}/properties/parameters")
     return {
         "type": "object",
-        "properties": {
-            "name": {"type": "string", "enum": [name]},
-            "parameters": parameters if parameters else dict(EMPTY_PARAMETERS),
-        },
+        "properties": {"name": {"type": "string", "enum": [tool.name]}, "parameters": parameters},
         "required": ["name", "parameters"],
         "additionalProperties": False,
     }
 
 
-def _hoisted_definitions(parameters: list[dict[str, Any] | None]) -> dict[str, Any]:
-    """Take `$defs` out of each (copied) parameters schema; all of them, merged."""
-    merged: dict[str, Any] = {}
-    for index, schema in enumerate(parameters):
-        if not schema:
-            continue
-        for name, definition in schema.pop("$defs", {}).items():
-            if name in merged and merged[name] != definition:
-                raise InvalidRequestError(
-                    f"tools define '$defs/{name[:40]}' differently; "
-                    "tool_choice 'required' needs one definition per name",
-                    param=f"tools[{index}].function.parameters",
-                )
-            merged[name] = definition
-    return merged
+def relocated(schema: dict[str, Any], pointer: str) -> dict[str, Any]:
+    """A copy of `schema` to sit at `pointer` ("#/..."; "#": the root) of a
+    larger schema: every local `$ref` points where its target now is."""
+    root: dict[str, Any] = {}
+    # (a dict or list of `schema`, its copy, whether it is a map of named schemas)
+    stack: list[tuple[Any, Any, bool]] = [(schema, root, False)]
+    while stack:
+        source, copied, is_schema_map = stack.pop()
+        is_schema = isinstance(source, dict) and not is_schema_map
+        for key, value in source.items() if isinstance(source, dict) else enumerate(source):
+            if is_schema and key in DATA_KEYWORDS:
+                pass  # shared: never changed, and never looked into
+            elif is_schema and key == "$ref" and isinstance(value, str):
+                value = _moved_reference(value, pointer)
+            elif isinstance(value, (dict, list)):
+                inner = {} if isinstance(value, dict) else [None] * len(value)
+                stack.append((value, inner, is_schema and key in SCHEMA_MAP_KEYWORDS))
+                value = inner
+            copied[key] = value
+    return root
+
+
+def _moved_reference(reference: str, pointer: str) -> str:
+    """A local JSON pointer reference, made relative to `pointer`; others unchanged."""
+    if reference == "#" or reference.startswith("#/"):
+        return pointer + reference[1:]
+    return reference
