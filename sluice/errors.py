@@ -6,7 +6,8 @@
     │   ├── InvalidRequestError   400, names the offending `param`
     │   ├── RequestTooLargeError  413, the body is longer than the server reads
     │   ├── AuthenticationError   401
-    │   ├── ModelNotFoundError    404
+    │   ├── NotFoundError         404, a stored object (a response) that is not there
+    │   │   └── ModelNotFoundError    the model asked for is not the one served
     │   └── ContextLengthError    400, prompt + max_tokens beyond the context
     └── ServiceUnavailableError   503 (with Retry-After)
         ├── QueueFullError        the waiting queue is full
@@ -63,9 +64,13 @@ class AuthenticationError(RequestError):
     error_type = "authentication_error"
 
 
-class ModelNotFoundError(RequestError):
+class NotFoundError(RequestError):
     status_code = 404
     error_type = "not_found_error"
+
+
+class ModelNotFoundError(NotFoundError):
+    pass
 
 
 class ContextLengthError(RequestError):

@@ -20,6 +20,18 @@ class PromptInput:
 
 
 @dataclass(frozen=True, slots=True)
+class ResponsesSettings:
+    """What a Responses API request adds to the chat request underneath it."""
+
+    # The response object's fields that echo the request (instructions, tools,
+    # tool_choice, text, reasoning, temperature, ...), JSON-encoded at the edge.
+    echoed_json: bytes
+    # Tools offered to the model as functions with one string argument,
+    # `input`, whose calls become `custom_tool_call` items.
+    custom_tool_names: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     # Which API's shapes the output takes: chat and completions (OpenAI), the
     # Responses API's events and items, Anthropic's Messages events and blocks.
@@ -59,6 +71,8 @@ class GenerationRequest:
     # Chat: how each choice's text is read into reasoning, content and tool
     # calls (sluice/tools); None: the text is the content.
     output_parsing: OutputParsing | None = None
+    # kind "responses" only.
+    responses: ResponsesSettings | None = None
 
     @property
     def num_choices(self) -> int:

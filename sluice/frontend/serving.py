@@ -125,11 +125,22 @@ class Frontend:
         self._observer = observer
         self._strings = TokenStrings(tokenizer)
 
-    def stream(self, request: GenerationRequest, engine: EngineClient | None = None) -> EventStream:
+    @property
+    def strings(self) -> TokenStrings:
+        """Token strings for logprob entries, for builders made by a route."""
+        return self._strings
+
+    def stream(
+        self,
+        request: GenerationRequest,
+        queue_timeout: QueueTimeout | None = None,
+        chunks: ResponseChunks | None = None,
+    ) -> EventStream:
         """The SSE events of `request`; nothing starts before the first `__anext__`.
-        Its engine requests go through `engine` (default: the frontend's)."""
-        run = _RequestRun(request, engine or self._engine, self._observer)
-        chunks = self._chunks(request)
+        Its engine requests are added with `queue_timeout`; `chunks` (default:
+        the builder its kind names) projects its deltas."""
+        run = _RequestRun(request, self._engine, queue_timeout, self._observer)
+        chunks = chunks or self._chunks(request)
 
         def render(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
             run.account(taken)
@@ -171,12 +182,15 @@ class Frontend:
             run.close(is_aborted=not is_ended and not output.is_done)
 
     async def complete(
-        self, request: GenerationRequest, engine: EngineClient | None = None
+        self,
+        request: GenerationRequest,
+        queue_timeout: QueueTimeout | None = None,
+        chunks: ResponseChunks | None = None,
     ) -> bytes:
         """The JSON body of `request`; engine errors propagate. Its engine
-        requests go through `engine` (default: the frontend's)."""
-        run = _RequestRun(request, engine or self._engine, self._observer)
-        chunks = self._chunks(request)
+        requests are added with `queue_timeout`; `chunks` as for `stream`."""
+        run = _RequestRun(request, self._engine, queue_timeout, self._observer)
+        chunks = chunks or self._chunks(request)
 
         def fold(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
             run.account(taken)
@@ -212,6 +226,7 @@ class _RequestRun:
     ):
         self._request = request
         self._engine = engine
+        self._queue_timeout = queue_timeout
         self._observer = observer
         self._timer = None if observer is None else ChunkTimer(observer)
         self._processor: OutputProcessor | None = None

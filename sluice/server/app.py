@@ -2,6 +2,7 @@
 
     POST /v1/completions, /v1/chat/completions   generation, streamed (SSE) or not
     POST /v1/messages, /v1/messages/count_tokens Anthropic's Messages API (the same path)
+    /v1/responses...                             OpenAI's Responses API (responses_routes.py)
     GET  /v1/models, /version, /health, /metrics
     POST /tokenize, /detokenize                  vLLM's helpers
     POST /reset_prefix_cache                     forget the engine's cached prefixes
@@ -45,7 +46,7 @@ from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.request import GenerationRequest
-from sluice.frontend.serving import Frontend
+from sluice.frontend.serving import Frontend, ResponseChunks
 from sluice.server import (
     admission,
     messages_protocol,
@@ -63,6 +64,8 @@ from sluice.server.metrics import ReadCounter, ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
 from sluice.server.pages import add_pages
 from sluice.server.replicas import ReplicaCollector, replica_health
+from sluice.server.responses_request import ResponseStore
+from sluice.server.responses_routes import ResponsesRoutes
 from sluice.server.served_model import ServedModel, ServedTokenizer
 from sluice.server.shutdown import GracefulShutdown
 from sluice.tools.parsers import guess_tool_call_parser
@@ -131,6 +134,7 @@ def create_app(config: ServerConfig, engine: EngineClient, model: ServedModel) -
     app.add_api_route("/tokenize", routes.tokenize, methods=["POST"])
     app.add_api_route("/detokenize", routes.detokenize, methods=["POST"])
     app.add_api_route("/reset_prefix_cache", routes.reset_prefix_cache, methods=["POST"])
+    ResponsesRoutes(routes, ResponseStore()).add_to(app)
     add_pages(app)  # the chat at / and the dashboard at /dashboard
     return app
 
@@ -168,28 +172,28 @@ class Routes:
 
     async def completions(self, request: Request) -> Response:
         body = await self.bodies.parse(request, protocol.CompletionRequest)
-        queue_timeout = self._admit(request, body.value.n or 1)
+        queue_timeout = self.admit(request, body.value.n or 1)
         generation = await self.bodies.convert(body, to_internal.completion_request)
-        return await self._respond(request, generation, queue_timeout)
+        return await self.respond(request, generation, queue_timeout)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self.bodies.parse(request, protocol.ChatCompletionRequest)
-        queue_timeout = self._admit(request, body.value.n or 1)
+        queue_timeout = self.admit(request, body.value.n or 1)
         generation = await self.bodies.convert(body, to_internal.chat_request)
-        return await self._respond(request, generation, queue_timeout)
+        return await self.respond(request, generation, queue_timeout)
 
     async def messages(self, request: Request) -> Response:
         body = await self.bodies.parse(request, messages_protocol.MessagesRequest)
-        queue_timeout = self._admit(request, 1)
+        queue_timeout = self.admit(request, 1)
         generation = await self.bodies.convert(body, messages_to_internal.messages_request)
-        return await self._respond(request, generation, queue_timeout)
+        return await self.respond(request, generation, queue_timeout)
 
     async def count_tokens(self, request: Request) -> Response:
         body = await self.bodies.parse(request, messages_protocol.CountTokensRequest)
         num_tokens = await self.bodies.convert(body, messages_to_internal.count_tokens)
         return _json({"input_tokens": num_tokens})
 
-    def _admit(self, request: Request, n: int) -> QueueTimeout | None:
+    def admit(self, request: Request, n: int) -> QueueTimeout | None:
         """Refuse before any work if the request cannot run; its queue timeout."""
         timeout_s = admission.queue_timeout_s(
             request.headers.get(admission.QUEUE_TIMEOUT_HEADER), self.queue_timeout_s
@@ -199,17 +203,23 @@ class Routes:
         self.gate.check_open(n)
         return None if timeout_s is None else QueueTimeout(timeout_s)
 
-    async def _respond(
-        self, request: Request, generation: GenerationRequest, queue_timeout: QueueTimeout | None
+    async def respond(
+        self,
+        request: Request,
+        generation: GenerationRequest,
+        queue_timeout: QueueTimeout | None,
+        chunks: ResponseChunks | None = None,
     ) -> Response:
+        """Run `generation` and answer with its stream or body; `chunks`: a
+        builder the route made (default: the one its kind names)."""
         if len(generation.prompts) > 1:  # n was checked; n times the prompts may not fit
             self.gate.check_open(generation.num_choices)
         log = _request_log(request)
         if log is not None:
             log.num_prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
         if generation.stream:
-            return await self._stream(request, generation, queue_timeout, log)
-        return await self._complete(request, generation, queue_timeout, log)
+            return await self._stream(request, generation, queue_timeout, log, chunks)
+        return await self._complete(request, generation, queue_timeout, log, chunks)
 
     async def _stream(
         self,
@@ -217,8 +227,9 @@ class Routes:
         generation: GenerationRequest,
         queue_timeout: QueueTimeout | None,
         log: RequestLog | None,
+        chunks: ResponseChunks | None,
     ) -> Response:
-        events = self.frontend.stream(generation, queue_timeout)
+        events = self.frontend.stream(generation, queue_timeout, chunks)
         # Wait for the first event before sending headers: an error up to here
         # propagates from it and becomes a real HTTP error (errors.py).
         try:
@@ -244,9 +255,10 @@ class Routes:
         generation: GenerationRequest,
         queue_timeout: QueueTimeout | None,
         log: RequestLog | None,
+        chunks: ResponseChunks | None,
     ) -> Response:
         body = await _unless_disconnected(
-            request.receive, self.frontend.complete(generation, queue_timeout)
+            request.receive, self.frontend.complete(generation, queue_timeout, chunks)
         )
         if body is None:
             return Response(status_code=CLIENT_CLOSED_STATUS)

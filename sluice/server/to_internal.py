@@ -88,8 +88,13 @@ async def completion_request(
 
 
 async def chat_request(
-    body: protocol.ChatCompletionRequest, options: RequestOptions
+    body: protocol.ChatCompletionRequest,
+    options: RequestOptions,
+    *,
+    clamps_max_tokens: bool = False,
 ) -> GenerationRequest:
+    """`clamps_max_tokens`: a max_tokens beyond what the context leaves is cut
+    to fit instead of refused (the agent APIs: Claude Code asks for 32,000)."""
     model_name = check_model(body.model, options.served_model_name)
     limits.check_body(body, options.limits)
     n = body.n or 1
@@ -109,6 +114,9 @@ async def chat_request(
     )
     limits.check_prompts([prompt], options.limits, "messages")
     requested_max_tokens = body.max_completion_tokens or body.max_tokens
+    if clamps_max_tokens and requested_max_tokens is not None:
+        room = options.preprocessor.max_model_len - len(prompt.token_ids)
+        requested_max_tokens = min(requested_max_tokens, room) if room >= 1 else None
     max_tokens = options.preprocessor.fit_max_tokens([prompt], requested_max_tokens, "messages")
     max_tokens = limits.cap_max_tokens(max_tokens, options.limits)
     params = sampling_params(body, max_tokens, logprobs, options.preprocessor, structured)

@@ -1,0 +1,94 @@
+"""Pydantic models of the Responses API's request bodies (`POST /v1/responses`,
+`POST /v1/responses/input_tokens`).
+
+The same rules as `protocol.py`: unknown fields are ignored, null means the
+default, ranges are checked here so the error names the field. Input items
+and tools stay loosely typed (`dict`): the API keeps adding item and tool
+types, and an agent that sends one sluice does not know must not get a 400
+that stops it; `responses_input.py` reads the types it knows, names the
+field of anything malformed, and documents what it skips (docs/API.md).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from sluice.server.protocol import (
+    MAX_TOOLS,
+    Count,
+    OpenAIModel,
+    Seed,
+    Temperature,
+    TopLogprobs,
+    TopP,
+)
+
+# Items one request may carry (a long agent conversation has a few hundred).
+MAX_INPUT_ITEMS = 4096
+
+
+class TextFormat(OpenAIModel):
+    """`text.format`: "text", "json_object" or "json_schema" (name, schema, strict)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextOptions(OpenAIModel):
+    format: TextFormat | None = None
+    # "low" / "medium" / "high": accepted, changes nothing.
+    verbosity: str | None = None
+
+
+class ReasoningOptions(OpenAIModel):
+    # Accepted; reasoning is split out by the server's --reasoning-parser.
+    effort: str | None = None
+    summary: str | None = None
+
+
+class ResponsesRequest(OpenAIModel):
+    model: str | None = None
+    input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_INPUT_ITEMS)] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None
+    stream: bool | None = None
+    background: bool | None = None
+    max_output_tokens: Count | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_logprobs: TopLogprobs | None = None
+    seed: Seed | None = None
+    tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextOptions | None = None
+    reasoning: ReasoningOptions | None = None
+    include: list[str] | None = None
+    # Echoed back, as OpenAI does.
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    # Accepted and ignored: they steer OpenAI's own infrastructure.
+    truncation: str | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+
+class InputTokensRequest(OpenAIModel):
+    """`POST /v1/responses/input_tokens`: what the prompt of a request would count."""
+
+    model: str | None = None
+    input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_INPUT_ITEMS)] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextOptions | None = None
+    reasoning: ReasoningOptions | None = None

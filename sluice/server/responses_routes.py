@@ -1,0 +1,99 @@
+"""The Responses API's routes (OpenAI's, as Codex CLI speaks it):
+
+    POST   /v1/responses               generate, streamed (SSE events) or not
+    GET    /v1/responses/{id}          a stored response
+    DELETE /v1/responses/{id}          forget it
+    POST   /v1/responses/input_tokens  the prompt's token count (vLLM, llama.cpp)
+
+Generation goes the way of chat (`app.Routes.respond`): the same admission,
+first-token deadline, disconnect abort, access log and metrics. The store is
+owned by the event loop: a follow-up's stored conversation is read here,
+before the body is converted (possibly in a worker thread), and a response is
+stored when its builder makes its final object.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from sluice.frontend.responses_events import ResponsesEvents
+from sluice.server import to_internal
+from sluice.server.responses_protocol import InputTokensRequest, ResponsesRequest
+from sluice.server.responses_request import (
+    ResponsesPlan,
+    ResponseStore,
+    StoredResponse,
+    responses_request,
+)
+
+if TYPE_CHECKING:
+    from sluice.server.app import Routes
+
+
+class ResponsesRoutes:
+    def __init__(self, routes: Routes, store: ResponseStore):
+        self._routes = routes
+        self._store = store
+
+    def add_to(self, app: FastAPI) -> None:
+        app.add_api_route("/v1/responses", self.create, methods=["POST"])
+        app.add_api_route("/v1/responses/input_tokens", self.input_tokens, methods=["POST"])
+        app.add_api_route("/v1/responses/{response_id}", self.retrieve, methods=["GET"])
+        app.add_api_route("/v1/responses/{response_id}", self.delete, methods=["DELETE"])
+
+    async def create(self, request: Request) -> Response:
+        routes = self._routes
+        body = await routes.bodies.parse(request, ResponsesRequest)
+        queue_timeout = routes.admit(request, 1)
+        plan = await self._plan(body.value, body)
+        generation = plan.request
+
+        def on_response(response: dict[str, Any]) -> None:
+            if plan.is_stored:
+                self._store.put(StoredResponse(response, plan.messages))
+
+        chunks = ResponsesEvents(generation, routes.frontend.strings, on_response)
+        return await routes.respond(request, generation, queue_timeout, chunks)
+
+    async def retrieve(self, response_id: str) -> Response:
+        return _json(self._store.get(response_id).response)
+
+    async def delete(self, response_id: str) -> Response:
+        self._store.delete(response_id)
+        return _json({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    async def input_tokens(self, request: Request) -> Response:
+        body = await self._routes.bodies.parse(request, InputTokensRequest)
+        fields = body.value.model_dump(by_alias=True, exclude_none=True)
+        responses_body = ResponsesRequest.model_validate(fields)
+        plan = await self._plan(responses_body, body)
+        num_tokens = len(plan.request.prompts[0].token_ids)
+        return _json({"object": "response.input_tokens", "input_tokens": num_tokens})
+
+    async def _plan(self, value: ResponsesRequest, body: Any) -> ResponsesPlan:
+        previous: list[dict[str, Any]] = []
+        if value.previous_response_id is not None:
+            stored = self._store.get(value.previous_response_id, "previous_response_id")
+            previous = stored.conversation()
+
+        async def convert(
+            value: ResponsesRequest, options: to_internal.RequestOptions
+        ) -> ResponsesPlan:
+            return await responses_request(value, options, previous)
+
+        return await self._routes.bodies.convert(_with_value(body, value), convert)
+
+
+def _with_value(body: Any, value: ResponsesRequest) -> Any:
+    """The parsed body (its size decides where it is converted) holding `value`."""
+    if body.value is value:
+        return body
+    return type(body)(value, body.num_bytes)
+
+
+def _json(content: object) -> Response:
+    return Response(orjson.dumps(content), media_type="application/json")
