@@ -139,13 +139,14 @@ def _first_stop(text: str, stops: list[str]) -> tuple[int, str] | None:
 
 
 def run_until_stop(
-    tokens: list[Token], stops: list[str], include: bool
+    tokens: list[Token], stops: list[str], include: bool, min_tokens: int = 0
 ) -> tuple[list[Token], str, str]:
-    """(generated tokens, final text, finish reason) of one greedy choice."""
+    """(generated tokens, final text, finish reason) of one greedy choice.
+    Stop strings count from token min_tokens + 1 on (vLLM's min_tokens)."""
     data = b""
     for count, token in enumerate(tokens, start=1):
         data += token.data
-        hit = _first_stop(complete_text(data), stops)
+        hit = _first_stop(complete_text(data), stops) if count > min_tokens else None
         if hit is not None:
             position, stop = hit
             text = complete_text(data)
@@ -462,9 +463,15 @@ class ScriptServer:
         for index in range(len(call.prompts) * call.n):
             prompt = call.prompts[index // call.n]
             tokens = script_tokens(prompt, call.body.get("max_tokens") or 16)
-            generated, text, finish = run_until_stop(tokens, stops, include)
+            min_tokens = call.body.get("min_tokens") or 0
+            generated, text, finish = run_until_stop(tokens, stops, include, min_tokens)
             completion_tokens += len(generated)
-            choices.append(self._final_choice(call, index, generated, text, finish))
+            choice = self._final_choice(call, index, generated, text, finish)
+            choice["stop_reason"] = _stop_reason(generated, stops, finish)
+            if call.body.get("prompt_logprobs") is not None:
+                words = prompt.split()
+                choice["prompt_logprobs"] = [None] + [{word: -1.0} for word in words[1:]]
+            choices.append(choice)
         self.running += 1
         try:
             await self._gpu(completion_tokens)
@@ -626,6 +633,13 @@ class ScriptServer:
         if usage is not None:
             payload["usage"] = usage
         return payload
+
+
+def _stop_reason(generated: list[Token], stops: list[str], finish: str) -> str | None:
+    """vLLM's stop_reason: the stop string that ended the choice."""
+    text = complete_text(b"".join(token.data for token in generated))
+    hit = _first_stop(text, stops) if finish == "stop" else None
+    return hit[1] if hit is not None else None
 
 
 def _prompt_tokens(call: Call) -> int:

@@ -34,24 +34,41 @@ def test_a_clean_run_prints_the_table_and_passes():
     assert text.rstrip().endswith("PASS: no invariant broken.")
 
 
-def test_findings_are_grouped_by_check_with_request_and_raw_bytes():
-    finding = Finding(
-        "usage_frozen",
-        "invariant",
-        "usage",
-        "server",
-        "completion_tokens repeated",
-        case="usage/continuous",
-        request='{"model":"m"}',
-        chunk_numbers=[3, 7],
-        evidence=['#3: data: {"usage": 1}'],
-    )
-    result = result_with([finding])
+def frozen(response_id: int, message: str, cause: str = "completion_tokens repeated") -> Finding:
+    return Finding(
+        "usage_frozen", "extension", "usage", "server", message, case="usage/continuous",
+        request='{"model":"m"}', chunk_numbers=[3, 7], evidence=['#3: data: {"usage": 1}'],
+        cause=cause, response_id=response_id,
+    )  # fmt: skip
+
+
+def test_findings_are_grouped_by_cause_with_every_message_the_requests_and_one_example():
+    findings = [
+        frozen(1, "completion_tokens repeated on 2 chunks"),
+        frozen(2, "completion_tokens repeated on 5 chunks"),
+        frozen(2, "completion_tokens repeated on 5 chunks"),
+        frozen(3, "completion_tokens fell back", cause="completion_tokens fell"),
+    ]
+    result = result_with(findings)
     text = render_text(result, summarize_audit(result))
-    assert "usage_frozen [invariant] server 1:" in text
-    assert "[server] usage/continuous chunks 3,7: completion_tokens repeated" in text
+    assert "Findings: 2 causes in 1 checks (3 requests); notes below." in text
+    assert (
+        "  [extension] usage_frozen: completion_tokens repeated\n    2 requests (server 2)" in text
+    )
+    assert (
+        "    · completion_tokens repeated on 2 chunks\n    · completion_tokens repeated on 5 chunks\n"
+        in text
+    )
+    assert text.count("example [server] usage/continuous chunks 3,7") == 2
     assert 'request: {"model":"m"}' in text and '#3: data: {"usage": 1}' in text
-    assert "FAIL: 1 invariant findings in 1 checks (usage_frozen)." in text
+    assert "FAIL: 2 causes in 1 checks (3 requests): usage_frozen." in text
+
+
+def test_each_check_prints_its_coverage_and_an_idle_check_says_so():
+    result = result_with([])
+    text = render_text(result, summarize_audit(result))
+    assert "  usage_placement: server 1/1\n" in text
+    assert "  logprob_alignment: server 0/1  (nothing to check)" in text
 
 
 def test_notes_do_not_fail_the_run():

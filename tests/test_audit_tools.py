@@ -49,7 +49,7 @@ def audit_fake(required_answers, named_answer: str = WEATHER) -> AuditResult:
 
 
 def invariants(result: AuditResult) -> set[str]:
-    return {f.check_id for f in result.findings if f.severity == "invariant"}
+    return {f.check_id for f in result.findings if f.is_failure}
 
 
 def chunk(number: int, tool_calls: list) -> ChoiceChunk:

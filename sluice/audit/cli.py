@@ -16,6 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from sluice.audit.options import (
+    EXTENSION_MODES,
     PROFILE_SCENARIOS,
     PROFILES,
     SCENARIO_NAMES,
@@ -60,9 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--vllm-extensions",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="send vLLM extensions (include_stop_str_in_output, continuous_usage_stats, ignore_eos)",
+        choices=EXTENSION_MODES,
+        default="auto",
+        help="vLLM extensions (continuous_usage_stats, include_stop_str_in_output, min_tokens, "
+        "ignore_eos...): auto probes each and sends those the server supports (default)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="also hold the server to sluice's strict rules (no empty chunks, no SSE comment "
+        "lines, param in every error object)",
     )
     parser.add_argument(
         "--request-timeout-s", type=float, default=120.0, help="seconds without a byte"
@@ -129,6 +137,7 @@ def options_from(args: argparse.Namespace) -> AuditOptions:
         scenarios=scenarios,
         sizes=_sizes_from(args, PROFILES[args.profile]),
         vllm_extensions=args.vllm_extensions,
+        strict=args.strict,
         request_timeout_s=args.request_timeout_s,
     )
 

@@ -153,13 +153,20 @@ PROFILE_SCENARIOS = {
 }
 
 
+# How the audit decides which vLLM extensions to send: "auto" probes each one
+# in preflight and sends those that work; "on" sends all, "off" none.
+EXTENSION_MODES = ("auto", "on", "off")
+
+
 @dataclass(frozen=True, slots=True)
 class AuditOptions:
     profile: str = "quick"
     scenarios: tuple[str, ...] = PROFILE_SCENARIOS["quick"]
     sizes: Sizes = QUICK
-    # Send vLLM extensions (include_stop_str_in_output, continuous_usage_stats).
-    vllm_extensions: bool = True
+    vllm_extensions: str = "auto"
+    # Report (and fail on) sluice's own strict rules: empty chunks, SSE
+    # comment lines, error objects without `param`.
+    strict: bool = False
     # Seconds without a byte before a request counts as timed out.
     request_timeout_s: float = 120.0
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from sluice.audit.checks.catalogue import CHECKS
 from sluice.audit.compare import COMPARED_METRICS
 from sluice.audit.metrics import (
     ScenarioMetrics,
@@ -34,7 +33,7 @@ table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; } th { background: #f4f4f4; }
 td:first-child, th:first-child { text-align: left; }
 tr.ratio td { color: #555; font-style: italic; }
-.invariant { color: #c62828; font-weight: bold; } .note { color: #8a6d00; }
+.break, .extension { color: #c62828; font-weight: bold; } .strict { color: #6a1b9a; } .note { color: #8a6d00; }
 pre { background: #f7f7f7; padding: 6px; white-space: pre-wrap; word-break: break-all; font-size: 12px; }
 .plots { display: flex; flex-wrap: wrap; gap: 12px; } .plots svg { border: 1px solid #eee; }
 details { margin: 4px 0; } summary { cursor: pointer; }
@@ -77,20 +76,24 @@ def _header(result: AuditResult, summary: Summary) -> str:
 
 
 def _findings_section(summary: Summary) -> str:
-    if not summary.findings_by_check:
+    """One row per cause (check and cause), failing severities first."""
+    if not summary.causes:
         return "<h2>Findings</h2><p>None: every check passed.</p>"
     header = "".join(f"<th>{escape(label)}</th>" for label in summary.targets)
     rows = []
-    for check_id, counts in summary.findings_by_check.items():
-        info = CHECKS[check_id]
-        cells = "".join(f"<td>{counts.get(label, 0)}</td>" for label in summary.targets)
+    for cause in summary.causes:
+        cells = "".join(f"<td>{cause.requests.get(label, 0)}</td>" for label in summary.targets)
+        messages = "<br>".join(escape(message) for message in cause.messages[:6])
         rows.append(
-            f"<tr><td><code>{check_id}</code></td><td class='{info.severity}'>{info.severity}</td>"
-            f"<td style='text-align:left'>{escape(info.summary)}</td>{cells}</tr>"
+            f"<tr><td><code>{cause.check_id}</code></td>"
+            f"<td class='{cause.severity}'>{cause.severity}</td>"
+            f"<td style='text-align:left'>{escape(cause.cause)}<br><small>{messages}</small></td>"
+            f"{cells}</tr>"
         )
     return (
-        "<h2>Findings</h2><table><tr><th>check</th><th>severity</th><th style='text-align:left'>what broke</th>"
-        f"{header}</tr>{''.join(rows)}</table><p>Evidence for each is below the plots.</p>"
+        "<h2>Findings by cause</h2><table><tr><th>check</th><th>severity</th>"
+        f"<th style='text-align:left'>cause and its messages</th>{header}</tr>{''.join(rows)}"
+        "</table><p>Counts are requests affected. Evidence for each is below the plots.</p>"
     )
 
 

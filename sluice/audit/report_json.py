@@ -2,7 +2,10 @@
 
 Top-level keys: tool, schema_version, started_at, duration_s, profile,
 scenarios, targets, exit_status, invariants_broken, findings (every finding
-with its evidence), findings_by_check, metrics (target -> scenario|"all" ->
+with its evidence, cause and severity: break / extension / strict / note),
+findings_by_check, causes (grouped by check and cause, with every distinct
+message and the requests affected per target), coverage (responses each
+check could read), metrics (target -> scenario|"all" ->
 figures), ratios (compare mode: scenario -> metric -> B/A), determinism,
 figures (scenario-level measurements), timeline and tokens_per_chunk.
 """
@@ -18,7 +21,7 @@ from sluice.audit.metrics import throughput_timeline, tokens_per_chunk_counts
 from sluice.audit.records import AuditResult
 from sluice.audit.summary import Summary
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def report_document(result: AuditResult, summary: Summary) -> dict[str, Any]:
@@ -37,6 +40,17 @@ def report_document(result: AuditResult, summary: Summary) -> dict[str, Any]:
         "invariants_broken": summary.exit_status == 1,
         "findings": [asdict(finding) for finding in result.findings],
         "findings_by_check": summary.findings_by_check,
+        "causes": [
+            {
+                "check_id": cause.check_id,
+                "cause": cause.cause,
+                "severity": cause.severity,
+                "requests": cause.requests,
+                "messages": cause.messages,
+            }
+            for cause in summary.causes
+        ],
+        "coverage": asdict(summary.coverage),
         "metrics": {
             label: {scenario: asdict(row[label]) for scenario, row in summary.metrics.items()}
             for label in labels

@@ -1,6 +1,8 @@
 """The terminal report: a metrics table per scenario (with B/A rows in
-compare mode), the findings grouped by check with a first example and its
-raw bytes, the determinism figure, the scenarios' own figures and a verdict.
+compare mode), the findings grouped by cause (check and cause: every
+distinct message, the requests affected, one example with its raw bytes),
+failing severities first, each check's coverage, the determinism figure, the
+scenarios' own figures and a verdict.
 """
 
 from __future__ import annotations
@@ -9,10 +11,10 @@ from sluice.audit.checks.catalogue import CHECKS
 from sluice.audit.compare import COMPARED_METRICS
 from sluice.audit.metrics import Percentiles, ScenarioMetrics
 from sluice.audit.records import AuditResult, Finding
-from sluice.audit.summary import Summary
+from sluice.audit.summary import Cause, Summary, failing_headline
 
-EXAMPLES_PER_CHECK = 2
 EVIDENCE_CHARS = 200
+MESSAGES_SHOWN = 6
 _COLUMNS = (
     "scenario",
     "req",
@@ -30,6 +32,7 @@ _WIDTHS = (18, 5, 4, 20, 18, 18, 8, 8, 9)
 def render_text(result: AuditResult, summary: Summary) -> str:
     lines = [_header(result), "", *_metrics_table(summary), ""]
     lines += _findings(result, summary)
+    lines += _coverage(summary)
     lines += _determinism(summary)
     lines += _figures(summary)
     lines += ["", _verdict(result, summary)]
@@ -106,16 +109,27 @@ def _metrics_table(summary: Summary) -> list[str]:
 
 
 def _findings(result: AuditResult, summary: Summary) -> list[str]:
-    if not summary.findings_by_check:
+    if not summary.causes:
         return ["Findings: none."]
-    lines = ["Findings (one per response and check):"]
-    for check_id, counts in summary.findings_by_check.items():
-        info = CHECKS[check_id]
-        per_target = ", ".join(f"{label} {count}" for label, count in counts.items())
-        lines.append(f"  {check_id} [{info.severity}] {per_target}: {info.summary}")
-        examples = [f for f in result.findings if f.check_id == check_id][:EXAMPLES_PER_CHECK]
-        for example in examples:
-            lines += _example(example)
+    lines = [f"Findings: {failing_headline(summary.causes, result.findings)}; notes below."]
+    for cause in summary.causes:
+        lines += _cause(cause)
+    return lines
+
+
+def _cause(cause: Cause) -> list[str]:
+    per_target = ", ".join(f"{label} {count}" for label, count in cause.requests.items())
+    noun = "request" if cause.num_requests == 1 else "requests"
+    lines = [
+        f"  [{cause.severity}] {cause.check_id}: {cause.cause}",
+        f"    {cause.num_requests} {noun} ({per_target}); {CHECKS[cause.check_id].summary}",
+    ]
+    shown = cause.messages[:MESSAGES_SHOWN]
+    lines += [f"    · {message[:EVIDENCE_CHARS]}" for message in shown]
+    if len(cause.messages) > len(shown):
+        lines.append(f"    · and {len(cause.messages) - len(shown)} more distinct messages")
+    if cause.example is not None:
+        lines += _example(cause.example)
     return lines
 
 
@@ -123,10 +137,23 @@ def _example(finding: Finding) -> list[str]:
     chunks = (
         f" chunks {','.join(map(str, finding.chunk_numbers[:10]))}" if finding.chunk_numbers else ""
     )
-    lines = [f"    - [{finding.target}] {finding.case}{chunks}: {finding.message}"]
+    lines = [f"    example [{finding.target}] {finding.case}{chunks}"]
     if finding.request:
         lines.append(f"      request: {finding.request[:EVIDENCE_CHARS]}")
     lines += [f"      {quote[:EVIDENCE_CHARS]}" for quote in finding.evidence[:2]]
+    return lines
+
+
+def _coverage(summary: Summary) -> list[str]:
+    """Per check, the responses it could read: 0 means it checked nothing."""
+    coverage = summary.coverage
+    lines = ["", "Coverage (responses each check could read, of all responses read):"]
+    for check_id, counts in coverage.by_check.items():
+        cells = ", ".join(
+            f"{label} {count}/{coverage.responses[label]}" for label, count in counts.items()
+        )
+        idle = "  (nothing to check)" if not any(counts.values()) else ""
+        lines.append(f"  {check_id}: {cells}{idle}")
     return lines
 
 
@@ -153,8 +180,9 @@ def _figures(summary: Summary) -> list[str]:
 
 
 def _verdict(result: AuditResult, summary: Summary) -> str:
-    broken = [f for f in result.findings if f.severity == "invariant"]
+    broken = [f for f in result.findings if f.is_failure]
     if not broken:
         return "PASS: no invariant broken."
     checks = sorted({f.check_id for f in broken})
-    return f"FAIL: {len(broken)} invariant findings in {len(checks)} checks ({', '.join(checks)})."
+    headline = failing_headline(summary.causes, result.findings)
+    return f"FAIL: {headline}: {', '.join(checks)}."

@@ -1,5 +1,6 @@
-"""Runs the audit: preflight, then every scenario against every target, then
-the per-response checks.
+"""Runs the audit: preflight (reachability, then probes of what each server
+supports), then every scenario against every target, then the per-response
+checks (sluice's strict rules only with --strict).
 
 With two targets (compare mode) the scenarios are interleaved: each scenario
 runs against A then B, the next one against B then A, so neither server
@@ -17,8 +18,9 @@ from datetime import UTC, datetime
 
 from sluice.audit.checks.exchange import check_exchange
 from sluice.audit.options import AuditOptions
+from sluice.audit.probes import probe_server
 from sluice.audit.progress import Progress
-from sluice.audit.records import AuditResult, ScenarioResult, Target
+from sluice.audit.records import AuditResult, Finding, ScenarioResult, Target
 from sluice.audit.scenarios.base import ScenarioContext
 from sluice.audit.scenarios.registry import SCENARIOS
 from sluice.audit.transport import Client
@@ -66,33 +68,50 @@ async def run_audit(
     origin_s = time.perf_counter()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     results: list[ScenarioResult] = []
+    server_findings: list[Finding] = []
     async with AsyncExitStack() as stack:
-        clients = []
+        clients, traits = [], {}
         for target in targets:
             client = Client(
                 target, timeout_s=options.request_timeout_s, origin_s=origin_s, progress=progress
             )
             clients.append(await stack.enter_async_context(client))
+            traits[target.label], notes = await probe_server(client, options.vllm_extensions)
+            server_findings += notes
         for position, name in enumerate(options.scenarios):
             for client in clients if position % 2 == 0 else clients[::-1]:
-                if progress is not None:
-                    progress.start_scenario(client.target.label, name)
-                result = await SCENARIOS[name](ScenarioContext(client, options))
-                check_result(result)
+                context = ScenarioContext(client, options, traits[client.target.label])
+                result = await _run_scenario(context, name, progress)
                 if progress is not None:
                     progress.add_findings(len(result.findings))
                 results.append(result)
+        server_findings += [client.closed_connection_note() for client in clients]
     duration_s = time.perf_counter() - origin_s
-    return AuditResult(
+    audit = AuditResult(
         list(targets), options.profile, list(options.scenarios), results, started_at, duration_s
     )
+    audit.server_findings = [finding for finding in server_findings if finding is not None]
+    return audit
 
 
-def check_result(result: ScenarioResult) -> None:
-    """Run the response checks on every exchange; a shared twin is checked once."""
+async def _run_scenario(
+    context: ScenarioContext, name: str, progress: Progress | None
+) -> ScenarioResult:
+    if progress is not None:
+        progress.start_scenario(context.client.target.label, name)
+    result = await SCENARIOS[name](context)
+    check_result(result, strict=context.options.strict)
+    return result
+
+
+def check_result(result: ScenarioResult, *, strict: bool = False) -> None:
+    """Run the response checks on every exchange; a shared twin is checked once.
+    Strict-rule findings are kept only when asked for."""
     checked_twins: set[int] = set()
     for exchange in result.exchanges:
         twin_key = id(exchange.twin)
         is_new_twin = exchange.twin is not None and twin_key not in checked_twins
         result.findings.extend(check_exchange(exchange, include_twin=is_new_twin))
         checked_twins.add(twin_key)
+    if not strict:
+        result.findings = [f for f in result.findings if f.severity != "strict"]

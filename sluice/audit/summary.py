@@ -1,17 +1,50 @@
 """The figures every report shows, computed once from an `AuditResult`:
 metrics per scenario and in total per target, B/A ratios in compare mode,
-findings counted per check and target, the determinism figure, the
-scenarios' own figures and the exit status.
+findings grouped by cause (check id and cause) with the requests each
+affects, per-check coverage, the determinism figure, the scenarios' own
+figures and the exit status.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from sluice.audit.checks.catalogue import CHECKS
+from sluice.audit.checks.coverage import COVERAGE, covered_checks
+from sluice.audit.checks.evidence import MESSAGE_SEPARATOR
 from sluice.audit.checks.exchange import ensure_view
 from sluice.audit.compare import ratios
 from sluice.audit.metrics import ScenarioMetrics, summarize
-from sluice.audit.records import AuditResult, Exchange
+from sluice.audit.records import AuditResult, Exchange, Finding, Severity
+
+SEVERITY_ORDER: tuple[Severity, ...] = ("break", "extension", "strict", "note")
+
+
+@dataclass(slots=True)
+class Cause:
+    """Findings of one check that share one cause, across responses and targets."""
+
+    check_id: str
+    cause: str
+    severity: Severity
+    # target label -> responses affected.
+    requests: dict[str, int]
+    # Every distinct message, in the order first seen.
+    messages: list[str] = field(default_factory=list)
+    example: Finding | None = None
+
+    @property
+    def num_requests(self) -> int:
+        return sum(self.requests.values())
+
+
+@dataclass(slots=True)
+class Coverage:
+    # Responses read per target (streams, non-streamed answers and twins).
+    responses: dict[str, int]
+    # check id -> target label -> responses that check could read.
+    by_check: dict[str, dict[str, int]]
+
 
 TOTAL = "all"
 
@@ -46,8 +79,11 @@ class Summary:
     metrics: dict[str, dict[str, ScenarioMetrics]]
     # scenario (or "all") -> metric name -> B/A; empty unless comparing two targets.
     ratios: dict[str, dict[str, float | None]]
-    # check id -> target label -> findings (one per response and check).
+    # check id -> target label -> findings (one per response, check and cause).
     findings_by_check: dict[str, dict[str, int]]
+    # Grouped by (check, cause), failing severities first, most requests first.
+    causes: list[Cause]
+    coverage: Coverage
     determinism: dict[str, Determinism]
     # target label -> scenario -> figure name -> value.
     figures: dict[str, dict[str, dict[str, float]]]
@@ -77,6 +113,8 @@ def summarize_audit(result: AuditResult) -> Summary:
         metrics=metrics,
         ratios=compared,
         findings_by_check=dict(sorted(by_check.items())),
+        causes=group_causes(result.findings, labels),
+        coverage=coverage_of(result, labels),
         determinism={label: _determinism(result, label) for label in labels},
         figures={
             label: {r.scenario: r.figures for r in result.results_for(label) if r.figures}
@@ -113,3 +151,59 @@ def _has_comparable_twin(exchange: Exchange) -> bool:
         and twin is not None
         and twin.is_ok
     )
+
+
+def group_causes(findings: list[Finding], labels: list[str]) -> list[Cause]:
+    groups: dict[tuple[str, str], Cause] = {}
+    seen: dict[tuple[str, str], set[tuple[str, int]]] = {}
+    for item in findings:
+        key = (item.check_id, item.cause)
+        group = groups.get(key)
+        if group is None:
+            severity = CHECKS[item.check_id].severity
+            group = groups[key] = Cause(
+                item.check_id, item.cause, severity, dict.fromkeys(labels, 0)
+            )
+            group.example, seen[key] = item, set()
+        response = (item.target, item.response_id or id(item))
+        if response not in seen[key]:
+            seen[key].add(response)
+            group.requests[item.target] = group.requests.get(item.target, 0) + 1
+        for message in item.message.split(MESSAGE_SEPARATOR):
+            if message not in group.messages:
+                group.messages.append(message)
+    return sorted(
+        groups.values(),
+        key=lambda g: (SEVERITY_ORDER.index(g.severity), -g.num_requests, g.check_id, g.cause),
+    )
+
+
+def failing_headline(causes: list[Cause], findings: list[Finding]) -> str:
+    """ "N causes in M checks (K requests)" over the failing findings."""
+    failing = [cause for cause in causes if cause.severity != "note"]
+    checks = {cause.check_id for cause in failing}
+    responses = {(f.target, f.response_id or id(f)) for f in findings if f.is_failure}
+    return f"{len(failing)} causes in {len(checks)} checks ({len(responses)} requests)"
+
+
+def _responses(result: AuditResult, label: str) -> list[Exchange]:
+    """Every response of a target once (twins shared by several streams, once)."""
+    unique: dict[int, Exchange] = {}
+    for scenario_result in result.results_for(label):
+        for exchange in scenario_result.exchanges:
+            unique[id(exchange)] = exchange
+            if exchange.twin is not None:
+                unique[id(exchange.twin)] = exchange.twin
+    return list(unique.values())
+
+
+def coverage_of(result: AuditResult, labels: list[str]) -> Coverage:
+    responses: dict[str, int] = {}
+    by_check = {check_id: dict.fromkeys(labels, 0) for check_id in COVERAGE}
+    for label in labels:
+        exchanges = _responses(result, label)
+        responses[label] = len(exchanges)
+        for exchange in exchanges:
+            for check_id in covered_checks(exchange):
+                by_check[check_id][label] += 1
+    return Coverage(responses, by_check)

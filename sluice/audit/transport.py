@@ -9,6 +9,11 @@ every piece of the body with its arrival time. Three readers:
 - abandon: close the connection after a few events (a client that goes away).
 
 Transport failures never raise: they are recorded in `transport_error`.
+A request that fails on a reused pooled connection before any byte of an
+answer came was never taken: the server had closed that connection after its
+previous response (llama-server does so after each stream while advertising
+keep-alive). It is sent once more on a fresh connection, marked `is_retried`,
+and the server's habit is reported once, as a note (`closed_connection_note`).
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from typing import Any
 
 import aiohttp
 
+from sluice.audit.checks.evidence import scenario_finding
 from sluice.audit.progress import Progress
-from sluice.audit.records import Exchange, Reader, Target
+from sluice.audit.records import Exchange, Finding, Reader, Target
 
 SLOW_RECEIVE_BUFFER_BYTES = 4096
 SLOW_READ_BUFFER_BYTES = 1024
@@ -55,6 +61,23 @@ def _small_buffer_socket(addr_info: Any) -> socket.socket:
 IDLE_CONNECTION_S = 1.0
 
 
+@dataclass(slots=True)
+class _Attempt:
+    """One request's trace context: aiohttp tells whether its connection was pooled."""
+
+    is_reused: bool = False
+
+
+async def _mark_reused(session: Any, context: Any, params: Any) -> None:
+    if isinstance(context.trace_request_ctx, _Attempt):  # GETs carry none
+        context.trace_request_ctx.is_reused = True
+
+
+def _never_answered(exchange: Exchange) -> bool:
+    """Failed before any byte of an answer: the server never took the request."""
+    return exchange.transport_error is not None and exchange.status is None and not exchange.raw
+
+
 class Client:
     def __init__(
         self, target: Target, *, timeout_s: float, origin_s: float, progress: Progress | None = None
@@ -63,31 +86,52 @@ class Client:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=timeout_s)
         self._origin_s = origin_s
         self._progress = progress
-        self._session: aiohttp.ClientSession | None = None
-        self._slow_session: aiohttp.ClientSession | None = None
+        # (is slow reader, is fresh connection) -> session.
+        self._sessions: dict[tuple[bool, bool], aiohttp.ClientSession] = {}
+        # Requests that failed on a dead pooled connection, and the first error.
+        self._stale_failures = 0
+        self._stale_error = ""
 
     async def __aenter__(self) -> Client:
-        # Idle pooled connections are dropped well before a server's own
-        # keep-alive timeout (uvicorn's is 5 s): a request sent on a
-        # connection the server is closing fails through no fault of the
-        # server's, and would be reported as its connection error.
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_CONNECTION_S),
-            timeout=self._timeout,
-        )
-        self._slow_session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=0, keepalive_timeout=IDLE_CONNECTION_S, socket_factory=_small_buffer_socket
-            ),
-            timeout=self._timeout,
-            read_bufsize=SLOW_READ_BUFFER_BYTES,
-        )
+        for is_slow in (False, True):
+            for is_fresh in (False, True):
+                self._sessions[(is_slow, is_fresh)] = self._new_session(is_slow, is_fresh)
         return self
 
+    def _new_session(self, is_slow: bool, is_fresh: bool) -> aiohttp.ClientSession:
+        # Idle pooled connections are dropped well before a server's own
+        # keep-alive timeout (uvicorn's is 5 s), so fewer requests meet a
+        # connection the server is closing; fresh sessions never pool.
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_reuseconn.append(_mark_reused)
+        connector = aiohttp.TCPConnector(
+            limit=0,
+            keepalive_timeout=None if is_fresh else IDLE_CONNECTION_S,
+            force_close=is_fresh,
+            socket_factory=_small_buffer_socket if is_slow else None,
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            read_bufsize=SLOW_READ_BUFFER_BYTES if is_slow else 2**16,
+            trace_configs=[trace],
+        )
+
     async def __aexit__(self, *exc_info: object) -> None:
-        for session in (self._session, self._slow_session):
-            if session is not None:
-                await session.close()
+        for session in self._sessions.values():
+            await session.close()
+
+    def closed_connection_note(self) -> Finding | None:
+        """One note when the server closed kept-alive connections under requests."""
+        if not self._stale_failures:
+            return None
+        message = (
+            f"{self._stale_failures} requests sent on a kept-alive connection failed before "
+            f"any response byte ({self._stale_error}); each was retried on a fresh connection"
+        )
+        return scenario_finding(
+            "connection_closed_after_response", "transport", self.target.label, message
+        )
 
     def now_s(self) -> float:
         return time.perf_counter() - self._origin_s
@@ -102,17 +146,35 @@ class Client:
         """POST the exchange's body and record the response into it."""
         reader = reader or Reader()
         exchange.reader = reader.kind
-        session = self._slow_session if reader.kind == "slow" else self._session
-        assert session is not None, "use Client inside `async with`"
+        assert self._sessions, "use Client inside `async with`"
         data = exchange.raw_request
         if data is None:
             data = json.dumps(exchange.body, ensure_ascii=False).encode()
         if self._progress is not None:
             self._progress.request_started()
         exchange.sent_s = self.now_s()
+        is_reused = await self._post(exchange, reader, data, is_fresh=False)
+        if is_reused and _never_answered(exchange):
+            self._stale_failures += 1
+            self._stale_error = self._stale_error or str(exchange.transport_error)
+            exchange.transport_error, exchange.is_retried = None, True
+            await self._post(exchange, reader, data, is_fresh=True)
+        exchange.end_s = self.now_s()
+        if self._progress is not None:
+            self._progress.request_finished(exchange.is_ok or exchange.expects_error)
+        return exchange
+
+    async def _post(
+        self, exchange: Exchange, reader: Reader, data: bytes, *, is_fresh: bool
+    ) -> bool:
+        """One attempt; whether it went out on a reused pooled connection."""
+        session = self._sessions[(reader.kind == "slow", is_fresh)]
+        attempt = _Attempt()
         try:
             url = self.target.base_url + exchange.endpoint
-            async with session.post(url, data=data, headers=self._headers()) as response:
+            async with session.post(
+                url, data=data, headers=self._headers(), trace_request_ctx=attempt
+            ) as response:
                 exchange.status = response.status
                 exchange.content_type = response.headers.get("Content-Type", "")
                 exchange.retry_after = response.headers.get("Retry-After")
@@ -120,10 +182,7 @@ class Client:
                 await self._read(response, exchange, reader)
         except _TRANSPORT_ERRORS as error:
             exchange.transport_error = f"{type(error).__name__}: {error}".strip()
-        exchange.end_s = self.now_s()
-        if self._progress is not None:
-            self._progress.request_finished(exchange.is_ok or exchange.expects_error)
-        return exchange
+        return attempt.is_reused
 
     async def _read(
         self, response: aiohttp.ClientResponse, exchange: Exchange, reader: Reader
@@ -160,10 +219,10 @@ class Client:
                     return
 
     async def get(self, path: str) -> Probe:
-        assert self._session is not None, "use Client inside `async with`"
+        assert self._sessions, "use Client inside `async with`"
         started_s = self.now_s()
         try:
-            async with self._session.get(
+            async with self._sessions[(False, False)].get(
                 self.target.base_url + path, headers=self._headers()
             ) as response:
                 body = await response.read()

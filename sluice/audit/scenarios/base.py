@@ -15,6 +15,7 @@ from typing import Any
 
 from sluice.audit.checks.exchange import ensure_view
 from sluice.audit.options import AuditOptions, Sizes
+from sluice.audit.probes import ServerTraits
 from sluice.audit.records import CHAT, COMPLETIONS, Exchange, Reader, ScenarioResult
 from sluice.audit.transport import Client, Probe
 
@@ -28,6 +29,9 @@ MAX_CONCURRENT_TWINS = 4
 class ScenarioContext:
     client: Client
     options: AuditOptions
+    # What preflight found the server supports: scenarios send an extension
+    # only when it is True here.
+    traits: ServerTraits = ServerTraits()
 
     @property
     def sizes(self) -> Sizes:
@@ -60,7 +64,7 @@ class ScenarioContext:
 
     def stream_options(self, *, continuous: bool) -> dict[str, Any]:
         options: dict[str, Any] = {"include_usage": True}
-        if continuous and self.options.vllm_extensions:
+        if continuous and self.traits.continuous_usage_stats:
             options["continuous_usage_stats"] = True
         return options
 

@@ -23,8 +23,11 @@ NAME = "disconnect"
 MIN_SLOWDOWN_S = 0.02
 GAUGE_POLL_S = 0.2
 GAUGE_WAIT_S = 2.0
+# vLLM's num_requests_running, SGLang's num_running_reqs, llama.cpp's
+# llamacpp:requests_processing, and the generic requests_running.
 _RUNNING_GAUGE = re.compile(
-    r"^([A-Za-z_:][\w:]*(?:num_requests_running|num_running_reqs|requests_running))(\{[^}]*\})?\s+(\S+)",
+    r"^([A-Za-z_:][\w:]*(?:num_requests_running|num_running_reqs|requests_running|"
+    r"requests_processing))(\{[^}]*\})?\s+(\S+)",
     re.MULTILINE,
 )
 
@@ -77,7 +80,7 @@ async def _probes(ctx: ScenarioContext, when: str) -> list[Exchange]:
 async def _abandoned_stream(ctx: ScenarioContext, position: int) -> Exchange:
     size = ctx.sizes.disconnect
     endpoint = (COMPLETIONS, CHAT)[position % 2]
-    extra = {"ignore_eos": True} if ctx.options.vllm_extensions else {}
+    extra = {"ignore_eos": True} if ctx.traits.ignore_eos else {}
     prompt = prompt_for(endpoint, position)
     body = ctx.body(endpoint, prompt, size.max_tokens, stream=True, **extra)
     reader = Reader("abandon", abandon_after_events=size.read_events)

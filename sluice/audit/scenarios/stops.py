@@ -62,7 +62,7 @@ async def run_stops(ctx: ScenarioContext) -> ScenarioResult:
         result.figures[f"base_chars{endpoint.replace('/', '_')}"] = float(len(text))
         prompt = _prompt_of(base)
         for case in choose_stop_cases(text)[: size.cases]:
-            for include in (False, True) if ctx.options.vllm_extensions else (False,):
+            for include in (False, True) if ctx.traits.include_stop_str_in_output else (False,):
                 sends.append(_stopped(ctx, endpoint, prompt, case, include, text))
     streams = await gather_exchanges(*sends)
     await ctx.add_twins(streams)

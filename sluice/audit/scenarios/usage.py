@@ -24,7 +24,7 @@ def _modes(ctx: ScenarioContext) -> list[tuple[str, dict[str, Any]]]:
         ("empty stream_options", {"stream_options": {}}),
         ("include_usage", {"stream_options": {"include_usage": True}}),
     ]
-    if ctx.options.vllm_extensions:
+    if ctx.traits.continuous_usage_stats:
         modes.append(("continuous", {"stream_options": ctx.stream_options(continuous=True)}))
     return modes
 

@@ -1,0 +1,108 @@
+"""Which responses each check could read: a check with nothing to check must
+show as such in the report, not as a silent pass (a server whose logprobs
+come in another shape, or whose usage is never continuous, leaves whole
+checks idle).
+
+`COVERAGE` maps a check id to a predicate on a response and its view; the
+report prints, per check, how many responses satisfied it. Checks that apply
+to every response of a kind share a predicate. A new check (or a new API's
+scenario group) registers its own predicate here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sluice.audit.records import Exchange
+from sluice.audit.stream_view import StreamView, view_of
+
+Applies = Callable[[Exchange, StreamView], bool]
+
+
+def _is_stream(exchange: Exchange, view: StreamView) -> bool:
+    return view.sse is not None
+
+
+def _has_usage_asked(exchange: Exchange, view: StreamView) -> bool:
+    return view.sse is not None and view.request.include_usage
+
+
+def _has_continuous_usage(exchange: Exchange, view: StreamView) -> bool:
+    return view.request.continuous_usage and any(
+        chunk.usage is not None and chunk.finish_reason is None
+        for chunks in view.choices.values()
+        for chunk in chunks
+    )
+
+
+def _has_entries(exchange: Exchange, view: StreamView) -> bool:
+    return view.request.top_logprobs is not None and any(
+        chunk.logprobs for chunks in view.choices.values() for chunk in chunks
+    )
+
+
+def _has_exact_entries(exchange: Exchange, view: StreamView) -> bool:
+    entries = [e for chunks in view.choices.values() for c in chunks for e in c.logprobs or []]
+    return view.request.top_logprobs is not None and any(e.has_exact_bytes for e in entries)
+
+
+def _has_greedy_alternatives(exchange: Exchange, view: StreamView) -> bool:
+    return (
+        view.request.is_greedy and bool(view.request.top_logprobs) and _has_entries(exchange, view)
+    )
+
+
+def _has_twin(exchange: Exchange, view: StreamView) -> bool:
+    twin = exchange.twin
+    return view.sse is not None and twin is not None and twin.is_ok and bool(view.choices)
+
+
+def _has_offsets_to_compare(exchange: Exchange, view: StreamView) -> bool:
+    if view.request.is_chat or not _has_twin(exchange, view) or not _has_entries(exchange, view):
+        return False
+    assert exchange.twin is not None, "checked by _has_twin"
+    return any(
+        entry.text_offset is not None
+        for chunks in view_of(exchange.twin).choices.values()
+        for chunk in chunks
+        for entry in chunk.logprobs or []
+    )
+
+
+def _has_stops(exchange: Exchange, view: StreamView) -> bool:
+    request = view.request
+    return bool(view.choices and request.stops) and not (
+        request.include_stop_str or request.min_tokens
+    )
+
+
+def _has_stop_to_include(exchange: Exchange, view: StreamView) -> bool:
+    return view.request.include_stop_str and bool(exchange.unstopped_texts) and bool(view.choices)
+
+
+def _is_error_answer(exchange: Exchange, view: StreamView) -> bool:
+    return exchange.status is not None and 400 <= exchange.status < 500
+
+
+COVERAGE: dict[str, Applies] = {
+    "framing": _is_stream,
+    "id_changed": _is_stream,
+    "finish_reason_count": _is_stream,
+    "usage_placement": _has_usage_asked,
+    "usage_continuous_inexact": _has_continuous_usage,
+    "logprob_count": _has_entries,
+    "logprob_alignment": _has_exact_entries,
+    "logprob_greedy_head": _has_greedy_alternatives,
+    "logprob_text_offset": _has_offsets_to_compare,
+    "replacement_char": _is_stream,
+    "stop_leak": _has_stops,
+    "stop_str_not_included": _has_stop_to_include,
+    "duplicate_delta": _has_twin,
+    "bad_error_shape": _is_error_answer,
+}
+
+
+def covered_checks(exchange: Exchange) -> list[str]:
+    """The checks in `COVERAGE` that could read this response."""
+    view = view_of(exchange)
+    return [check_id for check_id, applies in COVERAGE.items() if applies(exchange, view)]
