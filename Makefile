@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test lint format bench clean browser
+.PHONY: serve test lint format bench clean browser agents
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,7 +26,17 @@ serve: $(STAMP)
 browser:
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 
-test: $(STAMP) browser
+# The agent clients the agent-API tests drive (Codex CLI over the Responses
+# API, Claude Code over Messages), pinned, from the npm registry into .agents/.
+AGENTS := .agents
+AGENT_PACKAGES := @openai/codex@0.171.0 @anthropic-ai/claude-code@2.1.332
+$(AGENTS)/.installed: Makefile
+	npm install --prefix $(AGENTS) --no-audit --no-fund --loglevel=error $(AGENT_PACKAGES)
+	touch $@
+
+agents: $(AGENTS)/.installed
+
+test: $(STAMP) browser agents
 	$(BIN)/ruff check sluice tests benchmarks
 	$(BIN)/ruff format --check sluice tests benchmarks
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

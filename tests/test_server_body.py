@@ -360,3 +360,14 @@ def test_bodies_take_the_loop_or_one_of_two_worker_lanes():
     ]
     assert lanes[0] is None and lanes[1] is lanes[2] is not None
     assert lanes[3] is not None and lanes[3] is not lanes[2]
+
+
+def test_a_large_body_keeps_the_json_its_any_typed_fields_hold():
+    # A tool's parameters are typed Any: the model holds the parsed JSON's own
+    # dicts, which releasing the parsed body emptied ("properties": {}).
+    parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    body = {"messages": [{"role": "user", "content": "x" * 9000}], "tools": [tool]}
+    model = body_module._parse([orjson.dumps(body)], protocol.ChatCompletionRequest,
+                               RequestLimits())  # fmt: skip
+    assert model.tools[0].function.parameters == parameters

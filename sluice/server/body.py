@@ -180,12 +180,15 @@ def _too_large(max_bytes: int) -> RequestTooLargeError:
 
 def _parse(chunks: list[bytes], model: type[Body], request_limits: RequestLimits) -> Body:
     data = protocol.json_object(b"".join(chunks), loads=json_pieces.loads)
+    value = None
     try:
         limits.check_parsed(data, model, request_limits)
-        return validation_windows.validate(model, data)
+        value = validation_windows.validate(model, data)
+        return value
     finally:
-        # The model shares no list or dict with the JSON it was validated from.
-        release_in_pieces(data)
+        # Fields typed Any (a tool's parameters, a schema, the Responses API's
+        # items) keep the parsed JSON's own lists and dicts: those stay whole.
+        release_in_pieces(data, keep=_containers_of(value))
 
 
 def _convert(body: Body, convert: Converter[Body, T], options: RequestOptions) -> T:
@@ -206,13 +209,16 @@ def _run_inline(coroutine: Coroutine[Any, Any, T]) -> T:
     raise AssertionError("a conversion suspended in the worker thread; it must run inline")
 
 
-def release_in_pieces(value: object) -> None:
+def release_in_pieces(value: object, keep: frozenset[int] = frozenset()) -> None:
     """Empty `value`'s lists and dicts (and a model's), RELEASE_PIECE_ITEMS at a
     time: each step frees at most that many items, whose own containers are
-    emptied the same way. The caller's references remain, to empty shells."""
+    emptied the same way. The caller's references remain, to empty shells.
+    Containers whose id is in `keep` (and what they hold) stay untouched."""
     containers = [value]
     while containers:
         container = containers.pop()
+        if id(container) in keep:
+            continue
         if isinstance(container, BaseModel):
             containers.extend(v for v in container.__dict__.values() if _is_container(v))
         elif isinstance(container, list):
@@ -230,6 +236,27 @@ def release_in_pieces(value: object) -> None:
 
 
 _CONTAINER_TYPES = (list, dict, BaseModel)
+
+
+def _containers_of(value: object) -> frozenset[int]:
+    """The ids of every list, dict and model reachable from `value`."""
+    seen: set[int] = set()
+    containers = [value] if _is_container(value) else []
+    while containers:
+        container = containers.pop()
+        if id(container) in seen:
+            continue
+        seen.add(id(container))
+        if isinstance(container, BaseModel):
+            containers.extend(v for v in container.__dict__.values() if _is_container(v))
+        elif isinstance(container, dict):
+            containers.extend(v for v in container.values() if _is_container(v))
+        else:  # a list: a piece at a time, so the GIL is let go between pieces
+            for start in range(0, len(container), RELEASE_PIECE_ITEMS):  # type: ignore[arg-type]
+                piece = container[start : start + RELEASE_PIECE_ITEMS]  # type: ignore[index]
+                if any(map(isinstance, piece, repeat(_CONTAINER_TYPES))):
+                    containers.extend(item for item in piece if _is_container(item))
+    return frozenset(seen)
 
 
 def _is_container(value: object) -> bool:
