@@ -16,6 +16,7 @@ from sluice.server.limits import MAX_JSON_DEPTH
 from sluice.server.protocol import ChatCompletionRequest, CompletionRequest
 from sluice.server.to_internal import RequestOptions, chat_request, completion_request
 from sluice.structured import StructuredOutputSpec as Spec
+from sluice.testing.contract import parse_sse
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL
@@ -207,3 +208,39 @@ def test_a_schema_at_the_depth_limit_is_served(served):
     body = {"model": MODEL, "prompt": "hi", "guided_json": schema}
     assert http.post("/v1/completions", json=body).status_code == 200
     assert seen[-1].structured_output == Spec.json_schema(schema)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"response_format": {"type": "json_object"}},
+        {"response_format": JSON_SCHEMA_FORMAT},
+        {"structured_outputs": {"json": SCHEMA}},
+        {"guided_regex": "[^<]+"},
+    ],
+)
+def test_with_a_reasoning_parser_constrained_output_is_the_content(fields):
+    """The grammar holds from the first token, so no </think> ever comes: the
+    reasoning parser took the whole JSON for reasoning, and content was null."""
+    token_ids = ChatFakeTokenizer().encode('{"a": 1}')
+    engine = LoopFakeEngine(script=lambda *_: iter(token_ids), tokens_per_step=3)
+    body = {"model": MODEL, "messages": MESSAGES, **fields}
+    with LiveServer(engine, ChatFakeTokenizer(), reasoning_parser="deepseek_r1") as live:
+        url = live.url + "/v1/chat/completions"
+        message = httpx2.post(url, json=body).json()["choices"][0]["message"]
+        streamed = httpx2.post(url, json={**body, "stream": True}).content
+    assert message["content"] == '{"a": 1}'
+    assert message.get("reasoning_content") is None
+    deltas = [chunk["choices"][0]["delta"] for chunk in parse_sse(streamed)[1:] if chunk["choices"]]
+    assert "".join(delta.get("content") or "" for delta in deltas) == '{"a": 1}'
+    assert not any(delta.get("reasoning_content") for delta in deltas)
+
+
+def test_with_a_reasoning_parser_unconstrained_output_is_still_split():
+    token_ids = ChatFakeTokenizer().encode('<think>hmm</think>{"a": 1}')
+    engine = LoopFakeEngine(script=lambda *_: iter(token_ids))
+    body = {"model": MODEL, "messages": MESSAGES}
+    with LiveServer(engine, ChatFakeTokenizer(), reasoning_parser="deepseek_r1") as live:
+        response = httpx2.post(live.url + "/v1/chat/completions", json=body)
+    message = response.json()["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("hmm", '{"a": 1}')

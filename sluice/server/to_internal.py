@@ -101,8 +101,11 @@ async def chat_request(
     logprobs = _chat_logprobs(body)
     stream = _check_stream_options(body)
     structured = await structured_output(body, options.grammar_check)
+    # The grammar holds from the first token, so no reasoning comes to split
+    # off: the parser would take the whole output for reasoning.
+    reasoning_parser = None if structured is not None else options.reasoning_parser
     tools = await tool_fields.tool_plan(
-        body, options.tool_call_parser, options.reasoning_parser, options.grammar_check
+        body, options.tool_call_parser, reasoning_parser, options.grammar_check
     )
     structured = tool_fields.structured_output_of(tools, structured)
     messages = chat_messages(body.messages)

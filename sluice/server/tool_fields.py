@@ -15,7 +15,8 @@ sampling and the reading of the output: one `ToolPlan`.
     with valid ones; the output is read as that JSON whatever the parser.
     It cannot be combined with another structured-output constraint. The
     reasoning parser is off for such a request: the grammar holds from the
-    first token, so there is no reasoning to split.
+    first token, so there is no reasoning to split (`to_internal` turns it
+    off for response_format and structured outputs, for the same reason).
   - "none": the template gets no tools and nothing is parsed (vLLM with
     `--exclude-tools-when-tool-choice-none`): the model answers in prose.
 - `parallel_tool_calls: false`: at most one call (the schema's maxItems, or
