@@ -16,11 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import fcntl
 import json
+import socket
+import struct
+import termios
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,12 +48,22 @@ class Defect(enum.Enum):
     # Streamed logprobs shift with the number of requests running: not batch-invariant,
     # which the contract allows (the determinism figure shows it).
     BATCH_VARIANT = "batch_variant"
+    # One token per chunk while the client keeps up; when its socket backs up
+    # (a slow reader), the tokens waiting merge into one chunk in which each
+    # token carries the alternatives of the token before it: the seed's own
+    # failure, invisible to fast readers and to one-token chunks.
+    LOGPROBS_SHIFTED_WHEN_BACKED_UP = "logprobs_shifted_when_backed_up"
+    # Multi-prompt completions streams open with `data: null` (llama-server).
+    DATA_NULL = "data_null"
     DISCONNECT_KEEPS_GENERATING = "disconnect_keeps_generating"
     BAD_INPUT_500 = "bad_input_500"
     BAD_INPUT_422 = "bad_input_422"
 
 
 MODEL = "script-model"
+SMALL_SEND_BUFFER_BYTES = 4096
+# Bytes in the kernel's send queue that mean a backlog, not one event in flight.
+BACKLOG_BYTES = 1024
 CHUNK_SIZES = (1, 2, 3, 1, 4)  # tokens per chunk, cycling: multi-token chunks
 _PIECES = (
     ("Once", " upon", " a", " time", ",", " a", " fox"),
@@ -166,8 +180,9 @@ def plan_choice(
         script_tokens(prompt, max_tokens), stops, include
     )
     groups, position = [], 0
+    sizes = (1,) if defect is Defect.LOGPROBS_SHIFTED_WHEN_BACKED_UP else CHUNK_SIZES
     while position < len(generated):
-        size = CHUNK_SIZES[len(groups) % len(CHUNK_SIZES)]
+        size = sizes[len(groups) % len(sizes)]
         groups.append(generated[position : position + size])
         position += size
     if defect is Defect.SPLIT_UTF8 and not stops:
@@ -345,9 +360,21 @@ class Call:
 
 
 class ScriptServer:
-    def __init__(self, defect: Defect = Defect.NONE, *, token_delay_s: float = 0.001):
+    def __init__(
+        self,
+        defect: Defect = Defect.NONE,
+        *,
+        token_delay_s: float = 0.001,
+        ignores: frozenset[str] = frozenset(),
+        answers_any_model: bool = False,
+    ):
         self.defect = defect
         self.token_delay_s = token_delay_s
+        # vLLM extensions this server does not know (it drops the fields, as
+        # llama-server does): continuous_usage_stats, include_stop_str_in_output,
+        # min_tokens, prompt_logprobs, and stop_reason (an output field).
+        self.ignores = ignores
+        self.answers_any_model = answers_any_model
         self.running = 0  # requests generating now: the simulated GPU's load
         self._calls = 0
         self._runner: web.AppRunner | None = None
@@ -411,8 +438,12 @@ class ScriptServer:
             return await self._error(400, "malformed JSON", None)
         if not isinstance(body, dict):
             return await self._error(400, "the body must be a JSON object", None)
-        if body.get("model") != MODEL:
+        if body.get("model") != MODEL and not self.answers_any_model:
             return await self._error(404, f"model {body.get('model')!r} does not exist", "model")
+        for name in self.ignores:
+            body.pop(name, None)
+            if isinstance(body.get("stream_options"), dict):
+                body["stream_options"].pop(name, None)
         if (param := invalid_param(kind, body)) is not None:
             return await self._error(400, f"invalid {param}", param)
         call = self._call(kind, body)
@@ -467,7 +498,8 @@ class ScriptServer:
             generated, text, finish = run_until_stop(tokens, stops, include, min_tokens)
             completion_tokens += len(generated)
             choice = self._final_choice(call, index, generated, text, finish)
-            choice["stop_reason"] = _stop_reason(generated, stops, finish)
+            if "stop_reason" not in self.ignores:
+                choice["stop_reason"] = _stop_reason(generated, stops, finish)
             if call.body.get("prompt_logprobs") is not None:
                 words = prompt.split()
                 choice["prompt_logprobs"] = [None] + [{word: -1.0} for word in words[1:]]
@@ -512,8 +544,15 @@ class ScriptServer:
         await response.prepare(request)
         self.running += 1
         try:
-            for num_tokens, payload in self._events(call):
+            is_backed_up = (
+                _backlog_probe(request)
+                if self.defect is Defect.LOGPROBS_SHIFTED_WHEN_BACKED_UP
+                else lambda: False
+            )
+            for num_tokens, payload in self._events(call, is_backed_up):
                 await self._gpu(num_tokens)
+                if payload is None:
+                    continue  # generated, held back for a client that is behind
                 data = (
                     payload
                     if isinstance(payload, bytes)
@@ -530,9 +569,14 @@ class ScriptServer:
             await response.write_eof()
         return response
 
-    def _events(self, call: Call) -> Iterator[tuple[int, dict[str, Any] | bytes]]:
-        """(tokens this event costs, payload) in stream order."""
+    def _events(
+        self, call: Call, is_backed_up: Callable[[], bool]
+    ) -> Iterator[tuple[int, dict[str, Any] | bytes | None]]:
+        """(tokens this event costs, payload) in stream order; None: nothing
+        written (tokens held for a client that is behind)."""
         plans = [self._defective(steps) for steps in self._plans(call)]
+        if self.defect is Defect.DATA_NULL and len(call.prompts) > 1:
+            yield 0, b"null"
         if call.kind == "chat":
             for index in range(len(plans)):
                 role = {
@@ -543,10 +587,17 @@ class ScriptServer:
                 }
                 yield 0, self._chunk(call, [role], index, 0)
         sent_bytes = [b""] * len(plans)
+        held: list[list[Step]] = [[] for _ in plans]
         for round_number in range(max(len(steps) for steps in plans)):
             for index, steps in enumerate(plans):
                 if round_number < len(steps):
                     step = steps[round_number]
+                    if self.defect is Defect.LOGPROBS_SHIFTED_WHEN_BACKED_UP:
+                        held[index].append(step)
+                        if is_backed_up() and round_number < len(steps) - 1:
+                            yield len(step.tokens), None
+                            continue
+                        step, held[index] = _merged_shifted(held[index]), []
                     choice = self._stream_choice(call, index, step, sent_bytes[index])
                     sent_bytes[index] += b"".join(token.data for token in step.tokens)
                     yield (
@@ -633,6 +684,33 @@ class ScriptServer:
         if usage is not None:
             payload["usage"] = usage
         return payload
+
+
+def _backlog_probe(request: web.Request) -> Callable[[], bool]:
+    """Whether bytes wait to be taken by the client: in our transport's buffer
+    or, unsent, in the kernel's send queue (the client's receive window is
+    closed). A small kernel send buffer makes a slow reader show up quickly."""
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if transport is None or sock is None:
+        return lambda: False
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_SEND_BUFFER_BYTES)
+
+    def is_backed_up() -> bool:
+        queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        return transport.get_write_buffer_size() > 0 or queued > BACKLOG_BYTES
+
+    return is_backed_up
+
+
+def _merged_shifted(steps: list[Step]) -> Step:
+    """Held steps as one chunk, each token after the first showing its predecessor's
+    alternatives (LOGPROBS_SHIFTED_WHEN_BACKED_UP)."""
+    tokens = [token for step in steps for token in step.tokens]
+    for previous, token in zip(tokens, tokens[1:], strict=False):
+        token.top_source = previous
+    text = "".join(step.text for step in steps)
+    return Step(tokens, text, steps[-1].finish, steps[-1].completion_tokens)
 
 
 def _stop_reason(generated: list[Token], stops: list[str], finish: str) -> str | None:

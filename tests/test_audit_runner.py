@@ -46,3 +46,16 @@ def test_a_twin_shared_by_many_streams_is_checked_once():
     result = ScenarioResult("lag", "server", 0.0, 1.0, exchanges=streams)
     check_result(result)
     assert [f.check_id for f in result.findings] == ["server_error_5xx"]
+
+
+def test_strict_rules_are_reported_only_with_strict():
+    raw = b": ping\n\n" + sse(completion_chunk(0, "hi", "stop"))
+    body = {"model": "m", "prompt": "p", "stream": True}
+
+    def checked(strict: bool) -> list[str]:
+        result = ScenarioResult("unit", "server", 0.0, 1.0, [recorded(COMPLETIONS, body, raw)])
+        check_result(result, strict=strict)
+        return [finding.check_id for finding in result.findings]
+
+    assert checked(False) == []
+    assert checked(True) == ["comment_line"]

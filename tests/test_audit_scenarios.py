@@ -11,6 +11,7 @@ import pytest
 from sluice.audit.options import PROFILE_SCENARIOS, QUICK, AuditOptions, with_overrides
 from sluice.audit.records import AuditResult, Target
 from sluice.audit.runner import run_audit
+from sluice.audit.scenarios.disconnect import _running_lines
 from sluice.audit.scenarios.stops import choose_stop_cases
 from tests.broken_servers import MODEL, Defect, serving
 
@@ -76,6 +77,8 @@ CASES = {
     Defect.ROLE_REPEATED: (("usage",), "role_repeated", set()),
     Defect.LOGPROBS_COPIED: (("logprobs",), "logprob_copied", set()),
     Defect.LOGPROBS_SHIFTED: (("logprobs",), "logprob_greedy_head", set()),
+    Defect.LOGPROBS_SHIFTED_WHEN_BACKED_UP: (("lag",), "logprob_greedy_head", set()),
+    Defect.DATA_NULL: (("choices",), "data_null", set()),
     Defect.DISCONNECT_KEEPS_GENERATING: (("disconnect",), "disconnect_keeps_generating", set()),
     Defect.BAD_INPUT_500: (("bad_inputs",), "server_error_5xx", set()),
     Defect.BAD_INPUT_422: (("bad_inputs",), "status_422", set()),
@@ -179,3 +182,25 @@ def test_logprobs_that_change_with_the_batch_are_a_figure_not_a_broken_invariant
     assert not result.has_broken_invariant
     figures = result.results[0].figures
     assert figures == {"probes_compared": 2.0, "tokens_equal": 2.0, "logprobs_equal": 0.0}
+
+
+def test_alternatives_shifted_only_when_a_slow_reader_makes_chunks_merge_are_seen_in_the_lag():
+    """Readers that keep up get one token per chunk (nothing to shift); the lag
+    scenario's slow readers, asking for logprobs, make the chunks merge."""
+    lag = audit(Defect.LOGPROBS_SHIFTED_WHEN_BACKED_UP, ("lag",))
+    shifted = [f for f in lag.findings if f.check_id == "logprob_greedy_head"]
+    assert any(f.case == "lag/slow reader" for f in shifted)
+    slow = [e for e in lag.results[0].exchanges if e.reader == "slow"]
+    assert all(e.body and e.body.get("logprobs") is not None for e in slow)
+
+
+def test_the_running_gauge_of_llama_server_vllm_and_sglang_is_read():
+    metrics = (
+        "llamacpp:requests_processing 2\n"
+        'vllm:num_requests_running{model_name="m"} 1.0\n'
+        "sglang:num_running_reqs 0\n"
+    )
+    assert [line.split()[0] for line in _running_lines(metrics)] == [
+        "llamacpp:requests_processing",
+        'vllm:num_requests_running{model_name="m"}',
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import time
@@ -118,3 +119,49 @@ def test_the_api_key_is_sent_as_a_bearer_token():
 
     asyncio.run(run())
     assert seen == ["Bearer k-123"]
+
+
+async def one_answer_per_connection(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Answers the first request of a connection advertising keep-alive, then
+    closes it under the next one without a byte: llama-server's close after a
+    stream, with the next request already sent on the pooled connection."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))
+    await reader.readexactly(length)
+    body = b'{"choices": []}'
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    await writer.drain()
+    with contextlib.suppress(asyncio.IncompleteReadError):
+        await reader.readuntil(b"\r\n\r\n")  # the next request: never answered
+    writer.close()
+
+
+def test_a_request_a_dead_pooled_connection_never_took_is_retried_once_and_noted_once():
+    async def run() -> tuple[list[Exchange], object]:
+        server = await asyncio.start_server(one_answer_per_connection, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        target = Target("server", f"http://127.0.0.1:{port}", MODEL)
+        try:
+            async with Client(target, timeout_s=5, origin_s=time.perf_counter()) as client:
+                sent = []
+                for _ in range(4):
+                    exchange = Exchange("s", "server", COMPLETIONS, {"prompt": "x"})
+                    sent.append(await client.send(exchange))
+                return sent, client.closed_connection_note()
+        finally:
+            server.close()
+
+    sent, note = asyncio.run(run())
+    assert [(e.status, e.transport_error, e.is_retried) for e in sent] == [
+        (200, None, False),
+        (200, None, True),  # on a fresh connection, which is not pooled
+        (200, None, False),
+        (200, None, True),
+    ]
+    assert note.check_id == "connection_closed_after_response" and note.severity == "note"
+    assert note.message.startswith("2 requests sent on a kept-alive connection failed")
