@@ -1,6 +1,12 @@
 """Configuration: a frozen dataclass tree built once by the CLI (or `LLM`) and
 passed down; each component takes its own part. Environment variables are read
 here and nowhere else.
+
+A field declared with `setting(...)` (sluice/settings.py) is also a
+command-line flag: sluice/cli_flags.py derives the flags from these fields,
+so their defaults, types and help live here only. Its range is checked when
+the dataclass is built: a value out of range is a `ConfigError` naming the
+field, so the CLI, `LLM` and tests refuse the same values.
 """
 
 from __future__ import annotations
@@ -10,7 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from sluice.settings import ConfigError, check_settings, setting
+
 EMBEDDED_MODEL = "embedded"
+
+__all__ = [
+    "EMBEDDED_MODEL", "CacheConfig", "ConfigError", "DataParallelConfig", "EngineConfig",
+    "ModelConfig", "RequestLimits", "SchedulerConfig", "ServerConfig", "default_cache_dir",
+]  # fmt: skip
 
 
 def default_cache_dir() -> Path:
@@ -25,44 +38,92 @@ def default_cache_dir() -> Path:
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     # "embedded", a Hugging Face folder, or a path to a .gguf file.
-    model: str = EMBEDDED_MODEL
+    model: str = setting(
+        EMBEDDED_MODEL, "'embedded' (SmolLM2-135M-Instruct), an HF folder, or a .gguf file"
+    )
     # "float32", "bfloat16", or "auto": bfloat16 where the hardware has it
     # (sluice/loader/choices.py).
-    dtype: str = "auto"
-    # "cpu" or "cuda".
-    device: str = "cpu"
+    dtype: str = setting(
+        "auto",
+        "auto: bfloat16 where the hardware has it, else float32",
+        choices=("auto", "float32", "bfloat16"),
+    )
+    device: str = setting("cpu", "cpu or cuda")
     # Cap on prompt + generated tokens; None means the model's own limit.
-    max_model_len: int | None = None
-    cache_dir: Path = field(default_factory=default_cache_dir)
+    max_model_len: int | None = setting(
+        None, "cap on prompt + generated tokens (default: the model's own limit)", at_least=1
+    )
+    cache_dir: Path = setting(
+        help_text="where converted GGUF models are kept", default_factory=default_cache_dir
+    )
     # Weight-only quantization of the decoder matrices, CPU only: "int8"
     # (per-row scales) or "int4" (groups of 32, like llama.cpp's Q4_1); None
     # keeps the model dtype. Small decode batches read the quantized copy
     # (int4: ~1.6x faster single-stream); prefill and large batches keep the
     # dense matmul on the same quantized values (sluice/models/quantization.py).
     # "auto": int4 when the weights came in 4 bits (a Q4 GGUF), else None.
-    quantization: str | None = "auto"
+    quantization: str | None = setting(
+        "auto",
+        "weight-only quantization of the decoder matrices (CPU): faster small-batch decode; "
+        "auto: int4 when the weights came in 4 bits (the embedded model), else none",
+        choices=("auto", "int8", "int4"),
+        none_as="none",
+    )
     # Int8 activations times int8 weights (W8A8, VNNI) for the steps of more
     # than a few tokens, in q/k/v, o and gate/up, calibrated at load
     # (sluice/models/int8_activations.py): "int8", None, or "auto": int8 on a
     # CPU with VNNI when the weights are quantized (quantization above).
-    activation_quantization: str | None = "auto"
+    activation_quantization: str | None = setting(
+        "auto",
+        "int8 activations times int8 weights (VNNI) in steps of more than a few tokens "
+        "(CPU; q/k/v, o, gate/up); auto: int8 on a CPU with VNNI when the weights are "
+        "quantized, else none",
+        choices=("auto", "int8"),
+        none_as="none",
+    )
     # Kernels whose result for a token ignores the rest of its step: greedy
     # tokens and logprobs bitwise the same alone or in any batch, prefill
     # chunking, preemption or prefix-cache hit (sluice/models/llama.py). Costs
     # step time (docs/BENCHMARKS.md); quantization then only changes the values.
-    batch_invariant: bool = False
+    batch_invariant: bool = setting(
+        False,
+        "greedy tokens and logprobs bitwise the same alone or in any batch, chunking, "
+        "preemption or prefix-cache hit; slower decode steps (docs/BENCHMARKS.md)",
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
-    block_size_tokens: int = 16
+    block_size_tokens: int = setting(16, "tokens per KV block", flag="--block-size", at_least=1)
     # Bytes for the KV pool; None means derive from gpu_memory_fraction / a CPU default.
-    kv_cache_memory_bytes: int | None = None
+    kv_cache_memory_bytes: int | None = setting(
+        None,
+        "bytes for the KV cache pool, e.g. 1GiB (CPU default 1GiB)",
+        flag="--kv-cache-memory",
+        at_least=1,
+    )
     # Fraction of free device memory for the KV pool when no byte budget is given.
-    memory_fraction: float = 0.5
+    memory_fraction: float = setting(
+        0.5,
+        "share of free GPU memory for the KV pool when no size is given",
+        flag="--kv-cache-memory-fraction",
+        above=0,
+        at_most=1,
+    )
     # Reuse the KV of full blocks whose tokens an earlier request computed
     # (sluice/engine/kv_cache.py).
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = setting(
+        True,
+        "compute every prompt in full (by default full KV blocks of earlier requests' "
+        "tokens are reused)",
+        flag="--no-prefix-caching",
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +133,22 @@ class SchedulerConfig:
     # than in 512-token chunks (2.43 vs 2.91 s on the embedded model: fewer
     # masked attention passes over the prompt, larger matmuls), at the price
     # of one longer pause for the decodes sharing that step.
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = setting(
+        2048, "tokens computed in one step, summed over the batch", at_least=1
+    )
     # Requests running at once.
-    max_num_seqs: int = 64
+    max_num_seqs: int = setting(64, "requests running at once", at_least=1)
     # Split long prompts across steps so running decodes are never starved.
-    enable_chunked_prefill: bool = True
+    enable_chunked_prefill: bool = setting(
+        True, "prefill each prompt in one step", flag="--no-chunked-prefill"
+    )
     # Requests allowed to wait for admission; beyond it new ones are refused.
-    max_waiting_requests: int = 1024
+    max_waiting_requests: int = setting(
+        1024, "requests allowed to wait; beyond it new ones get 503", at_least=0
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +162,24 @@ class EngineConfig:
     # hung and killed. The engine sends one message per step and one a second
     # when idle, so this must exceed the longest step: a CPU prefill chunk can
     # take seconds on a loaded machine, hence the generous default.
-    heartbeat_timeout_s: float = 60.0
+    heartbeat_timeout_s: float = setting(
+        60.0,
+        "seconds of engine silence, with requests pending, before it is declared hung "
+        "and restarted",
+        flag="--engine-heartbeat-timeout",
+        above=0,
+    )
     # torch intra-op threads of the engine; None: torch's default (all cores).
     # On a small machine shared with the HTTP process, fewer threads avoid
     # OpenMP barriers waiting on a descheduled thread.
-    num_threads: int | None = None
+    num_threads: int | None = setting(
+        None,
+        "torch threads of the engine (default: all cores; 1 avoids contention on 2 cores)",
+        at_least=1,
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,17 +187,27 @@ class DataParallelConfig:
     """Engine replicas placed by Ray behind one frontend (sluice/scaleout, docs/SCALING.md)."""
 
     # Engine replicas, each a Ray actor running its own engine core.
-    num_replicas: int = 1
+    num_replicas: int = setting(
+        1,
+        "serve N engine replicas as Ray actors behind this endpoint (docs/SCALING.md)",
+        flag="--data-parallel",
+        at_least=1,
+    )
     # A running Ray cluster ("auto", or the head's host:port); None starts a
     # local Ray instance in this process.
-    ray_address: str | None = None
+    ray_address: str | None = setting(
+        None, "a running Ray cluster: 'auto' or the head's host:port (default: a local Ray)"
+    )
     # Ray resources each replica asks for (where it may be placed). The
     # replica's engine runs that many torch threads unless num_threads is set.
-    replica_cpus: float = 1.0
-    replica_gpus: float = 0.0
+    replica_cpus: float = setting(1.0, "Ray CPUs per replica", at_least=0)
+    replica_gpus: float = setting(0.0, "Ray GPUs per replica", at_least=0)
     # Times Ray restarts a replica's crashed actor in place (-1: always).
     # Beyond them the frontend starts a new actor, backing off between tries.
     max_actor_restarts: int = -1
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,59 +219,110 @@ class RequestLimits:
     """
 
     # Prompt tokens of one prompt (after the chat template); None: the context.
-    max_prompt_tokens: int | None = None
-    max_n: int = 128
+    max_prompt_tokens: int | None = setting(
+        None, "the most tokens one prompt may have (default: the context)", at_least=1
+    )
+    max_n: int = setting(128, "the most choices (n) one request may ask for", at_least=1)
     # Largest max_tokens / max_completion_tokens a client may ask for.
-    max_tokens: int | None = None
-    max_stop_strings: int = 16
+    max_tokens: int | None = setting(
+        None, "the largest max_tokens a client may ask for", flag="--max-tokens-limit", at_least=1
+    )
+    max_stop_strings: int = setting(16, "the most stop strings of one request", at_least=0)
     # Characters in one stop string: each choice follows every stop string
     # character by character, and holds back up to this much text.
-    max_stop_string_chars: int = 1024
-    max_logit_bias_entries: int = 1024
+    max_stop_string_chars: int = setting(
+        1024, "the longest stop string a client may send, in characters", at_least=1
+    )
+    max_logit_bias_entries: int = setting(
+        1024, "the most logit_bias entries of one request", flag="--max-logit-bias", at_least=0
+    )
     # Messages of one chat request (counted before they are validated): each
     # costs ~10 us to validate, convert and render, off the loop.
-    max_chat_messages: int = 10_000
+    max_chat_messages: int = setting(
+        10_000, "the most messages one chat request may hold", at_least=1
+    )
     # Bodies beyond this are a 413: by their Content-Length before a byte is
     # read, or once that many bytes arrived. Besides the memory one connection
     # can pin, this bounds the few steps of a large body still done in one
     # call (copying ~2M prompt token ids into a tuple: ~5 ms; sluice/server/body.py).
-    max_request_body_bytes: int = 4 * 1024 * 1024
+    max_request_body_bytes: int = setting(
+        4 * 1024 * 1024,
+        "the largest request body, e.g. 4MiB (beyond it: 413)",
+        flag="--max-request-body",
+        at_least=1,
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: str | None = None
-    api_key: str | None = None
-    cors_allowed_origins: tuple[str, ...] = ()
+    host: str = setting("127.0.0.1", "the address to listen on")
+    port: int = setting(8000, "the port to listen on (0: any free one)", at_least=0, at_most=65535)
+    served_model_name: str | None = setting(
+        None, "the model name clients send and see (default: the model's)"
+    )
+    api_key: str | None = setting(None, "the Bearer token clients must send (default: none)")
+    cors_allowed_origins: tuple[str, ...] = setting(
+        (), "comma-separated origins; empty disables CORS"
+    )
     engine: EngineConfig = field(default_factory=EngineConfig)
     limits: RequestLimits = field(default_factory=RequestLimits)
     # Open connections at once, a new one included; beyond it uvicorn answers a
     # plain-text 503 (None: unbounded).
-    max_connections: int | None = 4096
+    max_connections: int | None = setting(
+        4096, "open connections at once; beyond it a plain-text 503", at_least=1
+    )
     # A stream whose next chunk cannot be written for this long (the client
     # stopped reading) is cut and its engine requests aborted.
-    send_timeout_s: float = 30.0
+    send_timeout_s: float = setting(
+        30.0,
+        "seconds a stream's write may block before it is aborted",
+        flag="--send-timeout",
+        above=0,
+    )
     # Per connection: the kernel's send buffer (SO_SNDBUF) and the transport's
     # high-water mark (None: the OS's and uvloop's own; Linux grows the send
     # buffer to 4 MiB). Bounded, a client that stops reading holds little
     # memory, and its stream coalesces in sluice (where deltas merge) instead
     # of queueing in buffers.
-    send_buffer_bytes: int | None = 64 * 1024
+    send_buffer_bytes: int | None = setting(
+        64 * 1024,
+        "kernel send buffer and transport high-water mark per connection (0: the defaults)",
+        at_least=1,
+        none_as=0,
+    )
     # Longest a request may wait for its first token unless it asks for less
     # (header X-Sluice-Queue-Timeout, seconds); None: no deadline.
-    queue_timeout_s: float | None = None
+    queue_timeout_s: float | None = setting(
+        None,
+        "default seconds a request may wait for its first token",
+        flag="--queue-timeout",
+        above=0,
+    )
     # On SIGTERM, running requests get this long to finish before they are cut.
-    drain_timeout_s: float = 30.0
+    drain_timeout_s: float = setting(
+        30.0,
+        "seconds running requests get to finish after SIGTERM",
+        flag="--drain-timeout",
+        at_least=0,
+    )
     # When the engine dies: start a new one, or stop the server (exit status 1)
     # and leave the restart to a process supervisor.
-    on_engine_death: Literal["restart", "exit"] = "restart"
+    on_engine_death: Literal["restart", "exit"] = setting(
+        "restart", "when the engine dies: start a new one, or stop the server (status 1)"
+    )
     # Engine replicas on Ray (--data-parallel); None: one engine, no Ray.
     data_parallel: DataParallelConfig | None = None
     # How chat outputs are read into tool calls: "hermes", "llama3_json" or
     # "mistral"; None: guessed from the model's chat template (and none when it
     # shows no known format: then tool_choice "auto" is a 400).
-    tool_call_parser: str | None = None
+    tool_call_parser: str | None = setting(
+        None, "how tool calls are read from outputs (default: guessed from the chat template)"
+    )
     # "deepseek_r1": <think>…</think> goes to reasoning_content; None: off.
-    reasoning_parser: str | None = None
+    reasoning_parser: str | None = setting(None, "split <think>…</think> into reasoning_content")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
