@@ -8,11 +8,14 @@ import logging
 import threading
 import time
 import urllib.request
+from contextlib import asynccontextmanager
 
+import pytest
 from fastapi import FastAPI
 from starlette.responses import Response
 
 from sluice.config import ServerConfig
+from sluice.errors import ModelLoadError
 from sluice.server.launch import GC_GEN0_THRESHOLD, make_server, tune_gc_for_serving
 
 
@@ -24,6 +27,35 @@ def hello_app() -> FastAPI:
         return Response(b"ok")
 
     return app
+
+
+def refusing_app(error: BaseException) -> FastAPI:
+    """An app whose startup fails as an engine's does when its model cannot load."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        raise error
+        yield
+
+    return FastAPI(lifespan=lifespan)
+
+
+def test_a_startup_refused_with_a_sluice_error_raises_it_without_a_traceback(caplog):
+    refused = ModelLoadError("the KV cache holds 32 tokens")
+    server = make_server(refusing_app(refused), ServerConfig(host="127.0.0.1", port=0))
+    with pytest.raises(ModelLoadError) as raised:
+        server.run()
+    assert raised.value is refused
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "Traceback" not in logged and "startup failed" not in logged
+
+
+def test_any_other_startup_failure_is_uvicorns_as_before(caplog):
+    server = make_server(refusing_app(RuntimeError("a bug")), ServerConfig(port=0))
+    with pytest.raises(SystemExit) as raised:
+        server.run()
+    assert raised.value.code == 3
+    assert "RuntimeError: a bug" in "\n".join(record.getMessage() for record in caplog.records)
 
 
 def test_the_server_uses_uvloop_and_httptools_without_uvicorns_access_log():

@@ -8,6 +8,11 @@ process (tokenizer, name, context length: cheap, no weights), builds the
 engine client (its own process by default, else a thread here), and serves.
 The engine starts and stops in the app's lifespan, on uvicorn's event loop.
 
+A startup the app refuses with a SluiceError (the engine's model does not
+load: a KV pool too small, a missing or truncated tensor) is raised from
+`serve` as itself, without uvicorn's traceback and exit status 3, so the CLI
+prints it as its one `sluice: error:` line.
+
 Signals (main thread only): SIGTERM or a first SIGINT drain the app
 (`sluice.server.shutdown`) and then stop, exit status 0; a second SIGINT
 exits at once. Unlike plain uvicorn, the signal is not re-raised afterwards,
@@ -34,6 +39,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sluice.config import EngineConfig, ModelConfig, ServerConfig
 from sluice.engine.client_base import EngineClient
+from sluice.errors import SluiceError
 from sluice.server.connection import AbortableHttpToolsProtocol
 from sluice.server.served_model import ServedModel
 from sluice.server.shutdown import GracefulShutdown
@@ -49,18 +55,58 @@ GC_GEN0_THRESHOLD = 20_000
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+class RefusedStartup:
+    """The app as uvicorn runs it, but for a refused startup: when the app's
+    lifespan raises a SluiceError before it started, uvicorn is told the
+    startup failed without the traceback, and `error` keeps it."""
+
+    def __init__(self, app: FastAPI):
+        self.app = app
+        self.error: SluiceError | None = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        held: list[dict] = []
+
+        async def hold_failure(message: dict) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                held.append(message)  # told once we know why
+            else:
+                await send(message)
+
+        try:
+            await self.app(scope, receive, hold_failure)
+        except SluiceError as error:
+            if held:
+                self.error = error
+                held = [{"type": "lifespan.startup.failed", "message": ""}]
+            raise
+        finally:
+            for message in held:
+                await send(message)
+
+    def is_not_its_echo(self, record: logging.LogRecord) -> bool:
+        """A logging filter: drops uvicorn's own line about a refused startup."""
+        return self.error is None or not record.getMessage().startswith("Application startup")
+
+
 class SluiceServer(uvicorn.Server):
-    """uvicorn's server: logs the bound address, drains the app on SIGTERM."""
+    """uvicorn's server: logs the bound address, drains the app on SIGTERM,
+    raises the SluiceError its app's startup refused with."""
 
     def __init__(
         self,
         config: uvicorn.Config,
         shutdown: GracefulShutdown | None = None,
         send_buffer_bytes: int | None = None,
+        refused: RefusedStartup | None = None,
     ):
         super().__init__(config)
         self.shutdown_plan = shutdown
         self.send_buffer_bytes = send_buffer_bytes
+        self.refused = refused
         self._loop: asyncio.AbstractEventLoop | None = None
         self._num_signals = 0
 
@@ -75,11 +121,26 @@ class SluiceServer(uvicorn.Server):
             )
         if self.shutdown_plan is not None:
             self.shutdown_plan.bind(self._stop)
-        await super().startup(sockets)
+        await self._start_app(sockets)
         for address in self.bound_addresses():
             logger.info("sluice listening on http://%s:%d", address[0], address[1])
             url = f"http://{address[0]}:{address[1]}"
             logger.info("chat at %s/ and dashboard at %s/dashboard", url, url)
+
+    async def _start_app(self, sockets) -> None:
+        if self.refused is None:
+            await super().startup(sockets)
+            return
+        uvicorn_log = logging.getLogger("uvicorn.error")
+        uvicorn_log.addFilter(self.refused.is_not_its_echo)
+        try:
+            await super().startup(sockets)
+        except SystemExit:
+            if self.refused.error is None:
+                raise
+            raise self.refused.error from None
+        finally:
+            uvicorn_log.removeFilter(self.refused.is_not_its_echo)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -132,8 +193,9 @@ class SluiceServer(uvicorn.Server):
 
 def make_server(app: FastAPI, config: ServerConfig) -> SluiceServer:
     """A uvicorn server for `app` on config.host:config.port (not yet running)."""
+    refused = RefusedStartup(app)
     uvicorn_config = uvicorn.Config(
-        app,
+        refused,
         host=config.host,
         port=config.port,
         loop="uvloop",
@@ -146,7 +208,7 @@ def make_server(app: FastAPI, config: ServerConfig) -> SluiceServer:
     )
     # create_app leaves its drain plan here; other apps stop the uvicorn way.
     shutdown = getattr(app.state, "shutdown", None)
-    return SluiceServer(uvicorn_config, shutdown, config.send_buffer_bytes)
+    return SluiceServer(uvicorn_config, shutdown, config.send_buffer_bytes, refused)
 
 
 def serve(app: FastAPI, config: ServerConfig, sockets: list[socket.socket] | None = None) -> int:
