@@ -42,10 +42,12 @@ class Recorded:
         self.token_ids = TOKENIZER.encode(text)
         self.prompts: list[str] = []
         self.max_tokens: list[int] = []
+        self.structured: list = []
 
     def __call__(self, request_id, prompt, params):
         self.prompts.append(TOKENIZER.decode(list(prompt), skip_special_tokens=False))
         self.max_tokens.append(params.max_tokens)
+        self.structured.append(params.structured_output)
         return iter(self.token_ids)
 
 
@@ -243,3 +245,26 @@ def test_the_access_log_counts_a_streamed_messages_output_tokens(caplog):
     output_tokens = read_message_stream(raw).message["usage"]["output_tokens"]
     (line,) = [r.getMessage() for r in caplog.records if "/v1/messages" in r.getMessage()]
     assert f"completion_tokens={output_tokens} " in line
+
+
+def test_output_config_format_constrains_the_output_to_its_schema():
+    script = Recorded('{"city": "Bern"}')
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    output_config = {"effort": "low", "format": {"type": "json_schema", "schema": schema}}
+    with serve(script) as live:
+        url = live.url + "/v1/messages"
+        response = httpx2.post(url, json=body_of(output_config=output_config))
+        broken = {"format": {"type": "json_schema", "schema": {"type": 5}}}
+        refused = httpx2.post(url, json=body_of(output_config=broken))
+    assert response.status_code == 200, response.text
+    assert response.json()["content"] == [{"type": "text", "text": '{"city": "Bern"}'}]
+    assert script.structured[0] is not None
+    assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("thinking", ["enabled", "adaptive", "between_tools", "disabled"])
+def test_every_thinking_type_is_accepted(thinking):
+    config = {"type": thinking, "budget_tokens": 1024, "display": "omitted"}
+    with serve(Recorded(ANSWER)) as live:
+        response = httpx2.post(live.url + "/v1/messages", json=body_of(thinking=config))
+    assert response.status_code == 200, response.text

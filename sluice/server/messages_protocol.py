@@ -69,11 +69,25 @@ class ToolChoice(OpenAIModel):
 
 
 class Thinking(OpenAIModel):
-    # "enabled" / "adaptive": the reasoning parser reads the output (if the
-    # server has one); "disabled": the output is all text.
-    type: Literal["enabled", "disabled", "adaptive"]
+    # "disabled": the output is all text; any other ("enabled", "adaptive",
+    # "between_tools", types newer than sluice): the reasoning parser reads
+    # the output, if the server has one.
+    type: str
     # Accepted, not enforced: reasoning and answer share max_tokens.
     budget_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
+
+
+class OutputFormat(OpenAIModel):
+    type: Literal["json_schema"]
+    # Named `schema` on the wire; the attribute would shadow pydantic's own.
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(OpenAIModel):
+    # Accepted and ignored: the model's effort is what it is.
+    effort: str | None = None
+    # Structured outputs, through llguidance as chat's response_format.
+    format: OutputFormat | None = None
 
 
 class PromptFields(OpenAIModel):
@@ -94,6 +108,8 @@ class MessagesRequest(PromptFields):
     max_tokens: Annotated[int, Field(ge=1, le=INT64_MAX)]
     stop_sequences: Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool | None = None
+    output_config: OutputConfig | None = None
+    # Not in Anthropic's newest API, still sent by older clients: served.
     temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None

@@ -37,7 +37,10 @@ async def messages_request(
 ) -> GenerationRequest:
     options = _with_thinking(body.thinking, options)
     sampling = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
-    chat = _chat_body(body, options, stream=bool(body.stream), stop=body.stop_sequences, **sampling)
+    chat = _chat_body(
+        body, options, stream=bool(body.stream), stop=body.stop_sequences,
+        response_format=_response_format(body.output_config), **sampling,
+    )  # fmt: skip
     request = await chat_request(chat, options)
     # chat_request gave the rest of the context: the client's max_tokens, if it fits.
     max_tokens = min(limits.cap_max_tokens(body.max_tokens, options.limits),
@@ -65,6 +68,15 @@ async def count_tokens(body: messages_protocol.CountTokensRequest, options: Requ
         tools=tools.template_tools,
     )
     return len(prompt.token_ids)
+
+
+def _response_format(
+    config: messages_protocol.OutputConfig | None,
+) -> protocol.ResponseFormat | None:
+    if config is None or config.format is None:
+        return None
+    schema = protocol.JsonSchemaFormat.model_construct(schema_=config.format.schema_)
+    return protocol.ResponseFormat.model_construct(type="json_schema", json_schema=schema)
 
 
 def _with_thinking(
