@@ -21,6 +21,7 @@ recorded once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -46,19 +47,19 @@ def _both(name: str) -> tuple[str, str]:
 
 
 class _LoopMetricsCollector(Collector):
-    """Exposes the app's `LoopHistogram`s, and the chunk count they imply."""
+    """Exposes the app's `RequestSeries`, and the chunk count they imply."""
 
-    def __init__(self, metrics: ServerMetrics):
-        self._metrics = metrics
+    def __init__(self, series: RequestSeries, model_name: str):
+        self._series = series
+        self._model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
-        metrics = self._metrics
-        for series in metrics.loop_series:
-            yield from series.families(metrics.model_name)
+        for series in self._series.all():
+            yield from series.families(self._model_name)
         chunks = CounterMetricFamily(
             "sluice:chunks_sent", "Stream chunks carrying tokens.", labels=["model_name"]
         )
-        chunks.add_metric([metrics.model_name], metrics.tokens_per_chunk.count)
+        chunks.add_metric([self._model_name], self._series.tokens_per_chunk.count)
         yield chunks
 
 
@@ -114,6 +115,64 @@ class ReadCounter(Collector):
         yield counter
 
 
+@dataclass(slots=True)
+class RequestSeries:
+    """What the observer records of requests, on the event loop."""
+
+    # Tokens of finished requests, and finished requests by finish reason.
+    prompt_tokens: LoopCounter
+    generation_tokens: LoopCounter
+    request_success: LoopCounter
+    # Latencies of each choice, as its client sees them.
+    ttft_s: LoopHistogram
+    itl_s: LoopHistogram
+    e2e_s: LoopHistogram
+    tokens_per_chunk: LoopHistogram
+    # Per-request token counts, bucketed up to the context length (None without one).
+    request_prompt_tokens: LoopHistogram | None
+    request_generation_tokens: LoopHistogram | None
+
+    @classmethod
+    def build(cls, max_model_len: int | None) -> RequestSeries:
+        return cls(
+            LoopCounter(_both("prompt_tokens"), "Prompt tokens of finished requests."),
+            LoopCounter(_both("generation_tokens"), "Generated tokens delivered."),
+            LoopCounter(_both("request_success"), "Finished requests by finish reason.",
+                        "finished_reason"),
+            LoopHistogram(_both("time_to_first_token_seconds"),
+                          "Time to each choice's first token.", TTFT_BUCKETS_S),
+            LoopHistogram((*_both("inter_token_latency_seconds"),
+                           "vllm:time_per_output_token_seconds"),
+                          "Time between one choice's tokens (a chunk's gap spread over its "
+                          "tokens).", ITL_BUCKETS_S),
+            LoopHistogram(_both("e2e_request_latency_seconds"),
+                          "Request latency, arrival to finish.", REQUEST_LATENCY_BUCKETS_S),
+            LoopHistogram(("sluice:tokens_per_chunk",), "Tokens coalesced into one chunk.",
+                          TOKENS_PER_CHUNK_BUCKETS),
+            *_request_token_histograms(max_model_len),
+        )  # fmt: skip
+
+    def all(self) -> list[LoopHistogram | LoopCounter]:
+        """Every series there is, in exposition order."""
+        every = (getattr(self, series_field.name) for series_field in fields(self))
+        return [series for series in every if series is not None]
+
+
+def _request_token_histograms(
+    max_model_len: int | None,
+) -> tuple[LoopHistogram | None, LoopHistogram | None]:
+    """Prompt and generated tokens per finished request; none without a context length."""
+    if max_model_len is None:
+        return None, None
+    bounds = request_tokens_buckets(max_model_len)
+    return (
+        LoopHistogram(_both("request_prompt_tokens"), "Prompt tokens per finished request.",
+                      bounds),
+        LoopHistogram(_both("request_generation_tokens"),
+                      "Generated tokens per finished request.", bounds),
+    )  # fmt: skip
+
+
 class ServerMetrics:
     """The app's metrics; implements `sluice.frontend.observer.RequestObserver`."""
 
@@ -127,6 +186,7 @@ class ServerMetrics:
         the cap of the per-request token histograms (none without it)."""
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
+        # 1. Counters the app's other parts increment.
         labels = {"labelnames": ["model_name"], "registry": self.registry}
         self.requests_aborted = Counter(
             "sluice:request_aborted", "Requests whose client went away.", **labels
@@ -136,65 +196,24 @@ class ServerMetrics:
             "Stream events that waited for a paused connection (a client reading slowly).",
             **labels,
         ).labels(model_name)
-        self.prompt_tokens = LoopCounter(
-            _both("prompt_tokens"), "Prompt tokens of finished requests."
-        )
-        self.generation_tokens = LoopCounter(
-            _both("generation_tokens"), "Generated tokens delivered."
-        )
-        self.request_success = LoopCounter(
-            _both("request_success"), "Finished requests by finish reason.", "finished_reason"
-        )
-        self.ttft_s = LoopHistogram(
-            _both("time_to_first_token_seconds"),
-            "Time to each choice's first token.",
-            TTFT_BUCKETS_S,
-        )
-        self.itl_s = LoopHistogram(
-            (*_both("inter_token_latency_seconds"), "vllm:time_per_output_token_seconds"),
-            "Time between one choice's tokens (a chunk's gap spread over its tokens).",
-            ITL_BUCKETS_S,
-        )
-        self.e2e_s = LoopHistogram(
-            _both("e2e_request_latency_seconds"), "Request latency, arrival to finish.",
-            REQUEST_LATENCY_BUCKETS_S,
-        )  # fmt: skip
-        self.tokens_per_chunk = LoopHistogram(
-            ("sluice:tokens_per_chunk",), "Tokens coalesced into one chunk.",
-            TOKENS_PER_CHUNK_BUCKETS,
-        )  # fmt: skip
-        self.loop_series: list[LoopHistogram | LoopCounter] = [
-            self.prompt_tokens, self.generation_tokens, self.request_success,
-            self.ttft_s, self.itl_s, self.e2e_s, self.tokens_per_chunk,
-        ]  # fmt: skip
-        # Per-request token counts, bucketed up to the context length.
-        self.request_prompt_tokens: LoopHistogram | None = None
-        self.request_generation_tokens: LoopHistogram | None = None
-        if max_model_len is not None:
-            bounds = request_tokens_buckets(max_model_len)
-            self.request_prompt_tokens = LoopHistogram(
-                _both("request_prompt_tokens"), "Prompt tokens per finished request.", bounds
-            )
-            self.request_generation_tokens = LoopHistogram(
-                _both("request_generation_tokens"), "Generated tokens per finished request.",
-                bounds,
-            )  # fmt: skip
-            self.loop_series += [self.request_prompt_tokens, self.request_generation_tokens]
-        self.registry.register(_LoopMetricsCollector(self))
+        # 2. What the observer records on the loop, turned into families when scraped.
+        self.series = RequestSeries.build(max_model_len)
+        self.registry.register(_LoopMetricsCollector(self.series, model_name))
+        # 3. The engine's gauges and counters, read when scraped.
         if stats is not None:
             self.registry.register(EngineStatsCollector(stats, model_name))
 
     # -- RequestObserver ---------------------------------------------------------
 
     def on_first_token(self, ttft_s: float, num_tokens: int) -> None:
-        self.ttft_s.observe(ttft_s)
-        self.tokens_per_chunk.observe(num_tokens)
+        self.series.ttft_s.observe(ttft_s)
+        self.series.tokens_per_chunk.observe(num_tokens)
 
     def on_chunks(self, num_tokens: Sequence[int], gaps_s: Sequence[float]) -> None:
-        self.tokens_per_chunk.observe_all(num_tokens)
+        self.series.tokens_per_chunk.observe_all(num_tokens)
         # A chunk of k tokens after a gap counts as k tokens each gap/k apart.
         per_token_s = [gap_s / k for gap_s, k in zip(gaps_s, num_tokens, strict=True)]
-        self.itl_s.observe_all(per_token_s, num_tokens)
+        self.series.itl_s.observe_all(per_token_s, num_tokens)
 
     def on_finish(
         self,
@@ -203,14 +222,15 @@ class ServerMetrics:
         e2e_s: float,
         finish_reason: str,
     ) -> None:
-        self.prompt_tokens.inc(num_prompt_tokens)
-        self.generation_tokens.inc(num_generation_tokens)
-        self.e2e_s.observe(e2e_s)
-        self.request_success.inc(1, finish_reason)
-        if self.request_prompt_tokens is not None:
-            self.request_prompt_tokens.observe(num_prompt_tokens)
-        if self.request_generation_tokens is not None:
-            self.request_generation_tokens.observe(num_generation_tokens)
+        series = self.series
+        series.prompt_tokens.inc(num_prompt_tokens)
+        series.generation_tokens.inc(num_generation_tokens)
+        series.e2e_s.observe(e2e_s)
+        series.request_success.inc(1, finish_reason)
+        if series.request_prompt_tokens is not None:
+            series.request_prompt_tokens.observe(num_prompt_tokens)
+        if series.request_generation_tokens is not None:
+            series.request_generation_tokens.observe(num_generation_tokens)
 
     def on_abort(self) -> None:
         self.requests_aborted.inc()
