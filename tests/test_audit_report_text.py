@@ -51,7 +51,7 @@ def test_findings_are_grouped_by_cause_with_every_message_the_requests_and_one_e
     ]
     result = result_with(findings)
     text = render_text(result, summarize_audit(result))
-    assert "Findings: 2 causes in 1 checks (3 requests); notes below." in text
+    assert "Findings: 2 causes in 1 checks (3 requests); 0 note causes." in text
     assert (
         "  [extension] usage_frozen: completion_tokens repeated\n    2 requests (server 2)" in text
     )
@@ -76,7 +76,10 @@ def test_notes_do_not_fail_the_run():
     result = result_with([note])
     summary = summarize_audit(result)
     assert summary.exit_status == 0
-    assert "PASS" in render_text(result, summary)
+    text = render_text(result, summary)
+    assert "Findings: nothing broken; 1 note causes." in text
+    assert "  [note] text_mismatch_nonstream: differs at character N" in text
+    assert "PASS" in text
 
 
 def test_compare_mode_adds_a_ratio_row_under_each_scenario():

@@ -111,7 +111,10 @@ def _metrics_table(summary: Summary) -> list[str]:
 def _findings(result: AuditResult, summary: Summary) -> list[str]:
     if not summary.causes:
         return ["Findings: none."]
-    lines = [f"Findings: {failing_headline(summary.causes, result.findings)}; notes below."]
+    notes = [cause for cause in summary.causes if cause.severity == "note"]
+    failing = len(summary.causes) - len(notes)
+    headline = failing_headline(summary.causes, result.findings) if failing else "nothing broken"
+    lines = [f"Findings: {headline}; {len(notes)} note causes."]
     for cause in summary.causes:
         lines += _cause(cause)
     return lines

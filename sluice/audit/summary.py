@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from sluice.audit.checks.catalogue import CHECKS
 from sluice.audit.checks.coverage import COVERAGE, covered_checks
-from sluice.audit.checks.evidence import MESSAGE_SEPARATOR
+from sluice.audit.checks.evidence import MESSAGE_SEPARATOR, cause_of
 from sluice.audit.checks.exchange import ensure_view
 from sluice.audit.compare import ratios
 from sluice.audit.metrics import ScenarioMetrics, summarize
@@ -157,13 +157,11 @@ def group_causes(findings: list[Finding], labels: list[str]) -> list[Cause]:
     groups: dict[tuple[str, str], Cause] = {}
     seen: dict[tuple[str, str], set[tuple[str, int]]] = {}
     for item in findings:
-        key = (item.check_id, item.cause)
+        key = (item.check_id, item.cause or cause_of(item.message))
         group = groups.get(key)
         if group is None:
             severity = CHECKS[item.check_id].severity
-            group = groups[key] = Cause(
-                item.check_id, item.cause, severity, dict.fromkeys(labels, 0)
-            )
+            group = groups[key] = Cause(*key, severity, dict.fromkeys(labels, 0))
             group.example, seen[key] = item, set()
         response = (item.target, item.response_id or id(item))
         if response not in seen[key]:
