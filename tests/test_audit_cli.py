@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sluice.audit.cli import main
+from sluice.audit.cli import build_parser, main, options_from
 from tests.broken_servers import MODEL, Defect, serving
 
 SMALL = [
@@ -151,3 +151,27 @@ def test_python_dash_m_sluice_audit_runs_standalone():
     )
     assert done.returncode == 0
     assert "--compare" in done.stdout
+
+
+def test_extensions_are_probed_by_default_and_strict_rules_are_asked_for():
+    default = options_from(build_parser().parse_args(["--model", MODEL]))
+    assert (default.vllm_extensions, default.strict) == ("auto", False)
+    chosen = options_from(
+        build_parser().parse_args(["--model", MODEL, "--vllm-extensions", "off", "--strict"])
+    )
+    assert (chosen.vllm_extensions, chosen.strict) == ("off", True)
+    assert main(["--base-url", "http://x", "--model", MODEL, "--vllm-extensions", "yes"]) == 2
+
+
+def test_a_json_report_holds_the_causes_and_each_checks_coverage(tmp_path: Path):
+    with serving(Defect.ROLE_REPEATED) as url:
+        status = main(
+            ["--base-url", url, "--model", MODEL, "--scenarios", "usage", "--json",
+             str(tmp_path / "a.json"), *SMALL]
+        )  # fmt: skip
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert status == 1 and report["schema_version"] == 2
+    (cause,) = report["causes"]
+    assert (cause["check_id"], cause["severity"]) == ("role_repeated", "break")
+    assert cause["requests"]["server"] >= 1 and cause["messages"]
+    assert report["coverage"]["by_check"]["usage_placement"]["server"] > 0
