@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sluice.config import ModelConfig
+from sluice.config import ConfigError, ModelConfig
 from sluice.errors import ModelLoadError
 from sluice.loader import LoadedModel, gguf_convert, load_model
 from sluice.loader.weights import INDEX_FILE
@@ -105,8 +105,9 @@ def test_a_max_model_len_beyond_the_model_is_refused(model_dir):
     )
 
 
-def test_a_non_positive_max_model_len_is_refused(model_dir):
-    assert_fails(model_dir, "max_model_len must be positive", max_model_len=0)
+def test_a_non_positive_max_model_len_is_refused_by_the_config_before_loading():
+    with pytest.raises(ConfigError, match="ModelConfig.max_model_len must be at least 1, got 0"):
+        ModelConfig(max_model_len=0)
 
 
 @pytest.mark.slow

@@ -108,12 +108,11 @@ def load_model(config: ModelConfig) -> LoadedModel:
 
 
 def resolve_max_model_len(requested: int | None, model_config: LlamaConfig) -> int:
-    """The user's cap, or the model's own limit; a cap above that limit is refused."""
+    """The user's cap (positive: ModelConfig checks it), or the model's own
+    limit; a cap above that limit is refused."""
     limit = model_config.max_position_embeddings
     if requested is None:
         return limit
-    if requested <= 0:
-        raise ModelLoadError(f"max_model_len must be positive, got {requested}")
     if requested > limit:
         raise ModelLoadError(
             f"max_model_len {requested} exceeds the model's max_position_embeddings {limit}"
