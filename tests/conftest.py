@@ -57,6 +57,17 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
 
 
 @pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with a byte-level tokenizer: a model folder `sluice serve` loads."""
+    from tests.model_factory import build_tiny_model, write_tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-folder") / "tiny-llama"
+    build_tiny_model("llama_tied", folder)
+    write_tiny_tokenizer(folder, num_tokens=512)  # every id the model can sample
+    return folder
+
+
+@pytest.fixture(scope="module")
 def tiny_loaded(tiny_llama: TinyModel) -> LoadedModel:
     """`tiny_llama` loaded for the engine: float32 on the CPU, no tokenizer."""
     import torch

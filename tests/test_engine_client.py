@@ -16,11 +16,13 @@ import signal
 import pytest
 import torch
 
-from sluice.config import CacheConfig, EngineConfig
+from sluice.config import CacheConfig, EngineConfig, ModelConfig
 from sluice.engine.client import MultiprocessEngineClient
+from sluice.engine.client_base import EngineClient
 from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import EngineDeadError, ModelLoadError
+from sluice.testing.fake_engine import FakeEngine
 from sluice.testing.recording_sink import RecordingSink
 from tests.model_factory import make_core
 
@@ -151,3 +153,50 @@ async def test_engine_process_that_cannot_load_its_model_fails_start(tmp_path):
 
 def test_torch_is_the_pinned_cpu_build():
     assert torch.__version__.startswith("2.13.0")
+
+
+# -- one abort contract for every engine client ---------------------------------------
+
+
+def fake_client(request) -> EngineClient:
+    return FakeEngine(step_interval_s=0.01)
+
+
+def in_process_client(request) -> EngineClient:
+    return InProcessEngineClient(make_core(request.getfixturevalue("tiny_loaded")))
+
+
+def process_client(request) -> EngineClient:
+    folder = request.getfixturevalue("tiny_folder")
+    model = ModelConfig(model=str(folder), dtype="float32", quantization=None,
+                        cache_dir=folder.parent / "cache")  # fmt: skip
+    cache = CacheConfig(kv_cache_memory_bytes=8 << 20)
+    return MultiprocessEngineClient(EngineConfig(model=model, cache=cache))
+
+
+@pytest.mark.parametrize("make_client", [fake_client, in_process_client, process_client])
+def test_after_abort_a_sink_hears_nothing_more_on_every_engine_client(request, make_client):
+    client = make_client(request)
+
+    async def go() -> tuple[RecordingSink, int, RecordingSink]:
+        await client.start()
+        try:
+            aborted, after = RecordingSink(), RecordingSink()
+            endless = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+            client.add_request("aborted", [7, 8, 9], endless, aborted)
+            await aborted.has_delta.wait()
+            client.abort(["aborted"])
+            num_heard = len(aborted.deltas)
+            client.abort(["aborted", "unknown"])  # idempotent; unknown ids ignored
+            # The engine applies its inputs in order: by the time this one
+            # finishes, the engine's final "abort" delta was handled too.
+            client.add_request("after", [7, 8, 9], GREEDY, after)
+            await asyncio.wait_for(after.done.wait(), 120)
+            return aborted, num_heard, after
+        finally:
+            await client.shutdown()
+
+    aborted, num_heard, after = asyncio.run(asyncio.wait_for(go(), 300))
+    assert len(aborted.deltas) == num_heard and not aborted.errors
+    assert not any(delta.is_finished for delta in aborted.deltas)
+    assert after.deltas[-1].finish_reason == "length" and not after.errors

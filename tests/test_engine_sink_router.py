@@ -31,8 +31,12 @@ def test_a_sink_that_raises_gets_its_error_and_nothing_more_while_the_others_go_
     broken, healthy = Sink(fails_at=1), Sink()
     router.register("a", broken)
     router.register("b", healthy)
-    for step in range(3):
+    failed = [
         router.dispatch([delta("a", step), delta("b", step, finish=step == 2)], [])
+        for step in range(3)
+    ]
+    # Nobody listens to "a" from its failure on: the client aborts it in the engine.
+    assert failed == [[], ["a"], []]
     assert [d.new_token_ids for d in broken.deltas] == [(0,)]
     assert [str(e) for e in broken.errors] == ["the sink broke"]
     assert [d.new_token_ids for d in healthy.deltas] == [(0,), (1,), (2,)]

@@ -85,21 +85,39 @@ def test_eos_and_stop_token_ids_finish_with_stop_and_name_the_token():
     assert (stop.token_ids, stop.deltas[-1].finish_reason) == ([5, 9], "stop")
 
 
-def test_abort_ends_a_request_at_the_next_step_with_an_abort_delta():
-    async def scenario() -> tuple[FakeEngine, Sink]:
+def test_after_abort_the_sink_hears_nothing_and_the_engine_ends_the_request_at_its_next_step():
+    async def scenario() -> tuple[FakeEngine, Sink, int]:
         engine, sink = FakeEngine(count_up, step_interval_s=0.001), Sink()
         engine.add_request("r", [1], SamplingParams(max_tokens=1000), sink)
         await asyncio.sleep(0.01)
+        num_heard = len(sink.deltas)
         engine.abort(["r", "unknown"])
         engine.abort(["r"])
+        await run_until_idle(engine)
+        return engine, sink, num_heard
+
+    engine, sink, num_heard = asyncio.run(scenario())
+    # As the real clients: the consumer is gone, so its sink hears nothing more,
+    # not even the "abort" delta; the engine got one abort, of the open request.
+    assert len(sink.deltas) == num_heard > 0 and not sink.errors
+    assert engine.aborted_request_ids == ["r"]
+    assert engine.num_running == 0 and len(engine.outputs["r"]) == num_heard
+
+
+def test_a_request_whose_sink_raised_is_aborted_in_the_engine():
+    class BrokenSink(Sink):
+        def on_delta(self, delta: RequestDelta) -> None:
+            raise RuntimeError("the sink broke")
+
+    async def scenario() -> tuple[FakeEngine, BrokenSink]:
+        engine, sink = FakeEngine(count_up), BrokenSink()
+        engine.add_request("r", [1], SamplingParams(max_tokens=1000), sink)
         await run_until_idle(engine)
         return engine, sink
 
     engine, sink = asyncio.run(scenario())
-    assert sink.deltas[-1].finish_reason == "abort"
-    assert sink.deltas[-1].new_token_ids == ()
-    assert [d.finish_reason for d in sink.deltas].count("abort") == 1
-    assert engine.aborted_request_ids == ["r", "unknown", "r"]
+    assert [str(e) for e in sink.errors] == ["the sink broke"]
+    assert engine.aborted_request_ids == ["r"] and len(engine.outputs["r"]) == 1
 
 
 def test_prefill_steps_produce_no_deltas():

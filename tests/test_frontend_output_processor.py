@@ -13,7 +13,7 @@ from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.output_processor import ChoiceStream, OutputProcessor
 from sluice.frontend.request import GenerationRequest, PromptInput
 from sluice.frontend.stream_output import StreamOutput
-from sluice.testing import FakeEngine, FakeTokenizer
+from sluice.testing import FakeTokenizer
 
 TOKENIZER = FakeTokenizer()
 T = TOKENIZER.token_id
@@ -51,11 +51,21 @@ def delta(
     return RequestDelta(request_id, tuple(ids), entries, finish, stop_token_id, 3)
 
 
+class AbortRecorder:
+    """All the processor asks of its engine: to abort (the deltas are fed by hand)."""
+
+    def __init__(self) -> None:
+        self.aborted_request_ids: list[str] = []
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.aborted_request_ids.extend(request_ids)
+
+
 class Harness:
     """The processor feeding a real StreamOutput; `feed` returns what one hand-over takes."""
 
     def __init__(self, **overrides):
-        self.engine = FakeEngine()
+        self.engine = AbortRecorder()
         request = make_request(**overrides)
         self.taken: list[dict[int, ChoiceDelta]] = []
         self.output = StreamOutput(request.num_choices, self._render)

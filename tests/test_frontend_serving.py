@@ -241,7 +241,10 @@ def test_a_slow_reader_gets_merged_deltas_and_an_exact_stream():
         continuous_usage_stats=True,
         include_usage=True,
     )
-    expect = Expectations("completion", 2, True, True, True, stop=("ไทย a",))
+    expect = Expectations(
+        "completion", 2, logprobs=1, include_usage=True, continuous_usage_stats=True,
+        stop=("ไทย a",),
+    )  # fmt: skip
 
     async def scenario() -> tuple[bytes, bytes, int]:
         engine = FakeEngine(endless_words)

@@ -39,7 +39,6 @@ from sluice.testing.event_loops import run
 from sluice.testing.live_server import LiveServer
 from sluice.testing.stream_reader import read_stream
 from sluice.tokenizer import Tokenizer
-from tests.model_factory import build_tiny_model, write_tiny_tokenizer
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -70,14 +69,6 @@ def cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("dp") / "tiny-llama"
-    build_tiny_model("llama_tied", folder)
-    write_tiny_tokenizer(folder, num_tokens=512)  # every id the model can sample
-    return folder
 
 
 @pytest.fixture(scope="module")

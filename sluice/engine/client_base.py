@@ -9,13 +9,19 @@ per engine step for the whole batch (never one loop callback per token):
 
 Guarantees every implementation keeps:
 - every delta of a request reaches its sink exactly once, in engine order;
-- after a delta with a finish_reason, or after on_error, the sink hears nothing more;
-- `abort` is idempotent and takes effect at the engine's next step; the
-  request's final delta then carries finish_reason "abort" (unless it had
-  already finished);
+- after a delta with a finish_reason, after on_error, or after `abort`, the
+  sink hears nothing more: an aborting consumer is gone, so not even the
+  engine's final "abort" delta reaches it. The engine frees the request at
+  its next step. `abort` is idempotent; unknown or finished ids are ignored;
 - if the engine dies, every open sink gets on_error(EngineDeadError) once;
 - a sink whose on_delta raises gets that error through on_error, then nothing
-  more (`sink_router.deliver_delta`); the other sinks are not affected.
+  more (`sink_router.deliver_delta`), and its request is aborted; the other
+  sinks are not affected.
+
+The clients of one engine keep them in one place, `routed_client.RoutedEngineClient`
+(the process, in-process and Ray replica clients, and the test fakes); the
+wrappers (`AdmissionGate`, `DataParallelEngineClient`) keep them by passing
+calls on to such clients.
 """
 
 from __future__ import annotations
@@ -90,7 +96,8 @@ class EngineClient(abc.ABC):
 
     @abc.abstractmethod
     def abort(self, request_ids: list[str]) -> None:
-        """Cancel requests; unknown or finished ids are ignored."""
+        """Cancel requests: their sinks hear nothing more from now on, the
+        engine frees them at its next step; unknown or finished ids are ignored."""
 
     @abc.abstractmethod
     def reset_prefix_cache(self) -> None:

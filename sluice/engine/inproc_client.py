@@ -16,35 +16,24 @@ import logging
 import queue
 import threading
 
-from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout
 from sluice.engine.core import EngineCore
-from sluice.engine.messages import (
-    AbortRequests,
-    AddRequest,
-    EngineStatsSnapshot,
-    ResetPrefixCache,
-    Shutdown,
-)
+from sluice.engine.messages import EngineInput, Shutdown
 from sluice.engine.outputs import EngineError, RequestDelta
-from sluice.engine.sampling_params import SamplingParams
-from sluice.engine.sink_router import SinkRouter
-from sluice.errors import EngineDeadError
+from sluice.engine.routed_client import RoutedEngineClient
 
 logger = logging.getLogger("sluice.engine")
 
 IDLE_WAIT_S = 0.5
 
 
-class InProcessEngineClient(EngineClient):
+class InProcessEngineClient(RoutedEngineClient):
     can_restart = True
 
     def __init__(self, core: EngineCore):
+        super().__init__()
         self.core = core
         self.info = core.info
-        self._router = SinkRouter()
-        self._inputs: queue.SimpleQueue = queue.SimpleQueue()
-        self._stats = EngineStatsSnapshot()
-        self._is_alive = False
+        self._inputs: queue.SimpleQueue[EngineInput] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -70,37 +59,8 @@ class InProcessEngineClient(EngineClient):
         self._inputs = queue.SimpleQueue()
         await self.start()
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        sink: DeltaSink,
-        *,
-        queue_timeout: QueueTimeout | None = None,
-    ) -> None:
-        if not self._is_alive:
-            raise EngineDeadError("the engine is not running")
-        self._router.register(request_id, sink)
-        self._inputs.put(AddRequest(request_id, list(prompt_token_ids), params))
-
-    def abort(self, request_ids: list[str]) -> None:
-        live = [request_id for request_id in request_ids if request_id in self._router]
-        for request_id in live:
-            self._router.unregister(request_id)
-        if live:
-            self._inputs.put(AbortRequests(live))
-
-    def reset_prefix_cache(self) -> None:
-        if self._is_alive:
-            self._inputs.put(ResetPrefixCache())
-
-    @property
-    def is_alive(self) -> bool:
-        return self._is_alive
-
-    def stats(self) -> EngineStatsSnapshot:
-        return self._stats
+    def _send(self, message: EngineInput) -> None:
+        self._inputs.put(message)
 
     # -- the engine thread -----------------------------------------------------
 
@@ -113,9 +73,10 @@ class InProcessEngineClient(EngineClient):
                     return
                 if self.core.has_unfinished_requests():
                     deltas.extend(self.core.step())
+                    errors.extend(self.core.take_errors())
                 if deltas or errors:
                     stats = self.core.stats()
-                    self._loop.call_soon_threadsafe(self._deliver, deltas, errors, stats)
+                    self._loop.call_soon_threadsafe(self._on_step, deltas, errors, stats)
         except Exception as error:  # noqa: BLE001 - the engine is down; every request hears it
             logger.exception("engine step failed")
             self._loop.call_soon_threadsafe(self._mark_dead, f"engine failed: {error}")
@@ -133,13 +94,3 @@ class InProcessEngineClient(EngineClient):
             block = False
             if not self.core.handle(message, deltas, errors):
                 return False
-
-    def _deliver(
-        self, deltas: list[RequestDelta], errors: list[EngineError], stats: EngineStatsSnapshot
-    ) -> None:
-        self._stats = stats
-        self._router.dispatch(deltas, errors)
-
-    def _mark_dead(self, message: str) -> None:
-        self._is_alive = False
-        self._router.fail_all(message)

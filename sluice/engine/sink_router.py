@@ -36,20 +36,24 @@ class SinkRouter:
     def unregister(self, request_id: str) -> None:
         self._sinks.pop(request_id, None)
 
-    def dispatch(self, deltas: list[RequestDelta], errors: list[EngineError]) -> None:
-        """Deliver one step's output. Called once per engine step."""
+    def dispatch(self, deltas: list[RequestDelta], errors: list[EngineError]) -> list[str]:
+        """Deliver one step's output. Called once per engine step. Returns the
+        unfinished requests whose sinks failed: nobody listens to them any more."""
+        failed: list[str] = []
         for delta in deltas:
             sink = self._sinks.get(delta.request_id)
             if sink is None:
                 continue  # already finished or unregistered (aborted by its consumer)
             if delta.is_finished:
                 del self._sinks[delta.request_id]
-            if not deliver_delta(sink, delta):
-                self._sinks.pop(delta.request_id, None)
+            if not deliver_delta(sink, delta) and not delta.is_finished:
+                del self._sinks[delta.request_id]
+                failed.append(delta.request_id)
         for error in errors:
             sink = self._sinks.pop(error.request_id, None)
             if sink is not None:
                 _deliver(sink.on_error, InvalidRequestError(error.message))
+        return failed
 
     def fail_all(self, message: str) -> None:
         sinks, self._sinks = self._sinks, {}

@@ -27,38 +27,30 @@ import time
 import zmq
 import zmq.asyncio
 
-from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout
 from sluice.engine.messages import (
-    AbortRequests,
-    AddRequest,
     EngineFailed,
     EngineInput,
     EngineReady,
-    EngineStatsSnapshot,
-    ResetPrefixCache,
     StepOutputs,
     input_encoder,
     output_decoder,
 )
-from sluice.engine.sampling_params import SamplingParams
-from sluice.engine.sink_router import SinkRouter
-from sluice.errors import EngineDeadError, ModelLoadError
+from sluice.engine.routed_client import RoutedEngineClient
+from sluice.errors import ModelLoadError
 
 logger = logging.getLogger("sluice.engine")
 
 STARTUP_TIMEOUT_S = 600.0
 
 
-class ZmqEngineClient(EngineClient):
+class ZmqEngineClient(RoutedEngineClient):
     can_restart = True
 
     def __init__(self, heartbeat_timeout_s: float):
+        super().__init__()
         self.info: EngineReady | None = None
         # Silence after which the engine is declared hung (a tuning knob tests lower).
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self._router = SinkRouter()
-        self._stats = EngineStatsSnapshot()
-        self._is_alive = False
         self._last_output_s = 0.0
         self._tasks: list[asyncio.Task] = []
         self._sync_context = zmq.Context()
@@ -155,33 +147,7 @@ class ZmqEngineClient(EngineClient):
         self._inputs = self._outputs = None
         await self._dispose()
 
-    # -- requests --------------------------------------------------------------
-
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        sink: DeltaSink,
-        *,
-        queue_timeout: QueueTimeout | None = None,
-    ) -> None:
-        if not self._is_alive:
-            raise EngineDeadError("the engine is not running")
-        self._router.register(request_id, sink)
-        self._send(AddRequest(request_id, list(prompt_token_ids), params))
-
-    def abort(self, request_ids: list[str]) -> None:
-        live = [request_id for request_id in request_ids if request_id in self._router]
-        for request_id in live:
-            # The consumer is gone: it hears nothing more, the engine frees the blocks.
-            self._router.unregister(request_id)
-        if live and self._is_alive:
-            self._send(AbortRequests(live))
-
-    def reset_prefix_cache(self) -> None:
-        if self._is_alive:
-            self._send(ResetPrefixCache())
+    # -- inputs ----------------------------------------------------------------
 
     def _send(self, message: EngineInput) -> None:
         if self._inputs is None:
@@ -195,17 +161,6 @@ class ZmqEngineClient(EngineClient):
     # -- state -----------------------------------------------------------------
 
     @property
-    def is_alive(self) -> bool:
-        return self._is_alive
-
-    def stats(self) -> EngineStatsSnapshot:
-        return self._stats
-
-    @property
-    def num_open_requests(self) -> int:
-        return len(self._router)
-
-    @property
     def seconds_since_output(self) -> float:
         return time.monotonic() - self._last_output_s
 
@@ -216,8 +171,7 @@ class ZmqEngineClient(EngineClient):
             message = output_decoder.decode(await self._outputs.recv())
             self._last_output_s = time.monotonic()
             if isinstance(message, StepOutputs):
-                self._stats = message.stats
-                self._router.dispatch(message.deltas, message.errors)
+                self._on_step(message.deltas, message.errors, message.stats)
             elif isinstance(message, EngineFailed):
                 self._mark_dead(message.message)
                 return
@@ -240,5 +194,4 @@ class ZmqEngineClient(EngineClient):
         if self._is_alive:
             log = logger.error if is_failure else logger.info
             log("engine down: %s", message)
-        self._is_alive = False
-        self._router.fail_all(message)
+        super()._mark_dead(message)

@@ -1,13 +1,14 @@
 """A scripted `EngineClient` on the event loop: the engine contract without a model.
 
 For tests and benchmarks of everything above the engine (frontend, HTTP edge,
-load tools). It keeps the guarantees of `sluice.engine.client_base`:
+load tools). Its client side is the real clients' own (`RoutedEngineClient`),
+so it keeps the guarantees of `sluice.engine.client_base` as they do:
 - one loop callback per step delivers the deltas of every running request;
 - every delta reaches its sink once, in order; nothing follows a finish or
-  `on_error`;
-- `abort` is idempotent and takes effect at the next step with a final
-  "abort" delta; `die()` sends `on_error(EngineDeadError)` to every open sink
-  and refuses new requests until `revive()`.
+  `on_error`, nor an `abort` (the engine ends the request at its next step,
+  with a final "abort" delta nobody hears); `die()` sends
+  `on_error(EngineDeadError)` to every open sink and refuses new requests
+  until `revive()`.
 
 What a request generates comes from a `TokenScript`: a function of (request
 id, prompt ids, params) returning the token ids the "model" would produce (an
@@ -25,6 +26,7 @@ same seed produce the same tokens for the same request ids.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import random
@@ -33,12 +35,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import cycle
 
-from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout
-from sluice.engine.messages import EngineStatsSnapshot
+from sluice.engine.messages import (
+    AbortRequests,
+    AddRequest,
+    EngineInput,
+    EngineStatsSnapshot,
+    ResetPrefixCache,
+)
 from sluice.engine.outputs import FinishReason, PromptLogprobs, RequestDelta, TokenLogprobs
+from sluice.engine.routed_client import RoutedEngineClient
 from sluice.engine.sampling_params import SamplingParams
-from sluice.engine.sink_router import deliver_delta
-from sluice.errors import EngineDeadError
 
 TokenScript = Callable[[str, tuple[int, ...], SamplingParams], Iterable[int]]
 # (position in the output, token id, k) -> (logprob, top k ids, their logprobs).
@@ -79,7 +85,6 @@ class _FakeRequest:
     request_id: str
     tokens: Iterator[int]
     params: SamplingParams
-    sink: DeltaSink
     num_prompt_tokens: int
     # The most tokens it may generate: max_tokens, or up to the context end.
     limit: int
@@ -92,29 +97,58 @@ class _FakeRequest:
     prompt: tuple[int, ...] = ()
 
 
-class FakeEngineBase(EngineClient):
-    """What the test engines share: liveness, engine stats (requests open
-    count as running) and a counted prefix-cache reset."""
+class FakeEngineBase(RoutedEngineClient):
+    """What the test engines share: the client side of the real ones
+    (`RoutedEngineClient`: sinks in a router, abort silences a sink at once),
+    the inputs they were sent, recorded, and engine stats (open requests count
+    as running). A subclass plays the engine: `_add` and `_abort`."""
 
-    _is_alive = True
-    # How often the app asked the engine to forget its cached prefixes.
-    num_prefix_cache_resets = 0
+    def __init__(self) -> None:
+        super().__init__()
+        self._is_alive = True
+        # Records for tests: every request added, every abort sent to the engine
+        # (of requests still open), how often the prefix cache was reset.
+        self.added_request_ids: list[str] = []
+        self.aborted_request_ids: list[str] = []
+        self.num_prefix_cache_resets = 0
 
-    @property
-    def is_alive(self) -> bool:
-        return self._is_alive
+    @abc.abstractmethod
+    def _add(self, message: AddRequest) -> None:
+        """The engine's side of add_request (the sink is registered already)."""
+
+    def _abort(self, request_ids: list[str]) -> None:
+        """The engine's side of abort (the sinks are unregistered already)."""
+
+    def _send(self, message: EngineInput) -> None:
+        if isinstance(message, AddRequest):
+            self.added_request_ids.append(message.request_id)
+            self._add(message)
+        elif isinstance(message, AbortRequests):
+            self.aborted_request_ids.extend(message.request_ids)
+            self._abort(message.request_ids)
+        elif isinstance(message, ResetPrefixCache):
+            self.num_prefix_cache_resets += 1
 
     @property
     def num_running(self) -> int:
-        return 0
+        return self.num_open_requests
 
     def stats(self) -> EngineStatsSnapshot:
         return EngineStatsSnapshot(num_running=self.num_running)
 
-    def reset_prefix_cache(self) -> None:
-        self.num_prefix_cache_resets += 1
-
     async def start(self) -> None:
+        self._is_alive = True
+
+    async def shutdown(self) -> None:
+        self.die("the engine was shut down")
+
+    # -- test controls ----------------------------------------------------------
+
+    def die(self, message: str = "the engine died") -> None:
+        """Fail every open request with EngineDeadError; refuse new ones."""
+        self._mark_dead(message)
+
+    def revive(self) -> None:
         self._is_alive = True
 
 
@@ -135,6 +169,7 @@ class FakeEngine(FakeEngineBase):
         low = tokens_per_step if isinstance(tokens_per_step, int) else min(tokens_per_step)
         if low < 1:
             raise ValueError("tokens_per_step must be at least 1")
+        super().__init__()
         self._script = script
         # Tokens each request gains per step: fixed, or uniform in [low, high].
         self._tokens_per_step = tokens_per_step
@@ -150,46 +185,31 @@ class FakeEngine(FakeEngineBase):
         self._logprobs_fn = logprobs_fn
         self._requests: dict[str, _FakeRequest] = {}
         self._step_handle: asyncio.Handle | None = None
-        self._is_alive = True
         # Records for tests.
-        self.added_request_ids: list[str] = []
-        self.aborted_request_ids: list[str] = []
         self.num_steps = 0
         # request id -> every token id it generated (aborted ones included).
         self.outputs: dict[str, list[int]] = {}
 
-    # -- EngineClient ---------------------------------------------------------
+    # -- the engine's side ------------------------------------------------------
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        sink: DeltaSink,
-        *,
-        queue_timeout: QueueTimeout | None = None,
-    ) -> None:
-        if not self._is_alive:
-            raise EngineDeadError("the fake engine is dead")
-        prompt = tuple(prompt_token_ids)
+    def _add(self, message: AddRequest) -> None:
+        prompt = tuple(message.prompt_token_ids)
+        params = message.params
         request = _FakeRequest(
-            request_id=request_id,
-            tokens=iter(self._script(request_id, prompt, params)),
+            request_id=message.request_id,
+            tokens=iter(self._script(message.request_id, prompt, params)),
             params=params,
-            sink=sink,
             num_prompt_tokens=len(prompt),
             limit=min(params.max_tokens, self._max_model_len - len(prompt)),
-            rng=random.Random(f"{self._seed}:{request_id}"),
+            rng=random.Random(f"{self._seed}:{message.request_id}"),
             num_prefill_steps_left=self._prefill_steps,
-            prompt=tuple(prompt),
+            prompt=prompt,
         )
-        self._requests[request_id] = request
-        self.outputs[request_id] = request.output_token_ids
-        self.added_request_ids.append(request_id)
+        self._requests[message.request_id] = request
+        self.outputs[message.request_id] = request.output_token_ids
         self._schedule_step()
 
-    def abort(self, request_ids: list[str]) -> None:
-        self.aborted_request_ids.extend(request_ids)
+    def _abort(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             request = self._requests.get(request_id)
             if request is not None:
@@ -198,25 +218,14 @@ class FakeEngine(FakeEngineBase):
 
     @property
     def num_running(self) -> int:
-        return len(self._requests)
+        return len(self._requests)  # an aborted one until the step that ends it
 
-    async def shutdown(self) -> None:
-        self.die("the fake engine was shut down")
-
-    # -- test controls ----------------------------------------------------------
-
-    def die(self, message: str = "the fake engine died") -> None:
-        """Fail every open request with EngineDeadError; refuse new ones."""
-        self._is_alive = False
+    def _mark_dead(self, message: str) -> None:
         if self._step_handle is not None:
             self._step_handle.cancel()
             self._step_handle = None
-        requests, self._requests = self._requests, {}
-        for request in requests.values():
-            request.sink.on_error(EngineDeadError(message))
-
-    def revive(self) -> None:
-        self._is_alive = True
+        self._requests = {}
+        super()._mark_dead(message)
 
     # -- stepping ---------------------------------------------------------------
 
@@ -233,17 +242,15 @@ class FakeEngine(FakeEngineBase):
         """One engine step: advance every request, then deliver all deltas."""
         self._step_handle = None
         self.num_steps += 1
-        deliveries: list[tuple[DeltaSink, RequestDelta]] = []
+        deltas: list[RequestDelta] = []
         for request in list(self._requests.values()):
             delta = self._advance(request)
             if delta is None:
                 continue
             if delta.is_finished:
                 del self._requests[request.request_id]
-            deliveries.append((request.sink, delta))
-        for sink, delta in deliveries:
-            if not deliver_delta(sink, delta):
-                self._requests.pop(delta.request_id, None)
+            deltas.append(delta)
+        self._on_step(deltas, [], self.stats())
         self._schedule_step()
 
     def _advance(self, request: _FakeRequest) -> RequestDelta | None:
@@ -345,21 +352,8 @@ class LoopFakeEngine(FakeEngine):
         self.loop = asyncio.get_running_loop()
         await super().start()
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        sink: DeltaSink,
-        *,
-        queue_timeout: QueueTimeout | None = None,
-    ) -> None:
-        super().add_request(request_id, prompt_token_ids, params, sink)
-        with self._changed:
-            self._changed.notify_all()
-
-    def abort(self, request_ids: list[str]) -> None:
-        super().abort(request_ids)
+    def _send(self, message: EngineInput) -> None:
+        super()._send(message)
         with self._changed:
             self._changed.notify_all()
 
