@@ -1,0 +1,84 @@
+"""Codex CLI, the real agent (`@openai/codex`, installed by `make agents`),
+completes a one-turn task against `sluice serve` on the embedded model over
+the Responses API, its only wire API.
+
+Codex sends its whole agent prompt (about 4,500 tokens of instructions,
+environment and skills, plus a dozen tool definitions, some of kinds a local
+server cannot run) and reads the streamed events until `response.completed`;
+an `response.incomplete` or a 4xx stops it with an error. The server runs
+the default command, so this is what a user of Codex with sluice gets.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from sluice.testing.server_process import free_port, wait_for_health
+
+pytestmark = pytest.mark.slow
+
+CODEX = Path(__file__).resolve().parent.parent / ".agents" / "node_modules" / ".bin" / "codex"
+STARTUP_TIMEOUT_S = 300
+# Prefill of the agent's prompt and a reply of up to the rest of the context.
+TASK_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="module")
+def server_url(embedded_model_config, tmp_path_factory):
+    port = free_port()
+    command = [sys.executable, "-m", "sluice.cli", "serve", "--host", "127.0.0.1",
+               "--port", str(port), "--cache-dir", str(embedded_model_config.cache_dir)]  # fmt: skip
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for_health(url, STARTUP_TIMEOUT_S)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx2.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def codex_home(tmp_path: Path, url: str) -> Path:
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        'model = "SmolLM2-135M-Instruct"\nmodel_provider = "sluice"\n'
+        "check_for_update_on_startup = false\n"
+        "[model_providers.sluice]\n"
+        f'name = "sluice"\nbase_url = "{url}/v1"\nenv_key = "SLUICE_API_KEY"\n'
+        'wire_api = "responses"\n'
+    )
+    return home
+
+
+def test_codex_exec_completes_a_one_turn_task(server_url, tmp_path):
+    assert CODEX.exists(), "make agents installs Codex CLI into .agents/"
+    assert shutil.which("node"), "Codex CLI's launcher needs node"
+    prompt_tokens_before = metric(server_url, "vllm:prompt_tokens_total")
+    env = os.environ | {"CODEX_HOME": str(codex_home(tmp_path, server_url)),
+                        "SLUICE_API_KEY": "unused", "NO_COLOR": "1"}  # fmt: skip
+    done = subprocess.run(
+        [str(CODEX), "exec", "--skip-git-repo-check", "Reply with the word hello"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TASK_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "ERROR" not in output, output[-3000:]
+    assert done.stdout.strip(), "the agent printed the model's reply"
+    # The whole agent prompt reached the model (not a body emptied on the way).
+    assert metric(server_url, "vllm:prompt_tokens_total") - prompt_tokens_before > 3000
