@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.tools.json_scan import Scan, Status, scan_value
+from sluice.tools.json_scan import Scan, Status, ValueScanner, scan_value
 
 JSON_VALUES = st.recursive(
     st.none()
@@ -92,3 +92,11 @@ def test_an_invalid_scan_ends_at_the_longest_valid_beginning(text):
     if whole.status is Status.INVALID:
         # The part before the break begins a valid value: some completion parses.
         assert scan_value(text[: whole.end], 0).status is not Status.INVALID
+
+
+@given(NEAR_JSON.filter(bool) | JSON_VALUES.map(json.dumps), st.data())
+def test_a_scan_resumed_as_the_text_grows_answers_as_a_fresh_scan(text, data):
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(text)), max_size=8)) | {len(text)})
+    scanner = ValueScanner(0)
+    for cut in cuts:
+        assert scanner.scan(text[:cut]) == scan_value(text[:cut], 0), text[:cut]

@@ -4,20 +4,18 @@ text: same content, reasoning and calls (names, arguments byte for byte)."""
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.tools.calls import ParsedCall
+from sluice.tools import json_scan
+from sluice.tools.call_lists import MistralParser, RequiredParser, named_function_parser
+from sluice.tools.calls import ParsedCall, parse_text
 from sluice.tools.message_stream import MessageDelta, MessageStream
-from sluice.tools.parsers import (
-    named_function_parser,
-    parse_hermes,
-    parse_llama3_json,
-    parse_mistral,
-    parse_required,
-)
-from sluice.tools.reasoning import split_deepseek_r1
+from sluice.tools.parsers import HermesParser, Llama3JsonParser
+from sluice.tools.reasoning import DeepSeekR1Splitter, split_deepseek_r1
 
 ARGUMENTS = [
     {"city": "Zürich", "unit": "celsius"},
@@ -68,10 +66,10 @@ SAMPLES = {
     "named": [json.dumps(ARGUMENTS[1], ensure_ascii=False, indent=2)],
 }
 PARSERS = {
-    "hermes": parse_hermes,
-    "llama3_json": parse_llama3_json,
-    "mistral": parse_mistral,
-    "required": parse_required,
+    "hermes": HermesParser,
+    "llama3_json": Llama3JsonParser,
+    "mistral": MistralParser,
+    "required": RequiredParser,
     "named": named_function_parser("search"),
 }
 CASES = [(name, text) for name, texts in SAMPLES.items() for text in texts]
@@ -114,7 +112,7 @@ def test_any_chunking_gives_the_calls_and_content_of_the_whole_text(case, data):
     name, text = case
     chunks = data.draw(chunkings(text))
     deltas = streamed(chunks, MessageStream(PARSERS[name], None))
-    whole = PARSERS[name](text, True)
+    whole = parse_text(PARSERS[name], text, True)
     _, content, calls = folded(deltas)
     assert content == whole.content
     assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole.calls]
@@ -126,10 +124,10 @@ def test_reasoning_then_calls_in_any_chunking(answer, data):
     text = "<think>\nThe user wants <tool_call> weather.\n</think>\n\n" + answer
     chunks = data.draw(chunkings(text))
     reasoning, content, calls = folded(
-        streamed(chunks, MessageStream(parse_hermes, split_deepseek_r1))
+        streamed(chunks, MessageStream(HermesParser, DeepSeekR1Splitter))
     )
     split = split_deepseek_r1(text, True)
-    whole = parse_hermes(split.content or "", True)
+    whole = parse_text(HermesParser, split.content or "", True)
     assert reasoning == "\nThe user wants <tool_call> weather.\n"
     assert (content, [(c.name, c.arguments) for c in calls]) == (
         whole.content,
@@ -138,7 +136,7 @@ def test_reasoning_then_calls_in_any_chunking(answer, data):
 
 
 def test_a_call_goes_out_with_its_id_and_name_then_argument_fragments():
-    stream = MessageStream(parse_hermes, None)
+    stream = MessageStream(HermesParser, None)
     assert stream.push('Hi <tool_call>{"name": "f', False) == MessageDelta(content="Hi")
     first = stream.push('", "arguments": {"a": ', False)
     (call,) = first.tool_calls
@@ -151,10 +149,57 @@ def test_a_call_goes_out_with_its_id_and_name_then_argument_fragments():
 
 def test_parallel_tool_calls_false_keeps_the_first_call_only():
     text = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>'
-    _, _, calls = folded(streamed([text], MessageStream(parse_hermes, None, max_calls=1)))
+    _, _, calls = folded(streamed([text], MessageStream(HermesParser, None, max_calls=1)))
     assert [c.name for c in calls] == ["a"]
 
 
 def test_without_parsers_the_text_is_the_content():
     stream = MessageStream(None, None)
     assert stream.push("<tool_call>{}", False) == MessageDelta(content="<tool_call>{}")
+
+
+# -- each delta costs the time of its own text -------------------------------------
+
+
+class CountingPattern:
+    """A compiled pattern that counts the characters its matches examine."""
+
+    def __init__(self, pattern: re.Pattern[str]):
+        self._pattern = pattern
+        self.num_chars = 0
+
+    def match(self, text: str, position: int = 0) -> re.Match[str] | None:
+        match = self._pattern.match(text, position)
+        self.num_chars += 1 + (0 if match is None else match.end() - position)
+        return match
+
+
+def long_call(name: str, num_members: int) -> str:
+    arguments = json.dumps({f"key_{i}": [i, "value", {"ok": True}] for i in range(num_members)})
+    return {
+        "hermes": f'Sure.\n<tool_call>\n{{"name": "search", "arguments": {arguments}}}\n</tool_call>',
+        "llama3_json": f'<|python_tag|>{{"name": "search", "parameters": {arguments}}}',
+        "mistral": f'[TOOL_CALLS] [{{"name": "search", "arguments": {arguments}}}]',
+        "required": f'[{{"name": "search", "parameters": {arguments}}}]',
+        "named": arguments,
+    }[name]
+
+
+def scanner_work(monkeypatch, name: str, num_members: int) -> int:
+    """Characters the JSON scanner examines while a long call streams in
+    deltas of 3 characters, as a model's tokens come."""
+    patterns = [CountingPattern(json_scan._WHITESPACE), CountingPattern(json_scan._STRING_BODY)]
+    monkeypatch.setattr(json_scan, "_WHITESPACE", patterns[0])
+    monkeypatch.setattr(json_scan, "_STRING_BODY", patterns[1])
+    text = long_call(name, num_members)
+    chunks = [text[i : i + 3] for i in range(0, len(text), 3)]
+    _, _, calls = folded(streamed(chunks, MessageStream(PARSERS[name], None)))
+    assert [call.name for call in calls] == ["search"]
+    return sum(pattern.num_chars for pattern in patterns)
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+def test_streaming_a_call_four_times_as_long_costs_about_four_times_as_much(monkeypatch, name):
+    # Re-reading the text so far on each delta would cost about 16 times.
+    short, long = scanner_work(monkeypatch, name, 40), scanner_work(monkeypatch, name, 160)
+    assert long < 6 * short, (short, long)

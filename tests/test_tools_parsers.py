@@ -9,21 +9,15 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sluice.tools.calls import ParsedCall, ParsedText
-from sluice.tools.parsers import (
-    guess_tool_call_parser,
-    named_function_parser,
-    parse_hermes,
-    parse_llama3_json,
-    parse_mistral,
-    parse_required,
-)
+from sluice.tools.call_lists import MistralParser, RequiredParser, named_function_parser
+from sluice.tools.calls import ParsedCall, ParsedText, parse_text
+from sluice.tools.parsers import HermesParser, Llama3JsonParser, guess_tool_call_parser
 
 PARSERS = {
-    "hermes": parse_hermes,
-    "llama3_json": parse_llama3_json,
-    "mistral": parse_mistral,
-    "required": parse_required,
+    "hermes": HermesParser,
+    "llama3_json": Llama3JsonParser,
+    "mistral": MistralParser,
+    "required": RequiredParser,
     "named": named_function_parser("get_weather"),
 }
 NAMES = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,9}", fullmatch=True)
@@ -60,11 +54,11 @@ NOISE = st.lists(
 ).map("".join)  # fmt: skip
 
 
-def assert_prefix_promise(parse, text: str) -> ParsedText:
+def assert_prefix_promise(parser, text: str) -> ParsedText:
     """Every prefix parsed as unfinished is a prefix of the whole text's final parse."""
-    final = parse(text, True)
+    final = parse_text(parser, text, True)
     for cut in range(len(text) + 1):
-        partial = parse(text[:cut], False)
+        partial = parse_text(parser, text[:cut], False)
         assert final.content.startswith(partial.content), (text[:cut], partial, final)
         assert len(partial.calls) <= len(final.calls), (text[:cut], partial, final)
         for early, late in zip(partial.calls, final.calls, strict=False):
@@ -94,73 +88,77 @@ def test_hermes_reads_content_then_calls():
         'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n'
         '</tool_call>\n<tool_call>\n{"arguments": {}, "name": "now"}\n</tool_call>'
     )
-    assert parse_hermes(text, True) == ParsedText(
+    assert parse_text(HermesParser, text, True) == ParsedText(
         "Let me check.",
         (ParsedCall("get_weather", '{"city": "Zürich"}', True), ParsedCall("now", "{}", True)),
     )
 
 
 def test_hermes_holds_a_cut_tag_and_a_call_without_its_name():
-    assert parse_hermes("Sure <tool_ca", False) == ParsedText("Sure")
-    assert parse_hermes('Sure <tool_call>{"name": "get_w', False) == ParsedText("Sure")
-    assert parse_hermes('Sure <tool_call>{"name": "get_w', True) == ParsedText(
+    assert parse_text(HermesParser, "Sure <tool_ca", False) == ParsedText("Sure")
+    assert parse_text(HermesParser, 'Sure <tool_call>{"name": "get_w', False) == ParsedText("Sure")
+    assert parse_text(HermesParser, 'Sure <tool_call>{"name": "get_w', True) == ParsedText(
         'Sure <tool_call>{"name": "get_w'
     )
 
 
 def test_hermes_streams_a_call_once_named_and_its_arguments_as_they_come():
-    parsed = parse_hermes('<tool_call>{"name": "f", "arguments": {"q": "ab', False)
+    parsed = parse_text(HermesParser, '<tool_call>{"name": "f", "arguments": {"q": "ab', False)
     assert parsed == ParsedText("", (ParsedCall("f", '{"q": "ab', False),))
 
 
 def test_hermes_text_that_only_looks_like_a_call_is_content():
     text = "<tool_call> no json </tool_call> and <tool_callx>"
-    assert parse_hermes(text, True) == ParsedText(text)
+    assert parse_text(HermesParser, text, True) == ParsedText(text)
     unnamed = '<tool_call>{"city": "Paris"}</tool_call>'
-    assert parse_hermes(unnamed, True) == ParsedText(unnamed)
+    assert parse_text(HermesParser, unnamed, True) == ParsedText(unnamed)
 
 
 def test_hermes_a_tag_inside_a_json_string_is_text():
     text = '<tool_call>{"name": "echo", "arguments": {"s": "</tool_call><tool_call>"}}</tool_call>'
-    assert parse_hermes(text, True).calls == (
+    assert parse_text(HermesParser, text, True).calls == (
         ParsedCall("echo", '{"s": "</tool_call><tool_call>"}', True),
     )
 
 
 def test_hermes_a_call_broken_after_its_name_keeps_what_came_before_the_break():
     text = '<tool_call>{"name": "f", "arguments": {"a": 1,}}</tool_call> after'
-    assert parse_hermes(text, True) == ParsedText("after", (ParsedCall("f", '{"a": 1,', False),))
+    assert parse_text(HermesParser, text, True) == ParsedText(
+        "after", (ParsedCall("f", '{"a": 1,', False),)
+    )
 
 
 def test_llama3_reads_calls_separated_by_semicolons_or_content():
     text = '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}'
-    assert parse_llama3_json(text, True) == ParsedText(
+    assert parse_text(Llama3JsonParser, text, True) == ParsedText(
         "", (ParsedCall("a", '{"x": 1}', True), ParsedCall("b", "{}", True))
     )
-    assert parse_llama3_json("The answer is {x}.", True) == ParsedText("The answer is {x}.")
-    assert parse_llama3_json('{"answer": 42}', True) == ParsedText('{"answer": 42}')
-    assert parse_llama3_json('{"answer": 4', False) == ParsedText("")
+    assert parse_text(Llama3JsonParser, "The answer is {x}.", True) == ParsedText(
+        "The answer is {x}."
+    )
+    assert parse_text(Llama3JsonParser, '{"answer": 42}', True) == ParsedText('{"answer": 42}')
+    assert parse_text(Llama3JsonParser, '{"answer": 4', False) == ParsedText("")
 
 
 def test_mistral_reads_the_array_after_its_tag():
     text = 'Calling. [TOOL_CALLS] [{"name": "a", "arguments": {"x": [1, 2]}}, {"name": "b"}]'
-    assert parse_mistral(text, True) == ParsedText(
+    assert parse_text(MistralParser, text, True) == ParsedText(
         "Calling.", (ParsedCall("a", '{"x": [1, 2]}', True), ParsedCall("b", "{}", True))
     )
-    assert parse_mistral("Text [TOOL_CA", False) == ParsedText("Text")
+    assert parse_text(MistralParser, "Text [TOOL_CA", False) == ParsedText("Text")
 
 
 def test_required_and_named_read_constrained_json():
     text = '[{"name": "a", "parameters": {"x": 1}}, {"name": "b", "parameters": {"y": "é"}}]'
-    assert parse_required(text, True).calls == (
+    assert parse_text(RequiredParser, text, True).calls == (
         ParsedCall("a", '{"x": 1}', True),
         ParsedCall("b", '{"y": "é"}', True),
     )
     named = named_function_parser("get_weather")
-    assert named(' {"city": "Oslo"}', True) == ParsedText(
+    assert parse_text(named, ' {"city": "Oslo"}', True) == ParsedText(
         "", (ParsedCall("get_weather", '{"city": "Oslo"}', True),)
     )
-    assert named('{"city": "Os', False).calls[0].arguments == '{"city": "Os'
+    assert parse_text(named, '{"city": "Os', False).calls[0].arguments == '{"city": "Os'
 
 
 @pytest.mark.parametrize(
@@ -191,7 +189,7 @@ def test_hermes_reads_generated_outputs_exactly(drawn, data):
         for content, call in zip(contents, written, strict=False)
     )
     text += contents[-1]
-    final = assert_prefix_promise(parse_hermes, text)
+    final = assert_prefix_promise(HermesParser, text)
     assert final == ParsedText("".join(contents), tuple(expected))
 
 
@@ -200,7 +198,7 @@ def test_hermes_reads_generated_outputs_exactly(drawn, data):
 def test_llama3_reads_generated_outputs_exactly(drawn, with_tag):
     written, expected = drawn
     text = ("<|python_tag|>" if with_tag else "") + "; ".join(written)
-    assert assert_prefix_promise(parse_llama3_json, text) == ParsedText("", tuple(expected))
+    assert assert_prefix_promise(Llama3JsonParser, text) == ParsedText("", tuple(expected))
 
 
 @settings(deadline=None)
@@ -208,7 +206,7 @@ def test_llama3_reads_generated_outputs_exactly(drawn, with_tag):
 def test_mistral_reads_generated_outputs_exactly(content, drawn):
     written, expected = drawn
     text = f"{content} [TOOL_CALLS] [{', '.join(written)}]"
-    assert assert_prefix_promise(parse_mistral, text) == ParsedText(content, tuple(expected))
+    assert assert_prefix_promise(MistralParser, text) == ParsedText(content, tuple(expected))
 
 
 @settings(deadline=None)
@@ -216,7 +214,7 @@ def test_mistral_reads_generated_outputs_exactly(content, drawn):
 def test_required_reads_generated_outputs_exactly(drawn):
     written, expected = drawn
     text = "[" + ", ".join(written) + "]"
-    assert assert_prefix_promise(parse_required, text) == ParsedText("", tuple(expected))
+    assert assert_prefix_promise(RequiredParser, text) == ParsedText("", tuple(expected))
 
 
 @settings(max_examples=300, deadline=None)
@@ -229,4 +227,4 @@ def test_every_parser_keeps_the_prefix_promise_on_broken_outputs(name, text):
 def test_plain_text_is_content_unchanged(name, text):
     # The format's own ambiguity: in llama3_json, a leading brace starts a call.
     assume(name != "llama3_json" or not text.startswith("{"))
-    assert PARSERS[name](text, True) == ParsedText(text)
+    assert parse_text(PARSERS[name], text, True) == ParsedText(text)

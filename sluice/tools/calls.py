@@ -1,31 +1,30 @@
 """What a tool-call parser reads from a model's text, and the pieces every
-format shares: one call object and the content between calls.
+format shares: the content between calls, the calls, and what of them is new.
 
-A parser is a pure function `parse(text, is_final) -> ParsedText` over all the
-text generated so far. The streaming path calls it after every delta and sends
-what grew, so each parser keeps one promise (checked by the stream's owner,
-`sluice/tools/message_stream.py`): for a text t and any prefix p of it parsed
-with `is_final=False`,
-- `parse(p).content` is a prefix of `parse(t).content`;
-- `parse(p).calls` are as many or fewer, each with the same name and an
-  `arguments` that is a prefix of the same call's in `parse(t)`.
-So a parser commits to nothing that more text could undo: text that may still
-turn out to be a tag, or a call whose name is not known yet, is held (left
-out) until it is decided; `is_final=True` decides it (the text is all there is).
+A parser is an object per choice that takes the text as it grows:
+`push(text, is_final) -> ParsedPiece` with only what the text decided since
+the last push: new content, a call's name once (with its first argument
+text), then argument text that extends what went out. It keeps where it
+stopped, so a push costs about the time of its own text (amortized), however
+long the message already is. What it sends is never taken back: text that
+may still turn out to be a tag, or a call whose name is not known yet, is
+held until decided; `is_final=True` decides it (the text is all there is).
+So however the text is cut into pushes, the pieces add up to the parse of the
+whole text (`parse_text`, one push): for a text t and any prefix p of it,
+- `parse_text(p).content` is a prefix of `parse_text(t).content`;
+- `parse_text(p).calls` are as many or fewer, each with the same name and an
+  `arguments` that is a prefix of the same call's in `parse_text(t)`.
 
 Arguments are the model's own text of the arguments object, verbatim (never
-re-serialized): a prefix of it is a prefix of the final string, and a
-streamed call is the non-streamed one byte for byte.
+re-serialized; lone surrogate escapes alone become "\\ufffd"): a streamed
+call is the non-streamed one byte for byte.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from sluice.tools.json_scan import Scan, Status, scan_string, scan_value, skip_whitespace
-from sluice.tools.surrogates import mend_decoded, mend_escapes
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,108 +46,53 @@ class ParsedText:
 
 
 @dataclass(slots=True)
-class CallObject:
-    """One `{"name": ..., "arguments": {...}}` object as far as the text goes."""
-
-    scan: Scan
-    # Decoded once its string closed: then the call is committed.
-    name: str | None = None
-    # Where the arguments value starts and its scan, once its key was read.
-    arguments_start: int | None = None
-    arguments_scan: Scan | None = None
-
-    def call(self, text: str, is_final: bool) -> ParsedCall:
-        assert self.name is not None, "only a named object is a call"
-        arguments = self._arguments(text, is_final)
-        return ParsedCall(self.name, arguments, self.scan.is_complete)
-
-    def _arguments(self, text: str, is_final: bool) -> str:
-        if self.arguments_start is None or self.arguments_scan is None:
-            return "{}" if self.scan.is_complete else ""
-        is_decided = is_final or self.arguments_scan.status is not Status.INCOMPLETE
-        raw = text[self.arguments_start : self.arguments_scan.end]
-        return mend_escapes(raw, is_decided)
-
-
-def scan_call_object(text: str, position: int, arguments_keys: Collection[str]) -> CallObject:
-    """The call object starting at `position` (a "{"): its name, where its
-    arguments are, and how far it is valid. The name must be a string and the
-    arguments an object; other members are skipped."""
-    assert text[position] == "{", "a call object starts with a brace"
-    found = CallObject(Scan(Status.INCOMPLETE, len(text)))
-    position += 1
-    is_first = True
-    while True:
-        position = skip_whitespace(text, position)
-        if position == len(text):
-            return found
-        if is_first and text[position] == "}":
-            found.scan = Scan(Status.COMPLETE, position + 1)
-            return found
-        member = _scan_member(text, position, found, arguments_keys)
-        if not member.is_complete:
-            found.scan = member
-            return found
-        position = skip_whitespace(text, member.end)
-        if position == len(text):
-            return found
-        if text[position] == "}":
-            found.scan = Scan(Status.COMPLETE, position + 1)
-            return found
-        if text[position] != ",":
-            found.scan = Scan(Status.INVALID, position)
-            return found
-        position += 1
-        is_first = False
-
-
-def _scan_member(
-    text: str, position: int, found: CallObject, arguments_keys: Collection[str]
-) -> Scan:
-    """One `"key": value` member; records the name and the arguments in `found`."""
-    if text[position] != '"':
-        return Scan(Status.INVALID, position)
-    key_scan = scan_string(text, position)
-    if not key_scan.is_complete:
-        return key_scan
-    key = json.loads(text[position : key_scan.end])
-    position = skip_whitespace(text, key_scan.end)
-    if position == len(text):
-        return Scan(Status.INCOMPLETE, position)
-    if text[position] != ":":
-        return Scan(Status.INVALID, position)
-    position = skip_whitespace(text, position + 1)
-    if position == len(text):
-        return Scan(Status.INCOMPLETE, position)
-    is_name = key == "name" and found.name is None
-    is_arguments = key in arguments_keys and found.arguments_start is None
-    if is_name and text[position] != '"':
-        return Scan(Status.INVALID, position)
-    if is_arguments and text[position] != "{":
-        return Scan(Status.INVALID, position)
-    value = scan_value(text, position)
-    if is_name and value.is_complete:
-        found.name = mend_decoded(json.loads(text[position : value.end]))
-    if is_arguments:
-        found.arguments_start, found.arguments_scan = position, value
-    return value
+class CallPiece:
+    index: int
+    # On the call's first piece only.
+    name: str | None
+    # Argument text that extends what was sent ("" on a first piece with none yet).
+    arguments: str
 
 
 @dataclass(slots=True)
-class ContentBuilder:
-    """The content of a text with calls in it, trimmed next to calls.
+class ParsedPiece:
+    """What one push decided: content and calls' pieces, in order."""
 
-    Whitespace before a call or at the very end is held until decided: dropped
-    when a call follows (or the text ends after calls), kept when more content
+    content: str = ""
+    calls: list[CallPiece] = field(default_factory=list)
+
+
+class CallSource(Protocol):
+    """A call as far as the text goes, named (a call counts once named)."""
+
+    name: str | None
+
+    @property
+    def is_complete(self) -> bool: ...
+
+    def arguments_from(self, text: str, is_final: bool, num_sent_chars: int) -> str: ...
+
+
+class ContentBuilder:
+    """The content of a text with calls in it, trimmed next to calls, and the
+    calls; what of both went out.
+
+    Content comes in pieces, in order, however the text was cut: whitespace
+    before a call or at the very end is held until decided: dropped when a
+    call follows (or the text ends after calls), kept when more content
     follows (or the text ends without calls). Whitespace right after a call
     is dropped. Without calls, the content is the text itself.
     """
 
-    parts: list[str] = field(default_factory=list)
-    calls: list[ParsedCall] = field(default_factory=list)
-    # Trailing whitespace of the content so far, not decided yet.
-    _pending: str = ""
-    _is_after_call: bool = False
+    def __init__(self) -> None:
+        self.calls: list[CallSource] = []
+        self._parts: list[str] = []
+        # Trailing whitespace of the content so far, not decided yet.
+        self._pending = ""
+        self._is_after_call = False
+        self._num_sent_parts = 0
+        # Per call sent: argument characters sent.
+        self._num_sent_chars: list[int] = []
 
     def add_content(self, text: str) -> None:
         if self._is_after_call:
@@ -158,20 +102,82 @@ class ContentBuilder:
             self._is_after_call = False
         body = text.rstrip()
         if body:
-            self.parts.append(self._pending + body)
+            self._parts.append(self._pending + body)
             self._pending = ""
         self._pending += text[len(body) :]
 
-    def add_call(self, call: ParsedCall) -> None:
+    def add_call(self, call: CallSource) -> None:
+        assert call.name is not None, "a call counts once named"
         self._pending = ""
         self._is_after_call = True
         self.calls.append(call)
 
-    def parsed(self, is_final: bool, max_calls: int | None = None) -> ParsedText:
-        if is_final and not self.calls:
-            self.parts.append(self._pending)
-        calls = self.calls if max_calls is None else self.calls[:max_calls]
-        return ParsedText("".join(self.parts), tuple(calls))
+    def close(self) -> None:
+        """The text ended: held whitespace is content if no call came."""
+        if not self.calls:
+            self._parts.append(self._pending)
+            self._pending = ""
+
+    def take(self, text: str, is_final: bool) -> ParsedPiece:
+        """What was added since the last take. Only the last call sent may
+        still grow: the calls before it ended before it began."""
+        piece = ParsedPiece("".join(self._parts[self._num_sent_parts :]))
+        self._num_sent_parts = len(self._parts)
+        for index in range(max(0, len(self._num_sent_chars) - 1), len(self.calls)):
+            call = self.calls[index]
+            if index == len(self._num_sent_chars):
+                arguments = call.arguments_from(text, is_final, 0)
+                piece.calls.append(CallPiece(index, call.name, arguments))
+                self._num_sent_chars.append(len(arguments))
+                continue
+            arguments = call.arguments_from(text, is_final, self._num_sent_chars[index])
+            if arguments:
+                piece.calls.append(CallPiece(index, None, arguments))
+                self._num_sent_chars[index] += len(arguments)
+        return piece
+
+    def parsed(self, text: str, is_final: bool) -> ParsedText:
+        """Everything so far, whole (for reading a text at once)."""
+        calls = []
+        for call in self.calls:
+            assert call.name is not None, "a call counts once named"
+            arguments = call.arguments_from(text, is_final, 0)
+            calls.append(ParsedCall(call.name, arguments, call.is_complete))
+        return ParsedText("".join(self._parts), tuple(calls))
+
+
+# A parser's state: reads from where the parser stopped; True when it needs
+# more text, False when it moved to another state.
+ReadStep = Callable[[str, bool], bool]
+
+
+class TextParser:
+    """The base of tool-call parsers: the text so far, the output, and the
+    state, a method that reads on from where the last push stopped."""
+
+    def __init__(self, state: ReadStep) -> None:
+        self.text = ""
+        self.out = ContentBuilder()
+        self._state = state
+
+    def push(self, text: str, is_final: bool) -> ParsedPiece:
+        """Take the next text (`is_final`: the last) and return what it decided."""
+        self.text += text
+        while not self._state(self.text, is_final):
+            pass
+        if is_final:
+            self.out.close()
+        return self.out.take(self.text, is_final)
+
+
+ToolCallParser = Callable[[], TextParser]
+
+
+def parse_text(parser: ToolCallParser, text: str, is_final: bool = False) -> ParsedText:
+    """The parse of a whole text (or of a prefix, not `is_final`)."""
+    reader = parser()
+    reader.push(text, is_final)
+    return reader.out.parsed(reader.text, is_final)
 
 
 def held_tag_prefix(text: str, tag: str, start: int = 0) -> int:

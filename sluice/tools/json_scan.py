@@ -15,7 +15,9 @@ consistent with the answer for any of its prefixes.
   the very end of the text is INCOMPLETE ("1" may become "12"), and so is
   "1." or "1e" (a valid beginning of "1.5", "1e3").
 Strings, numbers and literals are matched with regular expressions (C speed);
-the Python loop runs once per structural token.
+the Python loop runs once per structural token. `ValueScanner` scans a value
+in a growing text, resuming where it stopped: streamed in any number of
+pieces, a value costs about what it costs scanned whole.
 """
 
 from __future__ import annotations
@@ -64,86 +66,128 @@ def skip_whitespace(text: str, position: int) -> int:
 def scan_string(text: str, position: int) -> Scan:
     """A JSON string starting at `position` (which must hold a quote)."""
     assert text[position] == '"', "a string starts with a quote"
-    body = _STRING_BODY.match(text, position + 1)
+    return _string_rest(text, position + 1)[0]
+
+
+def _string_rest(text: str, position: int) -> tuple[Scan, int]:
+    """A string's body from `position` (just after the quote, or between two
+    of its units) and where to resume while it is INCOMPLETE: before an escape
+    cut by the end of the text, so no unit is read twice."""
+    body = _STRING_BODY.match(text, position)
     assert body is not None, "the string body pattern matches the empty string"
     end = body.end()
     if end == len(text):
-        return Scan(Status.INCOMPLETE, end)
+        return Scan(Status.INCOMPLETE, end), end
     if text[end] == '"':
-        return Scan(Status.COMPLETE, end + 1)
+        return Scan(Status.COMPLETE, end + 1), end
     if _PARTIAL_ESCAPE.match(text, end):
-        return Scan(Status.INCOMPLETE, len(text))
+        return Scan(Status.INCOMPLETE, len(text)), end
     if text[end] == "\\":
         # A bad escape: "\x" breaks at x, "\u12g" at g.
         if text[end + 1] != "u":
-            return Scan(Status.INVALID, end + 1)
+            return Scan(Status.INVALID, end + 1), end
         hex_digits = _HEX_DIGITS.match(text, end + 2)
         assert hex_digits is not None, "the pattern matches the empty string"
-        return Scan(Status.INVALID, hex_digits.end())
-    return Scan(Status.INVALID, end)  # a control character
+        return Scan(Status.INVALID, hex_digits.end()), end
+    return Scan(Status.INVALID, end), end  # a control character
 
 
 def scan_value(text: str, position: int) -> Scan:
     """The JSON value starting at `position` (no leading whitespace)."""
-    return _ValueScanner(text).scan(position)
+    return ValueScanner(position).scan(text)
 
 
-class _ValueScanner:
-    """A value with nesting, as a loop over structural tokens with a stack of
-    the closers still expected ("}" or "]")."""
+class ValueScanner:
+    """The scan of one JSON value from `start` in a text that only grows between
+    calls (each `scan` gets the same text with more at its end).
 
-    __slots__ = ("_text", "_closers")
+    A loop over structural tokens with a stack of the closers still expected
+    ("}" or "]"); it keeps where it stopped, so each call reads only what the
+    last one did not: amortized, the time of a scan is that of the new text.
+    It resumes inside a string between two units; a number or a literal cut
+    by the end of the text is read again from its start (a few characters,
+    read at C speed). A COMPLETE or INVALID answer is final."""
 
-    def __init__(self, text: str):
-        self._text = text
+    __slots__ = ("_position", "_expect", "_closers", "_is_in_string", "_final")
+
+    def __init__(self, start: int):
+        # Where the next scan resumes, and what is expected there.
+        self._position = start
+        self._expect = "value"
         self._closers: list[str] = []
+        # `_position` is inside a string that began where `_expect` held.
+        self._is_in_string = False
+        self._final: Scan | None = None
 
-    def scan(self, position: int) -> Scan:
-        text, closers = self._text, self._closers
-        expect = "value"
+    def scan(self, text: str) -> Scan:
+        if self._final is None:
+            scan = self._resume(text)
+            if scan.status is not Status.INCOMPLETE:
+                self._final = scan
+            return scan
+        return self._final
+
+    def _resume(self, text: str) -> Scan:
+        position, expect, closers = self._position, self._expect, self._closers
         while True:
-            if closers:
-                position = skip_whitespace(text, position)
-            if position >= len(text):
-                return Scan(Status.INCOMPLETE, len(text))
-            char = text[position]
-            if expect == "value" or expect == "value_or_close":
-                if expect == "value_or_close" and char == "]":
-                    scan = self._close(position)
-                elif char in "{[":
-                    closers.append("}" if char == "{" else "]")
-                    position += 1
-                    expect = "key_or_close" if char == "{" else "value_or_close"
+            if self._is_in_string:
+                scan, resume = _string_rest(text, position)
+                if scan.status is Status.INCOMPLETE:
+                    self._position, self._expect = resume, expect
+                    return scan
+                self._is_in_string = False
+                if scan.is_complete and expect in ("key", "key_or_close"):
+                    position, expect = scan.end, "colon"
                     continue
-                else:
-                    scan = scan_scalar(text, position)
-            elif expect == "key" or expect == "key_or_close":
-                if expect == "key_or_close" and char == "}":
-                    scan = self._close(position)
-                elif char != '"':
-                    return Scan(Status.INVALID, position)
-                else:
-                    scan = scan_string(text, position)
-                    if scan.is_complete:
-                        position, expect = scan.end, "colon"
-                        continue
-            elif expect == "colon":
-                if char != ":":
-                    return Scan(Status.INVALID, position)
-                position, expect = position + 1, "value"
-                continue
-            else:  # after a value inside a container
-                if char == ",":
-                    position += 1
-                    expect = "key" if closers[-1] == "}" else "value"
+            else:
+                if closers:
+                    position = skip_whitespace(text, position)
+                if position >= len(text):
+                    self._position, self._expect = position, expect
+                    return Scan(Status.INCOMPLETE, len(text))
+                step = self._token(text, position, expect)
+                if isinstance(step, tuple):
+                    position, expect = step
                     continue
-                scan = self._close(position)
+                scan = step
+                if scan.status is Status.INCOMPLETE:  # a number or a literal, cut
+                    self._position, self._expect = position, expect
+                    return scan
             if not scan.is_complete or not closers:
                 return scan
             position, expect = scan.end, "after_value"
 
-    def _close(self, position: int) -> Scan:
-        if self._text[position] != self._closers[-1]:
+    def _token(self, text: str, position: int, expect: str) -> Scan | tuple[int, str]:
+        """The token at `position`: where to go next and what to expect there,
+        or the scan of a value (or a close) it ends."""
+        char = text[position]
+        if expect == "value" or expect == "value_or_close":
+            if expect == "value_or_close" and char == "]":
+                return self._close(text, position)
+            if char in "{[":
+                self._closers.append("}" if char == "{" else "]")
+                return position + 1, "key_or_close" if char == "{" else "value_or_close"
+            if char == '"':
+                self._is_in_string = True
+                return position + 1, expect
+            return scan_scalar(text, position)
+        if expect == "key" or expect == "key_or_close":
+            if expect == "key_or_close" and char == "}":
+                return self._close(text, position)
+            if char != '"':
+                return Scan(Status.INVALID, position)
+            self._is_in_string = True
+            return position + 1, expect
+        if expect == "colon":
+            if char != ":":
+                return Scan(Status.INVALID, position)
+            return position + 1, "value"
+        if char == ",":  # after a value inside a container
+            return position + 1, "key" if self._closers[-1] == "}" else "value"
+        return self._close(text, position)
+
+    def _close(self, text: str, position: int) -> Scan:
+        if text[position] != self._closers[-1]:
             return Scan(Status.INVALID, position)
         self._closers.pop()
         return Scan(Status.COMPLETE, position + 1)

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sluice.tools.call_lists import RequiredParser, named_function_parser
+from sluice.tools.calls import ToolCallParser
 from sluice.tools.message_stream import MessageStream
-from sluice.tools.parsers import (
-    TOOL_CALL_PARSERS,
-    ToolCallParser,
-    named_function_parser,
-    parse_required,
-)
+from sluice.tools.parsers import TOOL_CALL_PARSERS
 from sluice.tools.reasoning import REASONING_PARSERS
 
 # What constrained decoding forces for tool_choice "required" / a named function.
@@ -52,7 +49,7 @@ class OutputParsing:
 
     def _tool_call_parser(self) -> ToolCallParser | None:
         if self.tool_call_format == REQUIRED_FORMAT:
-            return parse_required
+            return RequiredParser
         if self.tool_call_format == NAMED_FORMAT:
             assert self.function_name is not None, "checked at construction"
             return named_function_parser(self.function_name)

@@ -1,10 +1,11 @@
 """Reasoning text (`--reasoning-parser`): `<think>…</think>` split from the answer.
 
-`split_deepseek_r1(text, is_final) -> ReasoningSplit` is a pure function over
-all the text generated so far, with the prefix promise of the tool-call
-parsers (`sluice/tools/calls.py`): the reasoning and the content of a prefix
-are prefixes of those of the whole text. As in vLLM's deepseek_r1 parser,
-DeepSeek-R1's template opens `<think>` in the prompt, so everything before
+`DeepSeekR1Splitter` reads one choice's text as it grows (push(text,
+is_final) -> what is new, reading only the new text), with the prefix promise
+of the tool-call parsers (`sluice/tools/calls.py`): the reasoning and the
+content of a prefix are prefixes of those of the whole text
+(`split_deepseek_r1`, the split of a text read at once). As in vLLM's
+deepseek_r1 parser, DeepSeek-R1's template opens `<think>` in the prompt, so everything before
 `</think>` is reasoning, whether or not the output repeats the `<think>` (it
 is dropped when it does); text after `</think>` is content (the whitespace
 that opens it dropped, as the reasoning and the answer are separate), and without a
@@ -14,10 +15,14 @@ held back until decided, like a stop string's beginning.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice.tools.calls import held_tag_prefix
+
+# What str.lstrip() strips (the same Unicode whitespace).
+_WHITESPACE = re.compile(r"\s*")
 
 THINK_START, THINK_END = "<think>", "</think>"
 
@@ -29,20 +34,88 @@ class ReasoningSplit:
     content: str | None
 
 
-ReasoningParser = Callable[[str, bool], ReasoningSplit]
+@dataclass(slots=True)
+class ReasoningPiece:
+    """What one push decided: reasoning, then (once it ended) content."""
+
+    reasoning: str = ""
+    content: str = ""
+
+
+class DeepSeekR1Splitter:
+    """One choice's split, read as the text grows: each push reads only what
+    is new (and the few characters of a tag cut at the end)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        # Where the reasoning starts once decided (after a leading `<think>`).
+        self._start: int | None = None
+        # Where the reasoning ends (its `</think>`) once found; before that,
+        # where the search for it resumes.
+        self._end: int | None = None
+        self._search = 0
+        self._num_sent_reasoning = 0
+        # Where content resumes after `</think>`; open once past the
+        # whitespace that opens it.
+        self._content_position = 0
+        self._is_content_open = False
+
+    @property
+    def has_content(self) -> bool:
+        return self._end is not None
+
+    def push(self, text: str, is_final: bool) -> ReasoningPiece:
+        self.text += text
+        text = self.text
+        if self._start is None:
+            if not is_final and THINK_START.startswith(text):
+                return ReasoningPiece()  # maybe the opening tag, cut
+            self._start = self._search = len(THINK_START) if text.startswith(THINK_START) else 0
+        if self._end is None:
+            self._find_end(text)
+        return ReasoningPiece(self._take_reasoning(text, is_final), self._take_content(text))
+
+    def _find_end(self, text: str) -> None:
+        end = text.find(THINK_END, self._search)
+        if end >= 0:
+            self._end, self._content_position = end, end + len(THINK_END)
+        else:
+            self._search = max(self._search, len(text) - len(THINK_END) + 1)
+
+    def _take_reasoning(self, text: str, is_final: bool) -> str:
+        assert self._start is not None, "decided before"
+        end = self._end
+        if end is None:
+            held = 0 if is_final else held_tag_prefix(text, THINK_END, self._search)
+            end = len(text) - held
+        start = self._start + self._num_sent_reasoning
+        self._num_sent_reasoning = max(end - self._start, self._num_sent_reasoning)
+        return text[start:end]
+
+    def _take_content(self, text: str) -> str:
+        """The text after `</think>`, the whitespace that opens it dropped."""
+        if self._end is None:
+            return ""
+        if not self._is_content_open:
+            whitespace = _WHITESPACE.match(text, self._content_position)
+            assert whitespace is not None, "the pattern matches the empty string"
+            self._content_position = whitespace.end()
+            if self._content_position == len(text):
+                return ""
+            self._is_content_open = True
+        piece = text[self._content_position :]
+        self._content_position = len(text)
+        return piece
+
+
+ReasoningParser = Callable[[], DeepSeekR1Splitter]
 
 
 def split_deepseek_r1(text: str, is_final: bool = False) -> ReasoningSplit:
-    start = 0
-    if text.startswith(THINK_START):
-        start = len(THINK_START)
-    elif not is_final and THINK_START.startswith(text):
-        return ReasoningSplit("", None)  # maybe the opening tag, cut
-    end = text.find(THINK_END, start)
-    if end >= 0:
-        return ReasoningSplit(text[start:end], text[end + len(THINK_END) :].lstrip())
-    held = 0 if is_final else held_tag_prefix(text, THINK_END, start)
-    return ReasoningSplit(text[start : len(text) - held], None)
+    """The split of a whole text (or of a prefix, not `is_final`)."""
+    splitter = DeepSeekR1Splitter()
+    piece = splitter.push(text, is_final)
+    return ReasoningSplit(piece.reasoning, piece.content if splitter.has_content else None)
 
 
-REASONING_PARSERS: dict[str, ReasoningParser] = {"deepseek_r1": split_deepseek_r1}
+REASONING_PARSERS: dict[str, ReasoningParser] = {"deepseek_r1": DeepSeekR1Splitter}
