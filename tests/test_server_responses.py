@@ -15,6 +15,7 @@ from sluice.testing import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer
 from sluice.testing.responses_contract import check_responses_stream, parse_events
+from sluice.testing.slow_socket import read_slowly
 
 TOKENIZER = ChatFakeTokenizer()
 CODEX_REQUEST = Path(__file__).parent / "data" / "codex_request.json"
@@ -23,10 +24,15 @@ TOOLS = [{"type": "function", "name": "get_weather",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]  # fmt: skip
 
 
+# Codex's prompt is ~19k of the fake tokenizer's tokens.
+MAX_MODEL_LEN = 65536
+
+
 def serve(output: str = "Hello there, friend.", **config) -> LiveServer:
     token_ids = TOKENIZER.encode(output)
-    engine = FakeEngine(lambda *_: iter(token_ids), tokens_per_step=1, step_interval_s=0.0005)
-    return LiveServer(engine, TOKENIZER, **config)
+    engine = FakeEngine(lambda *_: iter(token_ids), tokens_per_step=1, step_interval_s=0.0005,
+                        max_model_len=MAX_MODEL_LEN)  # fmt: skip
+    return LiveServer(engine, TOKENIZER, max_model_len=MAX_MODEL_LEN, **config)
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +152,35 @@ def test_bad_inputs_are_400s_naming_the_responses_field(live, body, param):
     response = post(live, body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+REASONING_CALLS = (
+    "<think>The user wants <tool_call> weather.</think>\nLet me check.\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich 😀"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+)
+TWO_TOOLS = [*TOOLS, {"type": "function", "name": "get_time"}]
+
+
+def test_a_slow_reader_gets_merged_deltas_that_add_up_to_the_same_items():
+    config = {"tool_call_parser": "hermes", "reasoning_parser": "deepseek_r1"}
+    token_ids = TOKENIZER.encode(REASONING_CALLS)
+    engine = FakeEngine(lambda *_: iter(token_ids), tokens_per_step=(1, 6),
+                        step_interval_s=0.001, seed=3)  # fmt: skip
+    body = {"model": "fake-model", "input": "weather?", "tools": TWO_TOOLS,
+            "include": ["message.output_text.logprobs"], "top_logprobs": 1}  # fmt: skip
+    with LiveServer(engine, TOKENIZER, send_buffer_bytes=4096, **config) as live:
+        url = live.url + "/v1/responses"
+        whole = httpx2.post(url, json=body, timeout=60).json()
+        status, raw = read_slowly(url, body | {"stream": True}, burst_bytes=64, pause_s=0.002)
+    assert status == 200
+    events = parse_events(raw)
+    final = check_responses_stream(events)
+    assert [item["type"] for item in whole["output"]] == [
+        "reasoning", "message", "function_call", "function_call",
+    ]  # fmt: skip
+    assert items(final) == items(whole)
+    assert json.loads(whole["output"][2]["arguments"]) == {"city": "Zürich 😀"}
+    assert whole["output"][3]["arguments"] == "{}"
+    deltas = [e for e in events if e["type"].endswith(".delta")]
+    assert len(deltas) < len(token_ids)  # the reader lagged: deltas merged

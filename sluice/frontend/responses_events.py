@@ -65,6 +65,8 @@ class ResponsesEvents:
         self._echoed: dict[str, Any] = orjson.loads(request.responses.echoed_json)
         self._usage = UsageCounter(request)
         self._num_reasoning_tokens = 0
+        # Logprob entries of tokens whose text is still held back (parsing).
+        self._pending_entries: list[dict[str, Any]] = []
         self._parsed: ParsedChoice | None = None
         if request.output_parsing is not None:
             self._parsed = ParsedChoice(request.output_parsing)
@@ -133,23 +135,39 @@ class ResponsesEvents:
         self, delta: ChoiceDelta, entries: list[dict[str, Any]] | None
     ) -> list[ItemEvent]:
         """Token by token through the parsers (text_pieces.py), so the items
-        do not depend on how a lagging reader's deltas were merged; then one
-        delta event per item the delta touched."""
+        and their logprobs do not depend on how a lagging reader's deltas were
+        merged; then one delta event per item the delta touched."""
         assert self._parsed is not None, "with output parsing"
         events: list[ItemEvent] = []
-        num_reasoning_pieces = 0
+        num_reasoning_tokens, offset = 0, 0
         for piece in token_pieces(delta):
-            events += self._items.push(self._parsed.push(piece.text, piece.is_final), None)
-            num_reasoning_pieces += self._items.is_in_reasoning
-        self._num_reasoning_tokens += min(num_reasoning_pieces, len(delta.token_ids))
-        events = _merged(events)
-        # Entries ride on the first text delta; held text's wait for the next.
-        text_delta = next((e for e in events if e.type == _TEXT_DELTA), None)
-        sent = self._parsed.entries(entries, is_sent=text_delta is not None)
-        if text_delta is not None and sent:
-            text_delta.fields["logprobs"] = sent
-            self._items.add_logprobs(text_delta.fields["item_id"], sent)
-        return events
+            message = self._parsed.push(piece.text, piece.is_final)
+            piece_entries = None
+            if entries is not None:
+                piece_entries = self._entries_of(
+                    message, entries[offset : offset + piece.num_tokens]
+                )
+            offset += piece.num_tokens
+            events += self._items.push(message, piece_entries)
+            if self._items.is_in_reasoning:
+                num_reasoning_tokens += piece.num_tokens
+        self._num_reasoning_tokens += num_reasoning_tokens
+        return _merged(events)
+
+    def _entries_of(
+        self, message: MessageDelta, entries: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The logprob entries that go with `message`'s content: a token's own
+        and those of held-back tokens before it. Tokens read as reasoning or
+        as a call carry none, and neither do held tokens that became those."""
+        if message.content:
+            sent, self._pending_entries = self._pending_entries + entries, []
+            return sent
+        if message.reasoning or message.tool_calls:
+            self._pending_entries = []
+        else:
+            self._pending_entries += entries
+        return []
 
     def _final_response(self) -> dict[str, Any]:
         if self._error is not None:
@@ -200,7 +218,8 @@ class ResponsesEvents:
 
 
 def _merged(events: list[ItemEvent]) -> list[ItemEvent]:
-    """`events` with each run of delta events to one item as one event."""
+    """`events` with each run of delta events to one item as one event (their
+    texts and logprobs joined)."""
     merged: list[ItemEvent] = []
     for event in events:
         last = merged[-1] if merged else None
@@ -211,6 +230,8 @@ def _merged(events: list[ItemEvent]) -> list[ItemEvent]:
             and event.fields["item_id"] == last.fields["item_id"]
         ):
             fields = last.fields | {"delta": last.fields["delta"] + event.fields["delta"]}
+            if "logprobs" in fields:
+                fields["logprobs"] = last.fields["logprobs"] + event.fields["logprobs"]
             merged[-1] = ItemEvent(last.type, fields)
         else:
             merged.append(event)

@@ -87,11 +87,6 @@ class OutputItems:
             events += self._grow_call(call)
         return events
 
-    def add_logprobs(self, item_id: str, entries: list[dict[str, Any]]) -> None:
-        """Logprob entries of text already pushed into the message `item_id`."""
-        item = next(item for item in self._items if item.id == item_id)
-        item.logprobs += entries
-
     def close(self, status: str = "completed") -> list[ItemEvent]:
         """Close the open item (the request finished): its `.done` events."""
         if self._open is None:

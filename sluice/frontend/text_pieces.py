@@ -21,22 +21,35 @@ class TextPiece:
     text: str
     # The last piece of the choice's last delta: the text is all there is.
     is_final: bool
+    # The delta's tokens this piece stands for, in order: the one that released
+    # its text and any before it that released none (a partial character);
+    # the last piece also takes tokens after the text (a trimmed stop string).
+    num_tokens: int
 
 
 def token_pieces(delta: ChoiceDelta) -> list[TextPiece]:
     """`delta.text` as one piece per token that released text. The text is a
-    prefix of the tokens' texts (a stop string may cut the last); a finishing
-    delta without text is one empty final piece."""
-    text, is_final = delta.text, delta.is_finished
-    pieces, position = [], 0
+    prefix of the tokens' texts (a stop string may cut the last); a delta
+    without text is one empty piece for all its tokens."""
+    text = delta.text
+    texts: list[str] = []
+    counts: list[int] = []
+    position, num_waiting = 0, 0
     for token_text in delta.token_texts:
+        num_waiting += 1
         end = min(position + len(token_text), len(text))
         if end > position:
-            pieces.append(text[position:end])
-            position = end
+            texts.append(text[position:end])
+            counts.append(num_waiting)
+            position, num_waiting = end, 0
     if position < len(text):
-        pieces.append(text[position:])
-    if not pieces:
-        return [TextPiece("", is_final)]
-    last = len(pieces) - 1
-    return [TextPiece(piece, is_final and i == last) for i, piece in enumerate(pieces)]
+        texts.append(text[position:])
+        counts.append(0)
+    if not texts:
+        return [TextPiece("", delta.is_finished, num_waiting)]
+    counts[-1] += num_waiting
+    last = len(texts) - 1
+    return [
+        TextPiece(piece, delta.is_finished and i == last, count)
+        for i, (piece, count) in enumerate(zip(texts, counts, strict=True))
+    ]
