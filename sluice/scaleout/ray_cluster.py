@@ -6,8 +6,9 @@ when `--data-parallel` is used, and its absence is one clear error.
 - `connect`: join the cluster at `ray_address` ("auto", host:port), or start
   a small local Ray instance (no dashboard, a small object store: only a
   few small values ever go through it).
-- `new_replica`: one `EngineReplica` actor with the replica's resources,
-  spread over the nodes, restarted by Ray when it crashes.
+- `new_replica`: one actor of the replica class (`replica_actor.EngineReplica`,
+  which the caller passes: this module imports none of sluice's actors) with
+  the replica's resources, spread over the nodes, restarted by Ray when it crashes.
 """
 
 from __future__ import annotations
@@ -70,12 +71,13 @@ def node_id() -> str:
     return import_ray().get_runtime_context().get_node_id()
 
 
-def new_replica(config: EngineConfig, data_parallel: DataParallelConfig) -> Any:
-    """A new replica actor (a handle); it starts at once, loading nothing until `serve`."""
+def new_replica(
+    replica_class: type, config: EngineConfig, data_parallel: DataParallelConfig
+) -> Any:
+    """A new actor of `replica_class` (a handle), made with `config`; it starts
+    at once, loading nothing until `serve`."""
     ray = import_ray()
-    from sluice.scaleout.replica_actor import EngineReplica
-
-    actor_class = ray.remote(EngineReplica)
+    actor_class = ray.remote(replica_class)
     return actor_class.options(
         num_cpus=data_parallel.replica_cpus,
         num_gpus=data_parallel.replica_gpus,

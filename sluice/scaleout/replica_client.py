@@ -29,7 +29,7 @@ from sluice.engine.messages import Shutdown
 from sluice.engine.zmq_client import STARTUP_TIMEOUT_S, ZmqEngineClient
 from sluice.errors import ModelLoadError
 from sluice.scaleout import ray_cluster
-from sluice.scaleout.replica_actor import ReplicaAddress
+from sluice.scaleout.replica_actor import EngineReplica, ReplicaAddress
 
 logger = logging.getLogger("sluice.scaleout")
 
@@ -107,7 +107,7 @@ class ReplicaClient(ZmqEngineClient):
         """The replica's addresses: from its actor once Ray has it running,
         from a new actor when Ray has given up on the old one."""
         if self._actor is None:
-            self._actor = ray_cluster.new_replica(self.config, self.data_parallel)
+            self._actor = ray_cluster.new_replica(EngineReplica, self.config, self.data_parallel)
         deadline_s = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             try:
