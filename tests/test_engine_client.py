@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from sluice.config import CacheConfig, EngineConfig, ModelConfig
-from sluice.engine.client import MultiprocessEngineClient
 from sluice.engine.client_base import EngineClient
 from sluice.engine.inproc_client import InProcessEngineClient
+from sluice.engine.process_client import MultiprocessEngineClient
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import EngineDeadError, ModelLoadError
 from sluice.testing.fake_engine import FakeEngine

@@ -24,8 +24,8 @@ import httpx2
 import pytest
 
 from sluice.config import CacheConfig, EngineConfig
-from sluice.engine.client import MultiprocessEngineClient
 from sluice.engine.inproc_client import InProcessEngineClient
+from sluice.engine.process_client import MultiprocessEngineClient
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import EngineDeadError, ModelLoadError

@@ -275,7 +275,7 @@ def describe_model(config: ModelConfig) -> ServedModel:
 def build_engine(config: EngineConfig) -> EngineAssembly:
     """The engine client `config` asks for (own process by default), not yet started."""
     if config.multiprocess:
-        from sluice.engine.client import MultiprocessEngineClient
+        from sluice.engine.process_client import MultiprocessEngineClient
 
         client = MultiprocessEngineClient(config)
         return EngineAssembly(client, describe_model(config.model))
