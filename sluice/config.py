@@ -293,8 +293,8 @@ class ServerConfig:
         at_least=1,
         none_as=0,
     )
-    # Longest a request may wait for its first token unless it asks for less
-    # (header X-Sluice-Queue-Timeout, seconds); None: no deadline.
+    # The queue timeout: longest a request may wait for its first token, unless
+    # its X-Sluice-Queue-Timeout header says otherwise (seconds); None: none.
     queue_timeout_s: float | None = setting(
         None,
         "default seconds a request may wait for its first token",

@@ -612,7 +612,7 @@ class ScriptServer:
 
     def _defective(self, steps: list[Step]) -> list[Step]:
         if self.defect is Defect.ALIASING:
-            # The mailbox bug: a slot read again after its next delta overwrote it.
+            # The aliasing bug: a slot read again after its next delta overwrote it.
             for number in range(3, len(steps) - 1, 4):
                 previous = steps[number - 1]
                 steps[number] = Step(

@@ -15,7 +15,7 @@ The references are fetched first, with no stall and no load, so a fault in
 how deltas merge under lag cannot hide by corrupting both sides alike. Their
 duration also measures a decode step of this batch on this machine; each
 stall then lasts a few such steps, so several steps' deltas pile up in the
-mailboxes (surely in the decode steps between bursts, where steps are
+slots (surely in the decode steps between bursts, where steps are
 shortest) however fast or loaded the machine is: coalescing must be seen.
 
 Sizes are for a loaded 2-core CPU (a 32-request decode step takes 0.3-3 s,

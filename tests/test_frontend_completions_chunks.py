@@ -49,7 +49,7 @@ def text_delta(*pieces: str, finish: str | None = None, logprobs: bool = False) 
 
 
 def script(logprobs: bool = False) -> list[list[tuple[int, ChoiceDelta]]]:
-    """Takes from the mailbox for four choices (two prompts, n=2)."""
+    """Takes from the slot for four choices (two prompts, n=2)."""
     return [
         [(0, text_delta("a", "b", logprobs=logprobs)), (3, text_delta("x", logprobs=logprobs))],
         [(0, text_delta("c", finish="length", logprobs=logprobs)), (1, text_delta("y", finish="stop", logprobs=logprobs))],

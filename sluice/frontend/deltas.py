@@ -8,9 +8,9 @@ and their logprob entries; the three always travel together. Invariants:
   included) and whatever followed it inside the completing token.
 - Only a finishing delta may carry no text.
 
-`merge` appends a later delta of the same choice in place (the mailbox does it
-while the consumer lags), so many engine steps become one delta with the same
-content as the steps one by one.
+`merge` appends a later delta of the same choice in place (the stream
+output's slot does it while the consumer lags), so many engine steps become
+one delta with the same content as the steps one by one.
 """
 
 from __future__ import annotations
