@@ -4,11 +4,20 @@ Bodies mix plausible values (so requests get deep into preprocessing and
 generation) with arbitrary JSON of any type, nesting, size and script for
 every field, NaN and infinities, integers beyond 64 bits, and non-object
 bodies. Any answer must be a success or an OpenAI error object with a 4xx.
+
+Every feature's fields join: structured outputs (schemas with `$defs`,
+`definitions` and references, good and bad), tools and tool_choice, earlier
+tool calls; values nested up to 1,500 deep (in any field, in schemas, in
+tools' parameters, in arguments text); `$defs` of any type; and bodies padded
+past the worker threshold (8 KiB) or the huge lane (256 KiB), so the worker
+path converts them, grammars and all.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 
 import httpx2
 import pytest
@@ -75,30 +84,129 @@ VALID = {
 }  # fmt: skip
 PROMPTS = st.text(min_size=1, max_size=30) | st.lists(st.text(min_size=1, max_size=10),
           min_size=1, max_size=3) | token_ids | st.lists(token_ids, min_size=1, max_size=3)  # fmt: skip
-FIELDS = sorted([*VALID, "prompt", "messages", "suffix", "best_of"])
+
+
+@dataclass(frozen=True)
+class Deep:
+    """JSON nested `depth` deep, written into the body's text (json.dumps
+    stops at a few hundred levels)."""
+
+    depth: int
+
+    def text(self) -> str:
+        half = self.depth // 2
+        return '{"a": [' * half + "[" * (self.depth % 2) + "]" * (self.depth % 2) + "]}" * half
+
+
+def json_text(value: object) -> str:
+    """`value` as JSON text, each `Deep` written out in place."""
+    text = json.dumps(value, allow_nan=True, default=lambda deep: f"<deep:{deep.depth}>")
+    return re.sub(r'"<deep:(\d+)>"', lambda match: Deep(int(match[1])).text(), text)
+
+
+# Depths either side of sluice's limit (64) and of what Python's recursion
+# survives (~950); in a body, within orjson's limit (1,024).
+deep = st.builds(Deep, st.sampled_from([64, 65, 1000]))
+defs = st.just({"A": {"type": "integer"}}) | scalars | st.lists(scalars, max_size=2) | deep
+schema_leaves = st.sampled_from([
+    {"type": "integer"}, {"type": "string", "maxLength": 3}, {"enum": ["a", "b"]},
+    {"$ref": "#/$defs/A"}, {"$ref": "#/definitions/A"}, {"$ref": "#/properties/a"}, {"$ref": "#"},
+]) | deep  # fmt: skip
+schemas = st.fixed_dictionaries(
+    {"type": st.just("object"),
+     "properties": st.dictionaries(st.sampled_from("abc"), schema_leaves, max_size=3)},
+    optional={"$defs": defs, "definitions": defs, "required": st.just(["a"])},
+)  # fmt: skip
+tools = st.lists(st.fixed_dictionaries(
+    {"type": st.just("function"),
+     "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "g"])},
+                                       optional={"parameters": schemas})}),
+    min_size=1, max_size=2)  # fmt: skip
+named_choice = st.sampled_from(["f", "g"]).map(
+    lambda name: {"type": "function", "function": {"name": name}}
+)
+# Text: no bound but the body's size.
+arguments = st.sampled_from(['{"a": 1}', '"[[["', "[" * 1500]) | deep.map(Deep.text)
+earlier_calls = st.lists(
+    st.fixed_dictionaries({"id": st.just("call_1"), "type": st.just("function"),
+                           "function": st.fixed_dictionaries(
+                               {"name": st.sampled_from(["f", "g"]), "arguments": arguments})}),
+    min_size=1, max_size=2,
+).map(lambda calls: {"role": "assistant", "content": None, "tool_calls": calls})  # fmt: skip
+GRAMMAR_FIELDS = {
+    "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}])
+    | schemas.map(lambda schema: {"type": "json_schema",
+                                  "json_schema": {"name": "A", "schema": schema}}),
+    "structured_outputs": st.one_of(
+        schemas.map(lambda schema: {"json": schema}), st.just({"json_object": True}),
+        st.just({"regex": "[0-9]+"}), st.just({"choice": ["yes", "no"]}),
+        st.just({"grammar": 'start: "a"+'})),
+    "guided_json": schemas | schemas.map(json_text),
+    "guided_regex": st.sampled_from(["[0-9]+", "a(b", "(a|b)*"]),
+    "guided_choice": st.lists(st.text(max_size=3), max_size=3),
+    "guided_grammar": st.sampled_from(['start: "a"+', "root ::= ((("]),
+    "tools": tools,
+    "tool_choice": st.sampled_from(["auto", "none", "required"]) | named_choice,
+    "parallel_tool_calls": st.booleans(),
+}  # fmt: skip
+# Fields drawn together: tools mostly come with a tool_choice.
+GRAMMAR_GROUPS = [*({field} for field in GRAMMAR_FIELDS), {"tools", "tool_choice"},
+                  {"tools", "tool_choice", "parallel_tool_calls"}]  # fmt: skip
+# A body this long takes the worker path (OFFLOAD_THRESHOLD_BYTES) or the huge lane.
+PADDINGS = [0, 0, 9000, 300_000]
+FIELDS = sorted([*VALID, *GRAMMAR_FIELDS, "prompt", "messages", "suffix", "best_of"])
 PATHS = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
 
 
 @st.composite
-def requests(draw) -> tuple[str, object]:
-    """A path and a body: valid fields, a few corrupted, sometimes no object at all."""
-    path = draw(st.sampled_from(PATHS))
-    body = draw(st.fixed_dictionaries({}, optional=VALID))
+def requests(
+    draw, valid=VALID, paths=PATHS, chat=messages, num_corrupted=2, non_objects=True
+) -> tuple[str, object]:
+    """A path and a body: valid fields (and up to two of GRAMMAR_GROUPS), up to
+    `num_corrupted` fields corrupted, sometimes padded, sometimes no object at all."""
+    path = draw(st.sampled_from(paths))
+    body = draw(st.fixed_dictionaries({}, optional=valid))
+    for group in draw(st.lists(st.sampled_from(GRAMMAR_GROUPS), max_size=2)):
+        body.update({field: draw(GRAMMAR_FIELDS[field]) for field in sorted(group)})
     if path in ("/v1/completions", "/tokenize"):
         body["prompt"] = draw(PROMPTS if path == "/v1/completions" else st.text(max_size=30))
     else:
-        body["messages"] = draw(messages)
-    for field in draw(st.lists(st.sampled_from(FIELDS), max_size=2)):
-        body[field] = draw(json_values)
-    if draw(st.integers(0, 19)) == 0:
+        body["messages"] = draw(chat)
+        if draw(st.booleans()):
+            body["messages"][:0] = [draw(earlier_calls)]
+    for field in draw(st.lists(st.sampled_from(FIELDS), max_size=num_corrupted)):
+        body[field] = draw(json_values | deep)
+    padding = draw(st.sampled_from(PADDINGS))
+    if padding:
+        body["user"] = "x" * padding
+    if non_objects and draw(st.integers(0, 19)) == 0:
         return path, draw(json_values)
     return path, body
+
+
+# Bodies that mostly reach the constraint's compile and the chat template, on
+# the loop or in a worker: besides the grammar fields, fields that rarely
+# refuse one; user turns; at most one field corrupted.
+grammar_requests = requests(
+    {field: VALID[field] for field in ("model", "max_tokens", "stream", "seed")},
+    ["/v1/completions", "/v1/chat/completions"],
+    st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": st.text(max_size=8)}),
+             min_size=1, max_size=2),
+    num_corrupted=1,
+    non_objects=False,
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def client():
     engine = LoopFakeEngine(tokens_per_step=(1, 4), finish_probability=0.05, max_model_len=64)
-    server = LiveServer(engine, ChatFakeTokenizer(), max_model_len=MAX_MODEL_LEN)
+    server = LiveServer(
+        engine,
+        ChatFakeTokenizer(),
+        max_model_len=MAX_MODEL_LEN,
+        tool_call_parser="hermes",
+        reasoning_parser="deepseek_r1",
+    )
     with server as live, httpx2.Client(base_url=live.url, timeout=30) as http:
         yield http
 
@@ -113,15 +221,23 @@ def check_answer(response: httpx2.Response) -> None:
         assert b"internal_server_error" not in response.content
 
 
-def test_random_bodies_never_cause_a_5xx(client, record_property):
+@pytest.mark.parametrize(
+    ("strategy", "num_examples"),
+    [
+        (requests(), NUM_EXAMPLES),
+        (grammar_requests, NUM_EXAMPLES),
+    ],
+    ids=["any fields", "grammar fields"],
+)
+def test_random_bodies_never_cause_a_5xx(client, record_property, strategy, num_examples):
     counts = {"requests": 0, "ok": 0}
 
-    @settings(max_examples=NUM_EXAMPLES, deadline=None, database=None,
+    @settings(max_examples=num_examples, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
-    @given(request=requests())
+    @given(request=strategy)
     def send(request: tuple[str, object]) -> None:
         path, body = request
-        raw = json.dumps(body, allow_nan=True).encode()
+        raw = json_text(body).encode()
         response = client.post(path, content=raw, headers={"Content-Type": "application/json"})
         counts["requests"] += 1
         counts["ok"] += response.status_code == 200
@@ -130,7 +246,7 @@ def test_random_bodies_never_cause_a_5xx(client, record_property):
     send()
     record_property("fuzz_requests", counts["requests"])
     print(f"fuzz: {counts['requests']} requests, {counts['ok']} answered 200")
-    assert counts["requests"] >= NUM_EXAMPLES and counts["ok"] > 0
+    assert counts["requests"] >= num_examples and counts["ok"] > 0
 
 
 def test_the_case_the_fuzzer_found_echo_with_logprobs_on_the_fake_engine(client):
