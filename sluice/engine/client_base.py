@@ -32,7 +32,7 @@ from typing import Protocol
 
 import msgspec
 
-from sluice.engine.messages import EngineStatsSnapshot
+from sluice.engine.messages import EngineReady, EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 
@@ -80,6 +80,10 @@ class EngineClient(abc.ABC):
 
     # Whether `restart` can replace a dead engine; the app supervises those.
     can_restart: bool = False
+    # What the engine said once it came up: the model it loaded (the app
+    # checks it against its `ServedModel`). None before `start`, and for an
+    # engine that loads no model (the test fakes).
+    info: EngineReady | None = None
 
     @abc.abstractmethod
     def add_request(

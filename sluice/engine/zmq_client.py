@@ -48,7 +48,6 @@ class ZmqEngineClient(RoutedEngineClient):
 
     def __init__(self, heartbeat_timeout_s: float):
         super().__init__()
-        self.info: EngineReady | None = None
         # Silence after which the engine is declared hung (a tuning knob tests lower).
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._last_output_s = 0.0

@@ -28,7 +28,7 @@ import math
 
 from sluice.config import DataParallelConfig, EngineConfig
 from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout, ReplicaState
-from sluice.engine.messages import EngineStatsSnapshot
+from sluice.engine.messages import EngineReady, EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.supervisor import EngineSupervisor
@@ -127,6 +127,11 @@ class DataParallelEngineClient(EngineClient):
         return healthy
 
     # -- state -----------------------------------------------------------------
+
+    @property
+    def info(self) -> EngineReady | None:
+        """The first replica's: every replica loads the same model config."""
+        return self.replica_clients[0].info
 
     @property
     def is_alive(self) -> bool:

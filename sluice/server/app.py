@@ -43,7 +43,7 @@ from starlette.types import Receive
 from sluice.config import ServerConfig
 from sluice.engine.client_base import EngineClient, QueueTimeout
 from sluice.engine.supervisor import EngineSupervisor
-from sluice.errors import EngineDeadError, InvalidRequestError
+from sluice.errors import EngineDeadError, InvalidRequestError, ModelLoadError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend, ResponseChunks
@@ -112,6 +112,11 @@ def create_app(config: ServerConfig, engine: EngineClient, model: ServedModel) -
                 await supervisor.stop()
             await watchdog.stop()
             await engine.shutdown()
+        try:
+            model.check_served_by(engine.info)
+        except ModelLoadError:
+            await engine.shutdown()
+            raise
 
     app = FastAPI(
         title="sluice",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from sluice.engine.messages import EngineReady
+from sluice.errors import ModelLoadError
 from sluice.frontend.detokenizer import DecodingTokenizer
 from sluice.frontend.preprocess import PromptTokenizer
 
@@ -27,3 +29,17 @@ class ServedModel:
     name: str
     tokenizer: ServedTokenizer
     max_model_len: int
+
+    def check_served_by(self, ready: EngineReady | None) -> None:
+        """The engine loaded the model described here: the server process reads
+        the model's small files, the engine its weights, two readings of one
+        model that must agree (a ModelLoadError naming what differs). None: an
+        engine that loads no model (the test fakes)."""
+        if ready is None:
+            return
+        if (ready.model_name, ready.max_model_len) != (self.name, self.max_model_len):
+            raise ModelLoadError(
+                f"the engine loaded {ready.model_name!r} with a context of "
+                f"{ready.max_model_len} tokens, but the server describes {self.name!r} "
+                f"with {self.max_model_len}"
+            )
