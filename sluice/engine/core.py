@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from sluice.config import CacheConfig, EngineConfig
+from sluice.config import EngineConfig
 from sluice.engine.kv_cache import KVCacheManager
 from sluice.engine.messages import (
     AbortRequests,
@@ -28,17 +28,12 @@ from sluice.engine.request import Request
 from sluice.engine.runner import ModelRunner
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.scheduler import Scheduler
-from sluice.errors import ModelLoadError
+from sluice.engine.startup import cache_salt, num_kv_blocks, startup_line
 from sluice.loader import LoadedModel, load_model
 from sluice.loader.loaded_model import torch_dtype
-from sluice.models.attention import kv_cache_bytes_per_block
 from sluice.structured.matcher import GrammarMatchers
 
 logger = logging.getLogger("sluice.engine")
-
-# Without a budget, the CPU pool takes this much memory (about 1,450 blocks of
-# 16 tokens for the embedded model in float32).
-DEFAULT_CPU_KV_BYTES = 1 << 30
 
 
 class EngineCore:
@@ -47,65 +42,49 @@ class EngineCore:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.loaded = loaded or load_model(config.model)
+        self.max_model_len = self.loaded.max_model_len
+        # 1. Size the KV pool.
         dtype = torch_dtype(self.loaded.choices.dtype)
         device = torch.device(config.model.device)
-        block_size = config.cache.block_size_tokens
-        num_blocks = _num_kv_blocks(config.cache, self.loaded.model_config, dtype, device)
-        self.max_model_len = self.loaded.max_model_len
-        if num_blocks * block_size < self.max_model_len:
-            raise ModelLoadError(
-                f"the KV cache holds {num_blocks * block_size} tokens, less than one request "
-                f"of max_model_len {self.max_model_len}: raise --kv-cache-memory or lower "
-                "--max-model-len"
-            )
-        self.kv = KVCacheManager(
-            num_blocks,
-            block_size,
-            enable_prefix_caching=config.cache.enable_prefix_caching,
-            # Anything that changes a block's contents for the same tokens.
-            cache_salt=f"{self.loaded.name}\0{dtype}\0{self.loaded.choices.quantization}"
-            f"\0{self.loaded.choices.activations}".encode(),
-        )
-        self.scheduler = Scheduler(
-            config.scheduler, self.kv, self.loaded.eos_token_ids, self.max_model_len
-        )
-        self.runner = ModelRunner(
-            self.loaded.model,
-            self.loaded.model_config,
-            num_blocks=num_blocks,
-            block_size_tokens=block_size,
-            dtype=dtype,
-            device=device,
-            eos_token_ids=self.loaded.eos_token_ids,
-        )
-        # Structured outputs: one matcher per constrained request.
-        self.grammars = GrammarMatchers(
-            getattr(self.loaded.tokenizer, "backend", None),
-            self.loaded.model_config.vocab_size,
-            self.loaded.eos_token_ids,
-        )
+        num_blocks = num_kv_blocks(config, self.loaded, dtype, device)
+        # 2. Build the parts.
+        self._build(num_blocks, dtype, device)
+        # 3. Say what was built.
         self.info = EngineReady(
             model_name=self.loaded.name,
             max_model_len=self.max_model_len,
             num_kv_blocks=num_blocks,
-            block_size_tokens=block_size,
+            block_size_tokens=config.cache.block_size_tokens,
             vocab_size=self.loaded.model_config.vocab_size,
         )
-        logger.info(
-            "engine ready: model %s, %s%s on %s with %d threads (%s), max_model_len %d, "
-            "%d KV blocks of %d tokens (%d tokens), max_num_batched_tokens %d, max_num_seqs %d",
-            self.loaded.name,
-            self.loaded.choices.dtype,
-            _modes(self.loaded.choices),
-            device,
-            torch.get_num_threads(),
-            self.loaded.choices.reason,
-            self.max_model_len,
+        logger.info("%s", startup_line(config, self.loaded, device, num_blocks))
+
+    def _build(self, num_blocks: int, dtype: torch.dtype, device: torch.device) -> None:
+        config, loaded = self.config, self.loaded
+        block_size = config.cache.block_size_tokens
+        self.kv = KVCacheManager(
             num_blocks,
             block_size,
-            num_blocks * block_size,
-            config.scheduler.max_num_batched_tokens,
-            config.scheduler.max_num_seqs,
+            enable_prefix_caching=config.cache.enable_prefix_caching,
+            cache_salt=cache_salt(loaded, dtype),
+        )
+        self.scheduler = Scheduler(
+            config.scheduler, self.kv, loaded.eos_token_ids, self.max_model_len
+        )
+        self.runner = ModelRunner(
+            loaded.model,
+            loaded.model_config,
+            num_blocks=num_blocks,
+            block_size_tokens=block_size,
+            dtype=dtype,
+            device=device,
+            eos_token_ids=loaded.eos_token_ids,
+        )
+        # Structured outputs: one matcher per constrained request.
+        self.grammars = GrammarMatchers(
+            getattr(loaded.tokenizer, "backend", None),
+            loaded.model_config.vocab_size,
+            loaded.eos_token_ids,
         )
 
     def add_request(
@@ -163,27 +142,3 @@ class EngineCore:
             prefix_cache_hit_tokens=self.kv.num_hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
         )
-
-
-def _modes(choices) -> str:
-    """ " + int4 + int8 activations" for the startup line; "" when neither."""
-    weights = f" + {choices.quantization}" if choices.quantization else ""
-    return weights + (f" + {choices.activations} activations" if choices.activations else "")
-
-
-def _num_kv_blocks(cache: CacheConfig, model_config, dtype, device) -> int:
-    """Size the KV pool from the byte budget, or a share of free device memory."""
-    bytes_per_block = kv_cache_bytes_per_block(model_config, cache.block_size_tokens, dtype)
-    if cache.kv_cache_memory_bytes is not None:
-        budget = cache.kv_cache_memory_bytes
-    elif device.type == "cuda":
-        free_bytes, _total = torch.cuda.mem_get_info(device)
-        budget = int(free_bytes * cache.memory_fraction)
-    else:
-        budget = DEFAULT_CPU_KV_BYTES
-    num_blocks = budget // bytes_per_block
-    if num_blocks < 1:
-        raise ValueError(
-            f"the KV cache budget of {budget} bytes holds no block of {bytes_per_block} bytes"
-        )
-    return int(num_blocks)

@@ -1,0 +1,68 @@
+"""What the engine core decides once, from the config and the loaded model,
+before it builds its parts: how many KV blocks the pool has, what salts the
+prefix cache's block names, and the startup line that says what was chosen.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sluice.config import EngineConfig
+from sluice.errors import ModelLoadError
+from sluice.loader import LoadedModel
+from sluice.models.attention import kv_cache_bytes_per_block
+
+# Without a budget, the CPU pool takes this much memory (about 1,450 blocks of
+# 16 tokens for the embedded model in float32).
+DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+def num_kv_blocks(
+    config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype, device: torch.device
+) -> int:
+    """Size the KV pool from the byte budget, or a share of free device memory.
+    Raises ModelLoadError if it cannot hold one request of max_model_len."""
+    cache = config.cache
+    bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, cache.block_size_tokens, dtype)
+    if cache.kv_cache_memory_bytes is not None:
+        budget = cache.kv_cache_memory_bytes
+    elif device.type == "cuda":
+        free_bytes, _total = torch.cuda.mem_get_info(device)
+        budget = int(free_bytes * cache.memory_fraction)
+    else:
+        budget = DEFAULT_CPU_KV_BYTES
+    num_blocks = int(budget // bytes_per_block)
+    if num_blocks < 1:
+        raise ValueError(
+            f"the KV cache budget of {budget} bytes holds no block of {bytes_per_block} bytes"
+        )
+    num_tokens = num_blocks * cache.block_size_tokens
+    if num_tokens < loaded.max_model_len:
+        raise ModelLoadError(
+            f"the KV cache holds {num_tokens} tokens, less than one request of max_model_len "
+            f"{loaded.max_model_len}: raise --kv-cache-memory or lower --max-model-len"
+        )
+    return num_blocks
+
+
+def cache_salt(loaded: LoadedModel, dtype: torch.dtype) -> bytes:
+    """Anything that changes a block's contents for the same tokens."""
+    choices = loaded.choices
+    return f"{loaded.name}\0{dtype}\0{choices.quantization}\0{choices.activations}".encode()
+
+
+def startup_line(
+    config: EngineConfig, loaded: LoadedModel, device: torch.device, num_blocks: int
+) -> str:
+    """One line: the model, its numeric choices and why, and the pool and batch sizes."""
+    choices = loaded.choices
+    weights = f" + {choices.quantization}" if choices.quantization else ""
+    activations = f" + {choices.activations} activations" if choices.activations else ""
+    block_size = config.cache.block_size_tokens
+    return (
+        f"engine ready: model {loaded.name}, {choices.dtype}{weights}{activations} on {device} "
+        f"with {torch.get_num_threads()} threads ({choices.reason}), max_model_len "
+        f"{loaded.max_model_len}, {num_blocks} KV blocks of {block_size} tokens "
+        f"({num_blocks * block_size} tokens), max_num_batched_tokens "
+        f"{config.scheduler.max_num_batched_tokens}, max_num_seqs {config.scheduler.max_num_seqs}"
+    )
