@@ -14,14 +14,14 @@ import torch
 
 from sluice.models import native
 from sluice.models.attention import AttentionMetadata, decode_attention_torch
-from sluice.models.native import decode_attention_kernel
+from sluice.models.native import decode_attention_kernel, find_compiler
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 300
 
-requires_kernel = pytest.mark.skipif(
-    decode_attention_kernel(torch.float32) is None, reason="no C compiler here"
-)
+# Skipped only where no compiler exists: where one does, a kernel that did
+# not build fails these tests (test_the_library_builds_wherever_a_c_compiler_exists).
+requires_kernel = pytest.mark.skipif(find_compiler() is None, reason="no C compiler here")
 
 
 def decode_case(
@@ -108,13 +108,13 @@ def test_a_block_id_outside_the_pool_raises():
 
 def test_switched_off_the_caller_keeps_the_torch_path(monkeypatch):
     monkeypatch.setenv("SLUICE_NATIVE_KERNELS", "0")
-    native._library.cache_clear()
+    native._loaded.cache_clear()
     decode_attention_kernel.cache_clear()
     try:
         assert decode_attention_kernel(torch.float32) is None
     finally:
         monkeypatch.delenv("SLUICE_NATIVE_KERNELS")
-        native._library.cache_clear()
+        native._loaded.cache_clear()
         decode_attention_kernel.cache_clear()
 
 
@@ -132,3 +132,120 @@ def test_loading_the_kernels_keeps_subnormal_floats():
     import numpy as np
 
     assert np.float32(1e-30) * np.float32(1e-10) != 0.0
+
+
+@requires_kernel
+def test_the_library_builds_wherever_a_c_compiler_exists(monkeypatch):
+    # Every kernel test above skips only where no compiler exists; this one
+    # fails where one does and the build did not work.
+    monkeypatch.delenv("SLUICE_NATIVE_KERNELS", raising=False)
+    native._loaded.cache_clear()
+    try:
+        status = native.native_status()
+        assert status == native.NativeStatus(True), status.describe()
+        assert status.describe() == "native kernels: on"
+        assert decode_attention_kernel(torch.float32) is not None
+    finally:
+        native._loaded.cache_clear()
+
+
+def fake_compiler(folder, version: str, stderr: str = "") -> str:
+    """A `cc` that reports `version` and fails every build with `stderr`."""
+    script = folder / f"cc-{len(version)}"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = --version ]; then echo "{version}"; exit 0; fi\n'
+        f"printf '%s\\n' '{stderr}' >&2\nexit 1\n"
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_failed_build_says_why_in_the_log_and_the_status(tmp_path, monkeypatch, caplog):
+    error = 'rows.c:12:3: error: unknown type name "v16sf"'
+    monkeypatch.setenv("CC", fake_compiler(tmp_path, "fakecc 1.0", error))
+    monkeypatch.setenv("SLUICE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SLUICE_NATIVE_KERNELS", raising=False)
+    native._loaded.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="sluice.models.native"):
+            status = native.native_status()
+    finally:
+        native._loaded.cache_clear()
+    assert not status.is_on
+    assert status.describe() == f"native kernels: off (build failed: {error})"
+    # One warning, carrying the compiler's stderr.
+    warnings = [record for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and error in warnings[0].getMessage()
+
+
+def test_switched_off_or_without_a_compiler_the_status_says_so(monkeypatch):
+    monkeypatch.setenv("SLUICE_NATIVE_KERNELS", "0")
+    native._loaded.cache_clear()
+    try:
+        assert native.native_status().describe() == "native kernels: off (SLUICE_NATIVE_KERNELS=0)"
+        monkeypatch.delenv("SLUICE_NATIVE_KERNELS")
+        monkeypatch.setenv("CC", "no-such-compiler-here")
+        native._loaded.cache_clear()
+        assert native.native_status().describe() == (
+            "native kernels: off (no C compiler (no-such-compiler-here))"
+        )
+    finally:
+        native._loaded.cache_clear()
+
+
+CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Xeon 8480\nflags\t\t: {}\n"
+
+
+def test_the_library_is_keyed_by_the_cpu_flags_and_the_compiler(tmp_path):
+    from sluice.models.native.build import library_path
+
+    old, new = fake_compiler(tmp_path, "gcc 12"), fake_compiler(tmp_path, "gcc 13.2")
+    with_amx = CPUINFO.format("avx512f avx512_bf16 amx_bf16 amx_tile")
+    hiding_amx = CPUINFO.format("avx512f avx512_bf16")
+    # Same model name, different exposed instructions: different libraries
+    # (a VM that hides AMX must not load a library built for AMX).
+    assert library_path(old, with_amx) != library_path(old, hiding_amx)
+    assert library_path(old, with_amx) != library_path(new, with_amx)
+    assert library_path(old, with_amx) == library_path(old, with_amx + CPUINFO.format("other"))
+
+
+# Loads a tiny model in a fresh process (the kernels are chosen once per
+# process) and prints its native status and teacher-forced logprobs, token
+# by token (decode steps) and in 16-token chunks (prefill behind context).
+_SCORE = """
+import json, sys
+from sluice.config import ModelConfig
+from sluice.loader import load_model
+from sluice.models.native import native_status
+from sluice.models.scoring import token_logprobs
+config = ModelConfig(model=sys.argv[1], cache_dir=sys.argv[2], dtype="bfloat16", quantization=None)
+model = load_model(config).model
+ids = [(7 * i + 3) % 500 + 3 for i in range(80)]
+print(json.dumps({"status": native_status().describe(), "reason": load_model(config).choices.reason,
+                  "decode": token_logprobs(model, ids, 1), "prefill": token_logprobs(model, ids, 16)}))
+"""
+
+
+@requires_kernel
+def test_a_whole_model_gives_the_same_logprobs_with_native_kernels_off(tiny_folder, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def score(switch: str) -> dict:
+        env = {**os.environ, "SLUICE_NATIVE_KERNELS": switch}
+        command = [sys.executable, "-c", _SCORE, str(tiny_folder), str(tmp_path)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.splitlines()[-1])
+
+    on, off = score("1"), score("0")
+    assert on["status"] == "native kernels: on" and on["status"] in on["reason"]
+    assert off["status"] == "native kernels: off (SLUICE_NATIVE_KERNELS=0)"
+    assert off["status"] in off["reason"]
+    for path in ("decode", "prefill"):
+        # bfloat16 roundings in another order: logprobs agree to a few hundredths.
+        gaps = [abs(a - b) for a, b in zip(on[path], off[path], strict=True)]
+        assert max(gaps) < 0.05, (path, max(gaps))

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sluice.models.native import find_compiler
 from sluice.models.native.rope import rope_write_kv_kernel
 from sluice.models.rope_norm import RopeAngles
 
-requires_kernel = pytest.mark.skipif(
-    rope_write_kv_kernel(torch.bfloat16) is None, reason="no C compiler here"
-)
+# Skipped only where no compiler exists (test_models_native.py requires the build).
+requires_kernel = pytest.mark.skipif(find_compiler() is None, reason="no C compiler here")
 HEADS, KV_HEADS, DIM = 9, 3, 64
 
 

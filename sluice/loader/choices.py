@@ -125,6 +125,12 @@ def after_amx_race(chosen: ModelChoices, rows: int) -> ModelChoices:
     return replace(chosen, reason=f"{chosen.reason} (from {rows} rows: raced against AMX at load)")
 
 
+def noting(chosen: ModelChoices, note: str) -> ModelChoices:
+    """`chosen` with `note` (what else the load decided: the native kernels,
+    the kernel plan) at the end of its reason, for the startup line."""
+    return replace(chosen, reason=f"{chosen.reason}; {note}")
+
+
 def _vnni(flags: frozenset[str]) -> str | None:
     """The CPU's int8 dot-product instructions, by name; None without."""
     names = {"amx_int8": "AMX-INT8", "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI"}

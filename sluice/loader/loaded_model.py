@@ -32,6 +32,7 @@ from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models import calibration
 from sluice.models.config import LlamaConfig
 from sluice.models.llama import LlamaForCausalLM
+from sluice.models.native import native_status
 from sluice.models.quantization import check_quantization
 from sluice.tokenizer import Tokenizer
 
@@ -49,7 +50,8 @@ class LoadedModel:
     max_model_len: int
     # Display name: "SmolLM2-135M-Instruct" for embedded, else the folder/file name.
     name: str
-    # Ids that end generation: the tokenizer's eos plus every config-declared one.
+    # Ids that end generation: the tokenizer's (its eos and every id that
+    # generation_config.json and config.json name), the one reading of them.
     eos_token_ids: frozenset[int]
     # The HF folder the weights came from (the cache folder for a GGUF).
     folder: Path
@@ -94,6 +96,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
         rows = calibration.quantize_activations(model, tokenizer.encode(text), kept, race)
         if race:
             chosen = choices.after_amx_race(chosen, rows)
+    if device.type == "cpu":
+        chosen = choices.noting(chosen, native_status().describe())
     model.eval()
     return LoadedModel(
         model=model,
@@ -101,7 +105,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         model_config=model_config,
         max_model_len=max_model_len,
         name=source.name,
-        eos_token_ids=tokenizer.eos_token_ids | frozenset(model_config.eos_token_ids),
+        eos_token_ids=tokenizer.eos_token_ids,
         folder=folder,
         choices=chosen,
     )

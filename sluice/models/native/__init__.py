@@ -10,8 +10,8 @@ wrappers are in `int8.py`); `rows.c` computes
 SwiGLU's silu(gate) * up in one pass (64 rows of the embedded model: 0.04
 ms, against 0.07 ms for torch's two ops on the strided gate half) and the
 rows' argmax of greedy sampling (64 rows of 49,152 logits: 1.2 ms, against
-1.8-2.6 ms for torch's argmax). They are compiled once per machine and source
-into the cache directory (`native_dir`), loaded with ctypes, and called with
+1.8-2.6 ms for torch's argmax). They are compiled once per CPU, compiler and source
+into the cache directory (`native_dir`; build.py), loaded with ctypes, and called with
 tensors' data pointers: no torch headers, so a build takes about a second.
 It is built with OpenMP and loaded after torch, so it shares torch's OpenMP
 runtime (and thread count) rather than starting a second pool.
@@ -19,107 +19,78 @@ runtime (and thread count) rather than starting a second pool.
 Invariant: these kernels are an optimisation only. When no compiler is there,
 the build fails, or `SLUICE_NATIVE_KERNELS=0` is set, each `*_kernel` function
 returns None and the caller keeps its pure-torch path, which computes the same
-values (tests compare the two).
+values (tests compare the two). `native_status()` says which, and why: the
+startup line shows it, and a failed build logs the compiler's errors. Where a
+compiler exists, the tests require the library to build.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import platform
-import shutil
 import subprocess
-import tempfile
 from functools import cache
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from sluice.config import default_cache_dir
+from sluice.models.native.build import (
+    NativeStatus,
+    build_library,
+    find_compiler,
+    library_path,
+    native_dir,
+)
+
+__all__ = ["NativeStatus", "find_compiler", "native_dir", "native_status"]
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = tuple(
-    Path(__file__).with_name(name)
-    for name in (
-        "paged_decode_attention.c",
-        "prefill_attention.c",
-        "rms_norm.c",
-        "rows.c",
-        "rope_kv.c",
-        "int8_rows.c",
-        "int8_gemm.c",
-    )
-)
-_HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "vector_exp.h"))
-# Compiling with -ffast-math lets gcc vectorize the dot products (float32
-# sums in another order; 30% faster at 64 decodes); inf and NaN keep their
-# meaning (-fno-finite-math-only). That also hides glibc's vector expf (it is
-# declared only under full -ffast-math), so the library's expf stays a call
-# per element: rows.c vectorises silu with vector_exp.h instead.
-_COMPILE_FLAGS = (
-    "-O3",
-    "-march=native",
-    "-fopenmp",
-    "-fPIC",
-    "-ffast-math",
-    "-fno-finite-math-only",
-)
-# Linking is a separate step WITHOUT -ffast-math: linked with it, gcc adds
-# crtfastmath.o, whose constructor turns on flush-to-zero for the whole
-# process when the library loads (subnormal floats would vanish everywhere).
-_LINK_FLAGS = ("-shared", "-fopenmp")
+# The compiler's stderr logged when a build fails: its last errors.
+_STDERR_TAIL_CHARS = 2000
 _ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_void_p]
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
+def native_status() -> NativeStatus:
+    """Whether the kernels are on in this process (building them if not yet)."""
+    return _loaded()[1]
 
 
-def native_dir() -> Path:
-    return default_cache_dir() / "native"
+def _library() -> ctypes.CDLL | None:
+    return _loaded()[0]
 
 
 @cache
-def _library() -> ctypes.CDLL | None:
+def _loaded() -> tuple[ctypes.CDLL | None, NativeStatus]:
     if os.environ.get("SLUICE_NATIVE_KERNELS", "1") == "0":
-        return None
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None or platform.system() != "Linux":
-        return None
-    sources = b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)
-    flags = " ".join(_COMPILE_FLAGS + _LINK_FLAGS).encode()
-    key = hashlib.sha256(sources + flags + _cpu_model().encode()).hexdigest()
-    target = native_dir() / f"sluice_kernels-{key[:16]}.so"
+        return None, NativeStatus(False, "SLUICE_NATIVE_KERNELS=0")
+    compiler = find_compiler()
+    if compiler is None:
+        return None, NativeStatus(False, f"no C compiler ({os.environ.get('CC', 'cc')})")
+    target = library_path(compiler)
     try:
         if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            # Built beside the target, then renamed: concurrent builders never
-            # load a half-written library.
-            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-                built = Path(scratch) / target.name
-                objects = [str(Path(scratch) / f"{path.stem}.o") for path in _SOURCES]
-                commands = [
-                    [compiler, *_COMPILE_FLAGS, "-c", "-o", obj, str(path)]
-                    for path, obj in zip(_SOURCES, objects, strict=True)
-                ]
-                commands.append([compiler, *_LINK_FLAGS, "-o", str(built), *objects, "-lm"])
-                for command in commands:
-                    subprocess.run(command, check=True, capture_output=True, timeout=120)
-                os.replace(built, target)
+            build_library(compiler, target)
         library = ctypes.CDLL(str(target))
+    except subprocess.CalledProcessError as error:
+        tail = error.stderr.decode(errors="replace").strip()[-_STDERR_TAIL_CHARS:]
+        logger.warning("native kernels not built, using the torch path: %s\n%s", error, tail)
+        return None, NativeStatus(False, f"build failed: {_first_error(tail) or error}")
     except (OSError, subprocess.SubprocessError) as error:
         logger.warning("native kernels unavailable, using the torch path: %s", error)
-        return None
+        return None, NativeStatus(False, f"build failed: {error}")
+    _declare(library)
+    return library, NativeStatus(True)
+
+
+def _first_error(stderr: str) -> str:
+    """The compiler's first error line (its last lines only count them)."""
+    lines = stderr.splitlines()
+    return next((line for line in lines if "error" in line), lines[-1] if lines else "")
+
+
+def _declare(library: ctypes.CDLL) -> None:
     for name in ("decode_attention_bf16", "decode_attention_f32"):
         function = getattr(library, name)
         function.argtypes = _ARGTYPES
@@ -135,7 +106,6 @@ def _library() -> ctypes.CDLL | None:
         function.restype = None
     library.argmax_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     library.argmax_f32.restype = None
-    return library
 
 
 @cache
