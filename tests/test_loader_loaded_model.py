@@ -81,6 +81,14 @@ def test_an_hf_folder_loads_with_its_name_limit_eos_and_tokenizer(model_dir):
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("héllo")) == "héllo"
 
 
+def test_the_eos_ids_are_the_tokenizers_one_reading_of_every_config(model_dir):
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps(config | {"eos_token_id": [2, 5]}))
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    loaded = load(model_dir)
+    assert loaded.eos_token_ids == loaded.tokenizer.eos_token_ids == {2, 5, 7}
+
+
 def test_a_sharded_checkpoint_loads_the_same_model_as_one_file(tiny_folder, model_dir):
     shard(model_dir)
     assert not (model_dir / "model.safetensors").exists()

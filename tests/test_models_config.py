@@ -103,7 +103,7 @@ def transformers5_layout(d: dict) -> dict:
     return d
 
 
-def test_llama_3_2_parses_llama3_rope_scaling_and_every_eos_id():
+def test_llama_3_2_parses_llama3_rope_scaling():
     config = LlamaConfig.from_hf_dict(LLAMA_3_2_1B)
     assert config.architecture == "LlamaForCausalLM"
     assert config.rope_theta == 500000.0
@@ -114,7 +114,6 @@ def test_llama_3_2_parses_llama3_rope_scaling_and_every_eos_id():
         "low_freq_factor": 1.0,
         "original_max_position_embeddings": 8192,
     }
-    assert config.eos_token_ids == (128001, 128008, 128009)
     assert config.head_dim == 64 and config.num_query_groups == 4
     assert config.tie_word_embeddings
     assert not config.attention_bias and not config.o_proj_bias
@@ -130,7 +129,6 @@ def test_smollm2_derives_head_dim_and_has_plain_rope():
     assert config.head_dim == 64
     assert config.rope_scaling is None
     assert config.rope_theta == 100000.0
-    assert config.eos_token_ids == (2,)
 
 
 def test_qwen2_has_qkv_bias_without_o_bias_and_ignores_its_disabled_window():
@@ -222,13 +220,10 @@ def test_query_heads_must_be_a_multiple_of_kv_heads():
         LlamaConfig.from_hf_dict(SMOLLM2_135M | {"num_key_value_heads": 2})
 
 
-def test_missing_kv_heads_means_multi_head_attention_and_missing_eos_means_none():
-    raw = {
-        k: v for k, v in SMOLLM2_135M.items() if k not in ("num_key_value_heads", "eos_token_id")
-    }
+def test_missing_kv_heads_means_multi_head_attention():
+    raw = {k: v for k, v in SMOLLM2_135M.items() if k != "num_key_value_heads"}
     config = LlamaConfig.from_hf_dict(raw)
     assert config.num_key_value_heads == 9
-    assert config.eos_token_ids == ()
 
 
 def test_config_is_frozen():

@@ -67,8 +67,6 @@ class LlamaConfig:
     # Declared window, kept for reference; always >= max_position_embeddings.
     sliding_window: int | None
     bos_token_id: int | None
-    # Every end-of-sequence id the config names (config.json allows int or list).
-    eos_token_ids: tuple[int, ...]
 
     @property
     def num_query_groups(self) -> int:
@@ -104,7 +102,6 @@ class LlamaConfig:
             o_proj_bias=has_bias and not is_qwen2,
             sliding_window=_sliding_window(d, max_positions),
             bos_token_id=d.get("bos_token_id"),
-            eos_token_ids=_eos_token_ids(d.get("eos_token_id")),
         )
         _check_heads(config)
         return config
@@ -195,11 +192,3 @@ def _sliding_window(d: dict[str, Any], max_positions: int) -> int | None:
             f"max_position_embeddings {max_positions})"
         )
     return None if window is None else int(window)
-
-
-def _eos_token_ids(value: int | list[int] | None) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
