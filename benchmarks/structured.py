@@ -79,6 +79,8 @@ def run_variant(core: EngineCore, prompt: list[int], batch: int, variant: str, s
     ids = [f"{variant}-{i}" for i in range(batch)]
     for i, request_id in enumerate(ids):
         core.add_request(request_id, prompt, constrained if i < num_constrained else free)
+    while len(core.awaiting_grammar):  # a new grammar compiles off the loop first
+        core.step()
     for _ in range(4):  # prefill, the opening `{"story": "`, then decoding
         core.step()
     timers = Timers()

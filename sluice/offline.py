@@ -125,7 +125,10 @@ class LLM:
         logprobs: dict[str, list[float]] = {request_id: [] for request_id in pending}
         finish: dict[str, FinishReason] = {}
         while pending:
-            for delta in self.core.step():
+            deltas = self.core.step()
+            for error in self.core.take_errors():  # a grammar refused while compiling
+                raise InvalidRequestError(error.message, param="structured_output")
+            for delta in deltas:
                 tokens[delta.request_id].extend(delta.new_token_ids)
                 if delta.logprobs is not None:
                     logprobs[delta.request_id].extend(delta.logprobs.logprobs)

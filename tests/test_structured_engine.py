@@ -2,22 +2,33 @@
 byte-level tokenizer: masks reach the right rows of a mixed batch, outputs
 match their grammar and end with "stop", preemption keeps the grammar state,
 aborts free it, logprobs stay raw, and a grammar the tokenizer cannot serve is
-an engine error for that request alone."""
+an engine error for that request alone. Grammars compile off the engine loop:
+with the compile held at a test-owned gate, other requests keep stepping, the
+choices of one request share one compile, and a request aborted meanwhile
+never runs."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import re
+import threading
 import weakref
 from dataclasses import replace
 
 import pytest
 
+from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.engine.messages import AddRequest, input_decoder, input_encoder
 from sluice.engine.sampling_params import SamplingParams
+from sluice.errors import InvalidRequestError
 from sluice.structured import StructuredOutputSpec
+from sluice.structured import grammar as grammar_module
+from sluice.structured.grammar import MAX_GRAMMAR_SOURCE_CHARS, GrammarLimitError
+from sluice.structured.grammar_cache import GrammarCache
 from sluice.testing.byte_tokenizer import byte_level_tokenizer
+from sluice.testing.recording_sink import RecordingSink
 from sluice.tokenizer import Tokenizer
 from tests.model_factory import make_core
 
@@ -64,6 +75,15 @@ def run(core, requests: dict[str, tuple[list[int], SamplingParams]]):
                 logprobs.append(delta.logprobs)
             results[delta.request_id] = (tokens, delta.finish_reason, logprobs)
     return results
+
+
+def step_until_admitted(core, request_id: str) -> list:
+    """Step until the request's grammar compiled and it joined the scheduler."""
+    deltas = []
+    while core.scheduler.get_request(request_id) is None:
+        assert core.has_unfinished_requests() and not core.take_errors()
+        deltas.extend(core.step())
+    return deltas
 
 
 def text(loaded, token_ids: list[int]) -> str:
@@ -145,7 +165,7 @@ def record_preemptions(core) -> list[str]:
 def test_an_aborted_request_drops_its_matcher(loaded):
     core = make_core(loaded)
     core.add_request("r", PROMPTS[0], greedy(StructuredOutputSpec.regex("a+")))
-    core.step()
+    step_until_admitted(core, "r")
     matcher = weakref.ref(core.scheduler.get_request("r").grammar)
     (delta,) = core.abort_requests(["r"])
     gc.collect()
@@ -177,9 +197,15 @@ def test_a_grammar_the_tokenizer_cannot_serve_is_an_error_for_that_request(loade
     bad = greedy(StructuredOutputSpec.grammar('start: "a" <|no_such_token|>'))
     core.handle(AddRequest("bad", PROMPTS[0], bad), deltas, errors)
     core.handle(AddRequest("good", PROMPTS[1], greedy(None, max_tokens=2)), deltas, errors)
+    while core.has_unfinished_requests():
+        deltas.extend(core.step())
+        errors.extend(core.take_errors())
     ((request_id, message),) = [(e.request_id, e.message) for e in errors]
     assert request_id == "bad" and "no_such_token" in message
-    assert core.scheduler.get_request("good") is not None
+    assert [d.finish_reason for d in deltas if d.request_id == "good"][-1] == "length"
+    # The refusal is remembered: the same grammar again is refused at once.
+    core.handle(AddRequest("again", PROMPTS[0], bad), deltas, errors)
+    assert errors[-1].request_id == "again" and "no_such_token" in errors[-1].message
 
 
 def test_a_model_without_a_tokenizer_refuses_structured_requests(tiny_loaded):
@@ -195,4 +221,157 @@ def test_the_spec_crosses_the_process_boundary_as_a_value(loaded):
     assert received == sent
     core = make_core(loaded)
     core.handle(received, [], [])
+    step_until_admitted(core, "r")
     assert core.scheduler.get_request("r").grammar is not None
+
+
+# -- compiled off the engine loop ----------------------------------------------------
+
+
+class GatedCompiler:
+    """The engine's compiler behind a gate the test opens; it records each spec
+    it was asked to compile."""
+
+    def __init__(self, compiler) -> None:
+        self.compiler = compiler
+        self.gate = threading.Event()
+        self.specs: list[StructuredOutputSpec] = []
+
+    def check(self, spec: StructuredOutputSpec) -> None:
+        self.compiler.check(spec)
+
+    def compile(self, spec: StructuredOutputSpec):
+        self.specs.append(spec)
+        self.gate.wait()
+        return self.compiler.compile(spec)
+
+
+@pytest.fixture
+def gated(loaded):
+    """An engine core whose grammars compile only once the test opens the gate."""
+    core = make_core(loaded)
+    compiler = GatedCompiler(core.grammars.compiler)
+    core.grammars = GrammarCache(compiler)
+    try:
+        yield core, compiler
+    finally:
+        compiler.gate.set()  # never leave the worker thread blocked
+
+
+def run_to_completion(core, deltas=()) -> dict[str, tuple[list[int], str | None]]:
+    """Request id -> (token ids, finish reason), from `deltas` already taken on."""
+    results: dict[str, tuple[list[int], str | None]] = {}
+    deltas = list(deltas)
+    while deltas or core.has_unfinished_requests():
+        for delta in deltas:
+            tokens, _ = results.get(delta.request_id, ([], None))
+            results[delta.request_id] = ([*tokens, *delta.new_token_ids], delta.finish_reason)
+        deltas = core.step() if core.has_unfinished_requests() else []
+        assert not core.take_errors()
+    return results
+
+
+def test_other_requests_keep_stepping_while_a_grammar_compiles(loaded, gated):
+    core, compiler = gated
+    core.add_request("free", PROMPTS[1], greedy(None, ignore_eos=True, max_tokens=6))
+    core.add_request("slow", PROMPTS[0], greedy(StructuredOutputSpec.regex(PATTERN)))
+    free_tokens = []
+    for _ in range(6):
+        for delta in core.step():
+            assert delta.request_id == "free"
+            free_tokens.extend(delta.new_token_ids)
+    # "free" ran to its end while "slow" waited, outside the batch, for its grammar.
+    assert len(free_tokens) == 6 and core.scheduler.get_request("free") is None
+    assert core.has_unfinished_requests() and core.scheduler.get_request("slow") is None
+    assert core.stats().num_waiting == 1
+    compiler.gate.set()
+    tokens, finish = run_to_completion(core)["slow"]
+    assert re.fullmatch(PATTERN, text(loaded, tokens)) and finish == "stop"
+
+
+def test_the_choices_of_one_request_share_one_compile(loaded, gated):
+    core, compiler = gated
+    spec = StructuredOutputSpec.json_schema(SCHEMA)
+    for i in range(3):
+        core.add_request(f"c{i}", PROMPTS[0], greedy(spec))
+    compiler.gate.set()
+    deltas = step_until_admitted(core, "c2")
+    matchers = {id(core.scheduler.get_request(f"c{i}").grammar.matcher) for i in range(3)}
+    assert len(matchers) == 3, "each choice advances a matcher of its own"
+    results = run_to_completion(core, deltas)
+    assert compiler.specs == [spec]
+    outputs = {text(loaded, results[f"c{i}"][0]) for i in range(3)}
+    (output,) = outputs  # greedy: the same valid object three times
+    assert set(json.loads(output)) == {"ok", "colour"}
+    # A later request of the same spec starts at once, from the cache.
+    core.add_request("later", PROMPTS[1], greedy(spec))
+    assert core.scheduler.get_request("later") is not None and compiler.specs == [spec]
+
+
+def test_a_request_aborted_while_its_grammar_compiles_ends_with_abort_and_never_runs(loaded, gated):
+    core, compiler = gated
+    spec = StructuredOutputSpec.regex(PATTERN)
+    core.add_request("slow", PROMPTS[0], greedy(spec))
+    (delta,) = core.abort_requests(["slow", "unknown"])
+    assert delta.request_id == "slow" and delta.finish_reason == "abort"
+    assert delta.new_token_ids == () and not core.has_unfinished_requests()
+    assert core.stats().num_waiting == 0
+    # Its compile goes on for the next request of the same spec.
+    core.add_request("slow", PROMPTS[0], greedy(spec))
+    compiler.gate.set()
+    assert run_to_completion(core)["slow"][1] == "stop" and compiler.specs == [spec]
+
+
+def test_a_request_id_waiting_for_its_grammar_is_live(gated):
+    core, _ = gated
+    core.add_request("r", PROMPTS[0], greedy(StructuredOutputSpec.regex("a+")))
+    with pytest.raises(ValueError, match="already live"):
+        core.add_request("r", PROMPTS[1], greedy(None))
+
+
+def test_a_spec_over_the_size_limit_is_refused_at_once_without_a_compile(gated):
+    core, compiler = gated
+    choices = [f"{i:09d}" for i in range(MAX_GRAMMAR_SOURCE_CHARS // 12 + 1)]  # 12 chars each
+    with pytest.raises(GrammarLimitError, match="over the limit"):
+        core.add_request("big", PROMPTS[0], greedy(StructuredOutputSpec.choice(choices)))
+    assert compiler.specs == [] and not core.has_unfinished_requests()
+
+
+def test_a_grammar_over_the_compile_time_limit_is_an_error_for_that_request(loaded, monkeypatch):
+    # Every compile takes some CPU: none is within a limit of zero.
+    monkeypatch.setattr(grammar_module, "MAX_GRAMMAR_COMPILE_CPU_S", 0.0)
+    core = make_core(loaded)
+    deltas, errors = [], []
+    request = AddRequest("r", PROMPTS[0], greedy(StructuredOutputSpec.regex("b+")))
+    core.handle(request, deltas, errors)  # refused here if the compile is done already
+    while core.has_unfinished_requests():
+        deltas.extend(core.step())
+        errors.extend(core.take_errors())
+    ((request_id, message),) = [(e.request_id, e.message) for e in errors]
+    assert request_id == "r" and "s of CPU, over the limit of 0.0 s" in message
+    assert deltas == []
+
+
+def test_a_grammar_refused_while_compiling_reaches_the_client_as_that_requests_error(gated):
+    core, compiler = gated
+    bad = greedy(StructuredOutputSpec.grammar('start: "a" <|not_in_the_vocabulary|>'))
+
+    async def serve() -> tuple[RecordingSink, RecordingSink]:
+        client = InProcessEngineClient(core)
+        await client.start()
+        try:
+            refused, served = RecordingSink(), RecordingSink()
+            client.add_request("bad", PROMPTS[0], bad, refused)
+            client.add_request("good", PROMPTS[1], greedy(None, max_tokens=3), served)
+            await served.done.wait()  # "good" ran while "bad" compiled
+            assert not refused.done.is_set()
+            compiler.gate.set()
+            await refused.done.wait()
+            return refused, served
+        finally:
+            await client.shutdown()
+
+    refused, served = asyncio.run(asyncio.wait_for(serve(), 120))
+    ((error,),) = [refused.errors]
+    assert isinstance(error, InvalidRequestError) and "not_in_the_vocabulary" in str(error)
+    assert refused.deltas == [] and served.deltas[-1].finish_reason == "length"

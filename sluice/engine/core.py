@@ -2,17 +2,25 @@
 many clients at once (continuous batching with chunked prefill).
 
 It owns the scheduler, the requests and the KV cache; what leaves it is a list
-of immutable `RequestDelta` values per step. It is driven by one thread: the
+of immutable `RequestDelta` values per step (and, from `take_errors`, the
+requests that failed after they were added). It is driven by one thread: the
 engine process's loop, the in-process client's thread, or `LLM.generate`.
+
+Grammars of structured requests compile on a worker thread of their own
+(`sluice.structured.grammar_cache`): the loop never stalls on one. Such a
+request waits outside the scheduler until its grammar is ready, then joins
+the waiting queue like any other.
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 
 import torch
 
 from sluice.config import EngineConfig
+from sluice.engine.grammar_queue import GrammarQueue
 from sluice.engine.kv_cache import KVCacheManager
 from sluice.engine.messages import (
     AbortRequests,
@@ -24,16 +32,21 @@ from sluice.engine.messages import (
     Shutdown,
 )
 from sluice.engine.outputs import EngineError, RequestDelta
-from sluice.engine.request import Request
+from sluice.engine.request import Request, RequestStatus
 from sluice.engine.runner import ModelRunner
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.scheduler import Scheduler
 from sluice.engine.startup import cache_salt, num_kv_blocks, startup_line
 from sluice.loader import LoadedModel, load_model
 from sluice.loader.loaded_model import torch_dtype
-from sluice.structured.matcher import GrammarMatchers
+from sluice.structured.grammar_cache import GrammarCache
+from sluice.structured.matcher import CompiledGrammar, GrammarCompiler
 
 logger = logging.getLogger("sluice.engine")
+
+# With nothing but compiling grammars to wait for, a step waits this long for
+# one before it returns (so the loop still reads its inputs that often).
+GRAMMAR_WAIT_S = 0.01
 
 
 class EngineCore:
@@ -80,25 +93,68 @@ class EngineCore:
             device=device,
             eos_token_ids=loaded.eos_token_ids,
         )
-        # Structured outputs: one matcher per constrained request.
-        self.grammars = GrammarMatchers(
-            getattr(loaded.tokenizer, "backend", None),
-            loaded.model_config.vocab_size,
-            loaded.eos_token_ids,
+        # Structured outputs: grammars compile off the loop; a request waits
+        # for its grammar in `awaiting_grammar`, outside the scheduler.
+        self.grammars = GrammarCache(
+            GrammarCompiler(
+                getattr(loaded.tokenizer, "backend", None),
+                loaded.model_config.vocab_size,
+                loaded.eos_token_ids,
+            )
         )
+        self.awaiting_grammar = GrammarQueue()
+        # Requests that failed after add_request returned (a refused grammar).
+        self._errors: list[EngineError] = []
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> None:
-        # Raises ValueError for a request the engine can never run (a grammar
-        # that does not compile is a GrammarError, one of those).
+        """Queue a request; a structured one first waits for its grammar.
+        Raises ValueError for a request the engine can never run (a grammar
+        refused at once is a GrammarError, one of those; one refused later
+        comes out of `take_errors`)."""
         request = Request(request_id, list(prompt_token_ids), params)
-        if params.structured_output is not None:
-            request.grammar = self.grammars.matcher(params.structured_output, request_id)
+        if request_id in self.awaiting_grammar:
+            raise ValueError(f"request id {request_id!r} is already live")
+        self.scheduler.check_admissible(request)
+        spec = params.structured_output
+        if spec is None:
+            self.scheduler.add_request(request)
+            return
+        grammar = self.grammars.compiled(spec)
+        if grammar.done():
+            self._admit(request, grammar)  # compiled before: no need to wait a step
+        else:
+            self.awaiting_grammar.add(request, grammar)
+
+    def _admit(self, request: Request, grammar: Future[CompiledGrammar]) -> None:
+        """Give a request its matcher and queue it. Raises the grammar's error."""
+        request.grammar = grammar.result().matcher(request.request_id)
         self.scheduler.add_request(request)
 
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar is done join the scheduler or fail; with
+        nothing else to run, first wait a little for one."""
+        if not self.awaiting_grammar:
+            return
+        wait_s = 0.0 if self.scheduler.has_unfinished_requests() else GRAMMAR_WAIT_S
+        for request, grammar in self.awaiting_grammar.take_done(wait_s):
+            try:
+                self._admit(request, grammar)
+            except ValueError as error:
+                self._errors.append(EngineError(request.request_id, str(error)))
+
+    def take_errors(self) -> list[EngineError]:
+        """The requests that failed since the last call, each reported once."""
+        errors, self._errors = self._errors, []
+        return errors
+
     def abort_requests(self, request_ids: list[str]) -> list[RequestDelta]:
-        return self.scheduler.abort_requests(request_ids)
+        deltas = self.scheduler.abort_requests(request_ids)
+        for request in self.awaiting_grammar.remove(request_ids):
+            request.status = RequestStatus.FINISHED_ABORTED
+            deltas.append(request.take_delta())
+        return deltas
 
     def handle(
         self, message: EngineInput, deltas: list[RequestDelta], errors: list[EngineError]
@@ -121,9 +177,13 @@ class EngineCore:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self.awaiting_grammar)
 
     def step(self) -> list[RequestDelta]:
+        """One step of the batch; a request whose grammar failed meanwhile
+        comes out of `take_errors`."""
+        # 0. Requests whose grammar compiled meanwhile join the waiting queue.
+        self._admit_compiled()
         # 1. Choose who runs and how many tokens each computes.
         plan = self.scheduler.schedule()
         if not plan.scheduled:
@@ -136,7 +196,7 @@ class EngineCore:
     def stats(self) -> EngineStatsSnapshot:
         return EngineStatsSnapshot(
             num_running=self.scheduler.num_running,
-            num_waiting=self.scheduler.num_waiting,
+            num_waiting=self.scheduler.num_waiting + len(self.awaiting_grammar),
             kv_cache_usage=self.kv.usage,
             prefix_cache_queried_tokens=self.kv.num_queried_tokens,
             prefix_cache_hit_tokens=self.kv.num_hit_tokens,

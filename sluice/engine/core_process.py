@@ -90,6 +90,7 @@ class EngineLoop:
             # 2. One step for the whole batch.
             if self.core.has_unfinished_requests():
                 deltas.extend(self.core.step())
+                errors.extend(self.core.take_errors())
             # 3. One message with everything this step produced (or a heartbeat).
             now = time.monotonic()
             if deltas or errors or now - last_sent >= HEARTBEAT_INTERVAL_S:

@@ -114,11 +114,7 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         """Queue a fresh request. Raises ValueError if it could never run."""
-        if request.request_id in self._requests:
-            raise ValueError(f"request id {request.request_id!r} is already live")
-        if request.status is not RequestStatus.WAITING or request.num_output_tokens:
-            raise ValueError(f"request {request.request_id!r} is not fresh")
-        self._check_fits(request)
+        self.check_admissible(request)
         request.arrival_index = self._num_arrived
         self._num_arrived += 1
         self._requests[request.request_id] = request
@@ -346,6 +342,15 @@ class Scheduler:
         self.kv.free(request)
         request.grammar = None
         del self._requests[request.request_id]
+
+    def check_admissible(self, request: Request) -> None:
+        """Raises ValueError if `add_request` would refuse the request (the
+        engine core asks before a structured request waits for its grammar)."""
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already live")
+        if request.status is not RequestStatus.WAITING or request.num_output_tokens:
+            raise ValueError(f"request {request.request_id!r} is not fresh")
+        self._check_fits(request)
 
     def _check_fits(self, request: Request) -> None:
         num_prompt, max_tokens = request.num_prompt_tokens, request.params.max_tokens

@@ -1,10 +1,12 @@
 """Structured outputs: output constrained to a JSON schema, regex, choice or
 grammar by masking the logits before sampling (llguidance).
 
-    spec.py      StructuredOutputSpec: the frozen value a request carries
-    grammar.py   spec -> llguidance grammar, checked and cached (both processes)
-    matcher.py   one GrammarMatcher per engine request; GrammarMatchers makes them
-    bitmask.py   the allowed tokens of a step's constrained rows, applied to logits
+    spec.py           StructuredOutputSpec: the frozen value a request carries
+    grammar.py        spec -> llguidance grammar, checked, limited and cached (the edge)
+    matcher.py        GrammarCompiler: spec -> CompiledGrammar -> one GrammarMatcher
+                      per engine request
+    grammar_cache.py  the engine's compiled grammars, compiled on a worker thread
+    bitmask.py        the allowed tokens of a step's constrained rows, applied to logits
 
 Re-exports lazily (`sluice.lazy_exports`), so holding a spec never imports
 llguidance.

@@ -1,12 +1,23 @@
 """A `StructuredOutputSpec` turned into an llguidance grammar, and checked.
 
-`grammar_of(spec)` is what both sides use: the HTTP edge calls it (off the
-event loop) to refuse a bad schema, regex or grammar with a 400 before the
-request is queued; the engine calls it again before it builds a matcher (the
-cache makes that free for a spec seen before). Neither needs the model's
-tokenizer, so a check here cannot catch a grammar that names a special token
-the tokenizer lacks: the engine's matcher refuses that one
-(`sluice.structured.matcher`).
+`grammar_of(spec)` is what the HTTP edge calls (off the event loop) to refuse
+a bad schema, regex or grammar with a 400 naming the field before the request
+is queued. The engine compiles the spec again in its own process, on a worker
+thread (`sluice.structured.grammar_cache`), with `grammar_text` and a matcher
+that validates as it builds. Neither needs the model's tokenizer here, so a
+check here cannot catch a grammar that names a special token the tokenizer
+lacks: the engine's matcher refuses that one (`sluice.structured.matcher`).
+
+Limits, the same on both sides (a spec over one is a `GrammarLimitError`, a
+400 naming the field at the edge):
+- MAX_GRAMMAR_SOURCE_CHARS: the spec's source (schema JSON, pattern, choice
+  list or grammar text), checked before any compile. A 1 MiB enum schema
+  compiles in about 0.15 s of CPU.
+- MAX_GRAMMAR_COMPILE_CPU_S: the CPU time one compile may take (measured on
+  the compiling thread, so a busy machine does not turn a good grammar into a
+  refusal). llguidance cannot be interrupted, so the compile finishes and is
+  then refused; the refusal is cached like a grammar, so a client sending the
+  same spec again costs nothing.
 
 JSON schemas compile with flexible whitespace between tokens (as vLLM's
 llguidance backend does by default); the schema's own keywords decide the rest.
@@ -15,33 +26,56 @@ llguidance backend does by default); the schema's own keywords decide the rest.
 from __future__ import annotations
 
 import functools
+import time
 
 import llguidance
 
 from sluice.structured.spec import StructuredOutputSpec
 
-# Distinct specs whose compiled grammar is kept (per process).
+# Distinct specs whose compiled grammar (or refusal) is kept (per process).
 GRAMMAR_CACHE_SIZE = 256
 # Longest error text passed on to a client.
 MAX_ERROR_CHARS = 500
 ANY_JSON_OBJECT = '{"type": "object"}'
+MAX_GRAMMAR_SOURCE_CHARS = 1 << 20
+MAX_GRAMMAR_COMPILE_CPU_S = 1.0
 
 
 class GrammarError(ValueError):
     """The spec does not compile; the message says why, in llguidance's words."""
 
 
-@functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)
+class GrammarLimitError(GrammarError):
+    """The spec is over a documented limit: its source size or its compile time."""
+
+
 def grammar_of(spec: StructuredOutputSpec) -> str:
-    """The llguidance grammar (JSON text) of `spec`. Raises GrammarError."""
-    grammar = _compile(spec)
-    message = llguidance.LLMatcher.validate_grammar(grammar, None)
-    if message:
-        raise GrammarError(_short(message))
+    """The llguidance grammar (JSON text) of `spec`, validated. Raises
+    GrammarError (GrammarLimitError over a limit)."""
+    result = _checked_grammar(spec)
+    if isinstance(result, GrammarError):
+        raise type(result)(str(result))  # a fresh one: a cached error keeps no traceback
+    return result
+
+
+@functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)
+def _checked_grammar(spec: StructuredOutputSpec) -> str | GrammarError:
+    try:
+        started_s = time.thread_time()
+        grammar = grammar_text(spec)
+        message = llguidance.LLMatcher.validate_grammar(grammar, None)
+        if message:
+            raise GrammarError(_short(message))
+        check_compile_time(time.thread_time() - started_s)
+    except GrammarError as error:
+        return error
     return grammar
 
 
-def _compile(spec: StructuredOutputSpec) -> str:
+def grammar_text(spec: StructuredOutputSpec) -> str:
+    """The llguidance grammar of `spec`, not yet validated (a matcher
+    validates as it builds). Raises GrammarError."""
+    check_source_size(spec)
     try:
         match spec.kind:
             case "json_schema":
@@ -57,6 +91,24 @@ def _compile(spec: StructuredOutputSpec) -> str:
     except ValueError as error:
         raise GrammarError(_short(str(error))) from None
     raise GrammarError(f"unknown structured output kind {spec.kind!r}")
+
+
+def check_source_size(spec: StructuredOutputSpec) -> None:
+    """Raises GrammarLimitError if the spec's source is over the size limit."""
+    if len(spec.value) > MAX_GRAMMAR_SOURCE_CHARS:
+        raise GrammarLimitError(
+            f"the {spec.kind} is {len(spec.value)} characters long, over the limit of "
+            f"{MAX_GRAMMAR_SOURCE_CHARS}"
+        )
+
+
+def check_compile_time(cpu_s: float) -> None:
+    """Raises GrammarLimitError if a compile took more CPU than the limit."""
+    if cpu_s > MAX_GRAMMAR_COMPILE_CPU_S:
+        raise GrammarLimitError(
+            f"compiling it took {cpu_s:.2f} s of CPU, over the limit of "
+            f"{MAX_GRAMMAR_COMPILE_CPU_S} s"
+        )
 
 
 def _short(message: str) -> str:

@@ -1,11 +1,17 @@
-"""One request's grammar state in the engine, and the factory that makes them.
+"""One request's grammar state in the engine, and what makes it.
 
-`GrammarMatchers` lives in the engine core (one per engine): it holds the
+`GrammarCompiler` lives in the engine core (one per engine): it holds the
 llguidance view of the model's tokenizer, built on the first structured
-request (about a third of a second for a 49k vocabulary), and makes one
-`GrammarMatcher` per request. The matcher belongs to the engine loop like the
-`Request` that holds it: the sampler reads its mask, the scheduler advances it
-with each sampled token and drops it when the request finishes or is aborted.
+request (about a third of a second for a 49k vocabulary), and compiles a spec
+into a `CompiledGrammar` (on the engine's grammar worker thread,
+`sluice.structured.grammar_cache`; llguidance drops the GIL while it builds).
+A `CompiledGrammar` is never advanced: each request starts from its own copy
+of it, a `GrammarMatcher` (a copy costs well under a millisecond, where the
+compile of a large schema costs a tenth of a second or more).
+
+The matcher belongs to the engine loop like the `Request` that holds it: the
+sampler reads its mask, the scheduler advances it with each sampled token and
+drops it when the request finishes or is aborted.
 
 Invariant: a matcher has consumed exactly the request's output tokens. A
 preempted request keeps its outputs (they are recomputed as prefix, never
@@ -15,11 +21,17 @@ resampled), so its matcher stays valid across preemption.
 from __future__ import annotations
 
 import logging
+import time
 
 import llguidance
 import tokenizers
 
-from sluice.structured.grammar import GrammarError, grammar_of
+from sluice.structured.grammar import (
+    GrammarError,
+    check_compile_time,
+    check_source_size,
+    grammar_text,
+)
 from sluice.structured.spec import StructuredOutputSpec
 
 logger = logging.getLogger("sluice.structured")
@@ -49,8 +61,20 @@ class GrammarMatcher:
         self.is_terminated = self.matcher.is_stopped()
 
 
-class GrammarMatchers:
-    """Makes matchers for the model served: its tokenizer, vocabulary and EOS ids."""
+class CompiledGrammar:
+    """A spec built for the model's tokenizer, at its start state."""
+
+    def __init__(self, template: llguidance.LLMatcher) -> None:
+        # Never advanced: only copied.
+        self._template = template
+
+    def matcher(self, request_id: str) -> GrammarMatcher:
+        """A fresh matcher for one request."""
+        return GrammarMatcher(self._template.deep_copy(), request_id)
+
+
+class GrammarCompiler:
+    """Compiles specs for the model served: its tokenizer, vocabulary and EOS ids."""
 
     def __init__(
         self,
@@ -63,18 +87,26 @@ class GrammarMatchers:
         self._eos_token_ids = sorted(eos_token_ids)
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
 
-    def matcher(self, spec: StructuredOutputSpec, request_id: str) -> GrammarMatcher:
-        """A fresh matcher for `spec`. Raises GrammarError if it cannot be built."""
-        grammar = grammar_of(spec)
-        matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
-        if matcher.is_error():
-            raise GrammarError(f"structured output: {matcher.get_error()}")
-        return GrammarMatcher(matcher, request_id)
+    def check(self, spec: StructuredOutputSpec) -> None:
+        """What can be refused at once, before a compile. Raises GrammarError."""
+        if self._tokenizer is None:
+            raise GrammarError("structured output needs the model's tokenizer, which is absent")
+        check_source_size(spec)
+
+    def compile(self, spec: StructuredOutputSpec) -> CompiledGrammar:
+        """Build `spec`'s grammar; raises GrammarError if it cannot be built or
+        is over a limit (sluice.structured.grammar)."""
+        self.check(spec)
+        tokenizer = self._llg_tokenizer()  # once per engine: not the spec's cost
+        started_s = time.thread_time()
+        template = llguidance.LLMatcher(tokenizer, grammar_text(spec), log_level=0)
+        if template.is_error():
+            raise GrammarError(f"structured output: {template.get_error()}")
+        check_compile_time(time.thread_time() - started_s)
+        return CompiledGrammar(template)
 
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
         if self._ll_tokenizer is None:
-            if self._tokenizer is None:
-                raise GrammarError("structured output needs the model's tokenizer, which is absent")
             self._ll_tokenizer = llguidance.LLTokenizer(
                 self._tokenizer.to_str(),
                 # The model's vocabulary: ids past the tokenizer's are masked out.
