@@ -263,7 +263,17 @@ class ServerConfig:
     served_model_name: str | None = setting(
         None, "the model name clients send and see (default: the model's)"
     )
-    api_key: str | None = setting(None, "the Bearer token clients must send (default: none)")
+    # Keys clients must send (Bearer or x-api-key), named key1, key2... by
+    # position, without limits; a single str is one key. Empty: no key needed
+    # (unless api_key_file names some).
+    api_key: tuple[str, ...] = setting(
+        (), "comma-separated keys clients must send as a Bearer token (default: none)"
+    )
+    # One key per line with an optional name and limits (sluice/server/api_keys.py,
+    # docs/OPERATIONS.md); read again on SIGHUP.
+    api_key_file: Path | None = setting(
+        None, "a file of keys, one a line with optional name= and limits; reread on SIGHUP"
+    )
     cors_allowed_origins: tuple[str, ...] = setting(
         (), "comma-separated origins; empty disables CORS"
     )
@@ -325,4 +335,6 @@ class ServerConfig:
     reasoning_parser: str | None = setting(None, "split <think>…</think> into reasoning_content")
 
     def __post_init__(self) -> None:
+        if isinstance(self.api_key, str):  # one key, as `api_key="k"` always meant
+            object.__setattr__(self, "api_key", (self.api_key,))
         check_settings(self)

@@ -8,7 +8,8 @@
     │   ├── AuthenticationError   401
     │   ├── NotFoundError         404, a stored object (a response) that is not there
     │   │   └── ModelNotFoundError    the model asked for is not the one served
-    │   └── ContextLengthError    400, prompt + max_tokens beyond the context
+    │   ├── ContextLengthError    400, prompt + max_tokens beyond the context
+    │   └── RateLimitError        429 with Retry-After, an API key's limit reached
     └── ServiceUnavailableError   503 (with Retry-After)
         ├── QueueFullError        the waiting queue is full
         └── EngineDeadError       the engine process died or stopped answering
@@ -75,6 +76,16 @@ class ModelNotFoundError(NotFoundError):
 
 class ContextLengthError(RequestError):
     pass
+
+
+class RateLimitError(RequestError):
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: int):
+        super().__init__(message, code="rate_limit_exceeded")
+        # Whole seconds until the limit that refused frees up.
+        self.retry_after_s = retry_after_s
 
 
 class ServiceUnavailableError(SluiceError):

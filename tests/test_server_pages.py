@@ -42,3 +42,48 @@ def test_the_api_still_needs_the_key(http):
 
 def test_an_unknown_static_file_is_a_404(http):
     assert http.get("/static/nothing.js").status_code == 404
+
+
+# The dashboard's script in node, its page stubbed: what it makes of two scrapes.
+DASHBOARD_IN_NODE = """
+const fs = require("fs"), vm = require("vm");
+const [script, before, after] = process.argv.slice(1).map((p) => fs.readFileSync(p, "utf8"));
+const element = { appendChild() {}, querySelector: () => ({}), dataset: {} };
+const context = { document: { getElementById: () => element, createElement: () => element },
+                  fetch: () => new Promise(() => {}), setInterval() {}, performance, console };
+vm.runInNewContext(script + "\\nthis.result = keyRows(parseMetrics(after), parseMetrics(before), 2);",
+                   Object.assign(context, { before, after }));
+console.log(JSON.stringify(context.result));
+"""
+
+
+def test_the_dashboard_shows_each_keys_requests_and_tokens(tmp_path):
+    import json
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    node = shutil.which("node")
+    assert node is not None, "node runs the dashboard's script (Debian's nodejs)"
+    server = LiveServer(LoopFakeEngine(), ChatFakeTokenizer(), api_key=("sk-a", "sk-b"))
+    body = {"model": "fake-model", "prompt": "hi", "max_tokens": 3}
+    with server as live, httpx2.Client(base_url=live.url) as client:
+        before = client.get("/metrics").text
+        for key, count in (("sk-a", 2), ("sk-b", 1)):
+            for _ in range(count):
+                headers = {"Authorization": f"Bearer {key}"}
+                assert client.post("/v1/completions", json=body, headers=headers).is_success
+        after = client.get("/metrics").text
+    static = Path(__file__).resolve().parent.parent / "sluice" / "server" / "static"
+    (tmp_path / "before").write_text(before)
+    (tmp_path / "after").write_text(after)
+    output = subprocess.run(
+        [node, "-e", DASHBOARD_IN_NODE, str(static / "dashboard.js"),
+         str(tmp_path / "before"), str(tmp_path / "after")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    rows = {row["key"]: row for row in json.loads(output)}
+    assert set(rows) == {"key1", "key2"}
+    assert rows["key1"]["requests"] == 2 and rows["key2"]["requests"] == 1
+    assert rows["key1"]["tokensPerS"] == 2 * 3 / 2 and rows["key1"]["ttftP50Ms"] is not None
+    assert rows["key1"]["promptTokens"] > 0

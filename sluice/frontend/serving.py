@@ -135,11 +135,13 @@ class Frontend:
         request: GenerationRequest,
         queue_timeout: QueueTimeout | None = None,
         chunks: ResponseChunks | None = None,
+        observer: RequestObserver | None = None,
     ) -> EventStream:
         """The SSE events of `request`; nothing starts before the first `__anext__`.
         Its engine requests are added with `queue_timeout`; `chunks` (default:
-        the builder its kind names) projects its deltas."""
-        run = _RequestRun(request, self._engine, queue_timeout, self._observer)
+        the builder its kind names) projects its deltas; `observer` (default:
+        the frontend's) is told of it."""
+        run = _RequestRun(request, self._engine, queue_timeout, observer or self._observer)
         chunks = chunks or self._chunks(request)
 
         def render(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
@@ -186,10 +188,11 @@ class Frontend:
         request: GenerationRequest,
         queue_timeout: QueueTimeout | None = None,
         chunks: ResponseChunks | None = None,
+        observer: RequestObserver | None = None,
     ) -> bytes:
         """The JSON body of `request`; engine errors propagate. Its engine
-        requests are added with `queue_timeout`; `chunks` as for `stream`."""
-        run = _RequestRun(request, self._engine, queue_timeout, self._observer)
+        requests are added with `queue_timeout`; `chunks` and `observer` as for `stream`."""
+        run = _RequestRun(request, self._engine, queue_timeout, observer or self._observer)
         chunks = chunks or self._chunks(request)
 
         def fold(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:

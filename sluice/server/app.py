@@ -30,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import TypeVar
 
@@ -55,12 +56,14 @@ from sluice.server import (
     to_internal,
 )
 from sluice.server.admission import AdmissionCollector, AdmissionGate, ShuttingDownError
+from sluice.server.api_keys import KeyRing
 from sluice.server.body import BodyReader
 from sluice.server.errors import install_error_handlers, unavailable_response
 from sluice.server.event_stream import EventStreamResponse, completion_tokens
+from sluice.server.key_limits import KeyLease, KeyLimiter
 from sluice.server.loop_watchdog import LoopWatchdog
 from sluice.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from sluice.server.metrics import ReadCounter, ServerMetrics
+from sluice.server.metrics import ReadCounter, SeriesObserver, ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
 from sluice.server.pages import add_pages
 from sluice.server.replicas import ReplicaCollector, replica_health
@@ -80,11 +83,18 @@ def sluice_version() -> str:
         return "unknown"
 
 
-def create_app(config: ServerConfig, engine: EngineClient, model: ServedModel) -> FastAPI:
-    """The app serving `engine` as `model.name` (ServerConfig.served_model_name wins)."""
+def create_app(
+    config: ServerConfig,
+    engine: EngineClient,
+    model: ServedModel,
+    clock: Callable[[], float] = time.monotonic,
+) -> FastAPI:
+    """The app serving `engine` as `model.name` (ServerConfig.served_model_name wins);
+    `clock`: the seconds the API keys' rate windows are measured in."""
     num_replicas = 1 if config.data_parallel is None else config.data_parallel.num_replicas
     gate = AdmissionGate(engine, num_replicas * admission.capacity_of(config.engine.scheduler))
-    routes = Routes(config, gate, model)
+    keys = KeyRing(config.api_key, config.api_key_file)
+    routes = Routes(config, gate, model, is_keyed=keys.is_enabled)
     supervisor = None
     if engine.can_restart:
         supervisor = EngineSupervisor(
@@ -102,6 +112,11 @@ def create_app(config: ServerConfig, engine: EngineClient, model: ServedModel) -
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
+        try:
+            model.check_served_by(engine.info)
+        except ModelLoadError:
+            await engine.shutdown()
+            raise
         watchdog.start()
         if supervisor is not None:
             supervisor.start()
@@ -112,20 +127,17 @@ def create_app(config: ServerConfig, engine: EngineClient, model: ServedModel) -
                 await supervisor.stop()
             await watchdog.stop()
             await engine.shutdown()
-        try:
-            model.check_served_by(engine.info)
-        except ModelLoadError:
-            await engine.shutdown()
-            raise
 
     app = FastAPI(
         title="sluice",
         version=sluice_version(),
         lifespan=lifespan,
-        middleware=middleware_stack(config),
+        middleware=middleware_stack(config, keys, KeyLimiter(clock)),
     )
     install_error_handlers(app)
     app.state.routes = routes
+    # The server (launch.make_server) reloads them on SIGHUP.
+    app.state.api_keys = keys
     # The server (launch.make_server) runs this on SIGTERM.
     app.state.shutdown = shutdown
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
@@ -152,6 +164,7 @@ class Routes:
         config: ServerConfig,
         gate: AdmissionGate,
         model: ServedModel,
+        is_keyed: bool = False,
     ):
         self.gate = gate
         self.tokenizer: ServedTokenizer = model.tokenizer
@@ -160,7 +173,9 @@ class Routes:
         self.send_timeout_s = config.send_timeout_s
         self.queue_timeout_s = config.queue_timeout_s
         self.created = int(time.time())
-        self.metrics = ServerMetrics(self.served_name, gate.stats, self.max_model_len)
+        self.metrics = ServerMetrics(
+            self.served_name, gate.stats, self.max_model_len, is_keyed=is_keyed
+        )
         self.frontend = Frontend(gate, self.tokenizer, observer=self.metrics)
         self.preprocessor = Preprocessor(self.tokenizer, self.max_model_len)
         self.options = to_internal.RequestOptions(
@@ -220,32 +235,37 @@ class Routes:
         if len(generation.prompts) > 1:  # n was checked; n times the prompts may not fit
             self.gate.check_open(generation.num_choices)
         log = _request_log(request)
+        num_prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
         if log is not None:
-            log.num_prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
+            log.num_prompt_tokens = num_prompt_tokens
+        run = _Run(request, generation, queue_timeout, log, chunks, self._observer_of(request))
+        lease = _key_lease(request)
+        if lease is not None:  # its generated tokens are charged as they are delivered
+            lease.charge(num_prompt_tokens)
         if generation.stream:
-            return await self._stream(request, generation, queue_timeout, log, chunks)
-        return await self._complete(request, generation, queue_timeout, log, chunks)
+            return await self._stream(run)
+        return await self._complete(run)
 
-    async def _stream(
-        self,
-        request: Request,
-        generation: GenerationRequest,
-        queue_timeout: QueueTimeout | None,
-        log: RequestLog | None,
-        chunks: ResponseChunks | None,
-    ) -> Response:
-        events = self.frontend.stream(generation, queue_timeout, chunks)
+    def _observer_of(self, request: Request) -> SeriesObserver | None:
+        """The observer of a request made with an API key (None: the app's own)."""
+        lease = _key_lease(request)
+        if lease is None:
+            return None
+        return self.metrics.observer_for(lease.key_name, lease.charge)
+
+    async def _stream(self, run: _Run) -> Response:
+        events = self.frontend.stream(run.generation, run.queue_timeout, run.chunks, run.observer)
         # Wait for the first event before sending headers: an error up to here
         # propagates from it and becomes a real HTTP error (errors.py).
         try:
-            first_event = await _unless_disconnected(request.receive, anext(events))
+            first_event = await _unless_disconnected(run.request.receive, anext(events))
         except BaseException:
             await events.aclose()
             raise
         if first_event is None:
             await events.aclose()
             return Response(status_code=CLIENT_CLOSED_STATUS)
-        usage_log = log if generation.include_usage else None
+        usage_log = run.log if run.generation.include_usage else None
         return EventStreamResponse(
             first_event,
             events,
@@ -254,21 +274,15 @@ class Routes:
             on_write_wait=self.metrics.stream_write_waits.inc,
         )
 
-    async def _complete(
-        self,
-        request: Request,
-        generation: GenerationRequest,
-        queue_timeout: QueueTimeout | None,
-        log: RequestLog | None,
-        chunks: ResponseChunks | None,
-    ) -> Response:
+    async def _complete(self, run: _Run) -> Response:
         body = await _unless_disconnected(
-            request.receive, self.frontend.complete(generation, queue_timeout, chunks)
+            run.request.receive,
+            self.frontend.complete(run.generation, run.queue_timeout, run.chunks, run.observer),
         )
         if body is None:
             return Response(status_code=CLIENT_CLOSED_STATUS)
-        if log is not None:
-            log.num_completion_tokens = completion_tokens(body)
+        if run.log is not None:
+            run.log.num_completion_tokens = completion_tokens(body)
         return Response(body, media_type="application/json")
 
     # -- everything else -----------------------------------------------------
@@ -383,8 +397,25 @@ async def _wait_for_disconnect(receive: Receive) -> None:
         pass
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One generation route's request on its way to the frontend."""
+
+    request: Request
+    generation: GenerationRequest
+    queue_timeout: QueueTimeout | None
+    log: RequestLog | None
+    chunks: ResponseChunks | None
+    # The key's observer (None: the app's).
+    observer: SeriesObserver | None
+
+
 def _request_log(request: Request) -> RequestLog | None:
     return getattr(request.state, "request_log", None)
+
+
+def _key_lease(request: Request) -> KeyLease | None:
+    return getattr(request.state, "key_lease", None)
 
 
 def _json(content: object) -> Response:

@@ -7,7 +7,7 @@ Every response that is not a success carries the OpenAI error object
 
 with the status of the `sluice.errors` class that was raised:
 
-    RequestError and subclasses     their `status_code` (400, 401, 404)
+    RequestError and subclasses     their `status_code` (400, 401, 404; 429 with `Retry-After`)
     ServiceUnavailableError         503 with `Retry-After`
     FastAPI RequestValidationError  400 (never FastAPI's 422), the first bad field as `param`
     Starlette HTTPException         its own status (unknown route 404, wrong method 405)
@@ -42,6 +42,7 @@ from sluice.errors import (
     INTERNAL_ERROR_MESSAGE,
     INTERNAL_ERROR_TYPE,
     InvalidRequestError,
+    RateLimitError,
     RequestError,
     ServiceUnavailableError,
     anthropic_error,
@@ -74,7 +75,10 @@ def error_response(
 
 
 def request_error_response(exc: RequestError, path: str = "") -> Response:
-    return _response(exc.status_code, openai_error_of(exc), path=path)
+    headers = None
+    if isinstance(exc, RateLimitError):
+        headers = {"Retry-After": str(exc.retry_after_s)}
+    return _response(exc.status_code, openai_error_of(exc), headers, path)
 
 
 def unavailable_response(exc: ServiceUnavailableError, path: str = "") -> Response:

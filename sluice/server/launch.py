@@ -16,7 +16,8 @@ prints it as its one `sluice: error:` line.
 Signals (main thread only): SIGTERM or a first SIGINT drain the app
 (`sluice.server.shutdown`) and then stop, exit status 0; a second SIGINT
 exits at once. Unlike plain uvicorn, the signal is not re-raised afterwards,
-so a drained server exits 0. Connections beyond `max_connections` get 503.
+so a drained server exits 0. SIGHUP reads the API key file again
+(sluice/server/api_keys.py). Connections beyond `max_connections` get 503.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from types import FrameType
 
@@ -102,9 +103,12 @@ class SluiceServer(uvicorn.Server):
         shutdown: GracefulShutdown | None = None,
         send_buffer_bytes: int | None = None,
         refused: RefusedStartup | None = None,
+        on_hangup: Callable[[], object] | None = None,
     ):
         super().__init__(config)
         self.shutdown_plan = shutdown
+        # What SIGHUP does (reload the API keys), on the loop.
+        self.on_hangup = on_hangup
         self.send_buffer_bytes = send_buffer_bytes
         self.refused = refused
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -169,6 +173,7 @@ class SluiceServer(uvicorn.Server):
             yield
             return
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self.handle_hangup)
         try:
             yield
         finally:
@@ -185,6 +190,10 @@ class SluiceServer(uvicorn.Server):
                 self.force_exit = self.should_exit = True
             else:
                 self._loop.call_soon_threadsafe(self.shutdown_plan.force)
+
+    def handle_hangup(self, sig: int, frame: FrameType | None) -> None:
+        if self.on_hangup is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self.on_hangup)
 
     def _stop(self, force: bool) -> None:
         self.force_exit = self.force_exit or force
@@ -208,7 +217,9 @@ def make_server(app: FastAPI, config: ServerConfig) -> SluiceServer:
     )
     # create_app leaves its drain plan here; other apps stop the uvicorn way.
     shutdown = getattr(app.state, "shutdown", None)
-    return SluiceServer(uvicorn_config, shutdown, config.send_buffer_bytes, refused)
+    keys = getattr(app.state, "api_keys", None)
+    on_hangup = None if keys is None else keys.reload
+    return SluiceServer(uvicorn_config, shutdown, config.send_buffer_bytes, refused, on_hangup)
 
 
 def serve(app: FastAPI, config: ServerConfig, sockets: list[socket.socket] | None = None) -> int:
@@ -300,8 +311,10 @@ def build_data_parallel_engine(config: ServerConfig) -> EngineAssembly:
 def run_server(config: ServerConfig) -> int:
     """`sluice serve`: build the engine and the app from `config`, serve; the exit status."""
     _configure_logging()
+    from sluice.server.api_keys import KeyRing
     from sluice.server.app import create_app
 
+    KeyRing(config.api_key, config.api_key_file)  # a broken key file fails before any load
     if config.data_parallel is None:
         assembly = build_engine(config.engine)
     else:

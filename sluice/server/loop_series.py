@@ -54,15 +54,16 @@ class LoopHistogram:
             total += value * count
         self.sum += total
 
-    def families(self, model_name: str) -> Iterator[HistogramMetricFamily]:
+    def families(self, labels: dict[str, str]) -> Iterator[HistogramMetricFamily]:
+        """One family per name, its one histogram labelled `labels`."""
         bounds = [floatToGoString(bound) for bound in self.upper_bounds] + ["+Inf"]
         cumulative, buckets = 0, []
         for bound, count in zip(bounds, self.counts, strict=True):
             cumulative += count
             buckets.append((bound, cumulative))
         for name in self.names:
-            family = HistogramMetricFamily(name, self.documentation, labels=["model_name"])
-            family.add_metric([model_name], buckets, self.sum)
+            family = HistogramMetricFamily(name, self.documentation, labels=list(labels))
+            family.add_metric(list(labels.values()), buckets, self.sum)
             yield family
 
 
@@ -85,11 +86,12 @@ class LoopCounter:
     def total(self) -> float:
         return sum(self.values.values())
 
-    def families(self, model_name: str) -> Iterator[CounterMetricFamily]:
-        labels = ["model_name"] + ([self.label] if self.label else [])
+    def families(self, labels: dict[str, str]) -> Iterator[CounterMetricFamily]:
+        """One family per name, its samples labelled `labels` (and by its own label)."""
+        names = list(labels) + ([self.label] if self.label else [])
         for name in self.names:
-            family = CounterMetricFamily(name, self.documentation, labels=labels)
+            family = CounterMetricFamily(name, self.documentation, labels=names)
             for label_value, total in self.values.items():
                 extra = [label_value] if self.label else []
-                family.add_metric([model_name, *extra], total)
+                family.add_metric([*labels.values(), *extra], total)
             yield family

@@ -15,7 +15,8 @@ Every series vLLM has is exposed under sluice's name and vLLM's
 `vllm:time_per_output_token_seconds` of the inter-token latency), with vLLM's
 types, `model_name` label and buckets (metric_buckets.py), so vLLM's Grafana
 dashboards work unchanged. The names share one series: each observation is
-recorded once.
+recorded once. With API keys, the request series (tokens, requests by finish
+reason, latencies) carry a `key` label: the key's name, never the key.
 """
 
 from __future__ import annotations
@@ -47,19 +48,32 @@ def _both(name: str) -> tuple[str, str]:
 
 
 class _LoopMetricsCollector(Collector):
-    """Exposes the app's `RequestSeries`, and the chunk count they imply."""
+    """Exposes each key's `RequestSeries` (labelled `key`; None: no label), one
+    family per name, and the chunk count they imply."""
 
-    def __init__(self, series: RequestSeries, model_name: str):
-        self._series = series
+    def __init__(self, series_by_key: dict[str | None, RequestSeries], model_name: str):
+        self._series_by_key = series_by_key
         self._model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
-        for series in self._series.all():
-            yield from series.families(self._model_name)
+        merged: dict[str, Metric] = {}
+        num_chunks = 0
+        for key_name, request_series in list(self._series_by_key.items()):
+            labels = {"model_name": self._model_name}
+            if key_name is not None:
+                labels["key"] = key_name
+            for series in request_series.all():
+                for family in series.families(labels):
+                    if family.name in merged:
+                        merged[family.name].samples.extend(family.samples)
+                    else:
+                        merged[family.name] = family
+            num_chunks += request_series.tokens_per_chunk.count
+        yield from merged.values()
         chunks = CounterMetricFamily(
             "sluice:chunks_sent", "Stream chunks carrying tokens.", labels=["model_name"]
         )
-        chunks.add_metric([self._model_name], self._series.tokens_per_chunk.count)
+        chunks.add_metric([self._model_name], num_chunks)
         yield chunks
 
 
@@ -173,47 +187,36 @@ def _request_token_histograms(
     )  # fmt: skip
 
 
-class ServerMetrics:
-    """The app's metrics; implements `sluice.frontend.observer.RequestObserver`."""
+class SeriesObserver:
+    """A `RequestObserver` recording into one `RequestSeries`: one API key's,
+    or the app's when it has no keys. `on_tokens`: told of delivered tokens
+    (the key's tokens per minute)."""
+
+    __slots__ = ("series", "_on_abort", "_on_tokens")
 
     def __init__(
         self,
-        model_name: str,
-        stats: Callable[[], EngineStatsSnapshot] | None = None,
-        max_model_len: int | None = None,
+        series: RequestSeries,
+        on_abort: Callable[[], None],
+        on_tokens: Callable[[int], None] | None = None,
     ):
-        """`stats`: the engine's (no engine series without it); `max_model_len`:
-        the cap of the per-request token histograms (none without it)."""
-        self.model_name = model_name
-        self.registry = CollectorRegistry(auto_describe=True)
-        # 1. Counters the app's other parts increment.
-        labels = {"labelnames": ["model_name"], "registry": self.registry}
-        self.requests_aborted = Counter(
-            "sluice:request_aborted", "Requests whose client went away.", **labels
-        ).labels(model_name)
-        self.stream_write_waits = Counter(
-            "sluice:stream_write_waits",
-            "Stream events that waited for a paused connection (a client reading slowly).",
-            **labels,
-        ).labels(model_name)
-        # 2. What the observer records on the loop, turned into families when scraped.
-        self.series = RequestSeries.build(max_model_len)
-        self.registry.register(_LoopMetricsCollector(self.series, model_name))
-        # 3. The engine's gauges and counters, read when scraped.
-        if stats is not None:
-            self.registry.register(EngineStatsCollector(stats, model_name))
-
-    # -- RequestObserver ---------------------------------------------------------
+        self.series = series
+        self._on_abort = on_abort
+        self._on_tokens = on_tokens
 
     def on_first_token(self, ttft_s: float, num_tokens: int) -> None:
         self.series.ttft_s.observe(ttft_s)
         self.series.tokens_per_chunk.observe(num_tokens)
+        if self._on_tokens is not None:
+            self._on_tokens(num_tokens)
 
     def on_chunks(self, num_tokens: Sequence[int], gaps_s: Sequence[float]) -> None:
         self.series.tokens_per_chunk.observe_all(num_tokens)
         # A chunk of k tokens after a gap counts as k tokens each gap/k apart.
         per_token_s = [gap_s / k for gap_s, k in zip(gaps_s, num_tokens, strict=True)]
         self.series.itl_s.observe_all(per_token_s, num_tokens)
+        if self._on_tokens is not None:
+            self._on_tokens(sum(num_tokens))
 
     def on_finish(
         self,
@@ -231,6 +234,77 @@ class ServerMetrics:
             series.request_prompt_tokens.observe(num_prompt_tokens)
         if series.request_generation_tokens is not None:
             series.request_generation_tokens.observe(num_generation_tokens)
+
+    def on_abort(self) -> None:
+        self._on_abort()
+
+
+class ServerMetrics:
+    """The app's metrics; itself the `RequestObserver` of requests without a
+    key, `observer_for(key_name)` that of a key's requests."""
+
+    def __init__(
+        self,
+        model_name: str,
+        stats: Callable[[], EngineStatsSnapshot] | None = None,
+        max_model_len: int | None = None,
+        is_keyed: bool = False,
+    ):
+        """`stats`: the engine's (no engine series without it); `max_model_len`:
+        the cap of the per-request token histograms (none without it);
+        `is_keyed`: the server asks for API keys, so the request series carry
+        a `key` label (each key's appear with its first request)."""
+        self.model_name = model_name
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._max_model_len = max_model_len
+        # 1. Counters the app's other parts increment.
+        labels = {"labelnames": ["model_name"], "registry": self.registry}
+        self.requests_aborted = Counter(
+            "sluice:request_aborted", "Requests whose client went away.", **labels
+        ).labels(model_name)
+        self.stream_write_waits = Counter(
+            "sluice:stream_write_waits",
+            "Stream events that waited for a paused connection (a client reading slowly).",
+            **labels,
+        ).labels(model_name)
+        # 2. What the observers record on the loop, turned into families when scraped.
+        self._series_by_key: dict[str | None, RequestSeries] = {}
+        self._unkeyed = None if is_keyed else self.observer_for(None)
+        self.registry.register(_LoopMetricsCollector(self._series_by_key, model_name))
+        # 3. The engine's gauges and counters, read when scraped.
+        if stats is not None:
+            self.registry.register(EngineStatsCollector(stats, model_name))
+
+    def observer_for(
+        self, key_name: str | None, on_tokens: Callable[[int], None] | None = None
+    ) -> SeriesObserver:
+        """The observer of one request of `key_name` (None: no key)."""
+        series = self._series_by_key.get(key_name)
+        if series is None:
+            series = self._series_by_key[key_name] = RequestSeries.build(self._max_model_len)
+        return SeriesObserver(series, self.requests_aborted.inc, on_tokens)
+
+    # -- RequestObserver, for requests without a key ----------------------------
+
+    def _observer(self) -> SeriesObserver:
+        if self._unkeyed is None:
+            self._unkeyed = self.observer_for(None)
+        return self._unkeyed
+
+    def on_first_token(self, ttft_s: float, num_tokens: int) -> None:
+        self._observer().on_first_token(ttft_s, num_tokens)
+
+    def on_chunks(self, num_tokens: Sequence[int], gaps_s: Sequence[float]) -> None:
+        self._observer().on_chunks(num_tokens, gaps_s)
+
+    def on_finish(
+        self,
+        num_prompt_tokens: int,
+        num_generation_tokens: int,
+        e2e_s: float,
+        finish_reason: str,
+    ) -> None:
+        self._observer().on_finish(num_prompt_tokens, num_generation_tokens, e2e_s, finish_reason)
 
     def on_abort(self) -> None:
         self.requests_aborted.inc()

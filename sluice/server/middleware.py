@@ -3,7 +3,8 @@
 Pure ASGI (no `BaseHTTPMiddleware`), so streaming bodies pass through
 untouched and a client disconnect reaches the route as it happens.
 Order, outermost first: request context (id + access log, so even a 401 is
-logged with its id), CORS (so preflights never need a key), API key.
+logged with its id), CORS (so preflights never need a key), API key and its
+limits (sluice/server/api_keys.py, key_limits.py).
 
 Invariants: every HTTP response carries `X-Request-Id` (the client's, or a
 fresh one); exactly one "sluice.access" log line per HTTP request, written
@@ -12,7 +13,6 @@ when its last body byte is sent or it failed.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 import uuid
@@ -21,10 +21,14 @@ from dataclasses import dataclass, field
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.config import ServerConfig
-from sluice.server.errors import error_response, internal_error_response
+from sluice.errors import RateLimitError
+from sluice.server.api_keys import ApiKey, KeyRing
+from sluice.server.errors import error_response, internal_error_response, request_error_response
+from sluice.server.key_limits import KeyLease, KeyLimiter
 from sluice.server.pages import is_public_page
 
 access_logger = logging.getLogger("sluice.access")
@@ -33,6 +37,9 @@ logger = logging.getLogger("sluice.server")
 REQUEST_ID_HEADER = b"x-request-id"
 # Probes and scrapers never carry the key.
 API_KEY_EXEMPT_PATHS = frozenset({"/health", "/metrics"})
+# The generation routes, where a key's limits apply (on POST).
+LIMITED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses",
+                           "/v1/messages"})  # fmt: skip
 # Status written to the access log when the client left before the response.
 CLIENT_CLOSED_STATUS = 499
 _MAX_REQUEST_ID_CHARS = 128
@@ -50,6 +57,8 @@ class RequestLog:
     first_byte_s: float | None = None
     num_prompt_tokens: int | None = None
     num_completion_tokens: int | None = None
+    # The API key's name (never the key); None without keys.
+    key_name: str | None = None
 
     def line(self) -> str:
         now_s = time.perf_counter()
@@ -59,6 +68,7 @@ class RequestLog:
             f"prompt_tokens={_or_dash(self.num_prompt_tokens)} "
             f"completion_tokens={_or_dash(self.num_completion_tokens)} "
             f"first_byte_ms={first_byte} total_ms={_ms(now_s - self.start_s)}"
+            + ("" if self.key_name is None else f" key={self.key_name}")
         )
 
 
@@ -136,39 +146,79 @@ def _request_id(scope: Scope) -> str:
 
 class ApiKeyMiddleware:
     """`Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on
-    every path but probes; 401 otherwise."""
+    every path but probes and pages, 401 otherwise; then the key's limits on
+    the generation routes, 429 with Retry-After when one is reached.
 
-    def __init__(self, app: ASGIApp, api_key: str):
+    The key's name (never the key) goes to the access log, and the request's
+    `KeyLease` to `scope["state"]["key_lease"]`, held until the response's
+    last byte is sent (routes charge its tokens through it).
+    """
+
+    def __init__(self, app: ASGIApp, keys: KeyRing, limiter: KeyLimiter):
         self.app = app
-        self._expected = f"Bearer {api_key}".encode()
-        self._expected_key = api_key.encode()
+        self._keys = keys
+        self._limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if scope["type"] != "http" or path in API_KEY_EXEMPT_PATHS or is_public_page(path):
             await self.app(scope, receive, send)
             return
-        given = next((v for n, v in scope["headers"] if n == b"authorization"), b"")
-        given_key = next((v for n, v in scope["headers"] if n == b"x-api-key"), b"")
-        # Both compared, whichever is given: no timing difference between them.
-        is_bearer = hmac.compare_digest(given, self._expected)
-        is_key = hmac.compare_digest(given_key, self._expected_key)
-        if is_bearer or (given_key and is_key):
+        key = self._key_of(scope)
+        if key is None:
+            await _unauthorized(scope, path)(scope, receive, send)
+            return
+        log = request_log_of(scope)
+        if log is not None:
+            log.key_name = key.name
+        if not (scope["method"] == "POST" and path in LIMITED_PATHS):
             await self.app(scope, receive, send)
             return
-        message = "missing API key" if not (given or given_key) else "invalid API key"
-        response = error_response(
-            401,
-            f"{message}; send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-            "authentication_error",
-            code="invalid_api_key",
-            path=path,
-        )
-        await response(scope, receive, send)
+        try:
+            lease = self._limiter.admit(key)
+        except RateLimitError as error:
+            await request_error_response(error, path)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["key_lease"] = lease
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            lease.release()
+
+    def _key_of(self, scope: Scope) -> ApiKey | None:
+        given = next((v for n, v in scope["headers"] if n == b"authorization"), b"")
+        given_key = next((v for n, v in scope["headers"] if n == b"x-api-key"), b"")
+        # Both looked up, whichever is given: no timing difference between them.
+        bearer = self._keys.match(given.removeprefix(b"Bearer ")) if given else None
+        by_header = self._keys.match(given_key)
+        if given.startswith(b"Bearer ") and bearer is not None:
+            return bearer
+        return by_header if given_key else None
 
 
-def middleware_stack(config: ServerConfig) -> list[Middleware]:
-    """The app's middleware, outermost first."""
+def _unauthorized(scope: Scope, path: str) -> Response:
+    headers = {n for n, _ in scope["headers"]}
+    is_missing = not headers & {b"authorization", b"x-api-key"}
+    message = "missing API key" if is_missing else "invalid API key"
+    return error_response(
+        401,
+        f"{message}; send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+        "authentication_error",
+        code="invalid_api_key",
+        path=path,
+    )
+
+
+def key_lease_of(scope: Scope) -> KeyLease | None:
+    """The API key's lease of this request (routes use `request.state.key_lease`)."""
+    return scope.get("state", {}).get("key_lease")
+
+
+def middleware_stack(
+    config: ServerConfig, keys: KeyRing | None = None, limiter: KeyLimiter | None = None
+) -> list[Middleware]:
+    """The app's middleware, outermost first; `keys` and `limiter` default to
+    those `config` describes (an app passes its own, to reload them)."""
     stack = [Middleware(RequestContextMiddleware)]
     if config.cors_allowed_origins:
         stack.append(
@@ -180,6 +230,7 @@ def middleware_stack(config: ServerConfig) -> list[Middleware]:
                 expose_headers=["X-Request-Id"],
             )
         )
-    if config.api_key:
-        stack.append(Middleware(ApiKeyMiddleware, api_key=config.api_key))
+    keys = keys or KeyRing(config.api_key, config.api_key_file)
+    if keys.is_enabled:
+        stack.append(Middleware(ApiKeyMiddleware, keys=keys, limiter=limiter or KeyLimiter()))
     return stack

@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from sluice.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, ServerConfig
@@ -42,6 +42,8 @@ class LiveServer:
         max_model_len: int = 4096,
         # Starting a real engine (its own process, loading weights) takes a while.
         startup_timeout_s: float = 10.0,
+        # The clock of the API keys' rate windows (default: time.monotonic).
+        clock: Callable[[], float] = time.monotonic,
         **config,
     ):
         self.engine = engine
@@ -49,7 +51,7 @@ class LiveServer:
         self.model_name = model_name
         self.config = ServerConfig(host="127.0.0.1", port=0, **config)
         self.app = create_app(
-            self.config, engine, ServedModel(model_name, tokenizer, max_model_len)
+            self.config, engine, ServedModel(model_name, tokenizer, max_model_len), clock
         )
         self.server = make_server(self.app, self.config)
         self.startup_timeout_s = startup_timeout_s

@@ -24,15 +24,59 @@ function parseMetrics(text) {
   return metrics;
 }
 
-function sum(metrics, name) {
-  return (metrics.get(name) || []).reduce((total, sample) => total + sample.value, 0);
+// The sum of a metric's samples (only those of API key `key`, if given).
+function sum(metrics, name, key) {
+  return (metrics.get(name) || [])
+    .filter((sample) => key === undefined || sample.labels.key === key)
+    .reduce((total, sample) => total + sample.value, 0);
 }
 
-// Cumulative bucket counts by upper bound ("le"), in bound order.
-function buckets(metrics, name) {
-  return (metrics.get(`${name}_bucket`) || [])
-    .map((s) => ({ le: Number(s.labels.le), count: s.value }))
-    .sort((a, b) => a.le - b.le);
+// Cumulative bucket counts by upper bound ("le"), in bound order, summed over
+// the other labels (each API key has its own histogram) or of key `key` only.
+function buckets(metrics, name, key) {
+  const byBound = new Map();
+  for (const s of metrics.get(`${name}_bucket`) || []) {
+    if (key !== undefined && s.labels.key !== key) continue;
+    const le = Number(s.labels.le);
+    byBound.set(le, (byBound.get(le) || 0) + s.value);
+  }
+  return [...byBound].map(([le, count]) => ({ le, count })).sort((a, b) => a.le - b.le);
+}
+
+// One row per API key (the `key` label of the request series; none without
+// keys): requests finished, tokens delivered per second and time to first
+// token (p50) over the last interval, prompt tokens in all.
+function keyRows(metrics, before, dt) {
+  const names = new Set();
+  for (const sample of metrics.get("sluice:request_success_total") || []) {
+    if (sample.labels.key !== undefined) names.add(sample.labels.key);
+  }
+  const ttft = "sluice:time_to_first_token_seconds";
+  return [...names].sort().map((key) => {
+    const delta = (name) => sum(metrics, name, key) - sum(before, name, key);
+    const p50 = quantile(0.5, buckets(before, ttft, key), buckets(metrics, ttft, key));
+    return {
+      key,
+      requests: sum(metrics, "sluice:request_success_total", key),
+      tokensPerS: delta("sluice:tokens_per_chunk_sum") / dt,
+      ttftP50Ms: p50 === null ? null : 1000 * p50,
+      promptTokens: sum(metrics, "sluice:prompt_tokens_total", key),
+    };
+  });
+}
+
+function updateKeys(metrics, before, dt) {
+  const rows = keyRows(metrics, before, dt);
+  const section = document.getElementById("keys");
+  section.hidden = rows.length === 0;
+  section.querySelector("tbody").innerHTML = rows.map((row) =>
+    `<tr><td>${escapeHtml(row.key)}</td><td>${formatNumber(row.requests)}</td>`
+    + `<td>${formatNumber(row.tokensPerS)}</td><td>${formatNumber(row.ttftP50Ms)}</td>`
+    + `<td>${formatNumber(row.promptTokens)}</td></tr>`).join("");
+}
+
+function escapeHtml(text) {
+  return text.replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
 }
 
 // The q-quantile of the observations between two scrapes (linear in a bucket).
@@ -157,6 +201,7 @@ async function tick() {
   if (previous !== null) {
     const dt = (nowMs - previousMs) / 1000;
     for (const card of CARDS) update(card, metrics, previous, dt);
+    updateKeys(metrics, previous, dt);
   }
   previous = metrics;
   previousMs = nowMs;
