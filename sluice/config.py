@@ -146,6 +146,17 @@ class SchedulerConfig:
     max_waiting_requests: int = setting(
         1024, "requests allowed to wait; beyond it new ones get 503", at_least=0
     )
+    # "fcfs": arrival order. "priority": by each request's `priority` (lower
+    # sooner), then arrival; a waiting request may preempt a running one it
+    # outranks (sluice/engine/priority.py).
+    scheduling_policy: Literal["fcfs", "priority"] = setting(
+        "fcfs", "fcfs: arrival order; priority: by the requests' priority field, then arrival"
+    )
+    # Under "priority": a waiting request gains one level per this many steps
+    # waited, so none starves (the bound: sluice/engine/priority.py).
+    priority_aging_steps: int = setting(
+        500, "engine steps of waiting that raise a request's priority by one level", at_least=1
+    )
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -97,6 +97,9 @@ class Request:
     # The grammar state of a structured-output request (it has consumed exactly
     # output_token_ids); None for a free one and once the request finished.
     grammar: GrammarMatcher | None = None
+    # Engine steps spent waiting (admission or after a preemption), counted
+    # under the priority policy only: its aging (sluice/engine/priority.py).
+    num_steps_waited: int = 0
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

@@ -55,6 +55,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # Output constrained to a JSON schema, regex, choice or grammar (the
     # logits are masked before sampling; logprobs stay the raw ones). None: free.
     structured_output: StructuredOutputSpec | None = None
+    # vLLM's request priority: lower runs sooner, under --scheduling-policy
+    # priority only (sluice/engine/priority.py); fcfs ignores it.
+    priority: int = 0
 
     @property
     def is_greedy(self) -> bool:

@@ -23,6 +23,12 @@ Invariants:
 - `add_request` refuses a request that could never fit the pool or the
   context, so no request waits forever and the oldest one always progresses.
 
+With `scheduling_policy="priority"` (sluice/engine/priority.py), "oldest"
+and "arrival order" above read "best rank": each step first ranks both
+queues by aged priority and lets waiting requests that outrank running ones
+take their seats by preemption (`_apply_priorities`); the FCFS invariant
+below is then the rank order at the start of each step.
+
 With `enable_chunked_prefill=False` a prompt is only admitted whole. A prompt
 longer than the whole budget is then admitted alone, into an otherwise empty
 step (after the running requests drain), so that step exceeds the budget.
@@ -38,6 +44,7 @@ from typing import TYPE_CHECKING
 from sluice.config import SchedulerConfig
 from sluice.engine.kv_cache import KVCacheManager
 from sluice.engine.outputs import RequestDelta
+from sluice.engine.priority import PriorityOrder
 from sluice.engine.request import Request, RequestStatus
 from sluice.engine.sampled import PromptLogprobsChunk, SampledToken
 from sluice.engine.sampling_params import SamplingParams
@@ -109,6 +116,10 @@ class Scheduler:
         self.num_preemptions = 0
         # The plan `update` must be given next; None between steps.
         self._pending_plan: SchedulerPlan | None = None
+        # The priority policy's ranking; None under fcfs.
+        self._priorities = None
+        if config.scheduling_policy == "priority":
+            self._priorities = PriorityOrder(config.priority_aging_steps)
 
     # -- requests in and out ------------------------------------------------
 
@@ -158,11 +169,13 @@ class Scheduler:
         the next `schedule`; an empty one (nothing live) needs no update."""
         assert self._pending_plan is None, "schedule() called twice without update()"
         plan = SchedulerPlan()
+        # 0. Priority policy: rank the queues; outranked running requests yield seats.
+        num_yielded = 0 if self._priorities is None else self._apply_priorities(plan)
         # 1. Running requests first, oldest first, preempting the newest if short of blocks.
         self._schedule_running(plan)
         # 2. Admit waiting requests, unless blocks ran short: they would only
         #    take the blocks just freed and be preempted again.
-        if not plan.preempted_ids:
+        if len(plan.preempted_ids) == num_yielded:
             self._schedule_waiting(plan)
         # 3. A plan with work must come back through `update`.
         if not plan.is_empty:
@@ -237,6 +250,34 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         self._waiting.appendleft(request)  # it is older than every waiting request
+
+    def _apply_priorities(self, plan: SchedulerPlan) -> int:
+        """Age and rank both queues; preempt the worst running requests for
+        waiting ones that outrank them and lack a seat (the head: or blocks
+        for its first chunk). Returns how many were preempted."""
+        order = self._priorities
+        assert order is not None, "under the priority policy only"
+        order.age(self._waiting)
+        self._running = order.sorted(self._running)
+        num_preempted = 0
+        for index, candidate in enumerate(order.sorted(self._waiting)):
+            while self._running and order.outranks(candidate, self._running[-1]):
+                has_seat = len(self._running) + index < self.config.max_num_seqs
+                if has_seat and (index > 0 or self._has_blocks_for(candidate)):
+                    break
+                victim = self._running.pop()
+                self._preempt(victim)
+                plan.preempted_ids.append(victim.request_id)
+                num_preempted += 1
+            else:
+                break  # it outranks no running request: nor will those after it
+        self._waiting = deque(order.sorted(self._waiting))
+        return num_preempted
+
+    def _has_blocks_for(self, request: Request) -> bool:
+        """Whether the pool holds `request`'s first chunk, were the running decodes served."""
+        budget = max(1, self.config.max_num_batched_tokens - len(self._running))
+        return self.kv.can_allocate(request, min(request.num_uncomputed_tokens, budget))
 
     def _schedule_waiting(self, plan: SchedulerPlan) -> None:
         while (
@@ -374,8 +415,9 @@ class Scheduler:
         for request in self._waiting:
             _require(not request.block_ids, f"waiting {request.request_id} holds blocks")
             _require(request.status is not RequestStatus.RUNNING, "running in waiting")
-        arrival = [request.arrival_index for request in live]
-        _require(arrival == sorted(arrival), "queues out of arrival order")
+        if self._priorities is None:  # priority: ranked at the start of each step only
+            arrival = [request.arrival_index for request in live]
+            _require(arrival == sorted(arrival), "queues out of arrival order")
 
 
 def _require(condition: bool, message: str) -> None:
