@@ -185,6 +185,7 @@ class Routes:
             tool_call_parser=config.tool_call_parser
             or guess_tool_call_parser(self.tokenizer.chat_template_source),
             reasoning_parser=config.reasoning_parser,
+            is_priority_scheduling=config.engine.scheduler.scheduling_policy == "priority",
         )
         self.bodies = BodyReader(config.limits, self.options)
 

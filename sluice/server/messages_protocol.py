@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from sluice.server.protocol import INT64_MAX, MAX_STOP_STRINGS, MAX_TOOLS, OpenAIModel
+from sluice.server.protocol import INT64_MAX, MAX_STOP_STRINGS, MAX_TOOLS, OpenAIModel, Priority
 
 # Anthropic's rule for tool names.
 ToolName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,128}$")]
@@ -113,6 +113,8 @@ class MessagesRequest(PromptFields):
     temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
+    # vLLM's extension: lower runs sooner (--scheduling-policy priority).
+    priority: Priority | None = None
     # Accepted and ignored: nothing here depends on them.
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None

@@ -36,7 +36,8 @@ async def messages_request(
     body: messages_protocol.MessagesRequest, options: RequestOptions
 ) -> GenerationRequest:
     options = _with_thinking(body.thinking, options)
-    sampling = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
+    sampling = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+                "priority": body.priority}  # fmt: skip
     chat = _chat_body(
         body, options, stream=bool(body.stream), stop=body.stop_sequences,
         response_format=_response_format(body.output_config), **sampling,

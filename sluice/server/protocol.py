@@ -41,6 +41,8 @@ Count = Annotated[int, Field(ge=1, le=INT64_MAX)]
 NumChoices = Annotated[int, Field(ge=1, le=MAX_N)]
 TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+# vLLM's request priority: lower runs sooner (--scheduling-policy priority).
+Priority = Annotated[int, Field(strict=True, ge=INT64_MIN, le=INT64_MAX)]
 
 
 class OpenAIModel(BaseModel):
@@ -106,6 +108,7 @@ class SamplingFields(OpenAIModel):
     min_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     include_stop_str_in_output: bool | None = None
+    priority: Priority | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     # Structured outputs: at most one of these per request (`structured_fields`).

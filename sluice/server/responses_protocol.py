@@ -19,6 +19,7 @@ from sluice.server.protocol import (
     MAX_TOOLS,
     Count,
     OpenAIModel,
+    Priority,
     Seed,
     Temperature,
     TopLogprobs,
@@ -64,6 +65,8 @@ class ResponsesRequest(OpenAIModel):
     top_p: TopP | None = None
     top_logprobs: TopLogprobs | None = None
     seed: Seed | None = None
+    # vLLM's extension: lower runs sooner (--scheduling-policy priority).
+    priority: Priority | None = None
     tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -141,6 +141,7 @@ def _chat_fields(
         "temperature": body.temperature,
         "top_p": body.top_p,
         "seed": body.seed,
+        "priority": body.priority,
         "stream": body.stream,
         "logprobs": wants_logprobs or None,
         "top_logprobs": body.top_logprobs if wants_logprobs else None,

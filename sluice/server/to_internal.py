@@ -50,6 +50,8 @@ class RequestOptions:
     reasoning_parser: str | None = None
     # How structured-output specs are compiled to check them.
     grammar_check: GrammarCheck = field(default_factory=GrammarCheck)
+    # The engine schedules by priority (`priority` is refused otherwise, as vLLM does).
+    is_priority_scheduling: bool = False
 
 
 def check_model(requested: str | None, served_model_name: str) -> str:
@@ -68,6 +70,7 @@ async def completion_request(
 ) -> GenerationRequest:
     model_name = check_model(body.model, options.served_model_name)
     limits.check_body(body, options.limits)
+    _check_priority(body.priority, options)
     n = body.n or 1
     _refuse_unsupported_completion_fields(body, n)
     stream = _check_stream_options(body)
@@ -97,6 +100,7 @@ async def chat_request(
     to fit instead of refused (the agent APIs: Claude Code asks for 32,000)."""
     model_name = check_model(body.model, options.served_model_name)
     limits.check_body(body, options.limits)
+    _check_priority(body.priority, options)
     n = body.n or 1
     logprobs = _chat_logprobs(body)
     stream = _check_stream_options(body)
@@ -161,7 +165,17 @@ def sampling_params(
         ignore_eos=_default(body.ignore_eos, False),
         logprobs=logprobs,
         structured_output=structured_output,
+        priority=body.priority or 0,
     )
+
+
+def _check_priority(priority: int | None, options: RequestOptions) -> None:
+    if priority and not options.is_priority_scheduling:
+        raise InvalidRequestError(
+            "priority needs a server started with --scheduling-policy priority; "
+            "this one schedules first come, first served",
+            param="priority",
+        )
 
 
 def logit_bias(bias: dict[str, float] | None, preprocessor: Preprocessor) -> dict[int, float]:
