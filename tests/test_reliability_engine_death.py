@@ -59,7 +59,7 @@ def live(embedded_model_config, embedded_tokenizer):
     with LiveServer(
         engine,
         embedded_tokenizer,
-        model_name="smollm2",
+        model_name="SmolLM2-135M-Instruct",  # as the engine names what it loaded
         max_model_len=2048,
         startup_timeout_s=180,
     ) as server:

@@ -85,7 +85,8 @@ def live(cluster, tiny_folder):
     data_parallel = DataParallelConfig(num_replicas=2, ray_address=cluster.address)
     engine = DataParallelEngineClient(engine_config, data_parallel)
     tokenizer = Tokenizer.from_folder(tiny_folder)
-    with LiveServer(engine, tokenizer, max_model_len=256, startup_timeout_s=300,
+    with LiveServer(engine, tokenizer, model_name=tiny_folder.name, max_model_len=256,
+                    startup_timeout_s=300,
                     data_parallel=data_parallel) as server:  # fmt: skip
         yield server
 
