@@ -1,15 +1,18 @@
-"""Where W8A8 starts on a CPU with AMX: the race at load (sluice/models/int8_threshold.py).
+"""In which bands of rows W8A8 serves a step on a CPU with AMX: the race at
+load (sluice/models/int8_threshold.py).
 
-- `race_min_rows` returns the fewest row counts down to which W8A8 kept
-  winning (largest first), stops at its first loss, counts a tie as a loss,
-  compares medians (one slow run does not decide), and says NEVER when W8A8
-  lost at the largest count; the clock is injected, so no test here depends
-  on this machine's speed;
-- a raced model serves W8A8 from the raced rows (never below a layer's own
-  threshold), the dense path below; a lost race drops every W8A8 layer and
-  the model's activation mode; the real race runs end to end on a tiny model;
+- `race_bands` times every band (no monotonicity assumed) on an injected
+  clock, so no test here depends on this machine's speed, and chooses per
+  band for each CPU's shape of results: AMX (bfloat16 wins the large blocks,
+  W8A8 the small: the ratios measured on a Sapphire Rapids), VNNI only (Zen 4,
+  a Xeon hiding AMX: W8A8 wins from 4 rows up), a middle band, bands apart;
+  a tie is a loss, medians decide (one slow run does not);
+- a raced model serves W8A8 in the raced bands only (never below a layer's
+  own threshold), weight-only int4 or the dense path elsewhere; a race lost
+  in every band drops every W8A8 layer and the model's activation mode; the
+  real race runs end to end on a tiny model;
 - the loader races only on a bfloat16 model on a CPU with AMX-BF16, and the
-  startup reason says the outcome.
+  startup reason says what the race chose, and nothing the race overruled.
 """
 
 from __future__ import annotations
@@ -22,8 +25,12 @@ import torch
 from sluice.loader import choices, load_model
 from sluice.models import calibration, int8_threshold
 from sluice.models.int8_activations import MIN_INT8_ACTIVATION_TOKENS, MIN_PACKED_INT8_TOKENS
-from sluice.models.int8_threshold import NEVER, RACE_ROWS, race_min_rows
+from sluice.models.int8_threshold import RACE_ROWS, describe_bands, race_bands
 from sluice.models.llama import LlamaForCausalLM
+
+EVERY_STEP = sys.maxsize
+# W8A8 / bfloat16 time per band on a Sapphire Rapids with AMX (issue 27).
+AMX_RATIOS = {512: 1.86, 256: 1.66, 128: 1.45, 64: 1.01, 32: 0.91, 16: 0.81, 8: 0.63, 4: 0.57}
 
 
 class FakeClock:
@@ -34,8 +41,8 @@ class FakeClock:
         return self.now
 
 
-def race(dense_cost, w8a8_cost, **kwargs) -> int:
-    """race_min_rows over two paths that cost `*_cost(n)` seconds of a fake clock."""
+def race(dense_cost, w8a8_cost, **kwargs):
+    """race_bands over two paths that cost `*_cost(n)` seconds of a fake clock."""
     clock = FakeClock()
 
     def dense(n):
@@ -44,22 +51,37 @@ def race(dense_cost, w8a8_cost, **kwargs) -> int:
     def w8a8(n):
         clock.now += w8a8_cost(n)
 
-    return race_min_rows(dense, w8a8, clock=clock, **kwargs)
+    return race_bands(dense, w8a8, clock=clock, **kwargs)
 
 
-def test_the_race_returns_the_fewest_rows_down_to_which_w8a8_kept_winning():
-    # W8A8 wins where 5 n + 300 < 10 n: from 61 rows on, so 64 of the grid.
-    assert race(lambda n: 10 * n, lambda n: 5 * n + 300) == 64
-    assert race(lambda n: 10 * n, lambda n: 5 * n) == RACE_ROWS[-1]
-    assert race(lambda n: 5 * n, lambda n: 10 * n) == NEVER == sys.maxsize
-    # A tie is a loss: W8A8 must be faster to serve.
-    assert race(lambda n: 10 * n, lambda n: 10 * n) == NEVER
+def by_ratio(ratios):
+    """Costs whose W8A8 / bfloat16 ratio in each band is `ratios[n]`."""
+    return (lambda n: 1e-3 * n), (lambda n: 1e-3 * n * ratios[n])
 
 
-def test_the_race_stops_at_the_first_loss():
-    # W8A8 wins at 512 and 256, loses at 128, would win again at 64.
-    w8a8 = {512: 1, 256: 1, 128: 9, 64: 1, 32: 1, 16: 1, 8: 1, 4: 1}
-    assert race(lambda n: 5, lambda n: w8a8[n]) == 256
+def test_on_amx_w8a8_serves_the_small_bands_it_wins_though_it_loses_the_large():
+    # The first race stopped at its loss at 512 rows and turned W8A8 off.
+    assert race(*by_ratio(AMX_RATIOS)) == (range(4, 64),)
+
+
+def test_with_vnni_only_w8a8_serves_every_step_from_4_rows():
+    zen4 = dict.fromkeys(RACE_ROWS, 0.8)
+    assert race(*by_ratio(zen4)) == (range(4, EVERY_STEP),)
+
+
+def test_a_middle_band_and_bands_apart_are_served_as_won():
+    middle = {4: 1.1, 8: 1.05, 16: 0.9, 32: 0.8, 64: 0.95, 128: 1.2, 256: 1.4, 512: 1.6}
+    assert race(*by_ratio(middle)) == (range(16, 128),)
+    apart = {4: 1.2, 8: 0.9, 16: 1.1, 32: 0.9, 64: 0.9, 128: 0.9, 256: 0.9, 512: 0.8}
+    assert race(*by_ratio(apart)) == (range(8, 16), range(32, EVERY_STEP))
+    assert describe_bands((range(8, 16), range(32, EVERY_STEP))) == "8-15 and 32+ rows"
+
+
+def test_every_band_is_timed_and_a_tie_is_a_loss():
+    calls = []
+    race(lambda n: calls.append(n) or 5, lambda n: 9 if n == 512 else 1)
+    assert sorted(set(calls)) == sorted(RACE_ROWS)  # none skipped after a loss
+    assert race(lambda n: 10 * n, lambda n: 10 * n) == ()
 
 
 def test_the_race_compares_medians_so_one_slow_run_does_not_decide():
@@ -68,12 +90,12 @@ def test_the_race_compares_medians_so_one_slow_run_does_not_decide():
     def w8a8(n):
         return next(runs, 1.0)
 
-    # Medians 1 against 2: W8A8 wins at both counts (the mean, 15, would lose at 512).
-    assert race(lambda n: 2.0, w8a8, rows=(512, 256)) == 256
+    # Medians 1 against 2: W8A8 wins both bands (the mean, 15, would lose at 256).
+    assert race(lambda n: 2.0, w8a8, rows=(256, 512)) == (range(256, EVERY_STEP),)
     calls = []
     clock = FakeClock()
-    race_min_rows(lambda n: calls.append(("dense", n)), lambda n: calls.append(("w8a8", n)),
-                  rows=(8,), repeats=3, clock=clock)  # fmt: skip
+    race_bands(lambda n: calls.append(("dense", n)), lambda n: calls.append(("w8a8", n)),
+               rows=(8,), repeats=3, clock=clock)  # fmt: skip
     # One warm-up of each, then the paths alternate.
     assert [name for name, _ in calls] == ["dense", "w8a8"] * 4
 
@@ -90,35 +112,42 @@ def w8a8_targets(model: LlamaForCausalLM):
     return [getattr(layer, name) for layer in model.layers for name in names]
 
 
-def test_a_raced_model_serves_w8a8_from_the_raced_rows(bf16_model, monkeypatch):
+def test_a_raced_model_serves_w8a8_in_the_raced_bands_only(bf16_model, monkeypatch):
     raced = []
+    bands = (range(4, 16), range(64, EVERY_STEP))
 
     def fake_race(dense, w8a8, **kwargs):
         dense(8), w8a8(8)  # the race's two paths run on the model's matrices
         raced.append(True)
-        return 16
+        return bands
 
-    monkeypatch.setattr(int8_threshold, "race_min_rows", fake_race)
-    rows = calibration.quantize_activations(bf16_model, list(range(3, 60)), None, True)
+    monkeypatch.setattr(int8_threshold, "race_bands", fake_race)
+    bf16_model.quantize("int4")
+    served = calibration.quantize_activations(bf16_model, list(range(3, 60)), None, True)
     assert raced and bf16_model.activation_quantization == "int8"
-    for linear in w8a8_targets(bf16_model):
-        # Never below the layer's own threshold (40 rows through _int_mm).
-        own = (
-            MIN_PACKED_INT8_TOKENS
-            if linear.int8_activations.packed is not None
-            else MIN_INT8_ACTIVATION_TOKENS
-        )
-        assert linear.min_large_rows == max(16, own) == rows
     qkv = bf16_model.layers[0].qkv_proj
-    x = torch.randn(rows, bf16_model.config.hidden_size).bfloat16()
-    assert torch.equal(qkv(x), qkv.int8_activations(x))
-    assert torch.equal(qkv(x[:-1]), qkv.dense_matmul(x[:-1]))
+    # Never below the layer's own threshold (40 rows through _int_mm).
+    own = qkv.int8_activations.min_rows
+    assert own in (MIN_PACKED_INT8_TOKENS, MIN_INT8_ACTIVATION_TOKENS)
+    expected = bands if own == MIN_PACKED_INT8_TOKENS else (range(64, EVERY_STEP),)
+    assert served == expected
+    assert {linear.int8_row_bands for linear in w8a8_targets(bf16_model)} == {expected}
+    int4 = qkv.quantized.matmul_for(torch.bfloat16)
+    for rows in (1, 3, 4, 8, 15, 16, 40, 63, 64, 100):
+        x = torch.randn(rows, bf16_model.config.hidden_size).bfloat16()
+        if any(rows in band for band in expected):
+            path = qkv.int8_activations
+        elif rows <= qkv.max_quantized_tokens:
+            path = int4
+        else:
+            path = qkv.dense_matmul
+        assert torch.equal(qkv(x), path(x)), rows
 
 
-def test_a_lost_race_drops_w8a8(bf16_model, monkeypatch):
-    monkeypatch.setattr(int8_threshold, "race_min_rows", lambda dense, w8a8, **kw: NEVER)
-    rows = calibration.quantize_activations(bf16_model, list(range(3, 60)), None, True)
-    assert rows == NEVER and bf16_model.activation_quantization is None
+def test_a_race_lost_in_every_band_drops_w8a8(bf16_model, monkeypatch):
+    monkeypatch.setattr(int8_threshold, "race_bands", lambda dense, w8a8, **kw: ())
+    served = calibration.quantize_activations(bf16_model, list(range(3, 60)), None, True)
+    assert served == () and bf16_model.activation_quantization is None
     assert all(linear.int8_activations is None for linear in w8a8_targets(bf16_model))
     qkv = bf16_model.layers[0].qkv_proj
     x = torch.randn(64, bf16_model.config.hidden_size).bfloat16()
@@ -126,10 +155,13 @@ def test_a_lost_race_drops_w8a8(bf16_model, monkeypatch):
 
 
 def test_the_real_race_runs_and_every_matrix_takes_its_outcome(bf16_model):
-    rows = calibration.quantize_activations(bf16_model, list(range(3, 60)), None, True)
-    # Which path wins depends on this CPU; that all agree on it does not.
-    assert rows in (*RACE_ROWS, MIN_INT8_ACTIVATION_TOKENS, NEVER)
-    assert {linear.min_large_rows for linear in w8a8_targets(bf16_model)} == {rows}
+    served = calibration.quantize_activations(bf16_model, list(range(3, 60)), None, True)
+    # Which path wins where depends on this CPU; that all agree on it does not.
+    assert all(band.start in (*RACE_ROWS, MIN_INT8_ACTIVATION_TOKENS) for band in served)
+    assert {linear.int8_row_bands for linear in w8a8_targets(bf16_model)} == {served}
+
+
+AMX = {"avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"}
 
 
 def test_the_loader_races_only_on_a_bfloat16_model_with_amx(tmp_path, monkeypatch):
@@ -138,14 +170,14 @@ def test_the_loader_races_only_on_a_bfloat16_model_with_amx(tmp_path, monkeypatc
     folder = tmp_path / "tiny-llama"
     build_tiny_model("llama_tied", folder)
     write_tiny_tokenizer(folder)
-    outcome = {"rows": 16}
+    outcome = {"bands": (range(4, 64),)}
     raced = []
 
     def fake_race(dense, w8a8, **kwargs):
         raced.append(True)
-        return outcome["rows"]
+        return outcome["bands"]
 
-    monkeypatch.setattr(int8_threshold, "race_min_rows", fake_race)
+    monkeypatch.setattr(int8_threshold, "race_bands", fake_race)
 
     def load(flags, dtype="bfloat16"):
         monkeypatch.setattr(choices, "cpu_flags", lambda: frozenset(flags))
@@ -153,15 +185,22 @@ def test_the_loader_races_only_on_a_bfloat16_model_with_amx(tmp_path, monkeypatc
 
     loaded = load({"avx512_vnni", "avx512_bf16"})
     assert not raced and "raced" not in loaded.choices.reason
-    loaded = load({"avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"})
+    assert "int8 activations in steps of several tokens" in loaded.choices.reason
+    loaded = load(AMX)
     assert raced and loaded.choices.activations == "int8"
-    assert "from 16 rows: raced against AMX at load" in loaded.choices.reason
-    outcome["rows"] = NEVER
-    loaded = load({"avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"})
+    reason = loaded.choices.reason
+    own = loaded.model.layers[0].qkv_proj.int8_activations.min_rows
+    assert f"int8 activations at {own}-63 rows, AMX bfloat16 elsewhere" in reason
+    # The reason says what the race chose, and nothing it overruled.
+    assert "in steps of several tokens" not in reason and "off" not in reason
+    outcome["bands"] = ()
+    loaded = load(AMX)
     assert loaded.choices.activations is None and loaded.model.activation_quantization is None
-    assert "int8 activations off: they lost to AMX bfloat16 at load" in loaded.choices.reason
+    reason = loaded.choices.reason
+    assert "int8 activations off: they lost to AMX bfloat16 in every band" in reason
+    assert "AMX-INT8" not in reason and reason.count("int8 activations") == 1
     raced.clear()
-    load({"avx512_vnni", "amx_bf16", "amx_int8"}, dtype="float32")
+    load(AMX, dtype="float32")
     assert not raced
 
 
@@ -169,4 +208,4 @@ def choices_config(folder, dtype):
     from sluice.config import ModelConfig
 
     return ModelConfig(model=str(folder), cache_dir=folder.parent / "cache", dtype=dtype,
-                       quantization="int4", activation_quantization="int8")  # fmt: skip
+                       quantization="int4", activation_quantization="auto")  # fmt: skip

@@ -19,8 +19,9 @@ gets the fastest setting that does not cost quality they would notice.
   too: decode steps of 8 to 64 tokens run 1.23-1.28x faster with
   AVX512-VNNI (from 4 tokens on; 40 with the other two), within the same 1%.
   On a CPU with AMX-BF16 the dense bfloat16 matmul runs on AMX tiles, so
-  the load races the two (sluice/models/int8_threshold.py): `after_amx_race`
-  puts the winner's row count, or W8A8 off, into the reason.
+  the load races the two in every band of rows (sluice/models/int8_threshold.py):
+  `after_amx_race` puts the bands W8A8 won, or W8A8 off, into the reason,
+  in place of the reason given before the race.
 
 Every choice comes with its reason, which the engine prints at startup; an
 explicit `--dtype`, `--quantization` or `--activation-quantization` always wins.
@@ -29,11 +30,13 @@ explicit `--dtype`, `--quantization` or `--activation-quantization` always wins.
 from __future__ import annotations
 
 import functools
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+
+from sluice.models.int8_threshold import describe_bands
+from sluice.models.linear import RowBands
 
 AUTO = "auto"
 # GGUF tensor types by the bits per weight of their values' grid.
@@ -116,13 +119,20 @@ def choose(
     return ModelChoices(dtype, quantization, "; ".join(reasons) or "as asked", activations)
 
 
-def after_amx_race(chosen: ModelChoices, rows: int) -> ModelChoices:
-    """`chosen` once W8A8 raced the AMX bfloat16 matmul at load
-    (sluice/models/int8_threshold.py): from `rows` rows, or off (sys.maxsize)."""
-    if rows == sys.maxsize:
-        reason = "int8 activations off: they lost to AMX bfloat16 at load"
-        return replace(chosen, activations=None, reason=f"{chosen.reason}; {reason}")
-    return replace(chosen, reason=f"{chosen.reason} (from {rows} rows: raced against AMX at load)")
+def after_amx_race(chosen: ModelChoices, bands: RowBands) -> ModelChoices:
+    """`chosen` once W8A8 raced the AMX bfloat16 matmul in every band of rows
+    at load (sluice/models/int8_threshold.py): the activations and their
+    reason say what the race chose (W8A8 in `bands`, or off where it won
+    none); the reason `choose` gave before the race goes."""
+    kept = [part for part in chosen.reason.split("; ") if not part.startswith("int8 activations")]
+    if not bands:
+        why = "int8 activations off: they lost to AMX bfloat16 in every band of rows at load"
+        return replace(chosen, activations=None, reason="; ".join([*kept, why]))
+    why = (
+        f"int8 activations at {describe_bands(bands)}, AMX bfloat16 elsewhere: "
+        "raced in every band at load"
+    )
+    return replace(chosen, reason="; ".join([*kept, why]))
 
 
 def noting(chosen: ModelChoices, note: str) -> ModelChoices:

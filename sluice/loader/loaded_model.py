@@ -93,9 +93,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
         )
         # With AMX the bfloat16 matmul runs on its tiles: W8A8 races it (int8_threshold.py).
         race = chosen.dtype == "bfloat16" and "amx_bf16" in choices.cpu_flags()
-        rows = calibration.quantize_activations(model, tokenizer.encode(text), kept, race)
+        bands = calibration.quantize_activations(model, tokenizer.encode(text), kept, race)
         if race:
-            chosen = choices.after_amx_race(chosen, rows)
+            chosen = choices.after_amx_race(chosen, bands)
     if device.type == "cpu":
         chosen = choices.noting(chosen, native_status().describe())
     model.eval()

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from sluice.errors import ModelLoadError
 from sluice.models import int8_threshold
-from sluice.models.linear import Linear
+from sluice.models.linear import Linear, RowBands
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.scoring import forward_chunks
 
@@ -69,12 +69,12 @@ def calibration_file(
 def quantize_activations(
     model: LlamaForCausalLM, token_ids: list[int], cache_file: Path | None = None,
     race_against_amx: bool = False,
-) -> int:  # fmt: skip
+) -> RowBands:  # fmt: skip
     """Give q/k/v, o and gate/up of every layer int8 activations, smoothed from
     `token_ids` (or from the maxima kept in `cache_file`, when it holds them),
-    from their own threshold on, or (`race_against_amx`) from the rows raced
-    at load (int8_threshold.py). Returns the rows from which W8A8 serves a
-    step; `int8_threshold.NEVER` where it lost the race and was dropped."""
+    from their own threshold on, or (`race_against_amx`) in the bands of rows
+    raced at load (int8_threshold.py). Returns the bands of rows W8A8 serves;
+    none where it lost every band and was dropped."""
     if not model.is_loaded:
         raise ModelLoadError("int8 activations need the weights loaded first")
     if model.batch_invariant:
@@ -95,7 +95,7 @@ def quantize_activations(
         int8_threshold.race_against_amx(targets[middle : middle + per_layer], targets)
     kept_w8a8 = targets[0].int8_activations is not None
     model.activation_quantization = "int8" if kept_w8a8 else None
-    return targets[0].min_large_rows
+    return targets[0].int8_row_bands
 
 
 def _read(cache_file: Path | None, targets: list[Linear]) -> list[Tensor] | None:

@@ -1,17 +1,25 @@
-"""From how many rows W8A8 serves a step, on a CPU with AMX: raced at load.
+"""In which bands of rows W8A8 serves a step, on a CPU with AMX: raced at load.
 
 Without AMX, the packed VNNI matmul (native/int8_gemm.c) beats oneDNN's
 prepacked bfloat16 matmul from 4 rows on, on both CPUs measured (Zen 4, and
-an Emerald Rapids Xeon whose VM hides AMX; docs/BENCHMARKS.md), so the
-threshold there is the layer's constant `min_rows`. With AMX, oneDNN runs
-bfloat16 on AMX tiles, whose multiply rate is several times VNNI's int8
-rate, and no such CPU was at hand to measure. So there the model races the
-two paths at load, on one decoder layer's W8A8 matrices, at row counts from
-512 down to 4: W8A8 serves steps from the fewest rows at which it won, and
-won at every larger count; if it lost at 512 it serves none, and the layers
-drop it. About half a second of matmuls per load on 2 cores. Run on the
-Xeon without AMX (where it does not run by default), the race picked 4 rows
-three times out of three: the constant measured there from whole steps.
+an Emerald Rapids Xeon whose VM hides AMX; docs/BENCHMARKS.md), so there
+W8A8 serves every step from the layer's constant `min_rows` up. With AMX,
+oneDNN runs bfloat16 on AMX tiles, whose multiply rate is several times
+VNNI's int8 rate on large blocks, but not on small ones: measured on a
+Sapphire Rapids (one layer's q/k/v, o and gate/up, medians of 7), W8A8 /
+bfloat16 was 1.86 at 512 rows, 1.45 at 128, 1.01 at 64, then 0.91 at 32
+down to 0.57 at 4. So there the model races the two paths at load, on one
+decoder layer's W8A8 matrices, in EVERY band of `RACE_ROWS` (band i is
+the row counts from RACE_ROWS[i] up to the next; the last has no end),
+timed at its lower edge: W8A8 serves the bands it won, whatever it did in
+the others (no monotonicity assumed: the first version stopped at its first
+loss, at 512 rows, and threw away the small steps it wins). About half a
+second of matmuls per load on 2 cores.
+
+Note (issue 28): a row's numerics then depend on the band of the step it
+shares (int8 activations in one band, bfloat16 in the next), as they
+already do at the 4-row threshold: a request's answer can change with the
+load.
 """
 
 from __future__ import annotations
@@ -24,47 +32,76 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from sluice.models.linear import Linear
+from sluice.models.linear import Linear, RowBands
 
 logger = logging.getLogger(__name__)
 
-RACE_ROWS = (512, 256, 128, 64, 32, 16, 8, 4)
-# W8A8 at no step size: it lost at the largest.
-NEVER = sys.maxsize
+# The lower edges of the bands raced, ascending.
+RACE_ROWS = (4, 8, 16, 32, 64, 128, 256, 512)
 _REPEATS = 7
 
 
-def race_min_rows(
+def race_bands(
     dense: Callable[[int], object],
     w8a8: Callable[[int], object],
     rows: Sequence[int] = RACE_ROWS,
     repeats: int = _REPEATS,
     clock: Callable[[], float] = time.perf_counter,
-) -> int:
-    """The fewest of `rows` (largest first) down to which `w8a8(n)` ran faster
-    than `dense(n)` at every count; NEVER if it lost at the first. Each count:
-    one warm-up of each, then `repeats` runs alternating, medians compared."""
-    threshold = NEVER
-    for n in rows:
-        dense(n)  # warm-ups
-        w8a8(n)
-        seconds: dict[Callable, list[float]] = {dense: [], w8a8: []}
-        for _ in range(repeats):
-            for run in (dense, w8a8):
-                start = clock()
-                run(n)
-                seconds[run].append(clock() - start)
-        if statistics.median(seconds[w8a8]) >= statistics.median(seconds[dense]):
-            break
-        threshold = n
-    return threshold
+) -> RowBands:
+    """The bands of `rows` (ascending lower edges) in which `w8a8(n)` ran
+    faster than `dense(n)` at the band's edge n, merged where they touch.
+    Each edge: one warm-up of each, then `repeats` runs alternating, medians
+    compared; a tie is a loss (W8A8 must be faster to serve)."""
+    edges = sorted(rows)
+    won = [_w8a8_wins(dense, w8a8, n, repeats, clock) for n in edges]
+    bands: list[range] = []
+    for i, n in enumerate(edges):
+        if not won[i]:
+            continue
+        end = edges[i + 1] if i + 1 < len(edges) else sys.maxsize
+        if bands and bands[-1].stop == n:
+            bands[-1] = range(bands[-1].start, end)
+        else:
+            bands.append(range(n, end))
+    return tuple(bands)
+
+
+def _w8a8_wins(
+    dense: Callable[[int], object],
+    w8a8: Callable[[int], object],
+    n: int,
+    repeats: int,
+    clock: Callable[[], float],
+) -> bool:
+    dense(n)  # warm-ups
+    w8a8(n)
+    seconds: dict[Callable, list[float]] = {dense: [], w8a8: []}
+    for _ in range(repeats):
+        for run in (dense, w8a8):
+            start = clock()
+            run(n)
+            seconds[run].append(clock() - start)
+    return statistics.median(seconds[w8a8]) < statistics.median(seconds[dense])
+
+
+def describe_bands(bands: RowBands) -> str:
+    """The bands as the startup line says them: "4-63 rows", "4+ rows",
+    "8-15 and 32+ rows"; "no rows" when empty."""
+    if not bands:
+        return "no rows"
+    parts = [
+        f"{band.start}+" if band.stop == sys.maxsize else f"{band.start}-{band.stop - 1}"
+        for band in bands
+    ]
+    return " and ".join(parts) + " rows"
 
 
 @torch.no_grad()
-def race_against_amx(layer: Sequence[Linear], targets: Sequence[Linear]) -> int:
+def race_against_amx(layer: Sequence[Linear], targets: Sequence[Linear]) -> RowBands:
     """Race W8A8 against the dense matmul over `layer` (one decoder layer's
-    W8A8 matrices, summed), then start every one of `targets` at the winner
-    (`Linear.start_int8_activations_at`). Returns the rows, or NEVER."""
+    W8A8 matrices, summed), then serve W8A8 in the bands it won in every one
+    of `targets` (`Linear.serve_int8_activations_in`; none won drops it).
+    Returns the bands W8A8 serves."""
     inputs: dict[int, list[torch.Tensor]] = {}
 
     def batch(n: int) -> list[torch.Tensor]:
@@ -83,11 +120,12 @@ def race_against_amx(layer: Sequence[Linear], targets: Sequence[Linear]) -> int:
         for linear, x in zip(layer, batch(n), strict=True):
             linear.int8_activations(x)
 
-    rows = race_min_rows(dense, w8a8)
+    bands = race_bands(dense, w8a8)
     for linear in targets:
-        linear.start_int8_activations_at(rows)
-    if rows == NEVER:
-        logger.info("W8A8 lost to the AMX bfloat16 matmul at %d rows at load: off", RACE_ROWS[0])
-    else:
-        logger.info("W8A8 from %d rows: raced against the AMX bfloat16 matmul at load", rows)
-    return rows
+        linear.serve_int8_activations_in(bands)
+    served = targets[0].int8_row_bands if targets else bands
+    logger.info(
+        "W8A8 at %s, the AMX bfloat16 matmul elsewhere: raced in every band at load",
+        describe_bands(served),
+    )
+    return served

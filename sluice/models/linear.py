@@ -31,6 +31,9 @@ from torch import Tensor, nn
 from sluice.models.int8_activations import Int8ActivationLinear
 from sluice.models.quantization import MAX_QUANTIZED_TOKENS, quantize_weight
 
+# Row counts W8A8 serves: half-open ranges, ascending, never adjacent; the
+# last may run to sys.maxsize (every larger step). Empty: W8A8 serves none.
+RowBands = tuple[range, ...]
 # Rows per matmul in batch-invariant mode: small enough that a one-row decode
 # step wastes little, large enough that big steps keep efficient kernels.
 BATCH_INVARIANT_ROW_TILE = 8
@@ -64,6 +67,28 @@ def can_prepack(dtype: torch.dtype, device: torch.device | str) -> bool:
     return dtype == torch.float32 or (
         dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     )
+
+
+def _in_bands(
+    bands: RowBands,
+    w8a8: Callable[[Tensor], Tensor],
+    small: Callable[[Tensor], Tensor],
+    max_small_rows: int,
+    dense: Callable[[Tensor], Tensor],
+) -> Callable[[Tensor], Tensor]:
+    """The matmul `forward` calls from `bands[0].start` rows up: W8A8 itself
+    when it serves every larger step (no extra call), else W8A8 inside the
+    bands and the weight-only or dense path between them."""
+    if len(bands) == 1 and bands[0].stop == sys.maxsize:
+        return w8a8
+
+    def banded(x: Tensor) -> Tensor:  # [T, in] -> [T, out]
+        num_rows = x.shape[0]
+        if any(num_rows in band for band in bands):
+            return w8a8(x)
+        return small(x) if num_rows <= max_small_rows else dense(x)
+
+    return banded
 
 
 class Linear(nn.Module):
@@ -101,9 +126,12 @@ class Linear(nn.Module):
         self.quantized: nn.Module | None = None
         self.max_quantized_tokens = 0
         # Set by `quantize_activations`: W8A8 (`_large_matmul`) for matmuls
-        # of at least `min_large_rows` rows, its `min_rows`; it takes
-        # precedence over the weight-only copy.
+        # in `int8_row_bands` (from its `min_rows` up, unless raced at load:
+        # `serve_int8_activations_in`); it takes precedence over the
+        # weight-only copy. `min_large_rows`: the bands' first row count.
         self.int8_activations: Int8ActivationLinear | None = None
+        self._raced_bands: RowBands | None = None
+        self.int8_row_bands: RowBands = ()
         self.min_large_rows = sys.maxsize
         self._bind()
 
@@ -138,9 +166,15 @@ class Linear(nn.Module):
             self._dense_matmul if quantized is None else quantized.matmul_for(weight.dtype)
         )
         self._large_matmul, self.min_large_rows = self._dense_matmul, sys.maxsize
+        self.int8_row_bands = ()
         if self.int8_activations is not None and self.row_tile is None:
-            self._large_matmul = self.int8_activations.forward
-            self.min_large_rows = self.int8_activations.min_rows
+            own = (range(self.int8_activations.min_rows, sys.maxsize),)
+            bands = self.int8_row_bands = self._raced_bands or own
+            self._large_matmul = _in_bands(
+                bands, self.int8_activations.forward, self._small_matmul,
+                self.max_quantized_tokens, self._dense_matmul,
+            )  # fmt: skip
+            self.min_large_rows = bands[0].start
 
     def prepack(self) -> None:
         # The batch-size hint 1 tunes the layout for decode; any batch still works.
@@ -154,15 +188,18 @@ class Linear(nn.Module):
         between the weight-only and the W8A8 thresholds."""
         return self._dense_matmul(x)
 
-    def start_int8_activations_at(self, rows: int) -> None:
-        """Serve W8A8 from `rows` rows on (never below the layer's own
-        threshold); sys.maxsize drops the W8A8 layer (int8_threshold.py)."""
+    def serve_int8_activations_in(self, bands: RowBands) -> None:
+        """Serve W8A8 in `bands` only (never below the layer's own
+        `min_rows`), the other paths elsewhere; where that leaves no band,
+        drop the W8A8 layer (int8_threshold.py races the bands at load)."""
         if self.int8_activations is None:
             return
-        if rows == sys.maxsize:
-            self.int8_activations = None
+        floor = self.int8_activations.min_rows
+        kept = tuple(range(max(b.start, floor), b.stop) for b in bands if b.stop > floor)
+        if kept:
+            self._raced_bands = kept
         else:
-            self.int8_activations.min_rows = max(rows, self.int8_activations.min_rows)
+            self.int8_activations = None
         self._bind()
 
     def dense_weight(self) -> Tensor:  # [out, in], plain layout
