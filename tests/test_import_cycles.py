@@ -32,11 +32,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent / "sluice"
 
 # Design cycles known and owned elsewhere, each with who breaks it. Remove a
 # pair once it is broken (the test fails on a listed pair that is no longer a cycle).
-KNOWN_DESIGN_CYCLES = [
-    # Issue 25: server/responses_routes.py names app.Routes under TYPE_CHECKING
-    # while app.py imports ResponsesRoutes (the Responses API, landed meanwhile).
-    ["sluice.server.app", "sluice.server.responses_routes"],
-]
+KNOWN_DESIGN_CYCLES: list[list[str]] = []
 
 
 def module_name(path: Path, package_dir: Path = PACKAGE_DIR) -> str:

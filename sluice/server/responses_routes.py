@@ -14,14 +14,18 @@ stored when its builder makes its final object.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
+from sluice.engine.client_base import QueueTimeout
+from sluice.frontend.request import GenerationRequest
 from sluice.frontend.responses_events import ResponsesEvents
+from sluice.frontend.serving import Frontend, ResponseChunks
 from sluice.server import to_internal
+from sluice.server.body import BodyReader
 from sluice.server.responses_protocol import InputTokensRequest, ResponsesRequest
 from sluice.server.responses_request import (
     ResponsesPlan,
@@ -30,12 +34,27 @@ from sluice.server.responses_request import (
     responses_request,
 )
 
-if TYPE_CHECKING:
-    from sluice.server.app import Routes
+
+class GenerationRoutes(Protocol):
+    """What these routes use of the app's (`app.Routes`): its body reader,
+    frontend, admission and the way a generation is answered."""
+
+    bodies: BodyReader
+    frontend: Frontend
+
+    def admit(self, request: Request, n: int) -> QueueTimeout | None: ...
+
+    async def respond(
+        self,
+        request: Request,
+        generation: GenerationRequest,
+        queue_timeout: QueueTimeout | None,
+        chunks: ResponseChunks | None = None,
+    ) -> Response: ...
 
 
 class ResponsesRoutes:
-    def __init__(self, routes: Routes, store: ResponseStore):
+    def __init__(self, routes: GenerationRoutes, store: ResponseStore):
         self._routes = routes
         self._store = store
 
