@@ -1,7 +1,8 @@
 """Deliberately broken OpenAI-compatible servers, for testing `sluice audit`.
 
 `ScriptServer` answers completions and chat (streamed or not, n, list prompts,
-stop strings, logprobs, usage options), /health, /v1/models and /metrics. It
+stop strings, logprobs, usage options), the agent APIs (/v1/responses and
+/v1/messages, from tests/agent_script.py), /health, /v1/models and /metrics. It
 "generates" by reading a fixed script of byte-level tokens (emoji, CJK and
 Thai characters split across tokens) from an offset chosen by the prompt, so
 every answer is deterministic and streamed == non-streamed. A simulated GPU
@@ -58,6 +59,13 @@ class Defect(enum.Enum):
     DISCONNECT_KEEPS_GENERATING = "disconnect_keeps_generating"
     BAD_INPUT_500 = "bad_input_500"
     BAD_INPUT_422 = "bad_input_422"
+    # The agent APIs (tests/agent_script.py builds their answers).
+    # vLLM PR #45386: a stream cut by max_output_tokens ends with response.completed.
+    RESPONSES_COMPLETED_WHEN_TRUNCATED = "responses_completed_when_truncated"
+    # vLLM #30099: the text deltas do not add up to the done text (one is lost).
+    RESPONSES_DELTA_LOST = "responses_delta_lost"
+    # SGLang #24293: a tool_use block's input streamed as text_delta.
+    MESSAGES_TEXT_DELTA_ON_TOOL_USE = "messages_text_delta_on_tool_use"
 
 
 MODEL = "script-model"
@@ -367,8 +375,12 @@ class ScriptServer:
         token_delay_s: float = 0.001,
         ignores: frozenset[str] = frozenset(),
         answers_any_model: bool = False,
+        serves_agent_apis: bool = True,
     ):
         self.defect = defect
+        # False: /v1/responses and /v1/messages are not routed (404), as on
+        # servers that speak only chat and completions.
+        self.serves_agent_apis = serves_agent_apis
         self.token_delay_s = token_delay_s
         # vLLM extensions this server does not know (it drops the fields, as
         # llama-server does): continuous_usage_stats, include_stop_str_in_output,
@@ -383,6 +395,9 @@ class ScriptServer:
         app = web.Application()
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
+        if self.serves_agent_apis:
+            app.router.add_post("/v1/responses", self._responses)
+            app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
@@ -430,6 +445,43 @@ class ScriptServer:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "chat")
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._agent(request, "responses")
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._agent(request, "messages")
+
+    async def _agent(self, request: web.Request, kind: str) -> web.StreamResponse:
+        from tests import agent_script  # it builds on this module: imported once needed
+
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return await self._error(400, "malformed JSON", None)
+        if kind == "messages" and not isinstance(body.get("max_tokens"), int):
+            error = {"type": "invalid_request_error", "message": "max_tokens: field required"}
+            return await self._json({"type": "error", "error": error}, 400)
+        if kind == "messages":
+            prompt = " ".join(str(m.get("content")) for m in body.get("messages") or [])
+            answer = agent_script.answer_for(prompt, body["max_tokens"], body)
+            events, final = agent_script.messages_events(answer, self.defect)
+        else:
+            limit = body.get("max_output_tokens") or 16
+            answer = agent_script.answer_for(str(body.get("input")), limit, body)
+            is_stream = body.get("stream") is True
+            events, final = agent_script.responses_events(answer, body, self.defect, is_stream)
+        if body.get("stream") is not True:
+            return await self._json(final)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in events:
+            await self._gpu(1)
+            with contextlib.suppress(ConnectionError):
+                await response.write(agent_script.encode(event))
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
 
     async def _handle(self, request: web.Request, kind: str) -> web.StreamResponse:
         try:

@@ -81,3 +81,24 @@ def test_extensions_forced_on_against_a_server_without_them_are_caught_by_their_
     failing = {f.check_id for f in result.findings if f.is_failure}
     assert failing == {"stop_str_not_included", "usage_continuous_missing"}
     assert {f.severity for f in result.findings if f.is_failure} == {"extension"}
+
+
+def test_agent_routes_are_probed_for_their_scenarios_only_and_a_404_is_one_note():
+    async def run(scenarios: tuple[str, ...], **server: object) -> tuple[ServerTraits, list[str]]:
+        script = ScriptServer(**server)
+        url = await script.start()
+        try:
+            target = Target("server", url, MODEL)
+            async with Client(target, timeout_s=10, origin_s=time.perf_counter()) as client:
+                traits, notes = await probe_server(client, "off", scenarios)
+        finally:
+            await script.stop()
+        return traits, [f"{note.check_id}: {note.message}" for note in notes]
+
+    served = asyncio.run(run(("responses", "messages")))
+    assert served[0].serves_responses and served[0].serves_messages and served[1] == []
+    traits, notes = asyncio.run(run(("messages", "usage"), serves_agent_apis=False))
+    assert traits.serves_responses and not traits.serves_messages
+    assert notes == [
+        "api_not_served: POST /v1/messages answered 404: API not served; messages skipped"
+    ]

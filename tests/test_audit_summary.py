@@ -5,8 +5,16 @@ requests they affect, and nothing the server did right."""
 from __future__ import annotations
 
 from sluice.audit.checks.exchange import check_exchange
-from sluice.audit.records import CHAT, COMPLETIONS, Exchange
-from sluice.audit.summary import failing_headline, group_causes
+from sluice.audit.records import (
+    CHAT,
+    COMPLETIONS,
+    RESPONSES,
+    AuditResult,
+    Exchange,
+    ScenarioResult,
+    Target,
+)
+from sluice.audit.summary import failing_headline, group_causes, summarize_audit
 from tests.broken_servers import chat_chunk, recorded, sse
 from tests.peer_shapes import (
     LLAMA_CREATED,
@@ -84,3 +92,15 @@ def test_one_cause_keeps_every_distinct_message_once():
     created = next(c for c in group_causes(findings, ["server"]) if c.check_id == "id_changed")
     assert created.requests == {"server": 2}
     assert len(created.messages) == 1 and created.example is not None
+
+
+def test_agent_api_streams_are_left_out_of_the_determinism_figure():
+    body = {"model": "m", "input": "p", "stream": True}
+    twin = recorded(RESPONSES, {**body, "stream": False}, b"{}")
+    stream = recorded(RESPONSES, body, b"", twin=twin)
+    chat_twin = recorded(CHAT, {"model": "m", "messages": []}, b"{}")
+    chat = recorded(CHAT, {"model": "m", "messages": [], "stream": True},
+                    sse(chat_chunk(0, {"content": "hi"}, "stop")), twin=chat_twin)  # fmt: skip
+    result = ScenarioResult("responses", "server", 0.0, 1.0, [stream, chat])
+    audit = AuditResult([Target("server", "u", "m")], "quick", ["responses"], [result], "t", 1.0)
+    assert summarize_audit(audit).determinism["server"].compared == 1

@@ -63,6 +63,8 @@ CI_SIZES: dict[str, dict[str, float]] = {
     # The running-requests gauge in /metrics is the sharper detector here: the
     # probe's latency on a CPU hardly grows with two more sequences in the batch.
     "disconnect": {"streams": 2, "max_tokens": 256, "probes": 3, "probe_tokens": 4},
+    "responses": {"max_tokens": 8, "truncated_tokens": 3, "tool_max_tokens": 48},
+    "messages": {"max_tokens": 8, "truncated_tokens": 3, "tool_max_tokens": 48},
 }  # fmt: skip
 PLOT_TITLES = [
     "Time to first token (CDF)",

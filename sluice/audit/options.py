@@ -111,6 +111,21 @@ class ToolsSize:
 
 
 @dataclass(frozen=True, slots=True)
+class AgentApiSize:
+    """The responses and messages scenarios (one size class, two profiles each)."""
+
+    cases: int = _size(6, "cases, in order: plain, truncated, named tool, zero-argument tool, "
+                       "logprobs (Responses only), any tool")  # fmt: skip
+    rounds: int = _size(1, "times the cases run, each round with other prompts")
+    max_tokens: int = _size(24, "max output tokens of a text case")
+    truncated_tokens: int = _size(4, "max output tokens of the truncated case")
+    tool_max_tokens: int = _size(64, "max output tokens of a tool case")
+    top: int = _size(2, "top_logprobs of the logprobs case")
+    slow_read_bytes: int = _size(64, "bytes the slow reader takes per read")
+    slow_read_interval_s: float = _size(0.02, "pause of the slow reader between reads")
+
+
+@dataclass(frozen=True, slots=True)
 class Sizes:
     lag: LagSize = LagSize()
     logprobs: LogprobsSize = LogprobsSize()
@@ -124,6 +139,8 @@ class Sizes:
     bad_inputs: BadInputsSize = BadInputsSize()
     disconnect: DisconnectSize = DisconnectSize()
     soak: SoakSize = SoakSize()
+    responses: AgentApiSize = AgentApiSize()
+    messages: AgentApiSize = AgentApiSize()
 
 
 SCENARIO_NAMES = tuple(f.name for f in fields(Sizes))
@@ -142,6 +159,8 @@ FULL = Sizes(
     bad_inputs=BadInputsSize(repeat=2),
     disconnect=DisconnectSize(streams=8, max_tokens=2048),
     soak=SoakSize(rate=4.0, duration_s=60.0, max_tokens=64),
+    responses=AgentApiSize(rounds=3, max_tokens=96, truncated_tokens=8, tool_max_tokens=128, top=5),
+    messages=AgentApiSize(rounds=3, max_tokens=96, truncated_tokens=8, tool_max_tokens=128),
 )
 PROFILES = {"quick": QUICK, "full": FULL}
 # The scenarios each profile runs when --scenarios is not given. `structured`

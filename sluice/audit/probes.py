@@ -11,6 +11,10 @@ the same request otherwise stops at (unprovable without one: then assumed).
 A missing extension is one "extension_unsupported" note, and no scenario
 sends it (`ServerTraits`). With `--vllm-extensions on|off` nothing is probed
 but the model name.
+
+The agent APIs' scenarios (responses, messages) run only where their route
+is served: a one-token POST that answers 404 or 405 is one "api_not_served"
+note, and the scenario sends nothing else.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from sluice.audit.checks.evidence import scenario_finding
-from sluice.audit.records import COMPLETIONS, Exchange, Finding
+from sluice.audit.records import COMPLETIONS, MESSAGES, RESPONSES, Exchange, Finding
 from sluice.audit.stream_view import view_exchange
 from sluice.audit.transport import Client
 
@@ -44,9 +48,19 @@ class ServerTraits:
     ignore_eos: bool = True
     # Answers 2xx to a model it does not serve: the unknown-model case is moot.
     answers_any_model: bool = False
+    # POST /v1/responses and /v1/messages are routed (not 404/405).
+    serves_responses: bool = True
+    serves_messages: bool = True
 
 
-EXTENSIONS = tuple(f.name for f in fields(ServerTraits) if f.name != "answers_any_model")
+_NOT_EXTENSIONS = frozenset({"answers_any_model", "serves_responses", "serves_messages"})
+EXTENSIONS = tuple(f.name for f in fields(ServerTraits) if f.name not in _NOT_EXTENSIONS)
+# Scenario -> (trait, endpoint, a one-token request body without the model).
+AGENT_ROUTES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "responses": ("serves_responses", RESPONSES, {"input": "Hi", "max_output_tokens": 1}),
+    "messages": ("serves_messages", MESSAGES,
+                 {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+}  # fmt: skip
 NO_EXTENSIONS = ServerTraits(**dict.fromkeys(EXTENSIONS, False))
 
 
@@ -72,9 +86,13 @@ class _Prober:
         return choices[0] if isinstance(choices[0], dict) else {}
 
 
-async def probe_server(client: Client, mode: str) -> tuple[ServerTraits, list[Finding]]:
-    """The traits of the client's target and the notes they earn."""
+async def probe_server(
+    client: Client, mode: str, scenarios: tuple[str, ...] = ()
+) -> tuple[ServerTraits, list[Finding]]:
+    """The traits of the client's target and the notes they earn; the routes
+    of the agent APIs among `scenarios` are probed whatever the mode."""
     prober = _Prober(client)
+    routes, route_notes = await _probe_routes(client, scenarios)
     any_model = await prober.post(model=UNKNOWN_MODEL, max_tokens=1)
     traits = ServerTraits(answers_any_model=any_model.is_ok)
     if mode == "off":
@@ -87,7 +105,26 @@ async def probe_server(client: Client, mode: str) -> tuple[ServerTraits, list[Fi
     if traits.answers_any_model:
         message = f"model {UNKNOWN_MODEL!r} was answered {any_model.status}"
         notes.append(scenario_finding("model_name_ignored", NAME, client.target.label, message))
-    return traits, notes
+    return replace(traits, **routes), notes + route_notes
+
+
+async def _probe_routes(
+    client: Client, scenarios: tuple[str, ...]
+) -> tuple[dict[str, bool], list[Finding]]:
+    routes, notes = {}, []
+    for scenario in dict.fromkeys(scenarios):
+        if scenario not in AGENT_ROUTES:
+            continue
+        trait, endpoint, fields_ = AGENT_ROUTES[scenario]
+        body = {"model": client.target.model, "temperature": 0, **fields_}
+        answer = await client.send(Exchange(NAME, client.target.label, endpoint, body, case=NAME))
+        routes[trait] = answer.status not in (404, 405)
+        if not routes[trait]:
+            message = (
+                f"POST {endpoint} answered {answer.status}: API not served; {scenario} skipped"
+            )
+            notes.append(scenario_finding("api_not_served", NAME, client.target.label, message))
+    return routes, notes
 
 
 def _note(client: Client, name: str) -> Finding:

@@ -27,6 +27,12 @@ FAILING_SEVERITIES = frozenset({"break", "extension", "strict"})
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+# The agent APIs: OpenAI's Responses and Anthropic's Messages. Their streams
+# name each event (`event: <type>`) and end without [DONE]; they have checks
+# of their own (checks/responses.py, checks/messages.py).
+RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
+AGENT_ENDPOINTS = frozenset({RESPONSES, MESSAGES})
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +66,7 @@ class Exchange:
 
     scenario: str
     target: str
-    # "/v1/completions" or "/v1/chat/completions".
+    # "/v1/completions", "/v1/chat/completions", "/v1/responses" or "/v1/messages".
     endpoint: str
     # The JSON body as sent; None when `raw_request` bytes were sent instead.
     body: dict[str, Any] | None

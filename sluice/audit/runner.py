@@ -76,7 +76,9 @@ async def run_audit(
                 target, timeout_s=options.request_timeout_s, origin_s=origin_s, progress=progress
             )
             clients.append(await stack.enter_async_context(client))
-            traits[target.label], notes = await probe_server(client, options.vllm_extensions)
+            traits[target.label], notes = await probe_server(
+                client, options.vllm_extensions, options.scenarios
+            )
             server_findings += notes
         for position, name in enumerate(options.scenarios):
             for client in clients if position % 2 == 0 else clients[::-1]:

@@ -15,7 +15,7 @@ from sluice.audit.checks.evidence import MESSAGE_SEPARATOR, cause_of
 from sluice.audit.checks.exchange import ensure_view
 from sluice.audit.compare import ratios
 from sluice.audit.metrics import ScenarioMetrics, summarize
-from sluice.audit.records import AuditResult, Exchange, Finding, Severity
+from sluice.audit.records import AGENT_ENDPOINTS, AuditResult, Exchange, Finding, Severity
 
 SEVERITY_ORDER: tuple[Severity, ...] = ("break", "extension", "strict", "note")
 
@@ -146,6 +146,7 @@ def _has_comparable_twin(exchange: Exchange) -> bool:
     twin = exchange.twin
     return (
         exchange.is_stream
+        and exchange.endpoint not in AGENT_ENDPOINTS  # compared by their own checks
         and exchange.is_ok
         and exchange.reader != "abandon"
         and twin is not None

@@ -76,6 +76,48 @@ _BREAK = {
     "repeats the name, or indices skip",
     "tools_invalid_arguments": "a tool call names no given tool or its arguments are not a JSON object",
     "tools_no_call": "a request forcing a tool call finished without one",
+    # The agent APIs (the responses and messages scenarios).
+    "agent_framing": "an agent-API event is not `event: <type>` + `data: <JSON object>` of that "
+    "type + a blank line (Messages needs the event line), or the stream ends mid-event",
+    "responses_sequence": "sequence_number does not count 0, 1, 2, ... one per event",
+    "responses_created_first": "the first event of a Responses stream is not response.created",
+    "responses_terminal": "not exactly one terminal event (completed / incomplete / failed) last, "
+    "or its response's status is not the one it names",
+    "responses_item_order": "an output_item.added not closed by its output_item.done in order "
+    "(output_index 0, 1, ...), content parts unpaired, or items open at the terminal event",
+    "responses_index_mismatch": "an event's output_index, content_index or item_id names no open "
+    "item or part",
+    "responses_empty_delta": "a Responses delta event with an empty delta",
+    "responses_delta_mismatch": "an item's deltas do not concatenate to its .done value, its "
+    "output_item.done item, or the terminal response's item",
+    "responses_truncation": "a response that used all of max_output_tokens is not incomplete "
+    "with reason max_output_tokens (or one that did not claims it)",
+    "responses_usage": "Responses usage missing, total != input + output, or output_tokens "
+    "differ from the non-streamed twin's",
+    "responses_invalid_arguments": "a function_call names no given tool, or its arguments are not "
+    'a JSON object ("{}" for a tool without parameters)',
+    "responses_logprobs": "include message.output_text.logprobs: text without entries, deltas' "
+    "entries unlike the response's, or tokens unlike the twin's",
+    "responses_stream_mismatch": "a Responses stream's final object differs from the same greedy "
+    "request non-streamed (status, text, tool names, arguments)",
+    "messages_start_first": "the first event of a Messages stream is not message_start with "
+    "usage.input_tokens",
+    "messages_block_order": "content blocks not started at index 0, 1, ..., a delta or stop on a "
+    "block not open, or a block open at message_delta",
+    "messages_delta_type": "a delta that does not fit its block (text_delta on tool_use, "
+    "input_json_delta on text, ...)",
+    "messages_empty_delta": "a Messages text or thinking delta without text",
+    "messages_end": "a Messages stream does not end with one message_delta then message_stop",
+    "messages_stop_reason": "stop_reason invalid or unlike what happened (max_tokens used -> "
+    "max_tokens; a tool_use block -> tool_use)",
+    "messages_usage": "Messages usage lacks input/output tokens, or output_tokens differ from the "
+    "non-streamed twin's",
+    "messages_invalid_input": "a tool_use block names no given tool, or its input is not a JSON "
+    "object ({} for a tool without parameters)",
+    "messages_stream_mismatch": "a Messages stream's accumulated message differs from the same "
+    "greedy request non-streamed (text, tool names and inputs, stop reason)",
+    "messages_error_shape": 'a Messages 4xx body is not {"type": "error", "error": {"type", '
+    '"message"}}, or an invalid request is not a 400 invalid_request_error',
     # Text.
     "replacement_char": "U+FFFD in a delta that the non-streamed text does not have",
     "stop_leak": "a stop string, or a prefix of one later retracted, reached the client",
@@ -111,6 +153,8 @@ _NOTE = {
     "structured_cut_by_length": "max_tokens cut a json_schema answer before the JSON ended",
     "tools_cut_by_length": "max_tokens cut a tool call before it ended",
     "text_mismatch_nonstream": "streamed text differs from the non-streamed greedy text (determinism)",
+    "api_not_served": "the server does not serve an agent API (POST answered 404/405): its "
+    "scenario is skipped",
     "timeout_before_response": "no token arrived within the request timeout (capacity under "
     "this load, not a broken stream)",
 }
@@ -137,6 +181,8 @@ SUBSUMED_BY: dict[str, frozenset[str]] = {
     "logprob_alignment": frozenset({"duplicate_delta", "skipped_delta"}),
     # Alternatives copied from another position do not head the token they sit on.
     "logprob_greedy_head": frozenset({"logprob_copied"}),
+    # message_start without input_tokens leaves the message's usage without them.
+    "messages_usage": frozenset({"messages_start_first"}),
     "text_mismatch_nonstream": frozenset(
         {"duplicate_delta", "skipped_delta", "replacement_char", "stop_leak"}
     ),

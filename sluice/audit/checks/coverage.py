@@ -13,14 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sluice.audit.records import Exchange
+from sluice.audit.checks.responses_final import wants_logprobs
+from sluice.audit.records import AGENT_ENDPOINTS, MESSAGES, RESPONSES, Exchange
 from sluice.audit.stream_view import StreamView, view_of
 
 Applies = Callable[[Exchange, StreamView], bool]
 
 
 def _is_stream(exchange: Exchange, view: StreamView) -> bool:
-    return view.sse is not None
+    """A stream of chat or completions (the agent APIs have predicates of their own)."""
+    return view.sse is not None and exchange.endpoint not in AGENT_ENDPOINTS
 
 
 def _has_usage_asked(exchange: Exchange, view: StreamView) -> bool:
@@ -84,6 +86,42 @@ def _is_error_answer(exchange: Exchange, view: StreamView) -> bool:
     return exchange.status is not None and 400 <= exchange.status < 500
 
 
+def _is_openai_error(exchange: Exchange, view: StreamView) -> bool:
+    return _is_error_answer(exchange, view) and exchange.endpoint != MESSAGES
+
+
+def _is_messages_error(exchange: Exchange, view: StreamView) -> bool:
+    return _is_error_answer(exchange, view) and exchange.endpoint == MESSAGES
+
+
+def _is_agent_stream(exchange: Exchange, view: StreamView) -> bool:
+    return exchange.endpoint in AGENT_ENDPOINTS and view.sse is not None
+
+
+def _answers(
+    endpoint: str,
+    *,
+    stream_only: bool = False,
+    twin: bool = False,
+    tools: bool = False,
+    logprobs: bool = False,
+) -> Applies:
+    """Answers of one agent API, of a kind."""
+
+    def applies(exchange: Exchange, view: StreamView) -> bool:
+        body = exchange.body or {}
+        return (
+            exchange.endpoint == endpoint
+            and exchange.is_ok
+            and (view.sse is not None or not stream_only)
+            and (not twin or (exchange.twin is not None and exchange.twin.is_ok))
+            and (not tools or bool(body.get("tools")))
+            and (not logprobs or wants_logprobs(body))
+        )
+
+    return applies
+
+
 COVERAGE: dict[str, Applies] = {
     "framing": _is_stream,
     "id_changed": _is_stream,
@@ -98,7 +136,22 @@ COVERAGE: dict[str, Applies] = {
     "stop_leak": _has_stops,
     "stop_str_not_included": _has_stop_to_include,
     "duplicate_delta": _has_twin,
-    "bad_error_shape": _is_error_answer,
+    "bad_error_shape": _is_openai_error,
+    "agent_framing": _is_agent_stream,
+    "responses_sequence": _answers(RESPONSES, stream_only=True),
+    "responses_item_order": _answers(RESPONSES, stream_only=True),
+    "responses_delta_mismatch": _answers(RESPONSES, stream_only=True),
+    "responses_truncation": _answers(RESPONSES),
+    "responses_usage": _answers(RESPONSES),
+    "responses_invalid_arguments": _answers(RESPONSES, tools=True),
+    "responses_logprobs": _answers(RESPONSES, logprobs=True),
+    "responses_stream_mismatch": _answers(RESPONSES, stream_only=True, twin=True),
+    "messages_block_order": _answers(MESSAGES, stream_only=True),
+    "messages_delta_type": _answers(MESSAGES, stream_only=True),
+    "messages_stop_reason": _answers(MESSAGES),
+    "messages_invalid_input": _answers(MESSAGES, tools=True),
+    "messages_stream_mismatch": _answers(MESSAGES, stream_only=True, twin=True),
+    "messages_error_shape": _is_messages_error,
 }
 
 

@@ -1,7 +1,9 @@
 """All the per-response checks on one exchange (and on its non-streamed twin).
 
 Each check is a function `(Exchange, StreamView) -> list[Finding]`; the ids
-they report are listed with their severities in `catalogue.CHECKS`.
+they report are listed with their severities in `catalogue.CHECKS`. The
+agent APIs (Responses, Messages) have event models of their own: their
+answers get their own checks, not chat's.
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ from collections.abc import Callable
 from sluice.audit.checks.catalogue import SUBSUMED_BY
 from sluice.audit.checks.evidence import merge_findings
 from sluice.audit.checks.logprobs import check_logprobs
+from sluice.audit.checks.messages import check_messages_stream
+from sluice.audit.checks.messages_final import check_messages_final, check_messages_status
+from sluice.audit.checks.responses import check_responses_stream
+from sluice.audit.checks.responses_final import check_responses_final, check_responses_twin
 from sluice.audit.checks.shape import check_shape
 from sluice.audit.checks.text import check_text
 from sluice.audit.checks.usage import check_usage
 from sluice.audit.checks.wire import check_status, check_stream_framing
-from sluice.audit.records import Exchange, Finding
+from sluice.audit.records import MESSAGES, RESPONSES, Exchange, Finding
 from sluice.audit.stream_view import StreamView, view_of
 
 Check = Callable[[Exchange, StreamView], list[Finding]]
@@ -28,6 +34,14 @@ RESPONSE_CHECKS: tuple[Check, ...] = (
     check_logprobs,
     check_text,
 )
+CHECKS_BY_ENDPOINT: dict[str, tuple[Check, ...]] = {
+    RESPONSES: (check_status, check_responses_stream, check_responses_final, check_responses_twin),
+    MESSAGES: (check_messages_status, check_messages_stream, check_messages_final),
+}
+
+
+def checks_for(exchange: Exchange) -> tuple[Check, ...]:
+    return CHECKS_BY_ENDPOINT.get(exchange.endpoint, RESPONSE_CHECKS)
 
 
 def ensure_view(exchange: Exchange) -> StreamView:
@@ -41,12 +55,12 @@ def check_exchange(exchange: Exchange, *, include_twin: bool = True) -> list[Fin
         ensure_view(exchange.twin)
     view = ensure_view(exchange)
     findings = _primary(
-        merge_findings([item for check in RESPONSE_CHECKS for item in check(exchange, view)])
+        merge_findings([item for check in checks_for(exchange) for item in check(exchange, view)])
     )
     if exchange.twin is not None and include_twin:
         twin_view = ensure_view(exchange.twin)
         twin_findings = [
-            item for check in RESPONSE_CHECKS for item in check(exchange.twin, twin_view)
+            item for check in checks_for(exchange.twin) for item in check(exchange.twin, twin_view)
         ]
         findings += merge_findings(twin_findings)
     return findings

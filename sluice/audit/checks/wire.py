@@ -22,7 +22,7 @@ import json
 from typing import Any
 
 from sluice.audit.checks.evidence import escape_bytes, finding
-from sluice.audit.records import Exchange, Finding
+from sluice.audit.records import AGENT_ENDPOINTS, Exchange, Finding
 from sluice.audit.sse import SseEvent
 from sluice.audit.stream_view import StreamView
 
@@ -165,5 +165,5 @@ def _transport_check_id(exchange: Exchange, view: StreamView) -> str:
         chunk.has_content or chunk.finish_reason is not None
         for chunks in view.choices.values()
         for chunk in chunks
-    )
+    ) or (exchange.endpoint in AGENT_ENDPOINTS and b"delta" in exchange.raw)
     return "stream_stalled" if has_token else "timeout_before_response"

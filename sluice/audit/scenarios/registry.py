@@ -12,6 +12,8 @@ from sluice.audit.scenarios.determinism import run_determinism
 from sluice.audit.scenarios.disconnect import run_disconnect
 from sluice.audit.scenarios.lag import run_lag
 from sluice.audit.scenarios.logprobs import run_logprobs
+from sluice.audit.scenarios.messages import run_messages
+from sluice.audit.scenarios.responses import run_responses
 from sluice.audit.scenarios.soak import run_soak
 from sluice.audit.scenarios.stops import run_stops
 from sluice.audit.scenarios.structured import run_structured
@@ -34,4 +36,6 @@ SCENARIOS: dict[str, Scenario] = {
     "bad_inputs": run_bad_inputs,
     "disconnect": run_disconnect,
     "soak": run_soak,
+    "responses": run_responses,
+    "messages": run_messages,
 }
