@@ -81,6 +81,16 @@ class ModelConfig:
         choices=("auto", "int8"),
         none_as="none",
     )
+    # Which kernel runs prefill attention at which prompt lengths, native or
+    # torch's SDPA (sluice/models/kernel_plan.py): "auto" reads the plan kept
+    # for this CPU, kernels and versions, or measures one at load and keeps
+    # it; "measure" measures again; anything else is a plan file to pin.
+    kernel_plan: str = setting(
+        "auto",
+        "prefill attention kernel per prompt length, native or torch's SDPA: auto reads the "
+        "plan kept for this CPU or measures it at load (about 2 s, once); measure measures "
+        "again; or a plan FILE to pin (the kept plan's JSON)",
+    )
     # Kernels whose result for a token ignores the rest of its step: greedy
     # tokens and logprobs bitwise the same alone or in any batch, prefill
     # chunking, preemption or prefix-cache hit (sluice/models/llama.py). Costs

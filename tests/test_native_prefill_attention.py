@@ -95,3 +95,32 @@ def test_the_models_prefill_takes_the_kernel(monkeypatch):
     out = attention._prefill_attention(q, k, v, None, plan, 0.125)
     assert calls == [q.shape]
     assert torch.equal(out, kernel(q, k, v, 0.125))
+
+
+@requires_kernel
+def test_the_models_prefill_follows_the_kernel_plan_by_length(monkeypatch):
+    from sluice.models.kernel_plan import NATIVE, TORCH, KernelPlan
+
+    calls = []
+    kernel = prefill_attention_kernel(torch.bfloat16)
+
+    def counting(*args):
+        calls.append(args[0].shape[0])
+        return kernel(*args)
+
+    monkeypatch.setattr(attention, "prefill_attention_kernel", lambda dtype: counting)
+    amx = KernelPlan(((0, NATIVE), (40, TORCH)), "measured at load")
+    for length in (12, 39, 40, 64):
+        q, k, v = case(length, length, (9, 3), 64)
+        plan = attention.PrefillPlan(0, length, context_len=0, seq_len=length, block_ids=None)
+        calls.clear()
+        out = attention._prefill_attention(q, k, v, None, plan, 0.125, amx)
+        if length < 40:
+            assert calls == [length] and torch.equal(out, kernel(q, k, v, 0.125))
+        else:
+            assert calls == []
+            assert torch.equal(out, attention.prefill_attention_torch(q, k, v, 0.125))
+    # Both kernels agree within bfloat16 rounding (the tests above bound each).
+    q, k, v = case(64, 64, (9, 3), 64)
+    gap = kernel(q, k, v, 0.125).float() - attention.prefill_attention_torch(q, k, v, 0.125)
+    assert gap.abs().max() < 0.05

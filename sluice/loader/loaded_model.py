@@ -31,6 +31,7 @@ from sluice.loader.sources import ModelSource, resolve_source
 from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models import calibration
 from sluice.models.config import LlamaConfig
+from sluice.models.kernel_race import plan_kernels
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native import native_status
 from sluice.models.quantization import check_quantization
@@ -98,6 +99,11 @@ def load_model(config: ModelConfig) -> LoadedModel:
             chosen = choices.after_amx_race(chosen, bands)
     if device.type == "cpu":
         chosen = choices.noting(chosen, native_status().describe())
+        if not config.batch_invariant:  # that mode keeps its own attention path
+            plan = plan_kernels(config.kernel_plan, model_config, dtype, config.cache_dir,
+                                max_model_len)  # fmt: skip
+            model.use_kernel_plan(plan)
+            chosen = choices.noting(chosen, plan.describe())
     model.eval()
     return LoadedModel(
         model=model,

@@ -19,7 +19,9 @@ Invariants of `paged_attention`:
   SDPA call, padded to the longest with a mask;
   longer chunks (prefills) run one call each: on CPU in bfloat16 (heads of
   64 or 128) a flash-attention C kernel (native/prefill_attention.c, causal
-  over the cached context and the chunk together), elsewhere torch's SDPA;
+  over the cached context and the chunk together) at the lengths where the
+  kernel plan measured at load says it wins (kernel_plan.py), elsewhere
+  torch's SDPA;
 - the gather plans and masks depend on the batch only, not the layer: they
   are built once per step, in `AttentionMetadata.__post_init__`.
 
@@ -45,9 +47,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sluice.models.config import LlamaConfig
+from sluice.models.kernel_plan import KernelPlan
 from sluice.models.native import decode_attention_kernel
 from sluice.models.native.prefill import HEAD_DIMS as PREFILL_HEAD_DIMS
 from sluice.models.native.prefill import prefill_attention_kernel
+
+# Without a plan measured at load (kernel_plan.py): the native prefill kernel
+# wherever it runs.
+NATIVE_WHERE_IT_RUNS = KernelPlan()
 
 
 @dataclass(slots=True)
@@ -244,9 +251,11 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     kv_written: bool = False,
+    kernels: KernelPlan = NATIVE_WHERE_IT_RUNS,
 ) -> Tensor:  # [num_tokens, num_heads, head_dim]
     """Store the new K/V (unless the caller's RoPE kernel already did:
-    `kv_written`), then attend each query over its sequence's context."""
+    `kv_written`), then attend each query over its sequence's context, each
+    prefill chunk on the kernel `kernels` gives its length (kernel_plan.py)."""
     if not kv_written:
         _write_kv(kv_cache, k, v, meta.slot_mapping)
     decode = meta.decode
@@ -259,7 +268,9 @@ def paged_attention(
         out.index_copy_(0, decode.token_indices, decoded)
     for plan in meta.prefills:
         chunk = slice(plan.token_start, plan.token_end)
-        out[chunk] = _prefill_attention(q[chunk], k[chunk], v[chunk], kv_cache, plan, scale)
+        out[chunk] = _prefill_attention(
+            q[chunk], k[chunk], v[chunk], kv_cache, plan, scale, kernels
+        )
     return out
 
 
@@ -344,11 +355,13 @@ def _prefill_attention(
     kv_cache: Tensor,
     plan: PrefillPlan,
     scale: float,
+    kernels: KernelPlan = NATIVE_WHERE_IT_RUNS,
 ) -> Tensor:  # [query_len, num_heads, head_dim]
     head_dim = q.shape[2]
     if (
         q.device.type == "cpu"
         and head_dim in PREFILL_HEAD_DIMS
+        and kernels.is_native_prefill(plan.seq_len)
         and (kernel := prefill_attention_kernel(q.dtype)) is not None
     ):
         # native/prefill_attention.c: causal over the chunk's keys, with the
@@ -378,6 +391,12 @@ def _cached_prefix_masked(
     query_pos = key_pos[plan.context_len :]  # [query_len]
     mask = key_pos[None, :] <= query_pos[:, None]  # [query_len, seq_len]: j <= context + i
     return _sdpa(q, keys, values, mask, scale)
+
+
+def prefill_attention_torch(q: Tensor, keys: Tensor, values: Tensor, scale: float) -> Tensor:
+    """Causal attention of a whole prompt ([L, Hq, D] over [L, Hkv, D]) on
+    torch's flash SDPA: the native kernel's rival (kernel_plan.py)."""
+    return _sdpa(q, keys, values, None, scale)
 
 
 def _sdpa(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scale: float) -> Tensor:

@@ -35,6 +35,7 @@ Parameters are created uninitialised: a model is usable only after
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ from sluice.models.attention import (
     paged_attention,
 )
 from sluice.models.config import LlamaConfig
+from sluice.models.kernel_plan import KernelPlan
 from sluice.models.linear import (
     BATCH_INVARIANT_ROW_TILE,
     Linear,
@@ -264,6 +266,14 @@ class LlamaForCausalLM(nn.Module):
             for linear in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
                 linear.quantize(mode)
         self.quantization = mode
+
+    def use_kernel_plan(self, plan: KernelPlan) -> None:
+        """Run prefill attention on the kernels `plan` measured at load gives
+        each length (kernel_plan.py); layers on another attention path
+        (batch-invariant mode) keep it."""
+        for layer in self.layers:
+            if layer.attend is paged_attention:
+                layer.attend = functools.partial(paged_attention, kernels=plan)
 
     def _weight_targets(self) -> dict[str, _WeightTarget]:
         """HF tensor name -> where it goes (fused tensors take row slices)."""

@@ -100,12 +100,18 @@ def compiler_version(compiler: str) -> str:
     return done.stdout.decode(errors="replace").partition("\n")[0]
 
 
-def library_path(compiler: str, cpuinfo: str | None = None) -> Path:
-    """Where the library for these sources, flags, CPU and compiler is kept."""
+def sources_digest() -> str:
+    """A digest of the kernels' sources and flags: another kernel, another digest."""
     key = hashlib.sha256()
     for path in _SOURCES + _HEADERS:
         key.update(path.read_bytes())
     key.update(" ".join(_COMPILE_FLAGS + _LINK_FLAGS).encode())
+    return key.hexdigest()
+
+
+def library_path(compiler: str, cpuinfo: str | None = None) -> Path:
+    """Where the library for these sources, flags, CPU and compiler is kept."""
+    key = hashlib.sha256(sources_digest().encode())
     key.update(f"\0{cpu_identity(cpuinfo)}\0{compiler_version(compiler)}".encode())
     return native_dir() / f"sluice_kernels-{key.hexdigest()[:16]}.so"
 

@@ -1,0 +1,101 @@
+"""The kernel plan a load runs with (kernel_plan.py): `--kernel-plan auto|measure|FILE`.
+
+auto reads the plan kept for this CPU, kernels, versions and head shapes,
+and measures (then keeps) one where none is kept; measure always measures
+and keeps the new plan; FILE pins the plan a file holds. Where no native
+prefill kernel can run (no compiler, another dtype, heads other than 64 or
+128, no AVX512-BF16), there is nothing to measure: torch at every length.
+
+The candidates run on the model's own head shapes (query and KV heads, head
+size), on random inputs of each measured length: whole causal prompts, as
+the first chunk of a long prompt is. Before timing, the native kernel must
+agree with torch's attention within bfloat16 rounding, or it is no candidate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from sluice.models.attention import prefill_attention_torch
+from sluice.models.config import LlamaConfig
+from sluice.models.kernel_plan import (
+    AUTO,
+    MEASURE,
+    PREFILL_LENGTHS,
+    TORCH,
+    KernelPlan,
+    measure_prefill,
+    pinned_plan,
+    plan_file,
+    read_plan,
+    write_plan,
+)
+from sluice.models.native import native_status
+from sluice.models.native.prefill import HEAD_DIMS, prefill_attention_kernel
+
+logger = logging.getLogger(__name__)
+
+Candidate = Callable[[int], object]
+# Native against torch on the same inputs: a few bfloat16 roundings of outputs of order 1.
+_AGREEMENT = 0.05
+
+
+def plan_kernels(
+    setting: str, config: LlamaConfig, dtype: torch.dtype, cache_dir: Path, max_model_len: int
+) -> KernelPlan:
+    """The plan `setting` (auto, measure, or a file's path) gives this model."""
+    if setting not in (AUTO, MEASURE):
+        return pinned_plan(setting)
+    candidates = prefill_candidates(config, dtype)
+    if isinstance(candidates, str):
+        return KernelPlan(((0, TORCH),), candidates)
+    lengths = [n for n in PREFILL_LENGTHS if n <= max_model_len] or [max_model_len]
+    path = plan_file(cache_dir, config, dtype, lengths)
+    if setting == AUTO and (kept := read_plan(path, "cached")) is not None:
+        return kept
+    plan = KernelPlan(measure_prefill(*candidates, lengths), "measured at load")
+    write_plan(path, plan)
+    logger.info("%s; kept in %s (pin it with --kernel-plan FILE)", plan.describe(), path)
+    return plan
+
+
+def prefill_candidates(
+    config: LlamaConfig, dtype: torch.dtype
+) -> tuple[Candidate, Candidate] | str:
+    """(native, torch): each runs causal attention over n tokens on the
+    model's head shapes; or why there is no native candidate."""
+    if config.head_dim not in HEAD_DIMS or dtype != torch.bfloat16:
+        return f"no native prefill kernel for {dtype} heads of {config.head_dim}"
+    kernel = prefill_attention_kernel(dtype)
+    if kernel is None:
+        status = native_status()
+        return status.describe() if not status.is_on else "no native prefill kernel: no AVX512-BF16"
+    scale = config.head_dim**-0.5
+    inputs: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def case(n: int) -> tuple[torch.Tensor, ...]:
+        if n not in inputs:
+            generator = torch.Generator().manual_seed(n)
+            heads = (config.num_attention_heads, config.num_key_value_heads)
+            inputs[n] = tuple(
+                torch.randn(n, h, config.head_dim, generator=generator).to(dtype)
+                for h in (heads[0], heads[1], heads[1])
+            )  # q [n, Hq, D], keys and values [n, Hkv, D]
+        return inputs[n]
+
+    def native(n: int) -> torch.Tensor:
+        return kernel(*case(n), scale)
+
+    def sdpa(n: int) -> torch.Tensor:
+        return prefill_attention_torch(*case(n), scale)
+
+    smallest = min(PREFILL_LENGTHS)
+    gap = (native(smallest).float() - sdpa(smallest).float()).abs().max().item()
+    if gap > _AGREEMENT:
+        logger.warning("the native prefill kernel differs from torch's by %.3g: not used", gap)
+        return f"the native prefill kernel disagreed with torch by {gap:.3g}"
+    return native, sdpa

@@ -1,0 +1,139 @@
+"""The prefill attention plan (sluice/models/kernel_plan.py): chosen per band
+of prompt lengths from times on an injected clock, so no test here depends
+on this machine's speed.
+
+- each CPU's shape of results: AMX (torch's SDPA on AMX tiles wins long
+  prompts, the native kernel short ones), Zen 4 (native wins every length),
+  torch everywhere, bands apart (no monotonicity assumed); a tie goes to
+  torch; medians decide;
+- a plan sends each chunk length to its band's kernel, and says so in one line;
+- the kept file round-trips, a damaged one is none, and its name changes
+  with the CPU's flags line, the thread count and the head shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sluice.models import kernel_plan
+from sluice.models.config import LlamaConfig
+from sluice.models.kernel_plan import NATIVE, TORCH, KernelPlan, measure_prefill, parse_bands
+
+# Native / torch time per prompt length, as each CPU's kind gave them (issue 27).
+AMX = {256: 0.8, 1024: 2.4, 4096: 3.8}
+ZEN4 = {256: 0.5, 1024: 0.6, 4096: 0.7}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def measure(ratios, **kwargs):
+    """measure_prefill over candidates whose native / torch time at n is ratios[n]."""
+    clock = FakeClock()
+
+    def native(n):
+        clock.now += 1e-6 * n * n * ratios[n]
+
+    def sdpa(n):
+        clock.now += 1e-6 * n * n
+
+    return measure_prefill(native, sdpa, lengths=sorted(ratios), clock=clock, **kwargs)
+
+
+def test_on_amx_torch_serves_long_prompts_and_native_short_ones():
+    bands = measure(AMX)
+    assert bands == ((0, NATIVE), (1024, TORCH))
+    plan = KernelPlan(bands, "measured at load")
+    assert [plan.is_native_prefill(n) for n in (1, 255, 1023, 1024, 6300)] == [
+        True, True, True, False, False,
+    ]  # fmt: skip
+    assert plan.describe() == (
+        "kernel plan (measured at load): prefill attention native below 1024 tokens, "
+        "torch from 1024"
+    )
+
+
+def test_on_zen4_native_serves_every_length():
+    assert measure(ZEN4) == ((0, NATIVE),)
+    assert KernelPlan(measure(ZEN4), "cached").describe() == (
+        "kernel plan (cached): prefill attention native at every length"
+    )
+
+
+def test_torch_everywhere_ties_to_torch_and_bands_apart():
+    assert measure({256: 1.5, 1024: 2.0, 4096: 3.0}) == ((0, TORCH),)
+    assert measure({256: 1.0, 1024: 1.0}) == ((0, TORCH),)  # native must win to serve
+    apart = measure({256: 0.9, 1024: 1.2, 4096: 0.9})
+    assert apart == ((0, NATIVE), (1024, TORCH), (4096, NATIVE))
+    assert not KernelPlan(apart).is_native_prefill(2000)
+    assert KernelPlan(apart).is_native_prefill(5000)
+
+
+def test_medians_decide_so_one_slow_run_does_not():
+    clock = FakeClock()
+    runs = iter([1.0, 1.0, 100.0])  # warm-up, then one slow timed run of 3
+
+    def native(n):
+        clock.now += next(runs, 1.0)
+
+    def sdpa(n):
+        clock.now += 2.0
+
+    assert measure_prefill(native, sdpa, lengths=(256,), clock=clock) == ((0, NATIVE),)
+
+
+def test_the_kept_file_round_trips_and_a_damaged_one_is_none(tmp_path):
+    path = tmp_path / "plan.json"
+    kernel_plan.write_plan(path, KernelPlan(((0, NATIVE), (1024, TORCH)), "measured at load"))
+    assert kernel_plan.read_plan(path, "cached") == KernelPlan(
+        ((0, NATIVE), (1024, TORCH)), "cached"
+    )
+    for text in (
+        "{",
+        "[]",
+        '{"prefill_attention": []}',
+        '{"prefill_attention": [[1, "native"]]}',
+        '{"prefill_attention": [[0, "native"], [0, "torch"]]}',
+        '{"prefill_attention": [[0, "amx"]]}',
+        '{"prefill_attention": [[0.5, "native"]]}',
+    ):
+        path.write_text(text)
+        assert kernel_plan.read_plan(path, "cached") is None, text
+    assert parse_bands({"prefill_attention": [[0, "torch"], [4096, "native"]]}) == (
+        (0, TORCH), (4096, NATIVE),
+    )  # fmt: skip
+
+
+def config(heads: int = 9, kv_heads: int = 3) -> LlamaConfig:
+    return LlamaConfig.from_hf_dict({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 64 * heads,
+        "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "vocab_size": 512, "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+    })  # fmt: skip
+
+
+def test_the_kept_plan_is_keyed_by_cpu_flags_threads_and_head_shapes(tmp_path, monkeypatch):
+    from sluice.models.native import build
+
+    def key(**kw):
+        return kernel_plan.plan_file(tmp_path, kw.get("config", config()), torch.bfloat16, (256,))
+
+    first = key()
+    assert key() == first
+    assert key(config=config(8, 2)) != first
+    monkeypatch.setattr(build, "cpu_identity", lambda: "model name: Xeon\nflags: avx512f amx_bf16")
+    with_amx = key()
+    monkeypatch.setattr(build, "cpu_identity", lambda: "model name: Xeon\nflags: avx512f")
+    assert key() != with_amx != first
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert key() != with_amx
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,141 @@
+"""The kernel plan a load runs with (sluice/models/kernel_race.py), through
+`load_model` and `--kernel-plan auto|measure|FILE`.
+
+- auto measures once on the model's real head shapes (64-wide heads, where
+  the native kernel runs), keeps the plan, and the next load reads it back;
+  measure measures again; a FILE pins its plan, a bad one is a one-line
+  load error naming the flag; the startup reason says the plan and the
+  model's layers run on it;
+- without a native candidate (heads of 16, float32, kernels off) there is
+  nothing to measure: torch at every length, and the reason says why;
+- the flag is derived from the config field (`sluice serve --kernel-plan`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from sluice.config import ModelConfig
+from sluice.errors import ModelLoadError
+from sluice.loader import load_model
+from sluice.models import kernel_race
+from sluice.models.kernel_plan import NATIVE, TORCH, KernelPlan
+from sluice.models.native import find_compiler
+from sluice.models.native.prefill import prefill_attention_kernel
+from tests.model_factory import write_tiny_tokenizer
+
+# The bands an AMX CPU's measurement gives (test_models_kernel_plan.py).
+AMX_BANDS = ((0, NATIVE), (1024, TORCH))
+
+
+@pytest.fixture(scope="module")
+def wide_heads_folder(tmp_path_factory):
+    """A tiny random Llama with heads of 64 (the native prefill kernel's size)."""
+    folder = tmp_path_factory.mktemp("wide-heads") / "tiny-64"
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=128, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, vocab_size=512, max_position_embeddings=300,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    write_tiny_tokenizer(folder, num_tokens=512)
+    return folder
+
+
+@pytest.fixture
+def measurements(monkeypatch):
+    """Each measurement the loads make (of real candidates), answering AMX's bands."""
+    calls = []
+
+    def fake_measure(native, sdpa, lengths):
+        calls.append(list(lengths))
+        native(lengths[0]), sdpa(lengths[0])  # the candidates run on the model's shapes
+        return AMX_BANDS
+
+    monkeypatch.setattr(kernel_race, "measure_prefill", fake_measure)
+    return calls
+
+
+def load(folder, tmp_path, kernel_plan="auto", dtype="bfloat16"):
+    return load_model(ModelConfig(model=str(folder), cache_dir=tmp_path, dtype=dtype,
+                                  quantization=None, kernel_plan=kernel_plan))  # fmt: skip
+
+
+native_prefill_here = pytest.mark.skipif(
+    find_compiler() is None or prefill_attention_kernel(torch.bfloat16) is None,
+    reason="no native prefill kernel here (no compiler or no AVX512-BF16)",
+)
+
+
+@native_prefill_here
+def test_auto_measures_once_keeps_the_plan_and_the_next_load_reads_it(
+    wide_heads_folder, tmp_path, measurements
+):
+    first = load(wide_heads_folder, tmp_path)
+    # Only the lengths the model can hold are measured (max_position_embeddings 300).
+    assert measurements == [[256]]
+    assert "kernel plan (measured at load): prefill attention native below 1024 tokens, " \
+        "torch from 1024" in first.choices.reason  # fmt: skip
+    assert first.model.layers[0].attend.keywords["kernels"].prefill_attention == AMX_BANDS
+    again = load(wide_heads_folder, tmp_path)
+    assert measurements == [[256]]  # read back, not measured
+    assert "kernel plan (cached): prefill attention native below 1024" in again.choices.reason
+    load(wide_heads_folder, tmp_path, kernel_plan="measure")
+    assert measurements == [[256], [256]]
+
+
+def test_a_file_pins_its_plan_and_a_bad_file_is_a_load_error(
+    wide_heads_folder, tmp_path, measurements
+):
+    pinned = tmp_path / "plan.json"
+    pinned.write_text(json.dumps({"prefill_attention": [[0, "torch"], [4096, "native"]]}))
+    loaded = load(wide_heads_folder, tmp_path, kernel_plan=str(pinned))
+    assert not measurements
+    assert f"kernel plan (from {pinned}): prefill attention torch below 4096 tokens, " \
+        "native from 4096" in loaded.choices.reason  # fmt: skip
+    plan = loaded.model.layers[0].attend.keywords["kernels"]
+    assert plan == KernelPlan(((0, TORCH), (4096, NATIVE)), f"from {pinned}")
+    pinned.write_text("{not json")
+    with pytest.raises(ModelLoadError, match="--kernel-plan .*plan.json: not a kernel plan file"):
+        load(wide_heads_folder, tmp_path, kernel_plan=str(pinned))
+    with pytest.raises(ModelLoadError, match="--kernel-plan"):
+        load(wide_heads_folder, tmp_path, kernel_plan=str(tmp_path / "missing.json"))
+
+
+def test_without_a_native_candidate_torch_serves_every_length(
+    tiny_folder, wide_heads_folder, tmp_path, measurements
+):
+    narrow = load(tiny_folder, tmp_path)  # heads of 16
+    assert "kernel plan (no native prefill kernel for torch.bfloat16 heads of 16): " \
+        "prefill attention torch at every length" in narrow.choices.reason  # fmt: skip
+    in_float32 = load(wide_heads_folder, tmp_path, dtype="float32")
+    assert "no native prefill kernel for torch.float32 heads of 64" in in_float32.choices.reason
+    assert not measurements
+
+
+def test_the_flag_is_derived_from_the_config_field():
+    from sluice.cli import build_parser
+
+    assert build_parser().parse_args(["serve"]).kernel_plan == "auto"
+    args = build_parser().parse_args(["serve", "--kernel-plan", "measure"])
+    assert args.kernel_plan == "measure"
+
+
+@native_prefill_here
+def test_the_real_measurement_runs_and_keeps_a_plan(wide_heads_folder, tmp_path):
+    from sluice.models.config import LlamaConfig
+    from sluice.models.kernel_plan import parse_bands
+
+    config = LlamaConfig.from_hf_dict(json.loads((wide_heads_folder / "config.json").read_text()))
+    plan = kernel_race.plan_kernels("measure", config, torch.bfloat16, tmp_path, 300)
+    # Which kernel wins depends on this CPU; that the plan is measured and kept does not.
+    assert plan.source == "measured at load" and plan.prefill_attention in (
+        ((0, NATIVE),), ((0, TORCH),),
+    )  # fmt: skip
+    (kept,) = (tmp_path / "calibration").glob("kernel-plan-*.json")
+    assert parse_bands(json.loads(kept.read_text())) == plan.prefill_attention
