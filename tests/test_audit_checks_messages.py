@@ -109,3 +109,9 @@ def test_an_error_event_is_a_note():
     events.append({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})
     found = findings(PLAIN, encode_all(events))
     assert [(f.check_id, f.severity) for f in found] == [("stream_ended_by_error", "note")]
+
+
+def test_a_message_delta_without_output_usage_is_flagged_though_message_start_had_some():
+    events = streamed(PLAIN)
+    del events[-2]["usage"]
+    assert ids(PLAIN, events) == {"messages_usage"}

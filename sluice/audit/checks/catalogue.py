@@ -110,8 +110,8 @@ _BREAK = {
     "messages_end": "a Messages stream does not end with one message_delta then message_stop",
     "messages_stop_reason": "stop_reason invalid or unlike what happened (max_tokens used -> "
     "max_tokens; a tool_use block -> tool_use)",
-    "messages_usage": "Messages usage lacks input/output tokens, or output_tokens differ from the "
-    "non-streamed twin's",
+    "messages_usage": "Messages usage lacks input/output tokens (message_delta without "
+    "output_tokens), or output_tokens differ from the non-streamed twin's",
     "messages_invalid_input": "a tool_use block names no given tool, or its input is not a JSON "
     "object ({} for a tool without parameters)",
     "messages_stream_mismatch": "a Messages stream's accumulated message differs from the same "

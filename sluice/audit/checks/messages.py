@@ -13,7 +13,8 @@ Invariants (the ids are in catalogue.py):
   `thinking`;
 - `messages_empty_delta`: a text or thinking delta without text (an empty
   `partial_json` is what Anthropic itself opens a tool_use block with: allowed);
-- `messages_end`: one `message_delta`, then one `message_stop`, last.
+- `messages_end`: one `message_delta`, then one `message_stop`, last;
+- `messages_usage`: `message_delta` carries `usage.output_tokens`.
 The message the events accumulate to (as the `anthropic` SDK accumulates it)
 is then checked as a non-streamed body is (messages_final.py).
 """
@@ -172,6 +173,9 @@ def _message_delta(state: Accumulated, number: int, payload: dict[str, Any]) -> 
         message_["stop_sequence"] = delta.get("stop_sequence")
     if isinstance(usage, dict):
         message_["usage"].update(usage)
+    if not isinstance(usage, dict) or not isinstance(usage.get("output_tokens"), int):
+        # message_start's output_tokens are a placeholder: these are the count.
+        state.problems.append(("messages_usage", number, f"message_delta's usage is {usage!r}"))
 
 
 def _parse_inputs(state: Accumulated) -> None:
