@@ -198,6 +198,11 @@ class EngineConfig:
         "torch threads of the engine (default: all cores; 1 avoids contention on 2 cores)",
         at_least=1,
     )
+    # OpenTelemetry traces, OTLP over HTTP, from the server and every engine
+    # process and replica (sluice/tracing.py); None: no tracing at all.
+    otlp_traces_endpoint: str | None = setting(
+        None, "send OpenTelemetry traces here, OTLP over HTTP, e.g. http://localhost:4318"
+    )
 
     def __post_init__(self) -> None:
         check_settings(self)

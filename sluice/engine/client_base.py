@@ -94,9 +94,12 @@ class EngineClient(abc.ABC):
         sink: DeltaSink,
         *,
         queue_timeout: QueueTimeout | None = None,
+        trace_context: str | None = None,
     ) -> None:
         """Queue a request. Raises EngineDeadError if the engine is down.
-        `queue_timeout` is the admission gate's: an engine ignores it."""
+        `queue_timeout` is the admission gate's: an engine ignores it.
+        `trace_context`: the W3C traceparent the engine's spans continue
+        (sluice/tracing.py); None: not traced."""
 
     @abc.abstractmethod
     def abort(self, request_ids: list[str]) -> None:

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 import torch
 
 from sluice.config import EngineConfig
+from sluice.engine.engine_spans import engine_spans
 from sluice.engine.grammar_queue import GrammarQueue
 from sluice.engine.kv_cache import KVCacheManager
 from sluice.engine.messages import (
@@ -42,6 +44,9 @@ from sluice.loader.loaded_model import torch_dtype
 from sluice.structured.grammar_cache import GrammarCache
 from sluice.structured.matcher import CompiledGrammar, GrammarCompiler
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
 logger = logging.getLogger("sluice.engine")
 
 # With nothing but compiling grammars to wait for, a step waits this long for
@@ -50,8 +55,14 @@ GRAMMAR_WAIT_S = 0.01
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+    def __init__(
+        self, config: EngineConfig, loaded: LoadedModel | None = None, tracer: Tracer | None = None
+    ):
+        """`tracer`: where traced requests' spans go (default: the OTLP
+        endpoint of `config`, if any; none without one)."""
         self.config = config
+        # Traced requests' queue, prefill and decode spans; None: tracing off.
+        self.spans = engine_spans(tracer, config.otlp_traces_endpoint)
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.loaded = loaded or load_model(config.model)
@@ -107,12 +118,17 @@ class EngineCore:
         self._errors: list[EngineError] = []
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        trace_context: str | None = None,
     ) -> None:
         """Queue a request; a structured one first waits for its grammar.
         Raises ValueError for a request the engine can never run (a grammar
         refused at once is a GrammarError, one of those; one refused later
-        comes out of `take_errors`)."""
+        comes out of `take_errors`). `trace_context`: the traceparent its
+        spans continue (with tracing on)."""
         request = Request(request_id, list(prompt_token_ids), params)
         if request_id in self.awaiting_grammar:
             raise ValueError(f"request id {request_id!r} is already live")
@@ -120,12 +136,12 @@ class EngineCore:
         spec = params.structured_output
         if spec is None:
             self.scheduler.add_request(request)
-            return
-        grammar = self.grammars.compiled(spec)
-        if grammar.done():
+        elif (grammar := self.grammars.compiled(spec)).done():
             self._admit(request, grammar)  # compiled before: no need to wait a step
         else:
             self.awaiting_grammar.add(request, grammar)
+        if self.spans is not None:
+            self.spans.on_add(request_id, trace_context, len(prompt_token_ids))
 
     def _admit(self, request: Request, grammar: Future[CompiledGrammar]) -> None:
         """Give a request its matcher and queue it. Raises the grammar's error."""
@@ -154,6 +170,8 @@ class EngineCore:
         for request in self.awaiting_grammar.remove(request_ids):
             request.status = RequestStatus.FINISHED_ABORTED
             deltas.append(request.take_delta())
+        if self.spans is not None:
+            self.spans.on_deltas(deltas)
         return deltas
 
     def handle(
@@ -163,9 +181,9 @@ class EngineCore:
         the in-process thread, call this); what it yields goes into `deltas`
         and `errors`. False when the input is Shutdown."""
         match message:
-            case AddRequest(request_id, prompt_token_ids, params):
+            case AddRequest(request_id, prompt_token_ids, params, trace_context):
                 try:
-                    self.add_request(request_id, prompt_token_ids, params)
+                    self.add_request(request_id, prompt_token_ids, params, trace_context)
                 except ValueError as error:
                     errors.append(EngineError(request_id, str(error)))
             case AbortRequests(request_ids):
@@ -185,13 +203,18 @@ class EngineCore:
         # 0. Requests whose grammar compiled meanwhile join the waiting queue.
         self._admit_compiled()
         # 1. Choose who runs and how many tokens each computes.
+        if self.spans is not None:
+            self.spans.on_step_start()
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             return []
         # 2. Run the model; sample one token for each request whose prompt is done.
         output = self.runner.execute(plan)
         # 3. Advance requests, free the finished, emit one delta per request.
-        return self.scheduler.update(plan, output.sampled, output.prompt_logprobs)
+        deltas = self.scheduler.update(plan, output.sampled, output.prompt_logprobs)
+        if self.spans is not None:  # 4. Traced requests' phases.
+            self.spans.on_step(plan, deltas)
+        return deltas
 
     def stats(self) -> EngineStatsSnapshot:
         return EngineStatsSnapshot(

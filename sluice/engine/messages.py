@@ -18,6 +18,9 @@ class AddRequest(msgspec.Struct, frozen=True, tag="add"):
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    # The W3C traceparent of the API request's span (sluice/tracing.py):
+    # the engine's spans continue that trace. None: not traced.
+    trace_context: str | None = None
 
 
 class AbortRequests(msgspec.Struct, frozen=True, tag="abort"):

@@ -52,11 +52,12 @@ class RoutedEngineClient(EngineClient):
         sink: DeltaSink,
         *,
         queue_timeout: QueueTimeout | None = None,
+        trace_context: str | None = None,
     ) -> None:
         if not self._is_alive:
             raise EngineDeadError("the engine is not running")
         self._router.register(request_id, sink)
-        self._send(AddRequest(request_id, list(prompt_token_ids), params))
+        self._send(AddRequest(request_id, list(prompt_token_ids), params, trace_context))
 
     def abort(self, request_ids: list[str]) -> None:
         live = [request_id for request_id in request_ids if request_id in self._router]

@@ -136,12 +136,16 @@ class Frontend:
         queue_timeout: QueueTimeout | None = None,
         chunks: ResponseChunks | None = None,
         observer: RequestObserver | None = None,
+        trace_context: str | None = None,
     ) -> EventStream:
         """The SSE events of `request`; nothing starts before the first `__anext__`.
-        Its engine requests are added with `queue_timeout`; `chunks` (default:
-        the builder its kind names) projects its deltas; `observer` (default:
-        the frontend's) is told of it."""
-        run = _RequestRun(request, self._engine, queue_timeout, observer or self._observer)
+        Its engine requests are added with `queue_timeout` and `trace_context`
+        (the traceparent their engine spans continue); `chunks` (default: the
+        builder its kind names) projects its deltas; `observer` (default: the
+        frontend's) is told of it."""
+        run = _RequestRun(
+            request, self._engine, queue_timeout, observer or self._observer, trace_context
+        )
         chunks = chunks or self._chunks(request)
 
         def render(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
@@ -189,10 +193,12 @@ class Frontend:
         queue_timeout: QueueTimeout | None = None,
         chunks: ResponseChunks | None = None,
         observer: RequestObserver | None = None,
+        trace_context: str | None = None,
     ) -> bytes:
-        """The JSON body of `request`; engine errors propagate. Its engine
-        requests are added with `queue_timeout`; `chunks` and `observer` as for `stream`."""
-        run = _RequestRun(request, self._engine, queue_timeout, observer or self._observer)
+        """The JSON body of `request`; engine errors propagate. The rest as for `stream`."""
+        run = _RequestRun(
+            request, self._engine, queue_timeout, observer or self._observer, trace_context
+        )
         chunks = chunks or self._chunks(request)
 
         def fold(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
@@ -226,10 +232,12 @@ class _RequestRun:
         engine: EngineClient,
         queue_timeout: QueueTimeout | None,
         observer: RequestObserver | None,
+        trace_context: str | None = None,
     ):
         self._request = request
         self._engine = engine
         self._queue_timeout = queue_timeout
+        self._trace_context = trace_context
         self._observer = observer
         self._timer = None if observer is None else ChunkTimer(observer)
         self._processor: OutputProcessor | None = None
@@ -252,6 +260,7 @@ class _RequestRun:
                     params,
                     processor,
                     queue_timeout=self._queue_timeout,
+                    trace_context=self._trace_context,
                 )
                 added.append(request_id)
         except BaseException:

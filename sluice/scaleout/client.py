@@ -92,6 +92,7 @@ class DataParallelEngineClient(EngineClient):
         sink: DeltaSink,
         *,
         queue_timeout: QueueTimeout | None = None,
+        trace_context: str | None = None,
     ) -> None:
         healthy = self._healthy_replicas()
         if not healthy:
@@ -99,7 +100,11 @@ class DataParallelEngineClient(EngineClient):
         index = self.router.route(request_id, prompt_token_ids, params.max_tokens, healthy)
         try:
             self.replica_clients[index].add_request(
-                request_id, prompt_token_ids, params, _RoutedSink(self.router, request_id, sink)
+                request_id,
+                prompt_token_ids,
+                params,
+                _RoutedSink(self.router, request_id, sink),
+                trace_context=trace_context,
             )
         except BaseException:
             self.router.finish(request_id)

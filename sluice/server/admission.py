@@ -165,6 +165,7 @@ class AdmissionGate(EngineClient):
         sink: DeltaSink,
         *,
         queue_timeout: QueueTimeout | None = None,
+        trace_context: str | None = None,
     ) -> None:
         """Admit and add one engine request; with `queue_timeout`, end it with
         QueueTimeoutError if it produces nothing within that time."""
@@ -173,7 +174,9 @@ class AdmissionGate(EngineClient):
         self._open[request_id] = tracked
         self._idle.clear()
         try:
-            self.engine.add_request(request_id, prompt_token_ids, params, tracked)
+            self.engine.add_request(
+                request_id, prompt_token_ids, params, tracked, trace_context=trace_context
+            )
         except BaseException:
             tracked.end()
             raise

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
@@ -45,6 +46,7 @@ from sluice.config import ServerConfig
 from sluice.engine.client_base import EngineClient, QueueTimeout
 from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import EngineDeadError, InvalidRequestError, ModelLoadError
+from sluice.frontend.observer import RequestObserver
 from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend, ResponseChunks
@@ -67,11 +69,16 @@ from sluice.server.metrics import ReadCounter, SeriesObserver, ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
 from sluice.server.pages import add_pages
 from sluice.server.replicas import ReplicaCollector, replica_health
+from sluice.server.request_spans import RequestTrace, TracedObserver
 from sluice.server.responses_request import ResponseStore
 from sluice.server.responses_routes import ResponsesRoutes
 from sluice.server.served_model import ServedModel, ServedTokenizer
 from sluice.server.shutdown import GracefulShutdown
 from sluice.tools.parsers import guess_tool_call_parser
+from sluice.tracing import otlp_tracer
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 T = TypeVar("T")
 
@@ -88,9 +95,14 @@ def create_app(
     engine: EngineClient,
     model: ServedModel,
     clock: Callable[[], float] = time.monotonic,
+    tracer: Tracer | None = None,
 ) -> FastAPI:
     """The app serving `engine` as `model.name` (ServerConfig.served_model_name wins);
-    `clock`: the seconds the API keys' rate windows are measured in."""
+    `clock`: the seconds the API keys' rate windows are measured in; `tracer`:
+    where request spans go (default: the OTLP endpoint of the config, if any)."""
+    endpoint = config.engine.otlp_traces_endpoint
+    if tracer is None and endpoint is not None:
+        tracer = otlp_tracer(endpoint, "sluice-server")
     num_replicas = 1 if config.data_parallel is None else config.data_parallel.num_replicas
     gate = AdmissionGate(engine, num_replicas * admission.capacity_of(config.engine.scheduler))
     keys = KeyRing(config.api_key, config.api_key_file)
@@ -132,7 +144,7 @@ def create_app(
         title="sluice",
         version=sluice_version(),
         lifespan=lifespan,
-        middleware=middleware_stack(config, keys, KeyLimiter(clock)),
+        middleware=middleware_stack(config, keys, KeyLimiter(clock), tracer),
     )
     install_error_handlers(app)
     app.state.routes = routes
@@ -240,6 +252,11 @@ class Routes:
         if log is not None:
             log.num_prompt_tokens = num_prompt_tokens
         run = _Run(request, generation, queue_timeout, log, chunks, self._observer_of(request))
+        trace: RequestTrace | None = getattr(request.state, "request_trace", None)
+        if trace is not None:
+            trace.received(generation.response_id, generation.model_name, num_prompt_tokens)
+            observer = TracedObserver(run.observer or self.metrics, trace)
+            run = dataclasses.replace(run, observer=observer, trace_context=trace.traceparent)
         lease = _key_lease(request)
         if lease is not None:  # its generated tokens are charged as they are delivered
             lease.charge(num_prompt_tokens)
@@ -255,7 +272,9 @@ class Routes:
         return self.metrics.observer_for(lease.key_name, lease.charge)
 
     async def _stream(self, run: _Run) -> Response:
-        events = self.frontend.stream(run.generation, run.queue_timeout, run.chunks, run.observer)
+        events = self.frontend.stream(
+            run.generation, run.queue_timeout, run.chunks, run.observer, run.trace_context
+        )
         # Wait for the first event before sending headers: an error up to here
         # propagates from it and becomes a real HTTP error (errors.py).
         try:
@@ -278,7 +297,9 @@ class Routes:
     async def _complete(self, run: _Run) -> Response:
         body = await _unless_disconnected(
             run.request.receive,
-            self.frontend.complete(run.generation, run.queue_timeout, run.chunks, run.observer),
+            self.frontend.complete(
+                run.generation, run.queue_timeout, run.chunks, run.observer, run.trace_context
+            ),
         )
         if body is None:
             return Response(status_code=CLIENT_CLOSED_STATUS)
@@ -407,8 +428,10 @@ class _Run:
     queue_timeout: QueueTimeout | None
     log: RequestLog | None
     chunks: ResponseChunks | None
-    # The key's observer (None: the app's).
-    observer: SeriesObserver | None
+    # The key's observer, or the trace's (None: the app's).
+    observer: RequestObserver | None
+    # The traceparent the engine's spans continue (None: not traced).
+    trace_context: str | None = None
 
 
 def _request_log(request: Request) -> RequestLog | None:

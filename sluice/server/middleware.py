@@ -3,7 +3,8 @@
 Pure ASGI (no `BaseHTTPMiddleware`), so streaming bodies pass through
 untouched and a client disconnect reaches the route as it happens.
 Order, outermost first: request context (id + access log, so even a 401 is
-logged with its id), CORS (so preflights never need a key), API key and its
+logged with its id), CORS (so preflights never need a key), the request's
+trace with tracing on (sluice/server/request_spans.py), API key and its
 limits (sluice/server/api_keys.py, key_limits.py).
 
 Invariants: every HTTP response carries `X-Request-Id` (the client's, or a
@@ -17,6 +18,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -30,6 +32,10 @@ from sluice.server.api_keys import ApiKey, KeyRing
 from sluice.server.errors import error_response, internal_error_response, request_error_response
 from sluice.server.key_limits import KeyLease, KeyLimiter
 from sluice.server.pages import is_public_page
+from sluice.server.request_spans import TraceMiddleware
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 access_logger = logging.getLogger("sluice.access")
 logger = logging.getLogger("sluice.server")
@@ -37,8 +43,8 @@ logger = logging.getLogger("sluice.server")
 REQUEST_ID_HEADER = b"x-request-id"
 # Probes and scrapers never carry the key.
 API_KEY_EXEMPT_PATHS = frozenset({"/health", "/metrics"})
-# The generation routes, where a key's limits apply (on POST).
-LIMITED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses",
+# The generation routes, where a key's limits apply and traces are made (on POST).
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses",
                            "/v1/messages"})  # fmt: skip
 # Status written to the access log when the client left before the response.
 CLIENT_CLOSED_STATUS = 499
@@ -171,7 +177,7 @@ class ApiKeyMiddleware:
         log = request_log_of(scope)
         if log is not None:
             log.key_name = key.name
-        if not (scope["method"] == "POST" and path in LIMITED_PATHS):
+        if not (scope["method"] == "POST" and path in GENERATION_PATHS):
             await self.app(scope, receive, send)
             return
         try:
@@ -215,10 +221,14 @@ def key_lease_of(scope: Scope) -> KeyLease | None:
 
 
 def middleware_stack(
-    config: ServerConfig, keys: KeyRing | None = None, limiter: KeyLimiter | None = None
+    config: ServerConfig,
+    keys: KeyRing | None = None,
+    limiter: KeyLimiter | None = None,
+    tracer: Tracer | None = None,
 ) -> list[Middleware]:
     """The app's middleware, outermost first; `keys` and `limiter` default to
-    those `config` describes (an app passes its own, to reload them)."""
+    those `config` describes (an app passes its own, to reload them);
+    `tracer`: one span per generation request (none without it)."""
     stack = [Middleware(RequestContextMiddleware)]
     if config.cors_allowed_origins:
         stack.append(
@@ -230,6 +240,8 @@ def middleware_stack(
                 expose_headers=["X-Request-Id"],
             )
         )
+    if tracer is not None:  # outside the key check: a 401 or 429 is traced too
+        stack.append(Middleware(TraceMiddleware, tracer=tracer, paths=GENERATION_PATHS))
     keys = keys or KeyRing(config.api_key, config.api_key_file)
     if keys.is_enabled:
         stack.append(Middleware(ApiKeyMiddleware, keys=keys, limiter=limiter or KeyLimiter()))

@@ -21,12 +21,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from sluice.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, ServerConfig
 from sluice.engine.client_base import EngineClient
 from sluice.server.app import create_app
 from sluice.server.launch import make_server
 from sluice.server.served_model import ServedModel, ServedTokenizer
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 DEFAULT_MODEL_NAME = "fake-model"
 
@@ -44,6 +48,8 @@ class LiveServer:
         startup_timeout_s: float = 10.0,
         # The clock of the API keys' rate windows (default: time.monotonic).
         clock: Callable[[], float] = time.monotonic,
+        # Where request spans go (default: none, unless the config names an endpoint).
+        tracer: Tracer | None = None,
         **config,
     ):
         self.engine = engine
@@ -51,7 +57,7 @@ class LiveServer:
         self.model_name = model_name
         self.config = ServerConfig(host="127.0.0.1", port=0, **config)
         self.app = create_app(
-            self.config, engine, ServedModel(model_name, tokenizer, max_model_len), clock
+            self.config, engine, ServedModel(model_name, tokenizer, max_model_len), clock, tracer
         )
         self.server = make_server(self.app, self.config)
         self.startup_timeout_s = startup_timeout_s

@@ -1,0 +1,219 @@
+"""OpenTelemetry traces end to end on a tiny model: one connected trace per
+request (receive, queue, prefill, decode, stream inside the request span,
+which continues the client's traceparent), from the in-process engine into
+the SDK's in-memory exporter and from the engine process into an OTLP/HTTP
+receiver on localhost; with tracing off no tracer exists and the SDK is never imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx2
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from sluice.config import CacheConfig, EngineConfig, ModelConfig
+from sluice.engine.core import EngineCore
+from sluice.engine.inproc_client import InProcessEngineClient
+from sluice.server.launch import build_engine, describe_model
+from sluice.testing.live_server import LiveServer
+from sluice.tracing import traces_url
+
+CLIENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{CLIENT_TRACE_ID}-{CLIENT_SPAN_ID}-01"
+PHASES = {"receive", "queue", "prefill", "decode", "stream"}
+
+
+def tiny_engine_config(tiny_folder, **fields) -> EngineConfig:
+    model = ModelConfig(model=str(tiny_folder), dtype="float32", quantization=None,
+                        activation_quantization=None, max_model_len=256)  # fmt: skip
+    return EngineConfig(model=model, cache=CacheConfig(kv_cache_memory_bytes=8 << 20), **fields)
+
+
+@pytest.fixture
+def memory_tracer():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider.get_tracer("test"), exporter
+
+
+def completion(live: LiveServer, *, stream: bool, traceparent: str | None = None):
+    headers = {"traceparent": traceparent} if traceparent else {}
+    body = {"prompt": "hello", "max_tokens": 5, "temperature": 0, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    response = httpx2.post(f"{live.url}/v1/completions", json=body, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def by_trace(spans) -> dict[str, list]:
+    traces: dict[str, list] = {}
+    for span in spans:
+        traces.setdefault(format(span.context.trace_id, "032x"), []).append(span)
+    return traces
+
+
+def check_one_request_trace(spans, *, parent_span_id: str | None) -> None:
+    """One request span; every phase inside it; the engine's under it too."""
+    named = {span.name: span for span in spans}
+    assert set(named) == PHASES | {"POST /v1/completions"}, sorted(named)
+    request = named["POST /v1/completions"]
+    if parent_span_id is None:
+        assert request.parent is None
+    else:
+        assert format(request.parent.span_id, "016x") == parent_span_id
+    for phase in PHASES:
+        assert named[phase].parent.span_id == request.context.span_id, phase
+    assert request.attributes["gen_ai.usage.input_tokens"] > 0
+    assert request.attributes["gen_ai.usage.output_tokens"] == 5
+    assert request.attributes["gen_ai.response.finish_reasons"] == ("length",)
+    assert request.attributes["http.response.status_code"] == 200
+    assert request.attributes["gen_ai.response.id"].startswith("cmpl-")
+    assert named["decode"].attributes["gen_ai.usage.output_tokens"] == 5
+    assert named["decode"].attributes["sluice.request_id"].startswith("cmpl-")
+    # The phases follow each other in time.
+    queue, prefill, decode = named["queue"], named["prefill"], named["decode"]
+    assert request.start_time <= named["receive"].end_time <= queue.start_time
+    assert queue.end_time == prefill.start_time and prefill.end_time == decode.start_time
+    assert decode.end_time <= request.end_time
+
+
+def test_the_in_process_engine_and_the_server_make_one_trace_per_request(
+    tiny_folder, memory_tracer
+):
+    tracer, exporter = memory_tracer
+    config = tiny_engine_config(tiny_folder, multiprocess=False)
+    core = EngineCore(config, tracer=tracer)
+    served = describe_model(config.model)
+    with LiveServer(InProcessEngineClient(core), served.tokenizer, model_name=served.name,
+                    max_model_len=256, tracer=tracer) as live:  # fmt: skip
+        completion(live, stream=True, traceparent=TRACEPARENT)
+        completion(live, stream=False)
+    traces = by_trace(exporter.get_finished_spans())
+    assert len(traces) == 2
+    check_one_request_trace(traces.pop(CLIENT_TRACE_ID), parent_span_id=CLIENT_SPAN_ID)
+    (own,) = traces.values()
+    check_one_request_trace(own, parent_span_id=None)
+
+
+def test_a_refused_request_is_traced_with_its_status(tiny_folder, memory_tracer):
+    tracer, exporter = memory_tracer
+    config = tiny_engine_config(tiny_folder, multiprocess=False)
+    served = describe_model(config.model)
+    with LiveServer(InProcessEngineClient(EngineCore(config, tracer=tracer)), served.tokenizer,
+                    model_name=served.name, max_model_len=256, tracer=tracer,
+                    api_key="sk-x") as live:  # fmt: skip
+        response = httpx2.post(f"{live.url}/v1/completions", json={"prompt": "hi"})
+        assert response.status_code == 401
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "POST /v1/completions"
+    assert span.attributes["http.response.status_code"] == 401
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP collector on localhost: keeps every span it is sent, with
+    the service that sent it."""
+
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        self.spans: list[tuple[str, object]] = []
+        self.received = threading.Condition()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                export = ExportTraceServiceRequest.FromString(body)
+                with receiver.received:
+                    for resource_spans in export.resource_spans:
+                        service = next(a.value.string_value for a in resource_spans.resource.attributes
+                                       if a.key == "service.name")  # fmt: skip
+                        for scope_spans in resource_spans.scope_spans:
+                            receiver.spans += [(service, span) for span in scope_spans.spans]
+                    receiver.received.notify_all()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_for(self, num_spans: int, timeout_s: float = 60) -> None:
+        with self.received:
+            assert self.received.wait_for(lambda: len(self.spans) >= num_spans, timeout_s), (
+                f"{len(self.spans)} spans of {num_spans}"
+            )
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    receiver = OtlpReceiver()
+    yield receiver
+    receiver.server.shutdown()
+
+
+def test_the_engine_process_continues_the_trace_through_otlp(tiny_folder, receiver):
+    config = tiny_engine_config(tiny_folder, otlp_traces_endpoint=receiver.url)
+    assembly = build_engine(config)
+    with LiveServer(assembly.engine, assembly.model.tokenizer, model_name=assembly.model.name,
+                    max_model_len=256, engine=config, startup_timeout_s=120) as live:  # fmt: skip
+        completion(live, stream=True, traceparent=TRACEPARENT)
+        receiver.wait_for(len(PHASES) + 1)
+    services = {span.name: service for service, span in receiver.spans}
+    assert services == {"POST /v1/completions": "sluice-server", "receive": "sluice-server",
+                        "stream": "sluice-server", "queue": "sluice-engine",
+                        "prefill": "sluice-engine", "decode": "sluice-engine"}  # fmt: skip
+    spans = {span.name: span for _, span in receiver.spans}
+    request = spans["POST /v1/completions"]
+    assert {span.trace_id.hex() for span in spans.values()} == {CLIENT_TRACE_ID}
+    assert request.parent_span_id.hex() == CLIENT_SPAN_ID
+    for phase in PHASES:
+        assert spans[phase].parent_span_id == request.span_id, phase
+
+
+def test_an_endpoint_without_a_path_gets_otlps_traces_path():
+    assert traces_url("http://collector:4318") == "http://collector:4318/v1/traces"
+    assert traces_url("http://collector:4318/") == "http://collector:4318/v1/traces"
+    assert traces_url("http://c:4318/custom/traces") == "http://c:4318/custom/traces"
+
+
+def test_with_tracing_off_no_tracer_exists_and_the_sdk_is_never_imported():
+    # A fresh interpreter: the app serves a stream; sluice made no tracer, so
+    # neither the SDK nor an exporter loaded (FastAPI imports the API itself).
+    code = """
+import sys, httpx2
+from sluice.server.request_spans import TraceMiddleware
+from sluice.testing.fake_engine import LoopFakeEngine
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+from sluice.testing.live_server import LiveServer
+server = LiveServer(LoopFakeEngine(), ChatFakeTokenizer())
+assert all(m.cls is not TraceMiddleware for m in server.app.user_middleware)
+with server as live:
+    body = {"prompt": "hi", "max_tokens": 3, "stream": True}
+    assert httpx2.post(live.url + "/v1/completions", json=body).status_code == 200
+prefixes = ("opentelemetry.sdk", "opentelemetry.exporter", "opentelemetry.proto")
+print(sorted(m for m in sys.modules if m.startswith(prefixes)))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=120)  # fmt: skip
+    assert result.stdout.strip() == "[]"
+
+
+def test_an_engine_without_an_endpoint_keeps_no_spans(tiny_folder):
+    assert EngineCore(tiny_engine_config(tiny_folder, multiprocess=False)).spans is None
