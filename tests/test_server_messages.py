@@ -268,3 +268,13 @@ def test_every_thinking_type_is_accepted(thinking):
     with serve(Recorded(ANSWER)) as live:
         response = httpx2.post(live.url + "/v1/messages", json=body_of(thinking=config))
     assert response.status_code == 200, response.text
+
+
+def test_a_large_count_tokens_body_with_a_forced_tool_is_counted_in_the_worker():
+    """A body past the worker threshold is converted in a worker thread, where
+    the forced tool's grammar is checked inline (it was a 500: no event loop)."""
+    body = body_of(tools=[WEATHER_TOOL], tool_choice={"type": "any"}, metadata={"pad": "x" * 9000})
+    with serve(Recorded(ANSWER), tool_call_parser="hermes") as live:
+        response = httpx2.post(live.url + "/v1/messages/count_tokens", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["input_tokens"] > 0

@@ -61,7 +61,9 @@ async def count_tokens(body: messages_protocol.CountTokensRequest, options: Requ
     """The prompt's tokens as `messages_request` would build it."""
     options = _with_thinking(body.thinking, options)
     chat = _chat_body(body, options, stream=False)
-    tools = await tool_fields.tool_plan(chat, options.tool_call_parser, options.reasoning_parser)
+    tools = await tool_fields.tool_plan(
+        chat, options.tool_call_parser, options.reasoning_parser, options.grammar_check
+    )
     prompt = await options.preprocessor.chat_prompt(
         chat_messages(chat.messages),
         add_generation_prompt=True,
