@@ -217,3 +217,40 @@ print(sorted(m for m in sys.modules if m.startswith(prefixes)))
 
 def test_an_engine_without_an_endpoint_keeps_no_spans(tiny_folder):
     assert EngineCore(tiny_engine_config(tiny_folder, multiprocess=False)).spans is None
+
+
+@pytest.mark.slow
+def test_a_ray_replica_continues_the_trace_across_the_ray_hop(tiny_folder, receiver):
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    from sluice.config import DataParallelConfig
+    from sluice.scaleout.client import DataParallelEngineClient
+
+    node = {"num_cpus": 1, "object_store_memory": 80 << 20}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    cluster.add_node(**node)
+    ray.init(address=cluster.address, logging_level="WARNING")
+    try:
+        config = tiny_engine_config(tiny_folder, otlp_traces_endpoint=receiver.url)
+        data_parallel = DataParallelConfig(num_replicas=2, ray_address=cluster.address)
+        engine = DataParallelEngineClient(config, data_parallel)
+        served = describe_model(config.model)
+        with LiveServer(engine, served.tokenizer, model_name=served.name, max_model_len=256,
+                        startup_timeout_s=300, engine=config,
+                        data_parallel=data_parallel) as live:  # fmt: skip
+            trace_ids = [f"{i:032x}" for i in range(1, 5)]
+            for trace_id in trace_ids:
+                completion(live, stream=True, traceparent=f"00-{trace_id}-{CLIENT_SPAN_ID}-01")
+            receiver.wait_for(len(trace_ids) * (len(PHASES) + 1), timeout_s=120)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    for trace_id in trace_ids:
+        spans = {span.name: (service, span) for service, span in receiver.spans
+                 if span.trace_id.hex() == trace_id}  # fmt: skip
+        assert set(spans) == PHASES | {"POST /v1/completions"}
+        request = spans["POST /v1/completions"][1]
+        for phase in ("queue", "prefill", "decode"):
+            service, span = spans[phase]
+            assert service == "sluice-engine" and span.parent_span_id == request.span_id
