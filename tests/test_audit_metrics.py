@@ -12,7 +12,8 @@ from sluice.audit.metrics import (
     throughput_timeline,
     tokens_per_chunk_counts,
 )
-from sluice.audit.records import COMPLETIONS, ScenarioResult
+from sluice.audit.records import COMPLETIONS, MESSAGES, ScenarioResult
+from tests.agent_script import encode
 from tests.broken_servers import completion_chunk, recorded, sse, usage_chunk
 
 BODY = {
@@ -109,3 +110,24 @@ def test_inter_token_gaps_are_measured_within_each_choice():
     exchange.arrival_times_s = [0.1, 0.2]
     sample = sample_stream(exchange)
     assert sample.itl_s == pytest.approx([0.1, 0.1])
+
+
+def test_an_agent_api_stream_is_timed_by_its_delta_events_and_counted_by_its_usage():
+    events = [
+        {"type": "message_start", "message": {"content": [], "usage": {"input_tokens": 3}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "a"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "b"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+         "usage": {"output_tokens": 5}},
+        {"type": "message_stop"},
+    ]  # fmt: skip
+    pieces = [encode(event) for event in events]
+    body = {"model": "m", "max_tokens": 8, "stream": True, "messages": []}
+    exchange = recorded(MESSAGES, body, b"".join(pieces), sent_s=0.0, end_s=1.0)
+    exchange.arrival_offsets = [sum(len(p) for p in pieces[: i + 1]) for i in range(len(pieces))]
+    exchange.arrival_times_s = [0.1 * (i + 1) for i in range(len(pieces))]
+    sample = sample_stream(exchange)
+    assert sample is not None and sample.output_tokens == 5
+    assert sample.ttft_s == pytest.approx(0.3) and sample.itl_s == [pytest.approx(0.1)]

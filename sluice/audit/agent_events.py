@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.audit.records import Exchange
-from sluice.audit.sse import DATA_PREFIX, SseEvent, parse_sse
+from sluice.audit.sse import DATA_PREFIX, SseEvent, event_time_s, parse_sse
 
 EVENT_PREFIX = b"event: "
 
@@ -86,3 +86,31 @@ def _problem(
     if not isinstance(payload.get("type"), str):
         return "data has no `type`"
     return None
+
+
+def is_delta(event: NamedEvent) -> bool:
+    """An event that carries output (both APIs)."""
+    return event.type.endswith(".delta") or event.type == "content_block_delta"
+
+
+def delta_events(exchange: Exchange) -> int:
+    return sum(is_delta(event) for event in read_events(exchange).events)
+
+
+def delta_times_s(exchange: Exchange) -> list[float]:
+    """Arrival time of each delta event, in order."""
+    parse = parse_sse(exchange.raw)
+    named = {event.number for event in read_events(exchange).events if is_delta(event)}
+    return [event_time_s(event, exchange.arrival_offsets, exchange.arrival_times_s)
+            for event in parse.events if event.number in named]  # fmt: skip
+
+
+def output_tokens(exchange: Exchange) -> int:
+    """Output tokens of a stream, from the last usage it carried (both APIs)."""
+    count = 0
+    for event in read_events(exchange).events:
+        payload = event.payload or {}
+        usage = payload.get("usage") or (payload.get("response") or {}).get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("output_tokens"), int):
+            count = usage["output_tokens"]
+    return count

@@ -6,15 +6,17 @@ total, per target.
 Latencies come from streams read normally (slow and abandoning readers time
 themselves, not the server). Token counts come from, in order: the final
 usage chunk, logprob entries, the non-streamed twin's usage, and, failing
-all, one token per chunk.
+all, one token per chunk. An agent-API stream's chunks are its delta
+events, its tokens the output_tokens of its last usage.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sluice.audit.agent_events import delta_times_s, output_tokens
 from sluice.audit.checks.exchange import ensure_view
-from sluice.audit.records import Exchange, ScenarioResult
+from sluice.audit.records import AGENT_ENDPOINTS, Exchange, ScenarioResult
 from sluice.audit.stream_view import ChoiceChunk
 
 
@@ -83,6 +85,8 @@ def is_error(exchange: Exchange) -> bool:
 def sample_stream(exchange: Exchange) -> StreamSample | None:
     if not exchange.is_stream or not exchange.is_ok or exchange.reader == "abandon":
         return None
+    if exchange.endpoint in AGENT_ENDPOINTS:
+        return _agent_sample(exchange)
     view = ensure_view(exchange)
     times, tokens, gaps = [], [], []
     for chunks in view.choices.values():
@@ -107,6 +111,20 @@ def sample_stream(exchange: Exchange) -> StreamSample | None:
         output_tokens=_output_tokens(exchange, tokens),
         chunk_times_s=times,
         chunk_tokens=tokens,
+    )
+
+
+def _agent_sample(exchange: Exchange) -> StreamSample:
+    """An agent-API stream: its delta events are its chunks (tokens per event unknown)."""
+    times = delta_times_s(exchange)
+    return StreamSample(
+        is_latency_sample=exchange.reader == "normal",
+        ttft_s=times[0] - exchange.sent_s if times else None,
+        itl_s=[later - earlier for earlier, later in zip(times, times[1:], strict=False)],
+        e2e_s=exchange.end_s - exchange.sent_s,
+        output_tokens=output_tokens(exchange),
+        chunk_times_s=times,
+        chunk_tokens=[None] * len(times),
     )
 
 

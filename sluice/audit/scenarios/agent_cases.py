@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.audit.agent_events import read_events
+from sluice.audit.agent_events import delta_events, output_tokens
 from sluice.audit.options import AgentApiSize
 from sluice.audit.records import Exchange, Reader, ScenarioResult
 from sluice.audit.scenarios.base import ScenarioContext
@@ -112,22 +112,3 @@ async def _send_case(
                                   reader=reader))  # fmt: skip
     await ctx.add_twins(streams)
     return [warm_up, *streams]
-
-
-def delta_events(exchange: Exchange) -> int:
-    """Delta events of a stream (both APIs)."""
-    return sum(
-        event.type.endswith(".delta") or event.type == "content_block_delta"
-        for event in read_events(exchange).events
-    )
-
-
-def output_tokens(exchange: Exchange) -> int:
-    """Output tokens of a stream, from its last usage (both APIs)."""
-    count = 0
-    for event in read_events(exchange).events:
-        payload = event.payload or {}
-        usage = payload.get("usage") or (payload.get("response") or {}).get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("output_tokens"), int):
-            count = usage["output_tokens"]
-    return count
