@@ -14,12 +14,14 @@ request that outranks the worst running one takes that one's seat (and, for
 the head of the queue, its KV blocks) by preemption: recomputed later, its
 stream is exactly what it would have been (sluice/engine/scheduler.py).
 
-The bound against starvation: a request of priority p that has waited
+The bound against starvation: once a request of priority p has waited
 `aging_steps * (p - p_min)` steps, p_min being the lowest priority any
-request used, ranks at least as high as every request arriving from then on
-(those rank at most p_min, and ties go to the earlier arrival); so from then
-on no later arrival is admitted before it, nor preempts it. With the fcfs
-policy (the default) nothing here runs: arrival order, the newest preempted first.
+request uses, no request arriving while it still waits is admitted before
+it: such a request starts at level p_min or above and waits fewer steps, so
+it never ranks higher (ties go to the earlier arrival). Its wait is then
+bounded by the requests already there. (A running request does not age and
+may still be preempted by one that outranks it.) With the fcfs policy (the
+default) nothing here runs: arrival order, the newest preempted first.
 """
 
 from __future__ import annotations
