@@ -38,8 +38,16 @@ from sluice.models.attention import kv_cache_bytes_per_block
 from sluice.tokenizer import _unicode_to_byte
 
 # Llama tied; Llama untied with llama3 rope scaling; Qwen2 with q/k/v bias (tied,
-# like Qwen2.5-0.5B); Mistral untied with its window switched off.
-TINY_MODEL_KINDS = ("llama_tied", "llama3_untied", "qwen2_bias", "mistral")
+# like Qwen2.5-0.5B); Mistral untied with its window switched off; Qwen3 with
+# its q/k norms, tied (like Qwen3-0.6B) and untied (like Qwen3-4B).
+TINY_MODEL_KINDS = (
+    "llama_tied", "llama3_untied", "qwen2_bias", "mistral", "qwen3_tied", "qwen3_untied",
+)  # fmt: skip
+# Gemma 3 (text) runs in its own class (sluice/models/gemma3.py): a sliding
+# layer (window 8, local RoPE base) before a global one, a query scalar other
+# than head_dim and logit soft-capping, so that each of them shows.
+GEMMA3_KIND = "gemma3"
+GEMMA3_SLIDING_WINDOW = 8
 
 _COMMON: dict[str, Any] = {
     "hidden_size": 64,
@@ -91,6 +99,24 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
     if kind == "mistral":
         return transformers.MistralConfig(
             **_COMMON, tie_word_embeddings=False, sliding_window=None, rope_theta=1e6
+        )
+    if kind in ("qwen3_tied", "qwen3_untied"):
+        return transformers.Qwen3Config(
+            **_COMMON, head_dim=32, tie_word_embeddings=kind == "qwen3_tied", rope_theta=1e6
+        )
+    if kind == GEMMA3_KIND:
+        return transformers.Gemma3TextConfig(
+            **(_COMMON | {"num_hidden_layers": 3, "pad_token_id": 0}),
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=GEMMA3_SLIDING_WINDOW,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            final_logit_softcapping=5.0,
+            tie_word_embeddings=True,
         )
     raise ValueError(f"unknown tiny model kind {kind!r}; known: {', '.join(TINY_MODEL_KINDS)}")
 

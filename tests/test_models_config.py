@@ -230,3 +230,82 @@ def test_config_is_frozen():
     config = LlamaConfig.from_hf_dict(SMOLLM2_135M)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.vocab_size = 1  # type: ignore[misc]
+
+
+# Abridged from Qwen/Qwen3-0.6B and google/gemma-3-270m (transformers < 5 layout).
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 28,
+    "model_type": "qwen3",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+GEMMA_3_270M = {
+    "_sliding_window_pattern": 6,
+    "architectures": ["Gemma3ForCausalLM"],
+    "attn_logit_softcapping": None,
+    "final_logit_softcapping": None,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 640,
+    "intermediate_size": 2048,
+    "layer_types": ["sliding_attention"] * 5
+    + ["full_attention"]
+    + ["sliding_attention"] * 5
+    + ["full_attention"]
+    + ["sliding_attention"] * 5
+    + ["full_attention"],
+    "max_position_embeddings": 32768,
+    "model_type": "gemma3_text",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 18,
+    "num_key_value_heads": 1,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "sliding_window": 512,
+    "vocab_size": 262144,
+}
+
+
+def test_qwen3_gets_q_k_norms_its_head_dim_and_no_bias():
+    config = LlamaConfig.from_hf_dict(QWEN3_0_6B)
+    assert config.has_qk_norm and not config.attention_bias and not config.o_proj_bias
+    assert (config.head_dim, config.rope_theta, config.tie_word_embeddings) == (128, 1e6, True)
+    assert config.attention_scale == 128**-0.5 and config.layer_types == ()
+
+
+def test_gemma3_keeps_its_window_pattern_local_rope_base_and_tied_head():
+    config = LlamaConfig.from_hf_dict(GEMMA_3_270M)
+    assert config.is_gemma3 and config.has_qk_norm and config.tie_word_embeddings
+    assert config.sliding_window == 512
+    assert [i for i, t in enumerate(config.layer_types) if t == "full_attention"] == [5, 11, 17]
+    assert (config.rope_theta, config.rope_local_theta) == (1e6, 10000.0)
+    assert config.final_logit_softcapping is None and config.hidden_act == "gelu_pytorch_tanh"
+
+
+def test_gemma3_without_layer_types_takes_one_global_layer_in_six():
+    d = {k: v for k, v in GEMMA_3_270M.items() if k != "layer_types"}
+    config = LlamaConfig.from_hf_dict(d | {"sliding_window_pattern": 3, "num_hidden_layers": 6})
+    assert config.layer_types == ("sliding_attention", "sliding_attention", "full_attention") * 2
+
+
+def test_gemma3_with_capped_attention_scores_is_refused():
+    with pytest.raises(ModelLoadError, match="attn_logit_softcapping"):
+        LlamaConfig.from_hf_dict(GEMMA_3_270M | {"attn_logit_softcapping": 50.0})

@@ -31,6 +31,7 @@ from sluice.loader.sources import ModelSource, resolve_source
 from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models import calibration
 from sluice.models.config import LlamaConfig
+from sluice.models.families import build_model, describe_family
 from sluice.models.kernel_race import plan_kernels
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native import native_status
@@ -83,7 +84,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     tokenizer = Tokenizer.from_folder(folder)
     _check_vocab(tokenizer, model_config)
     # 3. Build and fill the model.
-    model = LlamaForCausalLM(model_config, dtype, device, config.batch_invariant)
+    model = build_model(model_config, dtype, device, config.batch_invariant)
     model.load_weights(iter_weights(files))
     if chosen.quantization is not None:
         model.quantize(chosen.quantization)
@@ -104,6 +105,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
                                 max_model_len)  # fmt: skip
             model.use_kernel_plan(plan)
             chosen = choices.noting(chosen, plan.describe())
+    chosen = choices.noting(chosen, describe_family(model_config))
     model.eval()
     return LoadedModel(
         model=model,

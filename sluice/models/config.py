@@ -1,7 +1,11 @@
 """The shape of a Llama-family model, parsed once from an HF `config.json` dict.
 
-`LlamaConfig` covers Llama 2/3, SmolLM2, Mistral and Qwen2/2.5: one decoder
-with RMSNorm, SwiGLU MLP, grouped-query attention and rotary embeddings.
+`LlamaConfig` covers Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 and
+Gemma 3 (text): one decoder with RMSNorm, a gated MLP, grouped-query attention
+and rotary embeddings. Qwen3 adds a per-head RMSNorm of q and k; Gemma 3 adds
+those too, (1 + weight) norms before and after attention and the MLP, a scaled
+embedding, GeGLU, its own attention scale and sliding-window layers between
+global ones (`layer_types`), each kind with its own RoPE base.
 Invariants of a parsed config:
 
 - `architecture` is one of `SUPPORTED_ARCHITECTURES`;
@@ -9,8 +13,10 @@ Invariants of a parsed config:
   `SUPPORTED_ROPE_TYPES`, with `rope_theta` kept apart in its own field, the
   same whichever of the two layouts the file used (transformers < 5:
   top-level `rope_theta` + `rope_scaling`; transformers 5: `rope_parameters`);
-- attention is full attention: a sliding window shorter than
-  `max_position_embeddings` is refused, a longer one is ignored.
+- attention is full attention, except Gemma 3's "sliding_attention" layers
+  (`layer_types`), which see the last `sliding_window` positions: elsewhere a
+  sliding window shorter than `max_position_embeddings` is refused, a longer
+  one is ignored.
 
 Anything the model code cannot run raises `ModelLoadError` with one line.
 """
@@ -22,14 +28,23 @@ from typing import Any
 
 from sluice.errors import ModelLoadError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+GEMMA3 = "Gemma3ForCausalLM"
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", GEMMA3,
+)  # fmt: skip
 SUPPORTED_ROPE_TYPES = ("linear", "llama3")
 # Older files without "architectures" still name their family.
 _ARCHITECTURE_BY_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": GEMMA3,
 }
+SLIDING, FULL = "sliding_attention", "full_attention"
+# Gemma 3's defaults: the local layers' RoPE base, one global layer in six.
+_GEMMA3_LOCAL_ROPE_THETA = 10000.0
+_GEMMA3_SLIDING_PATTERN = 6
 _DEFAULT_ROPE_THETA = 10000.0
 
 
@@ -64,9 +79,31 @@ class LlamaConfig:
     attention_bias: bool
     # o_proj carries a bias (Llama with attention_bias; never Qwen2 or Mistral).
     o_proj_bias: bool
-    # Declared window, kept for reference; always >= max_position_embeddings.
+    # The window of "sliding_attention" layers (Gemma 3); elsewhere the
+    # declared window, kept for reference, always >= max_position_embeddings.
     sliding_window: int | None
     bos_token_id: int | None
+    # q and k get a per-head RMSNorm (weights [head_dim]) before RoPE (Qwen3, Gemma 3).
+    has_qk_norm: bool = False
+    # The gate's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU, Gemma).
+    hidden_act: str = "silu"
+    # Attention scores scale by query_pre_attn_scalar ** -0.5 (Gemma); None: head_dim.
+    query_pre_attn_scalar: float | None = None
+    # Per layer, "sliding_attention" or "full_attention"; empty: all full.
+    layer_types: tuple[str, ...] = ()
+    # RoPE base of the sliding layers (Gemma 3's local base; no scaling there).
+    rope_local_theta: float | None = None
+    # Logits become cap * tanh(logits / cap) (Gemma); None: no cap.
+    final_logit_softcapping: float | None = None
+
+    @property
+    def is_gemma3(self) -> bool:
+        """(1 + weight) norms, pre and post norms, the scaled embedding (gemma3.py)."""
+        return self.architecture == GEMMA3
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def num_query_groups(self) -> int:
@@ -77,34 +114,89 @@ class LlamaConfig:
     def from_hf_dict(cls, d: dict[str, Any]) -> LlamaConfig:
         """Parse an HF config.json dict; raise ModelLoadError on what we cannot run."""
         architecture = _architecture(d)
+        if architecture == GEMMA3:
+            return _checked(cls(**_gemma3_fields(d)))
         _check_mlp(d)
-        hidden_size = _require_int(d, "hidden_size")
-        num_heads = _require_int(d, "num_attention_heads")
-        max_positions = _require_int(d, "max_position_embeddings")
-        rope_theta, rope_scaling = _rope(d, max_positions)
-        is_qwen2 = architecture == "Qwen2ForCausalLM"
-        has_bias = bool(d.get("attention_bias", False))
-        config = cls(
-            architecture=architecture,
-            vocab_size=_require_int(d, "vocab_size"),
-            hidden_size=hidden_size,
-            intermediate_size=_require_int(d, "intermediate_size"),
-            num_hidden_layers=_require_int(d, "num_hidden_layers"),
-            num_attention_heads=num_heads,
-            num_key_value_heads=int(d.get("num_key_value_heads") or num_heads),
-            head_dim=int(d.get("head_dim") or hidden_size // num_heads),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
-            max_position_embeddings=max_positions,
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=is_qwen2 or has_bias,
-            o_proj_bias=has_bias and not is_qwen2,
-            sliding_window=_sliding_window(d, max_positions),
-            bos_token_id=d.get("bos_token_id"),
+        fields = _common_fields(d, architecture)
+        max_positions = fields["max_position_embeddings"]
+        fields["sliding_window"] = _sliding_window(d, max_positions)
+        fields["has_qk_norm"] = architecture == "Qwen3ForCausalLM"
+        return _checked(cls(**fields))
+
+
+def _common_fields(d: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """The fields every family reads the same way."""
+    hidden_size = _require_int(d, "hidden_size")
+    num_heads = _require_int(d, "num_attention_heads")
+    max_positions = _require_int(d, "max_position_embeddings")
+    rope_theta, rope_scaling = _rope(d, max_positions)
+    is_qwen2 = architecture == "Qwen2ForCausalLM"
+    has_bias = bool(d.get("attention_bias", False))
+    return {
+        "architecture": architecture,
+        "vocab_size": _require_int(d, "vocab_size"),
+        "hidden_size": hidden_size,
+        "intermediate_size": _require_int(d, "intermediate_size"),
+        "num_hidden_layers": _require_int(d, "num_hidden_layers"),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": int(d.get("num_key_value_heads") or num_heads),
+        "head_dim": int(d.get("head_dim") or hidden_size // num_heads),
+        "rms_norm_eps": float(d.get("rms_norm_eps", 1e-6)),
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": max_positions,
+        "tie_word_embeddings": bool(d.get("tie_word_embeddings", False)),
+        "attention_bias": is_qwen2 or has_bias,
+        "o_proj_bias": has_bias and not is_qwen2,
+        "sliding_window": None,
+        "bos_token_id": d.get("bos_token_id"),
+    }
+
+
+def _gemma3_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3 (text): Gemma's own defaults, its window and its two RoPE bases."""
+    act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        raise ModelLoadError(f"unsupported Gemma 3 activation {act!r}; only 'gelu_pytorch_tanh'")
+    if d.get("attn_logit_softcapping") is not None:
+        raise ModelLoadError("unsupported attn_logit_softcapping: attention scores are not capped")
+    if d.get("use_bidirectional_attention"):
+        raise ModelLoadError("unsupported use_bidirectional_attention: generation is causal")
+    d = {"tie_word_embeddings": True, "rms_norm_eps": 1e-6, **d}
+    fields = _common_fields(d, GEMMA3)
+    layer_types = _gemma3_layer_types(d, fields["num_hidden_layers"])
+    window = d.get("sliding_window")
+    if SLIDING in layer_types and not window:
+        raise ModelLoadError("Gemma 3 sliding-window layers need 'sliding_window'")
+    local = (d.get("rope_parameters") or {}).get(SLIDING) or {}
+    local_theta = local.get("rope_theta") or d.get("rope_local_base_freq")
+    cap = d.get("final_logit_softcapping")
+    return fields | {
+        "sliding_window": int(window) if window else None,
+        "has_qk_norm": True,
+        "hidden_act": act,
+        "query_pre_attn_scalar": float(d.get("query_pre_attn_scalar") or fields["head_dim"]),
+        "layer_types": layer_types,
+        "rope_local_theta": float(local_theta or _GEMMA3_LOCAL_ROPE_THETA),
+        "final_logit_softcapping": None if cap is None else float(cap),
+    }
+
+
+def _gemma3_layer_types(d: dict[str, Any], num_layers: int) -> tuple[str, ...]:
+    types = d.get("layer_types")
+    if types is None:
+        pattern = int(d.get("sliding_window_pattern") or _GEMMA3_SLIDING_PATTERN)
+        types = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
+    if len(types) != num_layers or any(t not in (SLIDING, FULL) for t in types):
+        raise ModelLoadError(
+            f"layer_types must name {SLIDING!r} or {FULL!r} for each of {num_layers} layers"
         )
-        _check_heads(config)
-        return config
+    return tuple(types)
+
+
+def _checked(config: LlamaConfig) -> LlamaConfig:
+    _check_heads(config)
+    return config
 
 
 def _architecture(d: dict[str, Any]) -> str:

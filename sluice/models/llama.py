@@ -1,4 +1,6 @@
-"""Our Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5) over a paged KV cache.
+"""Our Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache.
+
+Gemma 3 is this decoder with its own norms and embedding (sluice/models/gemma3.py).
 
 The model sees a flat batch: `input_ids` and `positions` are `[num_tokens]`
 over every sequence of the step, and `AttentionMetadata` says which tokens
@@ -25,6 +27,8 @@ counts:
   one RMSNorm and one rotary path for every step size. Greedy tokens and
   logprobs are then the same bits alone, in any batch, in any prefill
   chunking, after preemption, with or without a prefix-cache hit;
+- Qwen3's per-head q/k RMSNorm runs on the fused q/k/v output before RoPE,
+  in place, so the native RoPE + K/V write kernel still serves it;
 - the RoPE cos/sin table covers `max_position_embeddings` and is computed once,
   in float32 like transformers, then stored in the model dtype; each forward
   indexes it once for all layers (`RopeAngles`).
@@ -76,7 +80,7 @@ class LlamaDecoderLayer(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        self.scale = config.attention_scale
         self.eps = config.rms_norm_eps
         qkv_rows = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         p = {"dtype": dtype, "device": device}
@@ -86,6 +90,11 @@ class LlamaDecoderLayer(nn.Module):
         self.qkv_proj = Linear(hidden, qkv_rows, config.attention_bias, **p)
         self.o_proj = Linear(self.num_heads * head_dim, hidden, config.o_proj_bias, **p)
         self.post_attention_layernorm = uninitialised_weight(hidden, dtype=dtype, device=device)
+        # Per-head RMSNorm weights of q and k (Qwen3, Gemma 3), else None.
+        self.q_norm = self.k_norm = None
+        if config.has_qk_norm:
+            self.q_norm = uninitialised_weight(head_dim, dtype=dtype, device=device)
+            self.k_norm = uninitialised_weight(head_dim, dtype=dtype, device=device)
         # Rows: gate, then up.
         self.gate_up_proj = Linear(hidden, 2 * config.intermediate_size, False, **p)
         self.down_proj = Linear(config.intermediate_size, hidden, False, **p)
@@ -102,6 +111,10 @@ class LlamaDecoderLayer(nn.Module):
         """Bind the norms to their loaded weights (called once, by `load_weights`)."""
         self.attention_norm = RMSNorm(self.input_layernorm, self.eps, self.batch_invariant)
         self.mlp_norm = RMSNorm(self.post_attention_layernorm, self.eps, self.batch_invariant)
+        self.qk_norms = None
+        if self.q_norm is not None:
+            q_norm = RMSNorm(self.q_norm, self.eps, self.batch_invariant)
+            self.qk_norms = (q_norm, RMSNorm(self.k_norm, self.eps, self.batch_invariant))
 
     def forward(
         self,
@@ -121,6 +134,8 @@ class LlamaDecoderLayer(nn.Module):
         num_qk_heads = self.num_heads + self.num_kv_heads
         qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) * D]
         qkv = qkv.view(num_tokens, num_qk_heads + self.num_kv_heads, self.head_dim)
+        if self.qk_norms is not None:
+            self._norm_qk(qkv)
         v = qkv[:, num_qk_heads:]  # [T, Hkv, D]
         if isinstance(rope, Float32Angles):
             # Rotated q and k; k and v already in the cache at attn.slot_mapping.
@@ -132,6 +147,13 @@ class LlamaDecoderLayer(nn.Module):
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # [T, Hq, D], [T, Hkv, D]
             out = self.attend(q, k, v, kv_cache, attn, self.scale)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, -1))
+
+    def _norm_qk(self, qkv: Tensor) -> None:  # [T, Hq + 2 Hkv, D], q and k normed in place
+        q_norm, k_norm = self.qk_norms
+        for norm, start, end in ((q_norm, 0, self.num_heads),
+                                 (k_norm, self.num_heads, self.num_heads + self.num_kv_heads)):  # fmt: skip
+            heads = qkv[:, start:end]  # [T, H, D]
+            heads.copy_(norm(heads.reshape(-1, self.head_dim)).view(heads.shape))
 
     def _mlp(self, x: Tensor) -> Tensor:  # [T, hidden]
         if self.row_tile is not None:
@@ -169,8 +191,7 @@ class LlamaForCausalLM(nn.Module):
         p = {"dtype": dtype, "device": device}
         self.embed_tokens = uninitialised_weight(config.vocab_size, config.hidden_size, **p)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, device, batch_invariant)
-            for _ in range(config.num_hidden_layers)
+            self._make_layer(index, dtype, device) for index in range(config.num_hidden_layers)
         )
         self.norm = uninitialised_weight(config.hidden_size, **p)
         row_tile = BATCH_INVARIANT_ROW_TILE if batch_invariant else None
@@ -198,16 +219,23 @@ class LlamaForCausalLM(nn.Module):
         attn: AttentionMetadata,
     ) -> Tensor:  # [num_tokens, hidden], after the final norm
         hidden = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
-        if self.native_rope:
-            rope = Float32Angles.at(self.rope_cos, self.rope_sin, positions)
-        else:
-            rope = RopeAngles.at(self.rope_cos, self.rope_sin, positions, self.batch_invariant)
+        rope = self._rope_at(self.rope_cos, self.rope_sin, positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, rope, kv_cache, attn)
         return self.final_norm(hidden)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:  # [n, hidden] -> [n, vocab] float32
         return self.lm_head(hidden).float()
+
+    def _make_layer(self, index: int, dtype: torch.dtype, device) -> LlamaDecoderLayer:
+        return LlamaDecoderLayer(self.config, dtype, device, self.batch_invariant)
+
+    def _rope_at(
+        self, cos: Tensor, sin: Tensor, positions: Tensor
+    ) -> RopeAngles | Float32Angles:  # one step's angles from [max_pos, D // 2] tables
+        if self.native_rope:
+            return Float32Angles.at(cos, sin, positions)
+        return RopeAngles.at(cos, sin, positions, self.batch_invariant)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
@@ -294,6 +322,9 @@ class _WeightTarget:
     # Rows [row_start, row_end) of `param` hold this tensor; None means all of it.
     row_start: int | None = None
     row_end: int | None = None
+    # Added to the values as they are copied in, in float32: Gemma's norms
+    # multiply by (1 + weight), which the plain RMSNorm then runs.
+    offset: float = 0.0
 
     def copy_from(self, name: str, tensor: Tensor) -> None:
         dest = self.param if self.row_start is None else self.param[self.row_start : self.row_end]
@@ -301,7 +332,7 @@ class _WeightTarget:
             raise ModelLoadError(
                 f"tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
             )
-        dest.copy_(tensor)
+        dest.copy_(tensor.float() + self.offset if self.offset else tensor)
 
 
 def _layer_targets(prefix: str, layer: LlamaDecoderLayer) -> dict[str, _WeightTarget]:
@@ -327,6 +358,9 @@ def _layer_targets(prefix: str, layer: LlamaDecoderLayer) -> dict[str, _WeightTa
             targets[f"{prefix}self_attn.{proj}_proj.bias"] = _WeightTarget(qkv.bias, start, end)
     if layer.o_proj.bias is not None:
         targets[prefix + "self_attn.o_proj.bias"] = _WeightTarget(layer.o_proj.bias)
+    if layer.q_norm is not None:
+        targets[prefix + "self_attn.q_norm.weight"] = _WeightTarget(layer.q_norm)
+        targets[prefix + "self_attn.k_norm.weight"] = _WeightTarget(layer.k_norm)
     return targets
 
 

@@ -1,0 +1,32 @@
+"""The model class each supported architecture runs in.
+
+Every family is a `LlamaForCausalLM` (the engine's one model interface);
+Gemma 3 is the subclass with its norms, embedding and sliding layers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sluice.models.config import SLIDING, LlamaConfig
+from sluice.models.gemma3 import Gemma3ForCausalLM
+from sluice.models.llama import LlamaForCausalLM
+
+
+def build_model(
+    config: LlamaConfig, dtype: torch.dtype, device: torch.device | str, batch_invariant: bool
+) -> LlamaForCausalLM:
+    """An unloaded model of `config`'s family (weights come from `load_weights`)."""
+    model_class = Gemma3ForCausalLM if config.is_gemma3 else LlamaForCausalLM
+    return model_class(config, dtype, device, batch_invariant)
+
+
+def describe_family(config: LlamaConfig) -> str:
+    """The architecture, and which engine paths it cannot use, for the startup line."""
+    if config.is_gemma3 and SLIDING in config.layer_types:
+        return (
+            f"architecture {config.architecture}: its sliding-window layers (window "
+            f"{config.sliding_window}) attend on the torch path, not the native attention "
+            "kernels, and keep all their KV blocks"
+        )
+    return f"architecture {config.architecture}: every engine path"
