@@ -1,17 +1,24 @@
 """The `priority` request field over HTTP: chat, completions, the Responses
 and Messages APIs carry it to the engine's SamplingParams; a server that
-schedules fcfs refuses a non-zero one by name, as vLLM does; bad values are 400s."""
+schedules fcfs refuses a non-zero one by name, as vLLM does; bad values are
+400s. On the engine process with a tiny model: high-priority streams preempt a
+running batch, finish first, and every stream equals its non-streamed twin."""
 
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
 import httpx2
 import pytest
 
 from sluice.config import EngineConfig, SchedulerConfig
+from sluice.testing.contract import Expectations, check_stream, read_body
 from sluice.testing.fake_engine import LoopFakeEngine, parrot
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL
 from sluice.testing.live_server import LiveServer
+from sluice.testing.stream_reader import read_stream
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 BODIES = {
@@ -66,3 +73,70 @@ def test_a_priority_that_is_not_a_64_bit_integer_is_a_400(bad):
         for path in BODIES:
             response = client.post(path, json={"model": MODEL, **BODIES[path], "priority": bad})
             assert response.status_code == 400, (path, bad, response.text)
+
+
+# -- on the default engine (its own process), a tiny model -------------------------
+
+LONG, SHORT = 180, 12
+EXACT = Expectations(kind="completion", num_choices=1, logprobs=1, allows_replacement_char=True)
+
+
+def greedy(prompt: str, max_tokens: int, priority: int, *, stream: bool = True) -> dict:
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": stream, "logprobs": 1, "priority": priority}  # fmt: skip
+
+
+async def batch_then_chats(url: str) -> tuple[list, list]:
+    """Two long low-priority streams take both seats; once they stream, two
+    high-priority ones arrive."""
+    async with aiohttp.ClientSession() as session:
+        streaming = [asyncio.Event(), asyncio.Event()]
+        batch = [
+            asyncio.create_task(read_stream(
+                session, url, greedy(f"batch {i}", LONG, 5),
+                on_event=lambda record, i=i: len(record.events) >= 3 and streaming[i].set(),
+            ))
+            for i in range(2)
+        ]  # fmt: skip
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streaming)), 120)
+        chats = [read_stream(session, url, greedy(f"chat {i}", SHORT, -5)) for i in range(2)]
+        chat_records = await asyncio.gather(*chats)
+        return list(await asyncio.gather(*batch)), chat_records
+
+
+def test_preempted_streams_on_the_engine_process_equal_their_twins(tiny_folder):
+    from sluice.config import CacheConfig, ModelConfig
+    from sluice.server.launch import build_engine
+
+    model = ModelConfig(model=str(tiny_folder), dtype="float32", quantization=None,
+                        activation_quantization=None, max_model_len=256)  # fmt: skip
+    config = EngineConfig(
+        model=model,
+        cache=CacheConfig(kv_cache_memory_bytes=8 << 20),
+        scheduler=SchedulerConfig(scheduling_policy="priority", max_num_seqs=2),
+    )
+    assembly = build_engine(config)
+    with LiveServer(assembly.engine, assembly.model.tokenizer, model_name=assembly.model.name,
+                    max_model_len=256, engine=config, startup_timeout_s=120) as live:  # fmt: skip
+        url = live.url + "/v1/completions"
+        batch, chats = asyncio.run(batch_then_chats(url))
+        # The chats took the batch's seats: both batch streams were preempted.
+        assert preemptions(live) >= 2
+        # Every chat finished before either batch stream.
+        assert max(chat.ended_s for chat in chats) < min(record.ended_s for record in batch)
+        for record, (prompt, max_tokens) in zip(
+            batch + chats, [("batch 0", LONG), ("batch 1", LONG), ("chat 0", SHORT),
+                            ("chat 1", SHORT)], strict=True
+        ):  # fmt: skip
+            streamed = check_stream(record.raw, EXACT)
+            twin = httpx2.post(url, json=greedy(prompt, max_tokens, 0, stream=False), timeout=60)
+            alone = read_body(twin.content, EXACT).choices[0]
+            assert streamed.choices[0].text == alone.text
+            assert streamed.choices[0].token_logprobs == pytest.approx(alone.token_logprobs,
+                                                                       abs=1e-4)  # fmt: skip
+
+
+def preemptions(live: LiveServer) -> float:
+    text = httpx2.get(live.url + "/metrics").text
+    (line,) = [line for line in text.splitlines() if line.startswith("vllm:num_preemptions_total")]
+    return float(line.split()[-1])
