@@ -88,3 +88,31 @@ def test_serve_with_a_broken_key_file_is_one_error_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("sluice: error: ") and "rpm must be a whole number" in err
     assert "sk-a" not in err
+
+
+def test_sighup_to_the_server_process_rereads_the_key_file(tmp_path):
+    import signal
+    import time
+
+    from sluice.testing.server_process import ServerProcess
+
+    keys = tmp_path / "keys"
+    keys.write_text("sk-old name=old\n")
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+
+    def status(server, key: str) -> int:
+        headers = {"Authorization": f"Bearer {key}"}
+        return httpx2.post(server.url + "/v1/completions", json=body, headers=headers).status_code
+
+    with ServerProcess("--api-key-file", str(keys), log_path=tmp_path / "log") as server:
+        assert (status(server, "sk-old"), status(server, "sk-new")) == (200, 401)
+        keys.write_text("sk-new name=new rpm=1\n")
+        server.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while "API keys reloaded: new" not in server.log():
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.05)
+        assert (status(server, "sk-old"), status(server, "sk-new")) == (401, 200)
+        assert status(server, "sk-new") == 429  # its limit came with it
+        assert server.process.poll() is None  # SIGHUP did not stop it
+        assert "sk-new" not in server.log() and "sk-old" not in server.log()

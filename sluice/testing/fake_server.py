@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-waiting-requests", type=int, default=1024)
     parser.add_argument("--drain-timeout-s", type=float, default=30.0)
     parser.add_argument("--send-timeout-s", type=float, default=30.0)
+    parser.add_argument("--api-key-file", type=Path, default=None)
     return parser
 
 
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         engine=EngineConfig(scheduler=scheduler, multiprocess=False),
         drain_timeout_s=args.drain_timeout_s,
         send_timeout_s=args.send_timeout_s,
+        api_key_file=args.api_key_file,
     )
     engine = FakeEngine(
         tokens_per_step=args.tokens_per_step,
