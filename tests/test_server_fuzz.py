@@ -80,7 +80,7 @@ VALID = {
     "include_stop_str_in_output": st.booleans(), "skip_special_tokens": st.booleans(),
     "spaces_between_special_tokens": st.booleans(), "add_generation_prompt": st.booleans(),
     "add_special_tokens": st.booleans(), "tokens": token_ids, "user": st.text(max_size=5),
-    "return_token_strs": st.booleans(),
+    "return_token_strs": st.booleans(), "priority": st.integers(-(2**63), 2**63 - 1),
 }  # fmt: skip
 PROMPTS = st.text(min_size=1, max_size=30) | st.lists(st.text(min_size=1, max_size=10),
           min_size=1, max_size=3) | token_ids | st.lists(token_ids, min_size=1, max_size=3)  # fmt: skip
