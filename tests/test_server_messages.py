@@ -278,3 +278,36 @@ def test_a_large_count_tokens_body_with_a_forced_tool_is_counted_in_the_worker()
         response = httpx2.post(live.url + "/v1/messages/count_tokens", json=body)
     assert response.status_code == 200, response.text
     assert response.json()["input_tokens"] > 0
+
+
+def test_a_reader_that_leaves_mid_stream_aborts_the_engine_request():
+    # Endless output: only the abort ends it.
+    endless = FakeEngine(
+        lambda *_: iter(lambda: TOKENIZER.encode("a")[0], None), step_interval_s=0.002
+    )
+    with LiveServer(endless, TOKENIZER) as live:
+        body = body_of(stream=True, max_tokens=4000)
+        with httpx2.stream("POST", live.url + "/v1/messages", json=body, timeout=60) as response:
+            first = next(response.iter_bytes())
+        assert first.startswith(b"event: message_start\n")
+
+        async def aborted() -> None:
+            while not endless.aborted_request_ids:
+                await asyncio.sleep(0.01)
+
+        asyncio.run(asyncio.wait_for(aborted(), 10))
+    assert endless.aborted_request_ids[0].startswith("msg_")
+
+
+def test_messages_requests_are_counted_in_the_metrics_as_chat_requests_are():
+    with serve(Recorded(ANSWER)) as live:
+        httpx2.post(live.url + "/v1/messages", json=body_of())
+        read_slowly(live.url + "/v1/messages", body_of(stream=True, max_tokens=3))
+        metrics = httpx2.get(live.url + "/metrics").text
+    finished = {
+        line.split("finished_reason=")[1].split('"')[1]: float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:request_success_total{")
+    }
+    # The whole message ended by itself, the streamed one at max_tokens.
+    assert finished == {"stop": 1.0, "length": 1.0}
