@@ -4,10 +4,11 @@ order, no empty delta, the same message however the deltas were merged."""
 from __future__ import annotations
 
 import itertools
-import random
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import InvalidRequestError, QueueFullError
@@ -111,19 +112,21 @@ def test_message_start_carries_the_input_usage_and_no_output_yet():
     assert start["message"]["usage"]["output_tokens"] == 0
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_merged_deltas_give_the_same_blocks_as_one_token_at_a_time(seed):
-    tokens = tokens_of(TOOL_OUTPUT)
+@settings(max_examples=60, deadline=None)
+@given(
+    output=st.sampled_from([TOOL_OUTPUT, "<think>Weather, so a call.</think>\n" + TOOL_OUTPUT]),
+    token_size=st.integers(1, 6),
+    data=st.data(),
+)
+def test_merged_deltas_give_the_same_blocks_as_one_token_at_a_time(output, token_size, data):
+    tokens = tokens_of(output, token_size)
+    request = make_request(THINKING_HERMES)
     each = deltas_of(tokens, list(range(1, len(tokens))))
-    one_by_one = read_message_stream(stream(make_request(HERMES), each)[0])
-    rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(1, len(tokens)), rng.randint(0, 4)))
-    merged_raw, _ = stream(make_request(HERMES), deltas_of(tokens, cuts))
-    merged = read_message_stream(merged_raw)
+    one_by_one = read_message_stream(stream(request, each)[0])
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(tokens) - 1), max_size=6)))
+    merged = read_message_stream(stream(request, deltas_of(tokens, cuts))[0])
     assert without_ids(merged.message) == without_ids(one_by_one.message)
-    assert without_ids(merged.message) == without_ids(
-        body(make_request(HERMES), deltas_of(tokens, cuts))
-    )
+    assert without_ids(merged.message) == without_ids(body(request, deltas_of(tokens, cuts)))
     assert len(merged.event_types) <= len(one_by_one.event_types)
 
 

@@ -311,3 +311,19 @@ def test_messages_requests_are_counted_in_the_metrics_as_chat_requests_are():
     }
     # The whole message ended by itself, the streamed one at max_tokens.
     assert finished == {"stop": 1.0, "length": 1.0}
+
+
+def test_thinking_streams_as_a_thinking_block_unless_disabled():
+    output = "<think>They ask about weather.</think>\n" + ANSWER
+    with serve(Recorded(output), reasoning_parser="deepseek_r1", send_buffer_bytes=4096) as live:
+        url = live.url + "/v1/messages"
+        whole = httpx2.post(url, json=body_of(thinking={"type": "adaptive"})).json()
+        _, raw = read_slowly(url, body_of(thinking={"type": "adaptive"}, stream=True))
+        plain = httpx2.post(url, json=body_of(thinking={"type": "disabled"})).json()
+    assert whole["content"] == [
+        {"type": "thinking", "thinking": "They ask about weather.", "signature": ""},
+        {"type": "text", "text": ANSWER},
+    ]
+    assert without_ids(read_message_stream(raw).message) == without_ids(whole)
+    assert b'"type":"thinking_delta"' in raw
+    assert plain["content"] == [{"type": "text", "text": output}]
