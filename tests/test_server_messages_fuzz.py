@@ -5,11 +5,15 @@ Bodies mix plausible values of every field (content blocks of each type,
 tool_use/tool_result pairs, tools with schemas good and bad, every
 tool_choice, thinking types, output_config formats, max_tokens past the
 context) with arbitrary JSON of any type and nesting in up to two fields, and
-bodies padded past the worker threshold. The JSON values, deep nesting and
-schemas are the chat fuzz's (tests/test_server_fuzz.py).
+bodies padded past the worker threshold, as the chat fuzz does
+(tests/test_server_fuzz.py).
 """
 
 from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
 
 import httpx2
 import pytest
@@ -19,9 +23,49 @@ from hypothesis import strategies as st
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer
-from tests.test_server_fuzz import deep, json_text, json_values, schemas
 
 MAX_MODEL_LEN = 64
+scalars = (
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
+)  # fmt: skip
+json_values = st.recursive(
+    scalars,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@dataclass(frozen=True)
+class Deep:
+    """JSON nested `depth` deep, written into the body's text."""
+
+    depth: int
+
+    def text(self) -> str:
+        half = self.depth // 2
+        return '{"a": [' * half + "[" * (self.depth % 2) + "]" * (self.depth % 2) + "]}" * half
+
+
+def json_text(value: object) -> str:
+    """`value` as JSON text, each `Deep` written out in place."""
+    text = json.dumps(value, allow_nan=True, default=lambda deep: f"<deep:{deep.depth}>")
+    return re.sub(r'"<deep:(\d+)>"', lambda match: Deep(int(match[1])).text(), text)
+
+
+# Either side of sluice's nesting limit (64) and of what Python's recursion survives.
+deep = st.builds(Deep, st.sampled_from([64, 65, 1000]))
+schema_leaves = st.sampled_from([
+    {"type": "integer"}, {"type": "string", "maxLength": 3}, {"enum": ["a", "b"]},
+    {"$ref": "#/$defs/A"}, {"$ref": "#"}, {"type": 5},
+]) | deep  # fmt: skip
+schemas = st.fixed_dictionaries(
+    {"type": st.just("object"),
+     "properties": st.dictionaries(st.sampled_from("abc"), schema_leaves, max_size=3)},
+    optional={"$defs": st.just({"A": {"type": "integer"}}) | scalars, "required": st.just(["a"])},
+)  # fmt: skip
 NUM_EXAMPLES = 200
 NAMES = st.sampled_from(["f", "g"])
 
