@@ -40,6 +40,8 @@ def audit_fake(required_answers, named_answer: str = WEATHER) -> AuditResult:
     answers = itertools.cycle(required_answers)
 
     def script(request_id, prompt, params):
+        if params.structured_output is None:  # the audit's preflight probes
+            return TOKENIZER.encode("Fine, thanks.")
         schema = json.loads(params.structured_output.value)
         text = next(answers) if schema.get("type") == "array" else named_answer
         return TOKENIZER.encode(text)

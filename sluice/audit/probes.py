@@ -156,7 +156,9 @@ async def _probe_extensions(prober: _Prober) -> dict[str, bool]:
 
 async def _has_continuous_usage(prober: _Prober) -> bool:
     options = {"include_usage": True, "continuous_usage_stats": True}
-    exchange = await prober.post(max_tokens=4, stream=True, stream_options=options)
+    # Enough tokens for several chunks: a server that sends a few tokens per
+    # chunk (speculation, a fast engine step) still shows usage before its end.
+    exchange = await prober.post(max_tokens=16, stream=True, stream_options=options)
     if not exchange.is_ok:
         return False
     chunks = view_exchange(exchange).choices.get(0, [])

@@ -52,6 +52,8 @@ class CallListParser(TextParser):
         return False
 
     def _read_element(self, text: str, is_final: bool) -> bool:
+        # Whitespace after a "," may come in a later delta than the ",".
+        self._position = skip_whitespace(text, self._position)
         if self._position == len(text):
             return True
         if text[self._position] != "{":
