@@ -1,5 +1,4 @@
-"""Anthropic Messages responses (`POST /v1/messages`), streamed and not, from
-the same choice deltas.
+"""Anthropic Messages responses, streamed and not, from the same choice deltas.
 
 A message is a list of content blocks (`thinking`, `text`, `tool_use`); a
 stream opens each block (`content_block_start`), extends it
@@ -13,9 +12,8 @@ blocks updated); a stream writes the events, the body keeps the blocks, so
 they never disagree. Invariants:
 - Which block a piece of text goes to depends on the tokens alone, never on
   how the deltas were cut (a lagging reader's are merged): with a tool-call
-  parser, each delta's text is pushed into the `MessageStream` token by
-  token, so content that follows a call lands in a text block after it even
-  when the call and that content arrive in one delta.
+  parser, the text is pushed into the `MessageStream` token by token, so text
+  after a call lands in a block after it even when both come in one delta.
 - No empty delta, no text delta on a `tool_use` block; the deltas of a block
   concatenate to the block of the body (a `tool_use` block's `input_json_delta`
   pieces are the model's argument text, which the body carries parsed).
@@ -202,6 +200,11 @@ def _merged(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return merged
 
 
+# A block as content_block_start opens it; the key named as its type grows.
+_EMPTY_BLOCKS = {
+    "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+    "text": {"type": "text", "text": ""},
+}
 _DELTA_KEYS = {
     "text_delta": "text",
     "thinking_delta": "thinking",
@@ -262,13 +265,8 @@ class _Blocks:
         """Events adding `piece` to the open block of `block_type` (opened if need be)."""
         events: list[dict[str, Any]] = []
         if self._open is None or self._blocks[self._open]["type"] != block_type:
-            empty = {"type": "thinking", "thinking": "", "signature": ""}
-            events += self._start(
-                empty if block_type == "thinking" else {"type": "text", "text": ""}
-            )
-        block = self._blocks[self._open]  # type: ignore[index]
-        key = "thinking" if block_type == "thinking" else "text"
-        block[key] += piece[key]
+            events += self._start(dict(_EMPTY_BLOCKS[block_type]))
+        self._blocks[self._open][block_type] += piece[block_type]  # type: ignore[index]
         events.append(_delta_event(self._open, piece))  # type: ignore[arg-type]
         return events
 
