@@ -124,8 +124,11 @@ def race_against_amx(layer: Sequence[Linear], targets: Sequence[Linear]) -> RowB
     for linear in targets:
         linear.serve_int8_activations_in(bands)
     served = targets[0].int8_row_bands if targets else bands
-    logger.info(
-        "W8A8 at %s, the AMX bfloat16 matmul elsewhere: raced in every band at load",
-        describe_bands(served),
-    )
+    if served:
+        logger.info(
+            "W8A8 at %s, the AMX bfloat16 matmul elsewhere: raced in every band at load",
+            describe_bands(served),
+        )
+    else:
+        logger.info("W8A8 lost to the AMX bfloat16 matmul in every band at load: off")
     return served
