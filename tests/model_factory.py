@@ -121,9 +121,13 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
     raise ValueError(f"unknown tiny model kind {kind!r}; known: {', '.join(TINY_MODEL_KINDS)}")
 
 
-def build_tiny_model(kind: str, directory: Path, seed: int = 0) -> TinyModel:
-    """A random model of `kind`, saved as safetensors into `directory`."""
+def build_tiny_model(kind: str, directory: Path, seed: int = 0, **overrides: Any) -> TinyModel:
+    """A random model of `kind`, saved as safetensors into `directory`;
+    `overrides` replace config fields (hidden_size=256 gives rows that hold
+    whole 256-value K-quant blocks)."""
     config = tiny_hf_config(kind)
+    for key, value in overrides.items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation="eager", dtype=torch.float32

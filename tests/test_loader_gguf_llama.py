@@ -182,3 +182,59 @@ def test_untied_head_and_q_bias_show_in_the_config(tmp_path):
     assert config["tie_word_embeddings"] is False
     assert config["attention_bias"] is True
     assert config["head_dim"] == 4
+
+
+@pytest.mark.parametrize(
+    ("arch", "gguf_name", "hf_name"),
+    [
+        ("qwen3", "blk.2.attn_q_norm.weight", "model.layers.2.self_attn.q_norm.weight"),
+        ("qwen3", "blk.2.ffn_norm.weight", "model.layers.2.post_attention_layernorm.weight"),
+        ("gemma3", "blk.1.attn_k_norm.weight", "model.layers.1.self_attn.k_norm.weight"),
+        ("gemma3", "blk.1.post_attention_norm.weight",
+         "model.layers.1.post_attention_layernorm.weight"),
+        ("gemma3", "blk.1.ffn_norm.weight", "model.layers.1.pre_feedforward_layernorm.weight"),
+        ("gemma3", "blk.1.post_ffw_norm.weight",
+         "model.layers.1.post_feedforward_layernorm.weight"),
+    ],
+)  # fmt: skip
+def test_each_family_maps_llama_cpps_names_onto_its_hf_modules(arch, gguf_name, hf_name):
+    assert gguf_llama.hf_tensor_name(gguf_name, gguf_llama.FAMILIES[arch]) == hf_name
+
+
+def test_a_llama_gguf_has_no_post_norms():
+    with pytest.raises(ModelLoadError, match="not part of a llama model"):
+        gguf_llama.hf_tensor_name("blk.0.post_ffw_norm.weight")
+
+
+GEMMA3_METADATA = LLAMA_METADATA | {
+    "block_count": 12, "attention.key_length": 16, "attention.sliding_window": 512,
+}  # fmt: skip
+
+
+def test_gemma3_metadata_becomes_hf_gemma3_with_llama_cpps_fixed_choices(tmp_path):
+    reader = write_gguf(tmp_path / "g.gguf", "gemma3", GEMMA3_METADATA, {})
+    config = gguf_llama.hf_config(reader)
+    assert config["architectures"] == ["Gemma3ForCausalLM"]
+    assert config["model_type"] == "gemma3_text" and config["tie_word_embeddings"]
+    assert config["query_pre_attn_scalar"] == 16  # head_dim, as llama.cpp scales below 27B
+    full = [i for i, kind in enumerate(config["layer_types"]) if kind == "full_attention"]
+    assert full == [5, 11] and config["sliding_window"] == 512
+    assert config["rope_parameters"]["sliding_attention"]["rope_theta"] == 10000.0
+
+
+def test_gemma3s_linear_rope_scaling_applies_to_its_global_layers(tmp_path):
+    metadata = GEMMA3_METADATA | {"rope.scaling.type": "linear", "rope.scaling.factor": 8.0}
+    config = gguf_llama.hf_config(write_gguf(tmp_path / "g.gguf", "gemma3", metadata, {}))
+    from sluice.models.config import LlamaConfig
+
+    parsed = LlamaConfig.from_hf_dict(config)
+    assert parsed.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert parsed.rope_local_theta == 10000.0
+
+
+def test_gemma3s_stored_norms_lose_the_one_llama_cpp_added(tmp_path):
+    tensors = {"blk.0.attn_q_norm.weight": np.array([1.5, 0.75, 1.0, 2.0], dtype=np.float32)}
+    reader = write_gguf(tmp_path / "n.gguf", "gemma3", GEMMA3_METADATA, tensors)
+    ((name, weights),) = gguf_llama.hf_tensors(reader, gguf_llama.hf_config(reader))
+    assert name == "model.layers.0.self_attn.q_norm.weight"
+    np.testing.assert_array_equal(weights, [0.5, -0.25, 0.0, 1.0])

@@ -1,21 +1,31 @@
-"""What a llama GGUF means in Hugging Face terms: its config and its tensors.
+"""What a GGUF means in Hugging Face terms: its config and its tensors.
 
-Read with `gguf.GGUFReader` (memory-mapped, fast); no transformers here.
+Architectures (`general.architecture`): llama (Llama, SmolLM2, Mistral as
+llama.cpp writes them), qwen3 and gemma3, each with llama.cpp's tensor names
+and metadata keys (`GgufFamily`). Read with `gguf.GGUFReader`
+(memory-mapped, fast); no transformers here.
 
 Invariants of what this module yields:
-- tensor names are the HF llama names (`model.layers.N.self_attn.q_proj.weight`, ...);
+- tensor names are the HF names of the family (`model.layers.N.self_attn.q_proj.weight`, ...);
 - shapes are HF shapes (`[out_features, in_features]`): GGUF lists dimensions
   fastest-first, so they are reversed;
-- attn_q / attn_k rows are un-permuted: llama.cpp's converter interleaves each
-  head's two rotary halves for its RoPE kernel; HF keeps them split
-  (`rotate_half`). The inverse here is the one transformers' GGUF loader applies;
-- values are dequantized float32 (Q4_1 and Q8_0 blocks are exact in float32).
+- llama's attn_q / attn_k rows are un-permuted: llama.cpp's converter
+  interleaves each head's two rotary halves for its RoPE kernel; HF keeps them
+  split (`rotate_half`). The inverse here is the one transformers' GGUF loader
+  applies. qwen3 and gemma3 use the NeoX rotation, stored as HF stores it;
+- gemma3's norm weights are HF's: llama.cpp's converter stores 1 + weight
+  (Gemma multiplies by it), so the 1 is taken off again;
+- values are dequantized float32 by `gguf.quants.dequantize`, the reference
+  port of llama.cpp's block layouts (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K
+  quants Q2_K to Q6_K, F16, BF16, F32): exact, since every type's values are
+  small integers times float16 scales, which float32 holds exactly.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,8 +33,6 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from sluice.errors import ModelLoadError
-
-SUPPORTED_ARCHITECTURE = "llama"
 
 # GGUF per-layer tensor stem -> HF module path under model.layers.N.
 _LAYER_NAMES = {
@@ -38,12 +46,46 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_QK_NORM_NAMES = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
     "output": "lm_head",
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# llama.cpp's Gemma 3: the local layers' RoPE base, one global layer in six,
+# and the layer count of the 27B, whose query scalar is hidden / heads.
+_GEMMA3_LOCAL_ROPE_THETA = 10000.0
+_GEMMA3_SLIDING_PATTERN = 6
+_GEMMA3_27B_LAYERS = 62
+
+
+@dataclass(frozen=True, slots=True)
+class GgufFamily:
+    """How one llama.cpp architecture maps onto its HF model."""
+
+    hf_architecture: str
+    model_type: str
+    # llama.cpp interleaved the rotary halves of q/k rows (llama's rotation only).
+    permutes_qk: bool
+    # llama.cpp's converter added this to every norm weight (Gemma's 1 + weight).
+    norm_shift: float = 0.0
+    # Per-layer stems beyond (or instead of) `_LAYER_NAMES`.
+    layer_names: dict[str, str] = field(default_factory=dict)
+
+
+FAMILIES = {
+    "llama": GgufFamily("LlamaForCausalLM", "llama", permutes_qk=True),
+    "qwen3": GgufFamily("Qwen3ForCausalLM", "qwen3", permutes_qk=False,
+                        layer_names=_QK_NORM_NAMES),
+    "gemma3": GgufFamily("Gemma3ForCausalLM", "gemma3_text", permutes_qk=False, norm_shift=1.0,
+                         layer_names=_QK_NORM_NAMES | {
+                             "ffn_norm": "pre_feedforward_layernorm",
+                             "post_attention_norm": "post_attention_layernorm",
+                             "post_ffw_norm": "post_feedforward_layernorm",
+                         }),
+}  # fmt: skip
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 
 
 def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
@@ -54,16 +96,17 @@ def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
 
 def architecture(reader: GGUFReader) -> str:
     arch = field_value(reader, "general.architecture")
-    if arch != SUPPORTED_ARCHITECTURE:
+    if arch not in FAMILIES:
         raise ModelLoadError(
-            f"unsupported GGUF architecture {arch!r}: sluice runs llama-family models"
+            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(FAMILIES)}"
         )
     return arch
 
 
 def hf_config(reader: GGUFReader) -> dict[str, Any]:
-    """An HF `config.json` dict for a llama GGUF, from its metadata."""
+    """An HF `config.json` dict for a supported GGUF, from its metadata."""
     arch = architecture(reader)
+    family = FAMILIES[arch]
 
     def meta(key: str, default: Any = None) -> Any:
         return field_value(reader, f"{arch}.{key}", default)
@@ -71,13 +114,13 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
     num_heads = meta("attention.head_count")
     hidden_size = meta("embedding_length")
     head_dim = meta("attention.key_length", hidden_size // num_heads)
-    _check_rope(reader, meta("rope.dimension_count", head_dim), head_dim)
+    rope_scaling = _rope_scaling(reader, arch, meta("rope.dimension_count", head_dim), head_dim)
     tensor_names = {tensor.name for tensor in reader.tensors}
     rope_theta = float(meta("rope.freq_base", 10000.0))
     vocab_size = meta("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [family.hf_architecture],
+        "model_type": family.model_type,
         "hidden_size": hidden_size,
         "intermediate_size": meta("feed_forward_length"),
         "num_hidden_layers": meta("block_count"),
@@ -90,13 +133,15 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
         "vocab_size": vocab_size,
         # Written both ways: transformers 5 reads rope_parameters, older readers rope_theta.
         "rope_theta": rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
+        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta, **rope_scaling},
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
         "mlp_bias": False,
         # GGUF drops output.weight when the head shares the embedding.
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "torch_dtype": "float32",
     }
+    if arch == "gemma3":
+        config |= _gemma3_config(config, meta("attention.sliding_window"))
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
         token_id = field_value(reader, f"tokenizer.ggml.{key}")
         if token_id is not None:
@@ -104,42 +149,79 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
     return config
 
 
-def _check_rope(reader: GGUFReader, rope_dim: int, head_dim: int) -> None:
-    arch = SUPPORTED_ARCHITECTURE
+def _gemma3_config(config: dict[str, Any], window: int | None) -> dict[str, Any]:
+    """What llama.cpp's gemma3 fixes in code rather than metadata, as HF's config says it."""
+    num_layers = config["num_hidden_layers"]
+    scalar = config["head_dim"]
+    if num_layers == _GEMMA3_27B_LAYERS:
+        scalar = config["hidden_size"] // config["num_attention_heads"]
+    layer_types = [
+        "sliding_attention" if (i + 1) % _GEMMA3_SLIDING_PATTERN else "full_attention"
+        for i in range(num_layers)
+    ]
+    local = {"rope_type": "default", "rope_theta": _GEMMA3_LOCAL_ROPE_THETA}
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_act": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": scalar,
+        "sliding_window": window,
+        "layer_types": layer_types if window else ["full_attention"] * num_layers,
+        "rope_local_base_freq": _GEMMA3_LOCAL_ROPE_THETA,
+        "rope_parameters": {
+            "full_attention": config["rope_parameters"],
+            "sliding_attention": local,
+        },
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+    }
+
+
+def _rope_scaling(reader: GGUFReader, arch: str, rope_dim: int, head_dim: int) -> dict[str, Any]:
+    """The rope_parameters entries of a linear scaling (Gemma 3 4B+); {} for none."""
     scaling = field_value(reader, f"{arch}.rope.scaling.type", "none")
-    if scaling != "none":
-        raise ModelLoadError(f"unsupported GGUF rope scaling {scaling!r}")
     if any(tensor.name == "rope_freqs.weight" for tensor in reader.tensors):
         raise ModelLoadError("unsupported GGUF: per-dimension rope frequency factors (rope_freqs)")
     if rope_dim != head_dim:
         raise ModelLoadError(f"unsupported GGUF: partial rotary ({rope_dim} of {head_dim} dims)")
+    if scaling == "none":
+        return {}
+    factor = field_value(reader, f"{arch}.rope.scaling.factor")
+    if scaling != "linear" or factor is None:
+        raise ModelLoadError(f"unsupported GGUF rope scaling {scaling!r}")
+    return {"rope_type": "linear", "factor": float(factor)}
 
 
 def hf_tensors(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, float32 array in HF shape) for every tensor of the GGUF."""
+    family = FAMILIES[architecture(reader)]
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, family)
         weights = _dequantize(tensor)
         # GGUF dims are fastest-first; HF (row-major) lists them slowest-first.
         weights = weights.reshape(tuple(reversed([int(n) for n in tensor.shape])))
-        if ".attn_q." in tensor.name:
+        if family.permutes_qk and ".attn_q." in tensor.name:
             weights = unpermute_rope_rows(weights, config["num_attention_heads"])
-        elif ".attn_k." in tensor.name:
+        elif family.permutes_qk and ".attn_k." in tensor.name:
             weights = unpermute_rope_rows(weights, config["num_key_value_heads"])
+        if family.norm_shift and name.endswith("norm.weight"):
+            weights = weights - np.float32(family.norm_shift)
         yield name, np.ascontiguousarray(weights, dtype=np.float32)
 
 
-def hf_tensor_name(gguf_name: str) -> str:
+def hf_tensor_name(gguf_name: str, family: GgufFamily = FAMILIES["llama"]) -> str:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
     match = _LAYER_TENSOR.fullmatch(gguf_name)
     if match is not None:
         layer, stem, kind = match.groups()
-        if stem in _LAYER_NAMES:
-            return f"model.layers.{layer}.{_LAYER_NAMES[stem]}.{kind}"
+        names = _LAYER_NAMES | family.layer_names
+        if stem in names:
+            return f"model.layers.{layer}.{names[stem]}.{kind}"
     stem, _, kind = gguf_name.rpartition(".")
     if stem in _GLOBAL_NAMES and kind in ("weight", "bias"):
         return f"{_GLOBAL_NAMES[stem]}.{kind}"
-    raise ModelLoadError(f"unsupported GGUF tensor {gguf_name!r} (not part of a llama model)")
+    raise ModelLoadError(
+        f"unsupported GGUF tensor {gguf_name!r} (not part of a {family.model_type} model)"
+    )
 
 
 def unpermute_rope_rows(weights: np.ndarray, num_heads: int) -> np.ndarray:
