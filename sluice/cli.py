@@ -37,7 +37,7 @@ __all__ = ["build_parser", "engine_config_from", "main", "parse_size", "server_c
 _SERVER_GROUPS = {
     "": ("host", "port", "served_model_name", "api_key", "api_key_file",
          "cors_allowed_origins"),
-    "chat outputs": ("tool_call_parser", "reasoning_parser"),
+    "chat outputs": ("tool_call_parser", "reasoning_parser", "generation_defaults"),
     "reliability": ("max_connections", "send_timeout_s", "send_buffer_bytes",
                     "queue_timeout_s", "drain_timeout_s", "on_engine_death"),
 }  # fmt: skip

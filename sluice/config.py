@@ -11,6 +11,7 @@ field, so the CLI, `LLM` and tests refuse the same values.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,8 @@ EMBEDDED_MODEL = "embedded"
 
 __all__ = [
     "EMBEDDED_MODEL", "CacheConfig", "ConfigError", "DataParallelConfig", "EngineConfig",
-    "ModelConfig", "RequestLimits", "SchedulerConfig", "ServerConfig", "default_cache_dir",
+    "ModelConfig", "RequestLimits", "SchedulerConfig", "ServerConfig", "SpeculativeConfig",
+    "default_cache_dir",
 ]  # fmt: skip
 
 
@@ -173,6 +175,57 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """Speculative decoding without a draft model (sluice/engine/speculation.py):
+    vLLM's `--speculative-config` JSON, method "ngram" (prompt lookup)."""
+
+    method: Literal["ngram"] = setting("ngram", "how tokens are proposed")
+    # Tokens proposed per request per step; a decode step then computes 1 + k.
+    num_speculative_tokens: int = setting(
+        4, "tokens proposed per request and step", at_least=1, at_most=64
+    )
+    # The n-gram lengths looked up (longest first) in the prompt and output so far.
+    prompt_lookup_min: int = setting(2, "shortest n-gram looked up", at_least=1, at_most=64)
+    prompt_lookup_max: int = setting(4, "longest n-gram looked up", at_least=1, at_most=64)
+    # No request proposes in a step with more running requests than this
+    # (vLLM's name): a large batch is compute-bound, where verifying costs.
+    disable_by_batch_size: int | None = setting(
+        None, "no speculation while more requests than this run", at_least=1
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(
+                SpeculativeConfig,
+                "prompt_lookup_min",
+                f"must be at most prompt_lookup_max ({self.prompt_lookup_max}), "
+                f"got {self.prompt_lookup_min}",
+            )
+
+    @classmethod
+    def from_flag(cls, text: str) -> SpeculativeConfig:
+        """The flag's JSON object, e.g. '{"method": "ngram", "num_speculative_tokens": 5}'.
+        Raises ValueError (ConfigError for a field out of range)."""
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"not JSON: {error}") from None
+        if not isinstance(values, dict):
+            raise ValueError("must be a JSON object")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown keys {unknown}; known: {sorted(known)}")
+        if values.get("method", "ngram") != "ngram":
+            raise ValueError(f"method {values['method']!r}: only 'ngram' is served")
+        for name, value in values.items():
+            if name != "method" and value is not None and type(value) is not int:
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -202,6 +255,14 @@ class EngineConfig:
     # process and replica (sluice/tracing.py); None: no tracing at all.
     otlp_traces_endpoint: str | None = setting(
         None, "send OpenTelemetry traces here, OTLP over HTTP, e.g. http://localhost:4318"
+    )
+    # Speculative decoding (n-gram prompt lookup); None: off. Off by default
+    # until measured to help on a quiet machine (benchmarks/speculative.py).
+    speculative_config: SpeculativeConfig | None = setting(
+        None,
+        "speculative decoding, vLLM's JSON: "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+        '"prompt_lookup_max": 4}\' (default: off)',
     )
 
     def __post_init__(self) -> None:
@@ -234,6 +295,67 @@ class DataParallelConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
+
+
+# HF generation_config names -> (type, lowest, highest) of the sampling field.
+_GENERATION_FIELDS: dict[str, tuple[type, float, float]] = {
+    "temperature": (float, 0.0, 2.0),
+    "top_p": (float, 1e-9, 1.0),
+    "top_k": (int, -1, 2**63 - 1),
+    "min_p": (float, 0.0, 1.0),
+    "repetition_penalty": (float, 1e-9, 2.0),
+    "presence_penalty": (float, -2.0, 2.0),
+    "frequency_penalty": (float, -2.0, 2.0),
+    "max_new_tokens": (int, 1, 2**63 - 1),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationDefaults:
+    """What a request that leaves a sampling field unset gets instead of the
+    API's own default: vLLM's `--override-generation-config`, in the names of
+    HF's generation_config.json. `max_new_tokens` is the max_tokens of a
+    request that gives none; `stop_strings` the stop of one that gives none.
+    None: the API's default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    max_new_tokens: int | None = None
+    stop_strings: tuple[str, ...] = ()
+
+    @classmethod
+    def from_flag(cls, text: str) -> GenerationDefaults:
+        """The flag's JSON object, e.g. '{"temperature": 0, "stop_strings": ["\\n"]}'.
+        Raises ValueError naming what is wrong."""
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"not JSON: {error}") from None
+        if not isinstance(values, dict):
+            raise ValueError("must be a JSON object")
+        known = {*_GENERATION_FIELDS, "stop_strings"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown keys {unknown}; known: {sorted(known)}")
+        for name, value in values.items():
+            if name == "stop_strings":
+                if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+                    raise ValueError("stop_strings must be a list of non-empty strings")
+                values[name] = tuple(value)
+                continue
+            kind, lowest, highest = _GENERATION_FIELDS[name]
+            is_number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not is_number or (kind is int and not isinstance(value, int)):
+                raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'}")
+            if not lowest <= value <= highest:
+                raise ValueError(f"{name} must be within [{lowest}, {highest}], got {value}")
+            values[name] = kind(value)
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +427,14 @@ class ServerConfig:
     )
     engine: EngineConfig = field(default_factory=EngineConfig)
     limits: RequestLimits = field(default_factory=RequestLimits)
+    # Sampling defaults for fields a request leaves unset (vLLM's flag and keys).
+    generation_defaults: GenerationDefaults | None = setting(
+        None,
+        "sampling defaults for fields a request leaves unset, as JSON in generation_config "
+        'names: temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, '
+        'frequency_penalty, max_new_tokens, stop_strings (e.g. \'{"temperature": 0}\')',
+        flag="--override-generation-config",
+    )
     # Open connections at once, a new one included; beyond it uvicorn answers a
     # plain-text 503 (None: unbounded).
     max_connections: int | None = setting(

@@ -65,7 +65,7 @@ from sluice.server.event_stream import EventStreamResponse, completion_tokens
 from sluice.server.key_limits import KeyLease, KeyLimiter
 from sluice.server.loop_watchdog import LoopWatchdog
 from sluice.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from sluice.server.metrics import ReadCounter, SeriesObserver, ServerMetrics
+from sluice.server.metrics import ReadCounter, ReadInfo, SeriesObserver, ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
 from sluice.server.pages import add_pages
 from sluice.server.replicas import ReplicaCollector, replica_health
@@ -120,6 +120,11 @@ def create_app(
     watchdog = LoopWatchdog(routes.metrics.registry)
     routes.metrics.registry.register(AdmissionCollector(gate))
     routes.metrics.registry.register(ReplicaCollector(gate.replicas))
+    routes.metrics.registry.register(ReadInfo(
+        "sluice:kernel_plan", "The kernels the engine chose at load (--kernel-plan).",
+        lambda: None if not getattr(engine.info, "kernel_plan", "") else
+        {"model_name": routes.served_name, "plan": engine.info.kernel_plan},
+    ))  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -198,6 +203,7 @@ class Routes:
             or guess_tool_call_parser(self.tokenizer.chat_template_source),
             reasoning_parser=config.reasoning_parser,
             is_priority_scheduling=config.engine.scheduler.scheduling_policy == "priority",
+            generation_defaults=config.generation_defaults or to_internal.API_DEFAULTS,
         )
         self.bodies = BodyReader(config.limits, self.options)
 

@@ -19,7 +19,7 @@ from typing import Literal, TypeVar
 
 import msgspec
 
-from sluice.config import RequestLimits
+from sluice.config import GenerationDefaults, RequestLimits
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import InvalidRequestError, ModelNotFoundError
 from sluice.frontend.preprocess import ChatMessage, Preprocessor
@@ -31,6 +31,8 @@ from sluice.structured.spec import StructuredOutputSpec
 T = TypeVar("T")
 RequestKind = Literal["completion", "chat"]
 
+# The API's own sampling defaults (no override).
+API_DEFAULTS = GenerationDefaults()
 # Completions default; chat's default is the rest of the context.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 # Engine requests one API request may fan out to (prompts x n).
@@ -52,6 +54,8 @@ class RequestOptions:
     grammar_check: GrammarCheck = field(default_factory=GrammarCheck)
     # The engine schedules by priority (`priority` is refused otherwise, as vLLM does).
     is_priority_scheduling: bool = False
+    # What a request that leaves a sampling field unset gets (--override-generation-config).
+    generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
 
 
 def check_model(requested: str | None, served_model_name: str) -> str:
@@ -80,13 +84,22 @@ async def completion_request(
     echo = _default(body.echo, False)
     is_echo_only = echo and body.max_tokens == 0
     requested_max_tokens = limits.cap_max_tokens(
-        1 if is_echo_only else body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS, options.limits
+        1
+        if is_echo_only
+        else body.max_tokens
+        or options.generation_defaults.max_new_tokens
+        or DEFAULT_COMPLETION_MAX_TOKENS,
+        options.limits,
     )
     max_tokens = options.preprocessor.fit_max_tokens(prompts, requested_max_tokens, "prompt")
-    params = sampling_params(body, max_tokens, body.logprobs, options.preprocessor, structured)
+    params = sampling_params(
+        body, max_tokens, body.logprobs, options.preprocessor, structured,
+        options.generation_defaults,
+    )  # fmt: skip
     # Echoed logprobs need the prompt's, as in vLLM.
     params = _with_prompt_logprobs(params, body, stream, body.logprobs if echo else None)
     request = _generation_request(body, "completion", model_name, prompts, n, params, stream, echo)
+    request = _with_default_stop(request, body, options.generation_defaults)
     return dataclasses.replace(request, is_echo_only=is_echo_only)
 
 
@@ -120,15 +133,20 @@ async def chat_request(
         tools=tools.template_tools,
     )
     limits.check_prompts([prompt], options.limits, "messages")
-    requested_max_tokens = body.max_completion_tokens or body.max_tokens
+    requested_max_tokens = (
+        body.max_completion_tokens or body.max_tokens or options.generation_defaults.max_new_tokens
+    )
     if clamps_max_tokens and requested_max_tokens is not None:
         room = options.preprocessor.max_model_len - len(prompt.token_ids)
         requested_max_tokens = min(requested_max_tokens, room) if room >= 1 else None
     max_tokens = options.preprocessor.fit_max_tokens([prompt], requested_max_tokens, "messages")
     max_tokens = limits.cap_max_tokens(max_tokens, options.limits)
-    params = sampling_params(body, max_tokens, logprobs, options.preprocessor, structured)
+    params = sampling_params(
+        body, max_tokens, logprobs, options.preprocessor, structured, options.generation_defaults
+    )
     params = _with_prompt_logprobs(params, body, stream, None)
     request = _generation_request(body, "chat", model_name, (prompt,), n, params, stream, False)
+    request = _with_default_stop(request, body, options.generation_defaults)
     if tools.keeps_special_tokens:
         request = replace(request, skip_special_tokens=False)
     return replace(request, output_parsing=tools.output_parsing)
@@ -140,7 +158,10 @@ def sampling_params(
     logprobs: int | None,
     preprocessor: Preprocessor,
     structured_output: StructuredOutputSpec | None = None,
+    defaults: GenerationDefaults = API_DEFAULTS,
 ) -> SamplingParams:
+    """`defaults`: what a field the body leaves unset takes (the API's own
+    defaults unless the server overrides them)."""
     min_tokens = body.min_tokens or 0
     if min_tokens > max_tokens:
         raise InvalidRequestError(
@@ -150,13 +171,17 @@ def sampling_params(
     stop_token_ids = tuple(body.stop_token_ids or ())
     preprocessor.check_token_ids(stop_token_ids, "stop_token_ids")
     return SamplingParams(
-        temperature=_default(body.temperature, 1.0),
-        top_p=_default(body.top_p, 1.0),
-        top_k=_default(body.top_k, 0),
-        min_p=_default(body.min_p, 0.0),
-        presence_penalty=_default(body.presence_penalty, 0.0),
-        frequency_penalty=_default(body.frequency_penalty, 0.0),
-        repetition_penalty=_default(body.repetition_penalty, 1.0),
+        temperature=_default(body.temperature, _default(defaults.temperature, 1.0)),
+        top_p=_default(body.top_p, _default(defaults.top_p, 1.0)),
+        top_k=_default(body.top_k, _default(defaults.top_k, 0)),
+        min_p=_default(body.min_p, _default(defaults.min_p, 0.0)),
+        presence_penalty=_default(body.presence_penalty, _default(defaults.presence_penalty, 0.0)),
+        frequency_penalty=_default(
+            body.frequency_penalty, _default(defaults.frequency_penalty, 0.0)
+        ),
+        repetition_penalty=_default(
+            body.repetition_penalty, _default(defaults.repetition_penalty, 1.0)
+        ),
         logit_bias=logit_bias(body.logit_bias, preprocessor),
         seed=body.seed,
         max_tokens=max_tokens,
@@ -167,6 +192,14 @@ def sampling_params(
         structured_output=structured_output,
         priority=body.priority or 0,
     )
+
+
+def _with_default_stop(
+    request: GenerationRequest, body: protocol.SamplingFields, defaults: GenerationDefaults
+) -> GenerationRequest:
+    if body.stop is not None or not defaults.stop_strings:
+        return request
+    return replace(request, stop=defaults.stop_strings)
 
 
 def _check_priority(priority: int | None, options: RequestOptions) -> None:
