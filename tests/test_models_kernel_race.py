@@ -139,3 +139,18 @@ def test_the_real_measurement_runs_and_keeps_a_plan(wide_heads_folder, tmp_path)
     )  # fmt: skip
     (kept,) = (tmp_path / "calibration").glob("kernel-plan-*.json")
     assert parse_bands(json.loads(kept.read_text())) == plan.prefill_attention
+
+
+def test_the_engine_reports_the_plan_for_the_startup_line_and_metrics(tiny_folder, tmp_path):
+    from sluice.config import CacheConfig, EngineConfig
+    from sluice.engine.core import EngineCore
+
+    model = ModelConfig(model=str(tiny_folder), dtype="bfloat16", quantization=None,
+                        cache_dir=tmp_path)  # fmt: skip
+    core = EngineCore(EngineConfig(model=model, cache=CacheConfig(kv_cache_memory_bytes=8 << 20)))
+    assert core.info.kernel_plan == core.loaded.kernel_plan
+    assert core.info.kernel_plan.startswith("kernel plan (no native prefill kernel")
+    assert core.info.kernel_plan in core.loaded.choices.reason  # the startup line's reason
+    invariant = ModelConfig(model=str(tiny_folder), dtype="bfloat16", quantization=None,
+                            cache_dir=tmp_path, batch_invariant=True)  # fmt: skip
+    assert load_model(invariant).kernel_plan == ""  # that mode has its own attention path

@@ -143,3 +143,28 @@ def test_request_token_histograms_use_vllms_1_2_5_buckets_up_to_the_context_leng
                       "1000.0", "2000.0", "+Inf"]  # fmt: skip
     assert value(metrics, "vllm:request_prompt_tokens_bucket", le="100.0") == 0
     assert value(metrics, "vllm:request_prompt_tokens_bucket", le="200.0") == 1
+
+
+def test_the_kernel_plan_is_an_info_metric_once_the_engine_reports_it():
+    import httpx2
+
+    from sluice.engine.messages import EngineReady
+    from sluice.testing.fake_engine import FakeEngine
+    from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+    from sluice.testing.live_server import LiveServer
+
+    plan = "kernel plan (cached): prefill attention native below 1024 tokens, torch from 1024"
+    engine = FakeEngine()
+    engine.info = EngineReady("m", 256, 8, 16, 512, kernel_plan=plan)
+    with LiveServer(engine, ChatFakeTokenizer(), model_name="m", max_model_len=256) as live:
+        text = httpx2.get(f"{live.url}/metrics", timeout=10).text
+    # Prometheus's text format writes an info metric as a gauge of 1.
+    families = text_string_to_metric_families(text)
+    (family,) = [f for f in families if f.name == "sluice:kernel_plan_info"]
+    (sample,) = family.samples
+    assert sample.name == "sluice:kernel_plan_info" and sample.value == 1.0
+    assert sample.labels == {"model_name": "m", "plan": plan}
+    # An engine that reports no plan (another device): no such series.
+    engine = FakeEngine()
+    with LiveServer(engine, ChatFakeTokenizer(), model_name="m", max_model_len=256) as live:
+        assert "kernel_plan" not in httpx2.get(f"{live.url}/metrics", timeout=10).text

@@ -80,6 +80,7 @@ class EngineCore:
             num_kv_blocks=num_blocks,
             block_size_tokens=config.cache.block_size_tokens,
             vocab_size=self.loaded.model_config.vocab_size,
+            kernel_plan=self.loaded.kernel_plan,
         )
         logger.info("%s", startup_line(config, self.loaded, device, num_blocks))
 

@@ -44,6 +44,9 @@ class EngineReady(msgspec.Struct, frozen=True, tag="ready"):
     num_kv_blocks: int
     block_size_tokens: int
     vocab_size: int
+    # The kernel plan chosen at load, one line (sluice/models/kernel_plan.py);
+    # "" where none applies (another device, batch-invariant mode).
+    kernel_plan: str = ""
 
 
 class EngineStatsSnapshot(msgspec.Struct, frozen=True):

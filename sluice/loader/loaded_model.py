@@ -59,6 +59,9 @@ class LoadedModel:
     folder: Path
     # What "auto" became (or what was asked): dtype, quantization, and why.
     choices: choices.ModelChoices
+    # The kernel plan chosen at load, one line (sluice/models/kernel_plan.py);
+    # "" where none applies (another device, batch-invariant mode).
+    kernel_plan: str = ""
 
 
 def load_model(config: ModelConfig) -> LoadedModel:
@@ -98,13 +101,11 @@ def load_model(config: ModelConfig) -> LoadedModel:
         bands = calibration.quantize_activations(model, tokenizer.encode(text), kept, race)
         if race:
             chosen = choices.after_amx_race(chosen, bands)
+    kernel_plan = ""
     if device.type == "cpu":
         chosen = choices.noting(chosen, native_status().describe())
-        if not config.batch_invariant:  # that mode keeps its own attention path
-            plan = plan_kernels(config.kernel_plan, model_config, dtype, config.cache_dir,
-                                max_model_len)  # fmt: skip
-            model.use_kernel_plan(plan)
-            chosen = choices.noting(chosen, plan.describe())
+        if kernel_plan := _use_kernel_plan(config, model, max_model_len):
+            chosen = choices.noting(chosen, kernel_plan)
     chosen = choices.noting(chosen, describe_family(model_config))
     model.eval()
     return LoadedModel(
@@ -116,7 +117,20 @@ def load_model(config: ModelConfig) -> LoadedModel:
         eos_token_ids=tokenizer.eos_token_ids,
         folder=folder,
         choices=chosen,
+        kernel_plan=kernel_plan,
     )
+
+
+def _use_kernel_plan(config: ModelConfig, model: LlamaForCausalLM, max_model_len: int) -> str:
+    """Put the kernel plan `config.kernel_plan` gives `model` to use; its
+    line, or "" in batch-invariant mode (which keeps its own attention path)."""
+    if config.batch_invariant:
+        return ""
+    plan = plan_kernels(
+        config.kernel_plan, model.config, model.dtype, config.cache_dir, max_model_len
+    )
+    model.use_kernel_plan(plan)
+    return plan.describe()
 
 
 def resolve_max_model_len(requested: int | None, model_config: LlamaConfig) -> int:

@@ -25,7 +25,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -127,6 +132,21 @@ class ReadCounter(Collector):
         counter = CounterMetricFamily(self._name, self._documentation)
         counter.add_metric([], self._read())
         yield counter
+
+
+class ReadInfo(Collector):
+    """An info metric (`<name>_info{labels} 1`) whose labels are read when
+    Prometheus scrapes; absent while `read` gives None (no engine yet)."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], dict[str, str] | None]):
+        self._name = name
+        self._documentation = documentation
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        labels = self._read()
+        if labels is not None:
+            yield InfoMetricFamily(self._name, self._documentation, value=labels)
 
 
 @dataclass(slots=True)
