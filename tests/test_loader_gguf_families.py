@@ -1,4 +1,4 @@
-"""Qwen3 and Gemma 3 from GGUF files, in every common quantization type.
+"""Qwen2 (q/k/v bias), Qwen3 and Gemma 3 from GGUF files, in every common quantization type.
 
 Each tiny random model (hidden 256, so that rows hold whole 256-value
 K-quant blocks) is written with the `gguf` package as llama.cpp's converter
@@ -43,6 +43,7 @@ _STEMS = {
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
 }  # fmt: skip
 _FAMILY_STEMS = {
+    "qwen2": _STEMS | {"post_attention_layernorm": "ffn_norm"},
     "qwen3": _STEMS | {"post_attention_layernorm": "ffn_norm"},
     "gemma3": _STEMS
     | {
@@ -53,7 +54,7 @@ _FAMILY_STEMS = {
 }
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight",
            "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}  # fmt: skip
-KINDS = {"qwen3": "qwen3_untied", "gemma3": "gemma3"}
+KINDS = {"qwen2": "qwen2_bias", "qwen3": "qwen3_untied", "gemma3": "gemma3"}
 PROMPT = [1, 17, 300, 45, 9, 88, 211, 5, 402, 77, 3, 150, 64]
 
 
@@ -79,8 +80,9 @@ def write_family_gguf(tiny: TinyModel, arch: str, path: Path, quantized: bool) -
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_key_length(config["head_dim"])
-    writer.add_value_length(config["head_dim"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     theta = config["rope_parameters"]
     writer.add_rope_freq_base((theta.get("full_attention") or theta)["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])

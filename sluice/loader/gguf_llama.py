@@ -1,7 +1,7 @@
 """What a GGUF means in Hugging Face terms: its config and its tensors.
 
 Architectures (`general.architecture`): llama (Llama, SmolLM2, Mistral as
-llama.cpp writes them), qwen3 and gemma3, each with llama.cpp's tensor names
+llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3 and gemma3, each with llama.cpp's tensor names
 and metadata keys (`GgufFamily`). Read with `gguf.GGUFReader`
 (memory-mapped, fast); no transformers here.
 
@@ -12,7 +12,7 @@ Invariants of what this module yields:
 - llama's attn_q / attn_k rows are un-permuted: llama.cpp's converter
   interleaves each head's two rotary halves for its RoPE kernel; HF keeps them
   split (`rotate_half`). The inverse here is the one transformers' GGUF loader
-  applies. qwen3 and gemma3 use the NeoX rotation, stored as HF stores it;
+  applies. qwen2, qwen3 and gemma3 use the NeoX rotation, stored as HF stores it;
 - gemma3's norm weights are HF's: llama.cpp's converter stores 1 + weight
   (Gemma multiplies by it), so the 1 is taken off again;
 - values are dequantized float32 by `gguf.quants.dequantize`, the reference
@@ -76,6 +76,7 @@ class GgufFamily:
 
 FAMILIES = {
     "llama": GgufFamily("LlamaForCausalLM", "llama", permutes_qk=True),
+    "qwen2": GgufFamily("Qwen2ForCausalLM", "qwen2", permutes_qk=False),
     "qwen3": GgufFamily("Qwen3ForCausalLM", "qwen3", permutes_qk=False,
                         layer_names=_QK_NORM_NAMES),
     "gemma3": GgufFamily("Gemma3ForCausalLM", "gemma3_text", permutes_qk=False, norm_shift=1.0,
