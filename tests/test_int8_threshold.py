@@ -10,7 +10,8 @@ load (sluice/models/int8_threshold.py).
 - a raced model serves W8A8 in the raced bands only (never below a layer's
   own threshold), weight-only int4 or the dense path elsewhere; a race lost
   in every band drops every W8A8 layer and the model's activation mode; the
-  real race runs end to end on a tiny model;
+  real race runs end to end on a tiny model; the bands are kept, read back
+  by the next load, and a damaged file is raced again;
 - the loader races only on a bfloat16 model on a CPU with AMX-BF16, and the
   startup reason says what the race chose, and nothing the race overruled.
 """
@@ -161,6 +162,25 @@ def test_the_real_race_runs_and_every_matrix_takes_its_outcome(bf16_model):
     assert {linear.int8_row_bands for linear in w8a8_targets(bf16_model)} == {served}
 
 
+def test_the_bands_are_kept_and_a_damaged_file_is_raced_again(bf16_model, tmp_path, monkeypatch):
+    raced = []
+
+    def fake_race(dense, w8a8, **kwargs):
+        raced.append(True)
+        return (range(8, 32), range(128, EVERY_STEP))
+
+    monkeypatch.setattr(int8_threshold, "race_bands", fake_race)
+    layer = w8a8_targets(bf16_model)[:3]
+    calibration.quantize_activations(bf16_model, list(range(3, 60)), None, False)
+    first = int8_threshold.race_against_amx(layer, layer, tmp_path)
+    assert int8_threshold.race_against_amx(layer, layer, tmp_path) == first and len(raced) == 1
+    (kept,) = tmp_path.glob("w8a8-bands-*.json")
+    assert int8_threshold.read_bands(kept) == (range(8, 32), range(128, EVERY_STEP))
+    kept.write_text('{"int8_activation_bands": [["x", 1]]}')
+    int8_threshold.race_against_amx(layer, layer, tmp_path)
+    assert len(raced) == 2
+
+
 AMX = {"avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"}
 
 
@@ -179,9 +199,9 @@ def test_the_loader_races_only_on_a_bfloat16_model_with_amx(tmp_path, monkeypatc
 
     monkeypatch.setattr(int8_threshold, "race_bands", fake_race)
 
-    def load(flags, dtype="bfloat16"):
+    def load(flags, dtype="bfloat16", cache="cache"):
         monkeypatch.setattr(choices, "cpu_flags", lambda: frozenset(flags))
-        return load_model(choices_config(folder, dtype))
+        return load_model(choices_config(folder, dtype, cache))
 
     loaded = load({"avx512_vnni", "avx512_bf16"})
     assert not raced and "raced" not in loaded.choices.reason
@@ -194,8 +214,15 @@ def test_the_loader_races_only_on_a_bfloat16_model_with_amx(tmp_path, monkeypatc
     # The reason says what the race chose, and nothing it overruled.
     assert "in steps of several tokens" not in reason and "off" not in reason
     outcome["bands"] = ()
-    loaded = load(AMX)
-    assert loaded.choices.activations is None and loaded.model.activation_quantization is None
+    # The bands are kept beside the calibration: the next load reads them.
+    assert f"int8 activations at {own}-63 rows" in load(AMX).choices.reason
+    assert len(raced) == 1
+    loaded = load(AMX, cache="another-cache")
+    assert (
+        len(raced) == 2
+        and loaded.choices.activations is None
+        and loaded.model.activation_quantization is None
+    )
     reason = loaded.choices.reason
     assert "int8 activations off: they lost to AMX bfloat16 in every band" in reason
     assert "AMX-INT8" not in reason and reason.count("int8 activations") == 1
@@ -204,8 +231,8 @@ def test_the_loader_races_only_on_a_bfloat16_model_with_amx(tmp_path, monkeypatc
     assert not raced
 
 
-def choices_config(folder, dtype):
+def choices_config(folder, dtype, cache="cache"):
     from sluice.config import ModelConfig
 
-    return ModelConfig(model=str(folder), cache_dir=folder.parent / "cache", dtype=dtype,
+    return ModelConfig(model=str(folder), cache_dir=folder.parent / cache, dtype=dtype,
                        quantization="int4", activation_quantization="auto")  # fmt: skip

@@ -92,7 +92,8 @@ def quantize_activations(
     if race_against_amx:
         per_layer = len(INT8_ACTIVATION_MATRICES)
         middle = len(model.layers) // 2 * per_layer
-        int8_threshold.race_against_amx(targets[middle : middle + per_layer], targets)
+        kept_dir = None if cache_file is None else cache_file.parent
+        int8_threshold.race_against_amx(targets[middle : middle + per_layer], targets, kept_dir)
     kept_w8a8 = targets[0].int8_activations is not None
     model.activation_quantization = "int8" if kept_w8a8 else None
     return targets[0].int8_row_bands

@@ -14,7 +14,8 @@ the row counts from RACE_ROWS[i] up to the next; the last has no end),
 timed at its lower edge: W8A8 serves the bands it won, whatever it did in
 the others (no monotonicity assumed: the first version stopped at its first
 loss, at 512 rows, and threw away the small steps it wins). About half a
-second of matmuls per load on 2 cores.
+second of matmuls per load on 2 cores, once: the bands are kept beside the
+calibration, keyed by the CPU's flags line, the kernels and the versions.
 
 Note (issue 28): a row's numerics then depend on the band of the step it
 shares (int8 activations in one band, bfloat16 in the next), as they
@@ -24,11 +25,16 @@ load.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -97,11 +103,32 @@ def describe_bands(bands: RowBands) -> str:
 
 
 @torch.no_grad()
-def race_against_amx(layer: Sequence[Linear], targets: Sequence[Linear]) -> RowBands:
+def race_against_amx(
+    layer: Sequence[Linear], targets: Sequence[Linear], kept_dir: Path | None = None
+) -> RowBands:
     """Race W8A8 against the dense matmul over `layer` (one decoder layer's
     W8A8 matrices, summed), then serve W8A8 in the bands it won in every one
     of `targets` (`Linear.serve_int8_activations_in`; none won drops it).
-    Returns the bands W8A8 serves."""
+    The bands won are kept in `kept_dir` (`bands_file`): a later load on
+    this CPU, kernels and versions reads them instead of racing, so
+    replicas agree. Returns the bands W8A8 serves."""
+    path = None if kept_dir is None else bands_file(kept_dir, layer)
+    bands = read_bands(path)
+    if bands is None:
+        bands = _race(layer)
+        write_bands(path, bands)
+    for linear in targets:
+        linear.serve_int8_activations_in(bands)
+    served = targets[0].int8_row_bands if targets else bands
+    if served:
+        logger.info("W8A8 at %s, the AMX bfloat16 matmul elsewhere (raced in every band)",
+                    describe_bands(served))  # fmt: skip
+    else:
+        logger.info("W8A8 lost to the AMX bfloat16 matmul in every band at load: off")
+    return served
+
+
+def _race(layer: Sequence[Linear]) -> RowBands:
     inputs: dict[int, list[torch.Tensor]] = {}
 
     def batch(n: int) -> list[torch.Tensor]:
@@ -120,15 +147,44 @@ def race_against_amx(layer: Sequence[Linear], targets: Sequence[Linear]) -> RowB
         for linear, x in zip(layer, batch(n), strict=True):
             linear.int8_activations(x)
 
-    bands = race_bands(dense, w8a8)
-    for linear in targets:
-        linear.serve_int8_activations_in(bands)
-    served = targets[0].int8_row_bands if targets else bands
-    if served:
-        logger.info(
-            "W8A8 at %s, the AMX bfloat16 matmul elsewhere: raced in every band at load",
-            describe_bands(served),
-        )
-    else:
-        logger.info("W8A8 lost to the AMX bfloat16 matmul in every band at load: off")
-    return served
+    return race_bands(dense, w8a8)
+
+
+def bands_file(kept_dir: Path, layer: Sequence[Linear]) -> Path:
+    """Where the race's bands for this CPU (model name and flags lines), these
+    kernels, versions, thread count and matrix shapes are kept."""
+    from sluice.models.native.build import cpu_identity, sources_digest
+
+    shapes = ";".join(f"{tuple(linear.weight.shape)}{linear.weight.dtype}" for linear in layer)
+    key = hashlib.sha256()
+    for part in (cpu_identity(), sources_digest(), torch.__version__, str(RACE_ROWS), shapes,
+                 str(torch.get_num_threads())):  # fmt: skip
+        key.update(f"{part}\0".encode())
+    return kept_dir / f"w8a8-bands-{key.hexdigest()[:24]}.json"
+
+
+def read_bands(path: Path | None) -> RowBands | None:
+    """The bands kept at `path` ([start, stop or null] pairs); None where
+    there are none, or the file is damaged."""
+    if path is None:
+        return None
+    try:
+        pairs = json.loads(path.read_text(encoding="utf-8"))["int8_activation_bands"]
+        bands = tuple(range(start, sys.maxsize if stop is None else stop) for start, stop in pairs)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return bands
+
+
+def write_bands(path: Path | None, bands: RowBands) -> None:
+    if path is None:
+        return
+    pairs = [[band.start, None if band.stop == sys.maxsize else band.stop] for band in bands]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written beside the target, then renamed: a reader never sees half a file.
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as scratch:
+            json.dump({"int8_activation_bands": pairs}, scratch)
+        os.replace(scratch.name, path)
+    except OSError as error:
+        logger.warning("W8A8 bands %s not written: %s", path, error)
