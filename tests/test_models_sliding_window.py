@@ -57,8 +57,9 @@ def run_in_steps(seqs, steps, is_batch_invariant=False):
 
 
 def test_chunks_and_decodes_in_one_batch_see_exactly_their_window():
-    seqs = [sequence(14, 0), sequence(9, 1)]
-    steps = [(6, 3), (1, 4), (4, 1), (1, 1), (2, 0)]
+    # Decodes of different lengths together, some shorter than the window.
+    seqs = [sequence(14, 0), sequence(9, 1), sequence(5, 3)]
+    steps = [(6, 3, 1), (1, 4, 1), (4, 1, 1), (1, 1, 1), (2, 0, 1)]
     for got, (q, k, v) in zip(run_in_steps(seqs, steps), seqs, strict=True):
         torch.testing.assert_close(got, dense_reference(q, k, v, WINDOW, 0.3))
 

@@ -7,10 +7,11 @@ price is memory: a sliding layer's old blocks are kept though never read
 again (vLLM frees them; sluice does not yet).
 
 Query at position p sees keys p - window < j <= p (transformers'
-`sliding_window_overlay` on top of the causal mask). Each sequence of a step
-runs as one SDPA call over the blocks its window touches, with that mask:
-the torch path, since the native decode and prefill kernels read a
-sequence's keys from position 0. In batch-invariant mode every token is its
+`sliding_window_overlay` on top of the causal mask). The one-token sequences
+of a step (decodes) run together as one SDPA call, each over the blocks its
+window touches; each longer chunk runs as its own call with that mask: the
+torch path, since the native decode and prefill kernels read a sequence's
+keys from position 0. In batch-invariant mode every token is its
 own call over exactly its own keys, so its bits are the same in any batch,
 chunking or prefix-cache hit.
 """
@@ -18,6 +19,7 @@ chunking or prefix-cache hit.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from sluice.models.attention import AttentionMetadata, _sdpa, _write_kv
@@ -40,18 +42,62 @@ def sliding_window_attention(
     if not kv_written:
         _write_kv(kv_cache, k, v, meta.slot_mapping)
     out = torch.empty_like(q)
-    token_start = 0
+    decodes = [] if is_batch_invariant else [b for b, n in enumerate(meta.query_lens) if n == 1]
+    if decodes:
+        _decode_windows(q, out, kv_cache, meta, decodes, window, scale)
     for b, (query_len, seq_len) in enumerate(zip(meta.query_lens, meta.seq_lens_list, strict=True)):
-        table = meta.block_tables[b]
+        if not is_batch_invariant and query_len == 1:
+            continue  # done above
+        # (first query's position, its row, number of queries) per SDPA call.
+        first_position, first_row = seq_len - query_len, meta.query_start_loc[b].item()
         if is_batch_invariant:
-            spans = [(seq_len - query_len + i, 1) for i in range(query_len)]
+            spans = [(first_position + i, first_row + i, 1) for i in range(query_len)]
         else:
-            spans = [(seq_len - query_len, query_len)]
-        for first_position, num_queries in spans:
-            rows = slice(token_start, token_start + num_queries)
-            out[rows] = _window_span(q[rows], kv_cache, table, first_position, window, scale)
-            token_start += num_queries
+            spans = [(first_position, first_row, query_len)]
+        for position, row, num_queries in spans:
+            rows = slice(row, row + num_queries)
+            table = meta.block_tables[b]
+            out[rows] = _window_span(q[rows], kv_cache, table, position, window, scale)
     return out
+
+
+def _decode_windows(
+    q: Tensor,  # [num_tokens, num_heads, head_dim]
+    out: Tensor,  # [num_tokens, num_heads, head_dim], written at the decodes' rows
+    kv_cache: Tensor,
+    meta: AttentionMetadata,
+    decodes: list[int],  # sequences of the batch with one new token
+    window: int,
+    scale: float,
+) -> None:
+    """Every one-token sequence in one SDPA call: each gathers the blocks its
+    window touches (padded to the most any needs), a mask keeps the window."""
+    block_size = kv_cache.shape[2]
+    device = q.device
+    rows = torch.tensor(decodes, dtype=torch.int64, device=device)  # [n]
+    seq_lens = meta.seq_lens[rows]  # [n]
+    first_keys = (seq_lens - window).clamp_(min=0)  # [n]: position p sees p - window < j
+    first_blocks = first_keys // block_size  # [n]
+    num_blocks = int(((seq_lens + block_size - 1) // block_size - first_blocks).max())
+    tables = F.pad(meta.block_tables[rows], (0, num_blocks))  # [n, W + num_blocks]
+    offsets = torch.arange(num_blocks, device=device)  # [num_blocks]
+    block_ids = tables.gather(1, first_blocks[:, None] + offsets)  # [n, num_blocks]
+    num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
+    kv = kv_cache.index_select(1, block_ids.view(-1)).view(2, len(decodes), -1, num_kv_heads,
+                                                          head_dim)  # fmt: skip
+    key_pos = first_blocks[:, None] * block_size + torch.arange(kv.shape[2], device=device)
+    mask = (key_pos >= first_keys[:, None]) & (key_pos < seq_lens[:, None])  # [n, K]
+    token_rows = meta.query_start_loc[rows]  # [n]
+    # Grouped-query heads as query positions of their KV head (decode_attention_torch).
+    grouped = q[token_rows].reshape(len(decodes), num_kv_heads, -1, head_dim)  # [n, Hkv, G, D]
+    attended = F.scaled_dot_product_attention(
+        grouped,
+        kv[0].transpose(1, 2),  # [n, Hkv, K, D]
+        kv[1].transpose(1, 2),  # [n, Hkv, K, D]
+        attn_mask=mask[:, None, None, :],
+        scale=scale,
+    )  # [n, Hkv, G, D]
+    out[token_rows] = attended.reshape(len(decodes), -1, head_dim)
 
 
 def _window_span(
