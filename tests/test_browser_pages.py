@@ -12,15 +12,13 @@ docs/chat.png and docs/dashboard.png (a plain run leaves the tree clean).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx2
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from sluice.testing.server_process import free_port, wait_for_health
+from sluice.testing.server_process import sluice_serve
 
 pytestmark = pytest.mark.slow
 
@@ -38,23 +36,14 @@ STARTUP_TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def server_url(embedded_model_config, tmp_path_factory):
-    port = free_port()
-    command = [
-        sys.executable, "-m", "sluice.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+    args = [
         "--cache-dir", str(embedded_model_config.cache_dir), "--max-model-len", "2048",
         "--kv-cache-memory", "512MiB", "--dtype", "float32", "--quantization", "none",
     ]  # fmt: skip
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for_health(url, STARTUP_TIMEOUT_S)
+    with sluice_serve(*args, log_path=log_path, startup_timeout_s=STARTUP_TIMEOUT_S) as url:
         assert f"chat at {url}/ and dashboard at {url}/dashboard" in log_path.read_text()
         yield url
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ the Responses API, its only wire API.
 Codex sends its whole agent prompt (about 4,500 tokens of instructions,
 environment and skills, plus a dozen tool definitions, some of kinds a local
 server cannot run) and reads the streamed events until `response.completed`;
-an `response.incomplete` or a 4xx stops it with an error. The server runs
-the default command, so this is what a user of Codex with sluice gets.
+a `response.incomplete` or a 4xx stops it with an error. The server runs
+the default command with sampling defaults for agents (below).
 """
 
 from __future__ import annotations
@@ -14,37 +14,32 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx2
 import pytest
 
-from sluice.testing.server_process import free_port, wait_for_health
+from sluice.testing.server_process import sluice_serve
 
 pytestmark = pytest.mark.slow
 
 CODEX = Path(__file__).resolve().parent.parent / ".agents" / "node_modules" / ".bin" / "codex"
-STARTUP_TIMEOUT_S = 300
+# Codex sends no sampling fields: at temperature 1 (or greedy) the 135M
+# model rambles on to the end of its context, and Codex treats a reply cut
+# there (response.incomplete) as an error. So the server sets what a user of
+# a small local model would: greedy, and a stop at the first ".".
+DEFAULTS = '{"temperature": 0, "stop_strings": ["."]}'
 # Prefill of the agent's prompt and a reply of up to the rest of the context.
 TASK_TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="module")
 def server_url(embedded_model_config, tmp_path_factory):
-    port = free_port()
-    command = [sys.executable, "-m", "sluice.cli", "serve", "--host", "127.0.0.1",
-               "--port", str(port), "--cache-dir", str(embedded_model_config.cache_dir)]  # fmt: skip
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for_health(url, STARTUP_TIMEOUT_S)
+    cache_dir = str(embedded_model_config.cache_dir)
+    with sluice_serve("--cache-dir", cache_dir, "--override-generation-config", DEFAULTS,
+                      log_path=log_path) as url:  # fmt: skip
         yield url
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 def metric(url: str, name: str) -> float:

@@ -25,12 +25,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from sluice.testing.server_process import free_port, wait_for_health
+from sluice.testing.server_process import sluice_serve
 
 pytestmark = pytest.mark.slow
 
@@ -46,23 +45,14 @@ ACCESS_LINE = re.compile(r'"POST /v1/messages" 200 prompt_tokens=(\d+) completio
 @pytest.fixture(scope="module")
 def served(embedded_model_config, tmp_path_factory):
     """`sluice serve` on the embedded model: its URL and its log file."""
-    port = free_port()
-    command = [
-        sys.executable, "-m", "sluice.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    args = [
         "--cache-dir", str(embedded_model_config.cache_dir),
         "--max-model-len", str(MAX_MODEL_LEN), "--max-tokens-limit", str(MAX_TOKENS_LIMIT),
         "--kv-cache-memory", "512MiB",
     ]  # fmt: skip
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for_health(url, STARTUP_TIMEOUT_S)
+    with sluice_serve(*args, log_path=log_path, startup_timeout_s=STARTUP_TIMEOUT_S) as url:
         yield url, log_path
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 def agent_environment(url: str, home: Path) -> dict[str, str]:

@@ -16,6 +16,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -80,3 +82,23 @@ class ServerProcess:
 
     def log(self) -> str:
         return self._log_path.read_text(errors="replace")
+
+
+@contextmanager
+def sluice_serve(*args: str, log_path: Path, startup_timeout_s: float = 300.0) -> Iterator[str]:
+    """`sluice serve ARGS` (the real command, the real engine) on a free port
+    of 127.0.0.1: its URL while the block runs, its output in `log_path`."""
+    port = free_port()
+    command = [sys.executable, "-m", "sluice.cli", "serve", "--host", "127.0.0.1",
+               "--port", str(port), *args]  # fmt: skip
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for_health(url, startup_timeout_s)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
