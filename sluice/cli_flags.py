@@ -10,6 +10,8 @@ line:
   sizes such as 512MiB (`parse_size`);
 - bool: a switch; one that defaults to True is a `--no-...` switch turning it off;
 - Literal[...]: one of its values; tuple[str, ...]: comma-separated text;
+- a type with a `from_flag(text)` classmethod: what it makes of the text
+  (its ValueError is the flag's error);
 - `none_as`: the flag value that stands for None ("none", or 0);
 - a field with a default_factory gets it when the flag is not given.
 
@@ -116,7 +118,19 @@ def _options(config_field: Field, rule: Setting, kind: Any) -> dict[str, Any]:
         options["choices"] = [*rule.choices, *none]
     if _is_tuple(kind):
         return options | {"type": str}
+    if hasattr(kind, "from_flag"):
+        return options | {"type": _from_flag(kind.from_flag)}
     return options | {"type": parse_size if config_field.name.endswith("_bytes") else kind}
+
+
+def _from_flag(parse: Any) -> Any:
+    def from_flag(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:  # argparse prints this one's message
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return from_flag
 
 
 def _flag_default(default: Any, rule: Setting, kind: Any) -> Any:

@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from sluice.cli import build_parser, engine_config_from, main, parse_size, server_config_from
-from sluice.config import EngineConfig, RequestLimits, ServerConfig
+from sluice.config import EngineConfig, RequestLimits, ServerConfig, SpeculativeConfig
 from sluice.server import launch
 from tests.model_factory import build_tiny_model, write_tiny_tokenizer
 
@@ -257,3 +257,36 @@ def test_serve_whose_engine_cannot_load_is_one_error_line_and_status_2(
     last = result.stderr.splitlines()[-1]
     assert result.stderr.count("sluice: error: ") == 1 and last.startswith("sluice: error: ")
     assert message in last
+
+
+def test_speculative_config_is_vllms_json_and_off_by_default():
+    assert (
+        server_config_from(build_parser().parse_args(["serve"])).engine.speculative_config is None
+    )
+    flag = '{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 5}'
+    args = build_parser().parse_args(["serve", "--speculative-config", flag])
+    assert server_config_from(args).engine.speculative_config == SpeculativeConfig(
+        num_speculative_tokens=6, prompt_lookup_min=2, prompt_lookup_max=5
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("{", "not JSON"),
+        ("[4]", "must be a JSON object"),
+        ('{"method": "eagle"}', "only 'ngram' is served"),
+        ('{"num_speculative_tokens": "4"}', "num_speculative_tokens must be an integer"),
+        ('{"num_speculative_tokens": 0}', "num_speculative_tokens must be at least 1, got 0"),
+        ('{"prompt_lookup_min": 4, "prompt_lookup_max": 2}', "must be at most prompt_lookup_max"),
+        ('{"draft_model": "x"}', "unknown keys ['draft_model']"),
+    ],
+)
+def test_a_bad_speculative_config_is_one_error_line_and_status_2(
+    flag, message, never_serve, capsys
+):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--speculative-config", flag])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("sluice serve: error: argument --speculative-config: ") and message in err

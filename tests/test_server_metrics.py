@@ -17,6 +17,10 @@ class Stats:
     prefix_cache_queried_tokens: int = 40
     prefix_cache_hit_tokens: int = 32
     num_preemptions: int = 2
+    spec_decode_num_drafts: int = 5
+    spec_decode_num_draft_tokens: int = 20
+    spec_decode_num_accepted_tokens: int = 9
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = (5, 3, 1, 0)
 
 
 def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
@@ -55,6 +59,19 @@ def test_engine_series_have_vllms_types():
             assert types[f"{prefix}:{name}"] == "gauge"
         for name in ("num_preemptions", "prefix_cache_queries", "prefix_cache_hits"):
             assert types[f"{prefix}:{name}"] == "counter"
+
+
+def test_speculative_decoding_counters_have_vllms_names_and_positions():
+    metrics = ServerMetrics("m", lambda: Stats())
+    for prefix in ("sluice", "vllm"):
+        assert value(metrics, f"{prefix}:spec_decode_num_drafts_total") == 5
+        assert value(metrics, f"{prefix}:spec_decode_num_draft_tokens_total") == 20
+        assert value(metrics, f"{prefix}:spec_decode_num_accepted_tokens_total") == 9
+        per_position = [
+            value(metrics, f"{prefix}:spec_decode_num_accepted_tokens_per_pos_total", position=p)
+            for p in ("0", "1", "2", "3")
+        ]
+        assert per_position == [5, 3, 1, 0]
 
 
 def test_without_stats_there_are_no_engine_gauges():

@@ -38,6 +38,7 @@ from sluice.engine.request import Request, RequestStatus
 from sluice.engine.runner import ModelRunner
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.scheduler import Scheduler
+from sluice.engine.speculation import Speculator, speculation_stats
 from sluice.engine.startup import cache_salt, num_kv_blocks, startup_line
 from sluice.loader import LoadedModel, load_model
 from sluice.loader.loaded_model import torch_dtype
@@ -93,8 +94,12 @@ class EngineCore:
             enable_prefix_caching=config.cache.enable_prefix_caching,
             cache_salt=cache_salt(loaded, dtype),
         )
+        # Speculative decoding (n-gram drafts verified in the step); None: off.
+        self.speculator = None
+        if config.speculative_config is not None:
+            self.speculator = Speculator(config.speculative_config)
         self.scheduler = Scheduler(
-            config.scheduler, self.kv, loaded.eos_token_ids, self.max_model_len
+            config.scheduler, self.kv, loaded.eos_token_ids, self.max_model_len, self.speculator
         )
         self.runner = ModelRunner(
             loaded.model,
@@ -212,7 +217,9 @@ class EngineCore:
         # 2. Run the model; sample one token for each request whose prompt is done.
         output = self.runner.execute(plan)
         # 3. Advance requests, free the finished, emit one delta per request.
-        deltas = self.scheduler.update(plan, output.sampled, output.prompt_logprobs)
+        deltas = self.scheduler.update(
+            plan, output.sampled, output.prompt_logprobs, output.draft_samples
+        )
         if self.spans is not None:  # 4. Traced requests' phases.
             self.spans.on_step(plan, deltas)
         return deltas
@@ -225,4 +232,5 @@ class EngineCore:
             prefix_cache_queried_tokens=self.kv.num_queried_tokens,
             prefix_cache_hit_tokens=self.kv.num_hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
+            **speculation_stats(self.speculator),
         )

@@ -182,6 +182,19 @@ class KVCacheManager:
         request.block_ids.clear()
         request.num_named_blocks = 0
 
+    def free_tail(self, request: Request, num_tokens: int) -> None:
+        """Give back the blocks past those `num_tokens` tokens need: after a
+        speculative step, the blocks that held only rejected positions (never
+        named: a name needs computed tokens filling the block)."""
+        num_kept = self.num_blocks_for(num_tokens)
+        while len(request.block_ids) > num_kept:
+            block_id = request.block_ids.pop()
+            assert self._ref_count.get(block_id) == 1 and block_id not in self._hash_by_block, (
+                f"block {block_id} past {request.request_id}'s tokens is shared or named"
+            )
+            del self._ref_count[block_id]
+            self._free_block_ids.appendleft(block_id)  # written by nobody: reuse first
+
     def reset_prefix_cache(self) -> None:
         """Forget every name: cached blocks become plain free blocks."""
         self._free_block_ids.extend(self._cached_free)

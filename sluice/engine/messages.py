@@ -63,6 +63,13 @@ class EngineStatsSnapshot(msgspec.Struct, frozen=True):
     prefix_cache_hit_tokens: int = 0
     # Since the engine started: running requests preempted for KV blocks.
     num_preemptions: int = 0
+    # Since the engine started, with speculative decoding on (vLLM's
+    # vllm:spec_decode_*): steps in which a request verified a draft, the
+    # drafted tokens, those accepted, and [i] those accepted at draft position i.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 class StepOutputs(msgspec.Struct, frozen=True, tag="outputs"):

@@ -28,6 +28,7 @@ from sluice.engine.sampled import PromptLogprobsChunk, SampledToken
 from sluice.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from sluice.engine.ngram_proposer import NgramIndex
     from sluice.structured.matcher import GrammarMatcher
 
 
@@ -100,6 +101,9 @@ class Request:
     # Engine steps spent waiting (admission or after a preemption), counted
     # under the priority policy only: its aging (sluice/engine/priority.py).
     num_steps_waited: int = 0
+    # With speculative decoding: the n-gram index of all_token_ids that
+    # proposes its drafts (sluice/engine/speculation.py); built on first use.
+    ngram_index: NgramIndex | None = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

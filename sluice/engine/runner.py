@@ -8,6 +8,7 @@ block tables the plan carries.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +17,7 @@ from sluice.engine.sampled import PromptLogprobsChunk, SampledToken
 from sluice.engine.sampler import Sampler, SamplingRow
 from sluice.engine.sampling.logprobs import prompt_logprobs
 from sluice.engine.scheduler import ScheduledRequest, SchedulerPlan
+from sluice.engine.speculation import verification_rows
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
 
 # Prompt positions whose [V] logits are materialised at once (memory bound).
@@ -28,6 +30,9 @@ class RunnerOutput:
     sampled: list[SampledToken]
     # For the requests that asked for prompt logprobs and computed prompt positions.
     prompt_logprobs: list[PromptLogprobsChunk] = field(default_factory=list)
+    # Speculative decoding: per request that verified a draft, the token sampled
+    # after each drafted one (`sampled` holds the one before the first).
+    draft_samples: dict[str, list[SampledToken]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -73,24 +78,46 @@ class ModelRunner:
         # 3. Prompt logprobs over this step's prompt positions, for those who asked.
         output = RunnerOutput([], self._prompt_logprobs(scheduled, hidden))
         # 4. Logits only where a token is sampled: the last position of each
-        #    request that reached the end of its known tokens.
+        #    request that reached the end of its known tokens, and each
+        #    position of a draft it verifies.
         sample_rows = [i for i, s in enumerate(scheduled) if s.samples]
         if not sample_rows:
             return output
+        if any(scheduled[i].draft_token_ids for i in sample_rows):
+            return self._sample_with_drafts(output, scheduled, sample_rows, hidden)
         ends = torch.tensor(query_lens, device=self.device).cumsum(0) - 1  # [batch]
         last_index = ends[torch.tensor(sample_rows, device=self.device)]  # [num_samples]
         logits = self.model.compute_logits(hidden[last_index])  # [num_samples, vocab]
-        rows = [
-            SamplingRow(
-                request_id=scheduled[i].request_id,
-                params=scheduled[i].params,
-                prompt_token_ids=scheduled[i].prompt_token_ids,
-                output_token_ids=scheduled[i].output_token_ids,
-                grammar=scheduled[i].grammar,
-            )
-            for i in sample_rows
-        ]
+        rows = [_sampling_row(scheduled[i]) for i in sample_rows]
         output.sampled = self.sampler(logits, rows)
+        return output
+
+    def _sample_with_drafts(
+        self,
+        output: RunnerOutput,
+        scheduled: list[ScheduledRequest],
+        sample_rows: list[int],
+        hidden: torch.Tensor,
+    ) -> RunnerOutput:
+        """Sample at the last 1 + k positions of a request verifying k drafted
+        tokens (row j as if the first j were sampled), at the last of the others."""
+        ends = list(itertools.accumulate(s.num_new_tokens for s in scheduled))
+        flat_index: list[int] = []
+        rows: list[SamplingRow] = []
+        for i in sample_rows:
+            num_draft = len(scheduled[i].draft_token_ids)
+            flat_index.extend(range(ends[i] - 1 - num_draft, ends[i]))
+            rows.extend(
+                verification_rows(scheduled[i]) if num_draft else [_sampling_row(scheduled[i])]
+            )
+        index = torch.tensor(flat_index, device=self.device)  # [num_rows]
+        tokens = iter(self.sampler(self.model.compute_logits(hidden[index]), rows))
+        for i in sample_rows:
+            output.sampled.append(next(tokens))
+            if num_draft := len(scheduled[i].draft_token_ids):
+                output.draft_samples[scheduled[i].request_id] = [
+                    next(tokens) for _ in range(num_draft)
+                ]
         return output
 
     def _prompt_logprobs(
@@ -127,6 +154,16 @@ class ModelRunner:
             part = prompt_logprobs(logits, target_ids[start:stop], num_top)
             result = part if result is None else result + part
         return result
+
+
+def _sampling_row(s: ScheduledRequest) -> SamplingRow:
+    return SamplingRow(
+        request_id=s.request_id,
+        params=s.params,
+        prompt_token_ids=s.prompt_token_ids,
+        output_token_ids=s.output_token_ids,
+        grammar=s.grammar,
+    )
 
 
 def _positions(query_lens: list[int], context_lens: list[int], device) -> torch.Tensor:

@@ -48,6 +48,7 @@ from sluice.engine.priority import PriorityOrder
 from sluice.engine.request import Request, RequestStatus
 from sluice.engine.sampled import PromptLogprobsChunk, SampledToken
 from sluice.engine.sampling_params import SamplingParams
+from sluice.engine.speculation import Speculator, accepted_tokens
 
 if TYPE_CHECKING:
     from sluice.structured.matcher import GrammarMatcher
@@ -75,6 +76,10 @@ class ScheduledRequest:
     # The request's grammar state when its output is constrained (the sampler
     # masks with it); a reference, like the lists above.
     grammar: GrammarMatcher | None = None
+    # Speculative decoding: tokens proposed after the known ones, the last
+    # entries of `token_ids` (counted in num_new_tokens); the runner samples
+    # at each of their positions too (sluice/engine/speculation.py).
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -102,8 +107,11 @@ class Scheduler:
         kv: KVCacheManager,
         eos_token_ids: frozenset[int],
         max_model_len: int,
+        speculator: Speculator | None = None,
     ) -> None:
         self.config = config
+        # Proposes drafts for decoding requests; None: speculation off.
+        self.speculator = speculator
         self.kv = kv
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
@@ -187,10 +195,12 @@ class Scheduler:
         plan: SchedulerPlan,
         sampled: list[SampledToken],
         prompt_logprobs: list[PromptLogprobsChunk] | None = None,
+        draft_samples: dict[str, list[SampledToken]] | None = None,
     ) -> list[RequestDelta]:
         """Apply one step's results. `sampled` is aligned with the `samples`
         entries of `plan.scheduled`; `prompt_logprobs` holds the prompt logprobs
-        computed for the requests that asked."""
+        computed for the requests that asked; `draft_samples[id]`, for a
+        request that verified a draft, the tokens sampled after each drafted one."""
         assert len(sampled) == plan.num_sampling, (
             f"{len(sampled)} tokens, {plan.num_sampling} asked"
         )
@@ -211,7 +221,7 @@ class Scheduler:
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted after schedule(): its final delta is already out
             # 2. Advance it; append the token and apply the stop rules.
-            delta = self._advance(request, scheduled, token)
+            delta = self._advance(request, scheduled, token, draft_samples)
             if delta is not None:
                 deltas.append(delta)
         # 3. Finished requests leave the running queue.
@@ -226,10 +236,35 @@ class Scheduler:
             request = self._running[index]
             assert request.num_uncomputed_tokens > 0, f"{request.request_id} has nothing to do"
             num_new_tokens = min(request.num_uncomputed_tokens, self._budget_left(plan))
-            if not self._allocate_or_preempt(request, num_new_tokens, plan):
+            draft = self._draft(request, plan, num_new_tokens)
+            if not self._allocate_or_preempt(request, num_new_tokens + len(draft), plan):
                 return  # it was the newest left: nothing after it remains
-            self._add_to_plan(plan, request, num_new_tokens)
+            self._add_to_plan(plan, request, num_new_tokens, draft)
             index += 1
+
+    def _draft(self, request: Request, plan: SchedulerPlan, num_new_tokens: int) -> list[int]:
+        """Tokens a decoding request verifies this step, within the budget,
+        max_tokens and the context (none can overshoot them), and only where
+        the blocks they need are free (a draft never preempts anyone)."""
+        speculator = self.speculator
+        if (
+            speculator is None
+            or num_new_tokens != 1
+            or request.num_uncomputed_tokens != 1
+            or not speculator.is_on_for(len(self._running))
+        ):
+            return []
+        room = min(
+            self._budget_left(plan) - 1,
+            request.params.max_tokens - request.num_output_tokens - 1,
+            self.max_model_len - request.num_tokens - 1,
+        )
+        if room <= 0:
+            return []
+        draft = speculator.propose(request, room)
+        if draft and not self.kv.can_allocate(request, 1 + len(draft)):
+            return []
+        return draft
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: SchedulerPlan) -> bool:
         """Get blocks for the request, preempting the newest running requests
@@ -319,13 +354,21 @@ class Scheduler:
     def _budget_left(self, plan: SchedulerPlan) -> int:
         return self.config.max_num_batched_tokens - plan.num_batched_tokens
 
-    def _add_to_plan(self, plan: SchedulerPlan, request: Request, num_new_tokens: int) -> None:
+    def _add_to_plan(
+        self,
+        plan: SchedulerPlan,
+        request: Request,
+        num_new_tokens: int,
+        draft: list[int] | None = None,
+    ) -> None:
+        draft = draft or []
         start = request.num_computed_tokens
         end = start + num_new_tokens
+        num_new_tokens += len(draft)
         plan.scheduled.append(
             ScheduledRequest(
                 request_id=request.request_id,
-                token_ids=request.all_token_ids[start:end],
+                token_ids=request.all_token_ids[start:end] + draft,
                 context_len=start,
                 num_new_tokens=num_new_tokens,
                 block_table=list(request.block_ids),
@@ -334,6 +377,7 @@ class Scheduler:
                 prompt_token_ids=request.prompt_token_ids,
                 output_token_ids=request.output_token_ids,
                 grammar=request.grammar,
+                draft_token_ids=draft,
             )
         )
         plan.num_batched_tokens += num_new_tokens
@@ -341,22 +385,51 @@ class Scheduler:
     # -- update() helpers ---------------------------------------------------
 
     def _advance(
-        self, request: Request, scheduled: ScheduledRequest, token: SampledToken | None
+        self,
+        request: Request,
+        scheduled: ScheduledRequest,
+        token: SampledToken | None,
+        draft_samples: dict[str, list[SampledToken]] | None = None,
     ) -> RequestDelta | None:
         assert request.num_computed_tokens == scheduled.context_len, (
             f"{request.request_id} changed between schedule() and update()"
         )
-        request.num_computed_tokens += scheduled.num_new_tokens
-        self.kv.cache_full_blocks(request)
+        draft = scheduled.draft_token_ids
+        num_known = scheduled.num_new_tokens - len(draft)  # scheduled, not drafted
         if token is None:
+            request.num_computed_tokens += num_known
+            self.kv.cache_full_blocks(request)
             return None  # mid-prefill: no token, no delta
-        request.append_output_token(token)
-        if request.grammar is not None:
-            request.grammar.accept(token.token_id)
-        status = self._stop_status(request, token.token_id)
+        # 1. The kept tokens: the sampled one, or the accepted draft and one more.
+        tokens = [token]
+        if draft:
+            assert draft_samples is not None and self.speculator is not None, "no verification"
+            tokens = accepted_tokens(draft, [token, *draft_samples[request.request_id]])
+            self.speculator.record(len(draft), len(tokens) - 1)
+        # 2. Append them one by one under the stop rules (the first stop ends it).
+        num_appended, status = self._append_tokens(request, tokens)
+        # 3. The KV cache keeps the known tokens and the drafted ones appended
+        #    before the last (whose own KV is computed next step).
+        request.num_computed_tokens += num_known + num_appended - 1
+        self.kv.cache_full_blocks(request)
+        if draft:
+            self.kv.free_tail(request, request.num_tokens)
         if status is not None:
             self._finish(request, status)
         return request.take_delta()
+
+    def _append_tokens(
+        self, request: Request, tokens: list[SampledToken]
+    ) -> tuple[int, RequestStatus | None]:
+        """Append tokens until one ends the request: (how many, why it ends)."""
+        for num_appended, token in enumerate(tokens, start=1):
+            request.append_output_token(token)
+            if request.grammar is not None:
+                request.grammar.accept(token.token_id)
+            status = self._stop_status(request, token.token_id)
+            if status is not None:
+                return num_appended, status
+        return len(tokens), None
 
     def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
         """Why the request ends with this (already appended) token, if it does."""

@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+from itertools import zip_longest
 
 from sluice.config import DataParallelConfig, EngineConfig
 from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout, ReplicaState
@@ -153,6 +154,19 @@ class DataParallelEngineClient(EngineClient):
             prefix_cache_queried_tokens=sum(s.prefix_cache_queried_tokens for s in snapshots),
             prefix_cache_hit_tokens=sum(s.prefix_cache_hit_tokens for s in snapshots),
             num_preemptions=sum(s.num_preemptions for s in snapshots),
+            spec_decode_num_drafts=sum(s.spec_decode_num_drafts for s in snapshots),
+            spec_decode_num_draft_tokens=sum(s.spec_decode_num_draft_tokens for s in snapshots),
+            spec_decode_num_accepted_tokens=sum(
+                s.spec_decode_num_accepted_tokens for s in snapshots
+            ),
+            spec_decode_num_accepted_tokens_per_pos=tuple(
+                map(
+                    sum,
+                    zip_longest(
+                        *(s.spec_decode_num_accepted_tokens_per_pos for s in snapshots), fillvalue=0
+                    ),
+                )
+            ),
         )
 
     @staticmethod

@@ -108,6 +108,26 @@ class EngineStatsCollector(Collector):
             yield self._counter(f"{prefix}:prefix_cache_hits",
                                 "Prompt tokens found in the prefix cache.",
                                 snapshot.prefix_cache_hit_tokens)  # fmt: skip
+            yield from self._speculation(prefix, snapshot)
+
+    def _speculation(self, prefix: str, snapshot: EngineStatsSnapshot) -> Iterator[Metric]:
+        """Speculative decoding, vLLM's names (acceptance rate = accepted / draft tokens)."""
+        yield self._counter(f"{prefix}:spec_decode_num_drafts",
+                            "Steps in which a request verified drafted tokens.",
+                            snapshot.spec_decode_num_drafts)  # fmt: skip
+        yield self._counter(f"{prefix}:spec_decode_num_draft_tokens", "Tokens drafted.",
+                            snapshot.spec_decode_num_draft_tokens)  # fmt: skip
+        yield self._counter(f"{prefix}:spec_decode_num_accepted_tokens",
+                            "Drafted tokens accepted.",
+                            snapshot.spec_decode_num_accepted_tokens)  # fmt: skip
+        per_position = CounterMetricFamily(
+            f"{prefix}:spec_decode_num_accepted_tokens_per_pos",
+            "Drafted tokens accepted, by their position in the draft.",
+            labels=["model_name", "position"],
+        )
+        for position, count in enumerate(snapshot.spec_decode_num_accepted_tokens_per_pos):
+            per_position.add_metric([self._model_name, str(position)], count)
+        yield per_position
 
     def _counter(self, name: str, documentation: str, value: float) -> CounterMetricFamily:
         counter = CounterMetricFamily(name, documentation, labels=["model_name"])

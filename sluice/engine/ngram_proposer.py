@@ -1,0 +1,67 @@
+"""Prompt-lookup (n-gram) proposals: the tokens that followed the same n-gram
+earlier in the request's own text (prompt and output so far).
+
+One `NgramIndex` per request, owned by the engine loop like the `Request`
+that holds it. It maps every n-gram (n in [min_n, max_n]) of the text to
+the end of its most recent occurrence, and is extended only by the tokens
+appended since the last call: a step costs O(new tokens * number of n),
+never O(text). The longest n whose suffix occurred before wins; the
+proposal is the k tokens that followed its most recent occurrence (where
+they run into the suffix itself, the text is a loop: the proposal goes on
+round it). Nothing
+matches: nothing is proposed (an empty list, no work for the verifier).
+
+The index depends on the tokens alone, so it stays valid across preemption
+(the request keeps its tokens); it never sees a rejected proposal, only the
+accepted text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class NgramIndex:
+    def __init__(self, min_n: int, max_n: int) -> None:
+        assert 1 <= min_n <= max_n, f"need 1 <= min_n <= max_n, got {min_n}, {max_n}"
+        self.min_n = min_n
+        self.max_n = max_n
+        # n-gram -> index just past its most recent occurrence (an end < the
+        # indexed length, so the text's own suffix never finds itself).
+        self._end_by_ngram: dict[tuple[int, ...], int] = {}
+        # Occurrences ending at or before this index are in the map.
+        self._num_indexed = 0
+
+    def propose(self, token_ids: Sequence[int], num_tokens: int) -> list[int]:
+        """Up to `num_tokens` tokens that followed the longest earlier
+        occurrence of the text's suffix; [] when none occurred."""
+        length = len(token_ids)
+        assert length >= self._num_indexed, "the text only grows"
+        # 1. Index the n-grams that end before the suffix (its own end excluded).
+        self._index_until(token_ids, length - 1)
+        if num_tokens <= 0:
+            return []
+        # 2. The longest suffix seen before.
+        for n in range(min(self.max_n, length), self.min_n - 1, -1):
+            end = self._end_by_ngram.get(tuple(token_ids[length - n :]))
+            if end is not None:
+                return _continuation(token_ids, end, num_tokens)
+        return []
+
+    def _index_until(self, token_ids: Sequence[int], last_end: int) -> None:
+        """Record every n-gram ending at indices (num_indexed, last_end]."""
+        end_by_ngram = self._end_by_ngram
+        for end in range(self._num_indexed + 1, last_end + 1):
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                end_by_ngram[tuple(token_ids[end - n : end])] = end
+        self._num_indexed = max(self._num_indexed, last_end)
+
+
+def _continuation(token_ids: Sequence[int], end: int, num_tokens: int) -> list[int]:
+    """The tokens after `end`, as if the text went on repeating its period
+    (length - end) once they run out: a loop keeps proposing whole drafts."""
+    proposal = list(token_ids[end : end + num_tokens])
+    period = len(token_ids) - end
+    while len(proposal) < num_tokens:
+        proposal.append(proposal[len(proposal) - period])
+    return proposal

@@ -1,0 +1,154 @@
+"""Speculative decoding without a draft model: propose, verify, accept.
+
+A decoding request's step normally computes one token (the one sampled last)
+and samples the next. With speculation, the scheduler asks the request's
+n-gram index (`ngram_proposer.py`) for up to k tokens, and the step computes
+the 1 + k tokens `[last, d_0 .. d_k-1]` in one forward pass. The runner
+samples at each of the 1 + k positions from a sampling row that sees the
+output as if the draft's first j tokens had been generated
+(`verification_rows`): the same penalties, min_tokens, logit_bias, grammar
+mask and per-step seed as a step without speculation at that point.
+`accepted_tokens` keeps the drafted tokens as long as each equals the token
+sampled before it, then the first sampled token that differs (or the bonus
+token after a fully accepted draft).
+
+Why the output is exact: each kept token is exactly the token the request
+would have sampled at that position without speculation, from the same
+logits (up to the rounding of a multi-token step, as with chunked prefill)
+and the same randomness. Greedy: the longest prefix where the argmax equals
+the draft, plus one. Sampled: with the draft as a point mass q = delta(t),
+standard rejection sampling accepts t with probability min(1, p(t)/q(t)) =
+p(t), else draws from the residual norm(max(p - q, 0)) = p without t. Drawing
+x ~ p and keeping t when x == t does exactly that (x == t with probability
+p(t); otherwise x is p conditioned on x != t), and a seeded request draws the
+same x as without speculation, so seeded runs reproduce token for token.
+
+The scheduler rolls `num_computed_tokens` back to the kept positions and
+frees the blocks that held only rejected ones (`KVCacheManager.free_tail`);
+a block is named for the prefix cache only once computed positions fill it,
+so a rejected token never names one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sluice.config import SpeculativeConfig
+from sluice.engine.ngram_proposer import NgramIndex
+from sluice.engine.sampled import SampledToken
+from sluice.engine.sampling.batch import SamplingRow
+from sluice.structured.matcher import GrammarMatcher
+
+if TYPE_CHECKING:
+    from sluice.engine.request import Request
+    from sluice.engine.scheduler import ScheduledRequest
+
+
+@dataclass(slots=True)
+class SpeculationCounters:
+    """Since the engine started (vLLM's vllm:spec_decode_* counters)."""
+
+    # Steps in which a request verified a non-empty draft.
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    # Drafted tokens equal to the token sampled at their position.
+    num_accepted_tokens: int = 0
+    # [i]: drafts whose token i was accepted.
+    num_accepted_per_position: list[int] = field(default_factory=list)
+
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        per_position = self.num_accepted_per_position
+        per_position.extend([0] * (num_draft_tokens - len(per_position)))
+        for position in range(num_accepted):
+            per_position[position] += 1
+
+
+class Speculator:
+    """The engine's proposer (one per engine, on the engine loop) and its counters."""
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+        self.counters = SpeculationCounters()
+
+    def is_on_for(self, num_running: int) -> bool:
+        limit = self.config.disable_by_batch_size
+        return limit is None or num_running <= limit
+
+    def propose(self, request: Request, max_num_tokens: int) -> list[int]:
+        """Up to `max_num_tokens` (and k) tokens for the request to verify,
+        cut before the first one its grammar refuses; [] if none."""
+        index = request.ngram_index
+        if index is None:
+            index = NgramIndex(self.config.prompt_lookup_min, self.config.prompt_lookup_max)
+            request.ngram_index = index
+        num_tokens = min(self.config.num_speculative_tokens, max_num_tokens)
+        draft = index.propose(request.all_token_ids, num_tokens)
+        if draft and request.grammar is not None:
+            draft = _allowed_prefix(request.grammar, draft)
+        return draft
+
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.counters.record(num_draft_tokens, num_accepted)
+
+
+def speculation_stats(speculator: Speculator | None) -> dict[str, object]:
+    """The EngineStatsSnapshot fields of speculation ({} when it is off)."""
+    if speculator is None:
+        return {}
+    counters = speculator.counters
+    return {
+        "spec_decode_num_drafts": counters.num_drafts,
+        "spec_decode_num_draft_tokens": counters.num_draft_tokens,
+        "spec_decode_num_accepted_tokens": counters.num_accepted_tokens,
+        "spec_decode_num_accepted_tokens_per_pos": tuple(counters.num_accepted_per_position),
+    }
+
+
+def _allowed_prefix(grammar: GrammarMatcher, draft: list[int]) -> list[int]:
+    """The draft's longest prefix the grammar takes (none after it terminates)."""
+    if grammar.is_terminated:
+        return []
+    return draft[: grammar.matcher.validate_tokens(draft)]
+
+
+def accepted_tokens(draft: list[int], sampled: list[SampledToken]) -> list[SampledToken]:
+    """sampled[j]: the token sampled after the draft's first j tokens (1 + k
+    of them). The kept tokens: the draft while it matches, then one more."""
+    assert len(sampled) == len(draft) + 1, f"{len(sampled)} samples for {len(draft)} drafted"
+    for position, token_id in enumerate(draft):
+        if sampled[position].token_id != token_id:
+            return sampled[: position + 1]
+    return sampled
+
+
+def verification_rows(scheduled: ScheduledRequest) -> list[SamplingRow]:
+    """One sampling row per verified position: row j sees the output as if
+    the draft's first j tokens had been sampled (and the grammar past them)."""
+    draft = scheduled.draft_token_ids
+    outputs = list(scheduled.output_token_ids)
+    grammar = scheduled.grammar
+    rows = []
+    for j in range(len(draft) + 1):
+        if j > 0 and grammar is not None:
+            grammar = _advanced_copy(grammar, draft[j - 1])
+        rows.append(
+            SamplingRow(
+                request_id=scheduled.request_id,
+                params=scheduled.params,
+                prompt_token_ids=scheduled.prompt_token_ids,
+                output_token_ids=outputs + draft[:j] if j else scheduled.output_token_ids,
+                grammar=grammar,
+            )
+        )
+    return rows
+
+
+def _advanced_copy(grammar: GrammarMatcher, token_id: int) -> GrammarMatcher:
+    """A copy of the matcher past one more token; the request's own stays put."""
+    copy = GrammarMatcher(grammar.matcher.deep_copy(), grammar.request_id)
+    copy.accept(token_id)
+    return copy

@@ -1,0 +1,104 @@
+"""The n-gram index: proposals from the longest earlier occurrence of the
+text's suffix, nothing when nothing matches, and work per call that depends
+on the tokens appended since the last call, never on the text's length."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sluice.engine.ngram_proposer import NgramIndex
+
+
+class CountingText(Sequence[int]):
+    """A token list that counts the positions read through it."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.num_reads = 0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index):
+        part = self.tokens[index]
+        self.num_reads += len(part) if isinstance(index, slice) else 1
+        return part
+
+
+def brute_force(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The reference: scan the whole text for the latest earlier occurrence."""
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = tokens[length - n :]
+        for end in range(length - 1, n - 1, -1):
+            if tokens[end - n : end] == suffix:
+                proposal = tokens[end : end + k]
+                while len(proposal) < k:
+                    proposal.append(proposal[len(proposal) - (length - end)])
+                return proposal
+    return []
+
+
+def test_the_tokens_after_the_earlier_occurrence_are_proposed():
+    index = NgramIndex(1, 3)
+    assert index.propose([1, 2, 3, 4, 5, 1, 2], 3) == [3, 4, 5]
+
+
+def test_the_longest_matching_n_gram_wins_over_a_later_shorter_one():
+    # "7 8" occurred before 30; "8" alone occurred more recently before 40.
+    tokens = [7, 8, 30, 31, 8, 40, 41, 7, 8]
+    assert NgramIndex(1, 2).propose(tokens, 2) == [30, 31]
+    assert NgramIndex(1, 1).propose(tokens, 2) == [40, 41]
+
+
+def test_the_most_recent_occurrence_wins_among_equal_lengths():
+    assert NgramIndex(2, 2).propose([1, 2, 10, 1, 2, 20, 1, 2], 1) == [20]
+
+
+def test_nothing_matches_nothing_is_proposed():
+    assert NgramIndex(1, 3).propose([1, 2, 3, 4], 4) == []
+    assert NgramIndex(2, 3).propose([5, 5], 4) == []  # too short for a 2-gram before it
+    assert NgramIndex(1, 3).propose([1], 4) == []
+    assert NgramIndex(1, 3).propose([1, 2, 1], 0) == []
+
+
+def test_a_loop_is_proposed_round_its_period():
+    assert NgramIndex(1, 3).propose([5, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
+    assert NgramIndex(1, 1).propose([9, 7, 7], 3) == [7, 7, 7]
+
+
+@given(
+    tokens=st.lists(st.integers(0, 5), min_size=1, max_size=60),
+    k=st.integers(1, 8),
+    min_n=st.integers(1, 3),
+    extra_n=st.integers(0, 3),
+    cuts=st.lists(st.integers(1, 60), max_size=6),
+)
+def test_an_index_grown_call_by_call_proposes_what_a_full_scan_finds(
+    tokens, k, min_n, extra_n, cuts
+):
+    index = NgramIndex(min_n, min_n + extra_n)
+    for cut in [*sorted(c for c in cuts if c < len(tokens)), len(tokens)]:
+        text = tokens[:cut]
+        assert index.propose(text, k) == brute_force(text, k, min_n, min_n + extra_n)
+
+
+@pytest.mark.parametrize("length", [200, 20_000])
+def test_work_per_call_depends_on_the_new_tokens_not_the_text(length):
+    rng = random.Random(0)
+    text = CountingText([rng.randrange(1000) for _ in range(length)])
+    index = NgramIndex(1, 4)
+    index.propose(text, 4)
+    reads = []
+    for _ in range(20):
+        text.tokens.append(rng.randrange(1000))
+        text.num_reads = 0
+        index.propose(text, 4)
+        reads.append(text.num_reads)
+    # 4 n-grams indexed and 4 suffixes looked up per new token, plus a proposal.
+    assert max(reads) <= 4 * 4 + 4 * 4 + 4

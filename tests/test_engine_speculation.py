@@ -1,0 +1,305 @@
+"""Speculative decoding through the engine core on the tiny random model
+(float32): greedy tokens and logprobs equal those without speculation for
+random self-repeating prompts, proposal lengths and batches, through
+preemption and a prefix-cache hit; seeded sampling draws the same tokens;
+stop tokens, EOS, max_tokens, min_tokens and grammars hold; the counters
+count what was drafted and accepted."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+import msgspec
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sluice.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from sluice.engine.core import EngineCore
+from sluice.engine.sampling_params import SamplingParams
+from sluice.models.attention import kv_cache_bytes_per_block
+from sluice.structured import StructuredOutputSpec
+from sluice.testing.byte_tokenizer import byte_level_tokenizer
+from sluice.tokenizer import Tokenizer
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+
+
+def greedy(**fields) -> SamplingParams:
+    return msgspec.structs.replace(GREEDY, **fields)
+
+
+def make_core(
+    loaded,
+    speculative: SpeculativeConfig | None,
+    *,
+    num_blocks: int = 512,
+    block_size: int = 4,
+    budget: int = 64,
+    prefix_caching: bool = True,
+) -> EngineCore:
+    """An in-process engine core on the tiny model, float32 KV cache."""
+    bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, block_size, torch.float32)
+    config = EngineConfig(
+        cache=CacheConfig(
+            block_size_tokens=block_size,
+            kv_cache_memory_bytes=num_blocks * bytes_per_block,
+            enable_prefix_caching=prefix_caching,
+        ),
+        scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=32),
+        multiprocess=False,
+        speculative_config=speculative,
+    )
+    return EngineCore(config, loaded=loaded)
+
+
+def ngram(k: int = 4, min_n: int = 1, max_n: int = 3) -> SpeculativeConfig:
+    return SpeculativeConfig(
+        num_speculative_tokens=k, prompt_lookup_min=min_n, prompt_lookup_max=max_n
+    )
+
+
+def run(core: EngineCore, prompts, params=GREEDY):
+    """Run to completion, checking the pool after every step; request index ->
+    (token ids, finish reason, logprobs, number of deltas)."""
+    for i, prompt in enumerate(prompts):
+        core.add_request(
+            f"r{i}", prompt, params if isinstance(params, SamplingParams) else params[i]
+        )
+    results = {i: ([], None, [], 0) for i in range(len(prompts))}
+    while core.has_unfinished_requests():
+        for delta in core.step():
+            index = int(delta.request_id[1:])
+            tokens, finish, logprobs, num_deltas = results[index]
+            assert finish is None, "a delta after the finish"
+            tokens.extend(delta.new_token_ids)
+            if delta.logprobs is not None:
+                logprobs.extend(delta.logprobs.logprobs)
+            results[index] = (tokens, delta.finish_reason, logprobs, num_deltas + 1)
+        core.scheduler.check_consistency()
+    return results
+
+
+def repeating_prompt(rng: random.Random, length: int) -> list[int]:
+    """A text that repeats itself with one change: what prompt lookup is for."""
+    base = [rng.randrange(3, 512) for _ in range(rng.randrange(4, 16))]
+    prompt = (base * (length // len(base) + 1))[:length]
+    prompt[rng.randrange(len(prompt))] = rng.randrange(3, 512)
+    return prompt
+
+
+def tokens_of(results) -> dict[int, tuple[list[int], str | None]]:
+    return {i: (tokens, finish) for i, (tokens, finish, _, _) in results.items()}
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seed=st.integers(0, 2**32),
+    num_prompts=st.integers(1, 5),
+    k=st.integers(1, 8),
+    min_n=st.integers(1, 3),
+    extra_n=st.integers(0, 2),
+    budget=st.sampled_from([8, 16, 64]),
+    block_size=st.sampled_from([2, 4, 16]),
+)
+def test_greedy_output_with_speculation_equals_output_without(
+    tiny_loaded, seed, num_prompts, k, min_n, extra_n, budget, block_size
+):
+    rng = random.Random(seed)
+    prompts = [repeating_prompt(rng, rng.randrange(6, 80)) for _ in range(num_prompts)]
+    sizes = {"budget": budget, "block_size": block_size}
+    plain = run(make_core(tiny_loaded, None, **sizes), prompts)
+    core = make_core(tiny_loaded, ngram(k, min_n, min_n + extra_n), **sizes)
+    speculated = run(core, prompts)
+    assert tokens_of(speculated) == tokens_of(plain)
+    counters = core.speculator.counters
+    assert counters.num_accepted_tokens <= counters.num_draft_tokens <= k * counters.num_drafts
+
+
+def test_the_tiny_model_accepts_drafts_and_steps_carry_several_tokens(tiny_loaded):
+    rng = random.Random(7)
+    prompts = [repeating_prompt(rng, 60) for _ in range(4)]
+    params = greedy(max_tokens=64)
+    plain = run(make_core(tiny_loaded, None), prompts, params)
+    core = make_core(tiny_loaded, ngram(k=6))
+    speculated = run(core, prompts, params)
+    assert tokens_of(speculated) == tokens_of(plain)
+    counters = core.speculator.counters
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+    # Several tokens per delta: fewer deltas than tokens.
+    assert sum(r[3] for r in speculated.values()) < sum(len(r[0]) for r in speculated.values())
+    per_position = counters.num_accepted_per_position
+    assert sum(per_position) == counters.num_accepted_tokens
+    assert per_position == sorted(per_position, reverse=True)  # j accepted needs j - 1 first
+    print(
+        f"acceptance {counters.num_accepted_tokens}/{counters.num_draft_tokens} "
+        f"in {counters.num_drafts} drafts, per position {per_position}"
+    )
+
+
+def test_logprobs_of_accepted_tokens_equal_those_without_speculation(tiny_loaded):
+    rng = random.Random(3)
+    prompts = [repeating_prompt(rng, 50) for _ in range(3)]
+    params = greedy(logprobs=3)
+    plain = run(make_core(tiny_loaded, None), prompts, params)
+    speculated = run(make_core(tiny_loaded, ngram(k=5)), prompts, params)
+    for i in plain:
+        assert speculated[i][0] == plain[i][0]
+        assert len(speculated[i][2]) == len(speculated[i][0])
+        assert speculated[i][2] == pytest.approx(plain[i][2], abs=1e-4)
+
+
+def test_preempted_requests_with_speculation_give_the_unpreempted_tokens(tiny_loaded):
+    rng = random.Random(11)
+    prompts = [repeating_prompt(rng, rng.randrange(10, 40)) for _ in range(10)]
+    roomy = run(make_core(tiny_loaded, None), prompts)
+    short = replace(tiny_loaded, max_model_len=128)
+    core = make_core(short, ngram(k=6), num_blocks=36)  # 144 slots for 10 requests
+    tight = run(core, prompts)
+    assert core.scheduler.num_preemptions > 0
+    assert tokens_of(tight) == tokens_of(roomy)
+    assert core.speculator.counters.num_accepted_tokens > 0
+    assert core.kv.num_free_blocks == 36
+
+
+def test_a_prefix_cache_hit_with_speculation_gives_the_same_tokens(tiny_loaded):
+    rng = random.Random(5)
+    prompt = repeating_prompt(rng, 45)
+    core = make_core(tiny_loaded, ngram(k=5), block_size=4)
+    first = run(core, [prompt])
+    # The second request reads back blocks the first named, its output's too.
+    second_prompt = prompt + first[0][0][:20]
+    hit = run(core, [second_prompt])
+    assert core.kv.num_hit_tokens >= 60
+    plain = run(make_core(tiny_loaded, None, prefix_caching=False), [second_prompt])
+    assert tokens_of(hit) == tokens_of(plain)
+    assert core.speculator.counters.num_accepted_tokens > 0
+
+
+def test_named_blocks_hold_only_accepted_tokens(tiny_loaded):
+    """Every named block's name is the hash of the request's real tokens:
+    a request started from the cache sees the text it would compute."""
+    rng = random.Random(9)
+    prompts = [repeating_prompt(rng, 40) for _ in range(3)]
+    core = make_core(tiny_loaded, ngram(k=8), block_size=2)
+    results = run(core, prompts)
+    for i, prompt in enumerate(prompts):
+        full = prompt + results[i][0]
+        # All but the last token again: every full block it covers is a hit.
+        again = run(core, [full[:-1]], greedy(max_tokens=1))
+        assert again[0][0] == [full[-1]]
+    assert core.kv.num_hit_tokens > 0
+    core.kv.check_consistency()
+
+
+def test_seeded_sampling_with_speculation_draws_the_tokens_it_draws_without(tiny_loaded):
+    rng = random.Random(2)
+    prompts = [repeating_prompt(rng, 40) for _ in range(4)]
+    seeded = [
+        SamplingParams(temperature=0.7, top_k=20, seed=100 + i, max_tokens=40, ignore_eos=True)
+        for i in range(4)
+    ]
+    plain = run(make_core(tiny_loaded, None), prompts, seeded)
+    core = make_core(tiny_loaded, ngram(k=5))
+    first = run(core, prompts, seeded)
+    again = run(make_core(tiny_loaded, ngram(k=3)), prompts, seeded)
+    assert tokens_of(first) == tokens_of(plain) == tokens_of(again)
+    assert core.speculator.counters.num_drafts > 0
+
+
+def test_max_tokens_is_never_overshot_and_drafts_fit_what_is_left(tiny_loaded):
+    rng = random.Random(4)
+    prompts = [repeating_prompt(rng, 30) for _ in range(4)]
+    for max_tokens in (1, 2, 3, 7):
+        params = greedy(max_tokens=max_tokens)
+        plain = run(make_core(tiny_loaded, None), prompts, params)
+        speculated = run(make_core(tiny_loaded, ngram(k=8)), prompts, params)
+        assert tokens_of(speculated) == tokens_of(plain)
+        assert all(len(r[0]) == max_tokens and r[1] == "length" for r in speculated.values())
+
+
+def test_stop_tokens_eos_and_min_tokens_end_the_output_where_they_do_without(tiny_loaded):
+    rng = random.Random(6)
+    prompts = [repeating_prompt(rng, 40) for _ in range(3)]
+    free = run(make_core(tiny_loaded, None), prompts, greedy(max_tokens=48))
+    # Stop on a token each output repeats, with and without min_tokens past it.
+    params = []
+    for i in range(3):
+        tokens = free[i][0]
+        stop = next(t for t in tokens[8:] if tokens.count(t) > 1)
+        params.append(greedy(max_tokens=48, stop_token_ids=(stop,), min_tokens=4 * i))
+    plain = run(make_core(tiny_loaded, None), prompts, params)
+    speculated = run(make_core(tiny_loaded, ngram(k=6)), prompts, params)
+    assert tokens_of(speculated) == tokens_of(plain)
+    assert [r[1] for r in speculated.values()].count("stop") >= 2
+    # EOS (2 is the tiny model's) when it is not ignored, with a bias towards it.
+    eos = [greedy(ignore_eos=False, logit_bias={2: 4.0}, max_tokens=48)] * 3
+    assert tokens_of(run(make_core(tiny_loaded, ngram(k=6)), prompts, eos)) == tokens_of(
+        run(make_core(tiny_loaded, None), prompts, eos)
+    )
+
+
+def test_penalties_and_logit_bias_give_the_same_tokens(tiny_loaded):
+    rng = random.Random(8)
+    prompts = [repeating_prompt(rng, 40) for _ in range(3)]
+    params = [
+        greedy(repetition_penalty=1.3),
+        greedy(presence_penalty=0.5, frequency_penalty=0.3),
+        greedy(logit_bias={prompts[2][5]: 3.0, prompts[2][6]: 3.0}),
+    ]
+    plain = run(make_core(tiny_loaded, None), prompts, params)
+    speculated = run(make_core(tiny_loaded, ngram(k=6)), prompts, params)
+    assert tokens_of(speculated) == tokens_of(plain)
+
+
+@pytest.fixture(scope="module")
+def with_tokenizer(tiny_loaded):
+    tokenizer = Tokenizer(
+        byte_level_tokenizer(),
+        special_tokens={"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"},
+        chat_template=None,
+    )
+    return replace(tiny_loaded, tokenizer=tokenizer)
+
+
+def test_a_grammar_holds_and_drafts_only_carry_tokens_it_allows(with_tokenizer):
+    loaded = with_tokenizer
+    schema = {
+        "x-guidance": {"whitespace_flexible": False},
+        "type": "array",
+        "items": {"enum": ["red", "green", "blue"]},
+        "minItems": 6,
+        "maxItems": 6,
+    }
+    prompt = loaded.tokenizer.encode('["red","green","red","green","blue","red"] again: ["')
+    params = SamplingParams(
+        temperature=0.0, max_tokens=80, structured_output=StructuredOutputSpec.json_schema(schema)
+    )
+    plain = run(make_core(loaded, None), [prompt], params)
+    core = make_core(loaded, ngram(k=6))
+    speculated = run(core, [prompt], params)
+    assert tokens_of(speculated) == tokens_of(plain)
+    value = json.loads(loaded.tokenizer.decode(speculated[0][0]))
+    assert len(value) == 6 and set(value) <= {"red", "green", "blue"}
+    assert speculated[0][1] == "stop"
+    assert core.speculator.counters.num_drafts > 0
+
+
+def test_stats_carry_the_counters_only_with_speculation_on(tiny_loaded):
+    rng = random.Random(1)
+    core = make_core(tiny_loaded, ngram(k=4))
+    run(core, [repeating_prompt(rng, 40)])
+    stats, counters = core.stats(), core.speculator.counters
+    assert stats.spec_decode_num_drafts == counters.num_drafts > 0
+    assert stats.spec_decode_num_draft_tokens == counters.num_draft_tokens
+    assert stats.spec_decode_num_accepted_tokens == counters.num_accepted_tokens
+    assert stats.spec_decode_num_accepted_tokens_per_pos == tuple(
+        counters.num_accepted_per_position
+    )
+    off = make_core(tiny_loaded, None)
+    assert off.speculator is None and off.stats().spec_decode_num_drafts == 0
