@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import string
 import subprocess
@@ -62,8 +63,28 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{_LAYER_STEMS['.'.join(stem)]}.{kind}"
 
 
+def llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors):
+    llama3 scaling as per-dimension divisors of the frequencies."""
+    freqs = 1.0 / (rope["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
 def write_tiny_gguf(tiny: TinyModel, path: Path) -> Path:
-    """The tiny HF model as llama.cpp's converter would write it (q/k permuted)."""
+    """The tiny HF model as llama.cpp's converter would write it (q/k permuted,
+    llama3 rope scaling as a rope_freqs tensor)."""
     config = tiny.config_dict
     writer = GGUFWriter(str(path), "llama")
     writer.add_block_count(config["num_hidden_layers"])
@@ -76,6 +97,10 @@ def write_tiny_gguf(tiny: TinyModel, path: Path) -> Path:
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
     _add_tiny_vocab(writer, config["vocab_size"])
+    rope = config["rope_parameters"]
+    if rope.get("rope_type") == "llama3":
+        head_dim = config["hidden_size"] // config["num_attention_heads"]
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, head_dim))
     for name, tensor in tiny.weights():
         array = tensor.numpy()
         if ".q_proj." in name:
@@ -108,7 +133,7 @@ def _add_tiny_vocab(writer: GGUFWriter, vocab_size: int) -> None:
     writer.add_chat_template(TINY_TEMPLATE)
 
 
-@pytest.fixture(scope="module", params=["llama_tied", "mistral"])
+@pytest.fixture(scope="module", params=["llama_tied", "mistral", "llama3_untied"])
 def tiny(request, tmp_path_factory) -> TinyModel:
     return build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
 

@@ -165,10 +165,22 @@ def test_rope_scaling_is_refused(tmp_path):
         gguf_llama.hf_config(reader)
 
 
-def test_rope_frequency_factors_are_refused(tmp_path):
+def test_rope_frequency_factors_become_the_configs_freq_factors(tmp_path):
+    factors = np.array([1.0, 8.0], dtype=np.float32)  # head_dim 4: two frequencies
+    reader = write_gguf(
+        tmp_path / "f.gguf", "llama", LLAMA_METADATA, {"rope_freqs.weight": factors}
+    )
+    config = gguf_llama.hf_config(reader)
+    assert config["rope_parameters"]["rope_type"] == "freq_factors"
+    assert config["rope_parameters"]["factors"] == [1.0, 8.0]
+    assert list(gguf_llama.hf_tensors(reader, config)) == []  # not a model tensor
+
+
+def test_rope_frequency_factors_with_another_scaling_are_refused(tmp_path):
+    metadata = {**LLAMA_METADATA, "rope.scaling.type": "linear"}
     tensors = {"rope_freqs.weight": np.ones(2, dtype=np.float32)}
-    reader = write_gguf(tmp_path / "f.gguf", "llama", LLAMA_METADATA, tensors)
-    with pytest.raises(ModelLoadError, match="rope_freqs"):
+    reader = write_gguf(tmp_path / "f.gguf", "llama", metadata, tensors)
+    with pytest.raises(ModelLoadError, match="rope_freqs with rope scaling 'linear'"):
         gguf_llama.hf_config(reader)
 
 

@@ -87,6 +87,7 @@ FAMILIES = {
                          }),
 }  # fmt: skip
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+ROPE_FREQS = "rope_freqs.weight"
 
 
 def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
@@ -180,10 +181,16 @@ def _gemma3_config(config: dict[str, Any], window: int | None) -> dict[str, Any]
 def _rope_scaling(reader: GGUFReader, arch: str, rope_dim: int, head_dim: int) -> dict[str, Any]:
     """The rope_parameters entries of a linear scaling (Gemma 3 4B+); {} for none."""
     scaling = field_value(reader, f"{arch}.rope.scaling.type", "none")
-    if any(tensor.name == "rope_freqs.weight" for tensor in reader.tensors):
-        raise ModelLoadError("unsupported GGUF: per-dimension rope frequency factors (rope_freqs)")
     if rope_dim != head_dim:
         raise ModelLoadError(f"unsupported GGUF: partial rotary ({rope_dim} of {head_dim} dims)")
+    factors = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    if factors is not None and scaling in ("none", "llama3"):
+        # Llama 3.1+: llama.cpp's converter stores the llama3 scaling as
+        # per-dimension divisors of the frequencies.
+        values = _dequantize(factors).astype(np.float32).reshape(-1)
+        return {"rope_type": "freq_factors", "factors": [float(f) for f in values]}
+    if factors is not None:
+        raise ModelLoadError(f"unsupported GGUF: rope_freqs with rope scaling {scaling!r}")
     if scaling == "none":
         return {}
     factor = field_value(reader, f"{arch}.rope.scaling.factor")
@@ -196,6 +203,8 @@ def hf_tensors(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str
     """(HF name, float32 array in HF shape) for every tensor of the GGUF."""
     family = FAMILIES[architecture(reader)]
     for tensor in reader.tensors:
+        if tensor.name == ROPE_FREQS:
+            continue  # in the config's rope_parameters (`_rope_scaling`)
         name = hf_tensor_name(tensor.name, family)
         weights = _dequantize(tensor)
         # GGUF dims are fastest-first; HF (row-major) lists them slowest-first.

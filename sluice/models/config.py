@@ -32,7 +32,9 @@ GEMMA3 = "Gemma3ForCausalLM"
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", GEMMA3,
 )  # fmt: skip
-SUPPORTED_ROPE_TYPES = ("linear", "llama3")
+# "freq_factors": llama.cpp's per-dimension divisors of the frequencies (a
+# GGUF's rope_freqs tensor, how its converter stores Llama 3.1+'s llama3 scaling).
+SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors")
 # Older files without "architectures" still name their family.
 _ARCHITECTURE_BY_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
@@ -263,6 +265,10 @@ def _normalise_rope_scaling(
             f"unsupported rope_scaling type {rope_type!r}; supported: "
             + ", ".join(SUPPORTED_ROPE_TYPES)
         )
+    if rope_type == "freq_factors":
+        if not isinstance(scaling.get("factors"), list):
+            raise ModelLoadError("rope_scaling type 'freq_factors' lacks its 'factors' list")
+        return {"rope_type": rope_type, "factors": [float(f) for f in scaling["factors"]]}
     if "factor" not in scaling:
         raise ModelLoadError(f"rope_scaling type {rope_type!r} lacks 'factor'")
     if rope_type == "llama3":

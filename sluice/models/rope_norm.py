@@ -52,6 +52,14 @@ def rope_inv_freq(config: LlamaConfig) -> Tensor:  # [head_dim // 2] float32
         return inv_freq / scaling["factor"]
     if scaling["rope_type"] == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
+    if scaling["rope_type"] == "freq_factors":
+        # llama.cpp divides each frequency by its factor (GGUF rope_freqs).
+        factors = torch.tensor(scaling["factors"], dtype=torch.float32)
+        if factors.shape != inv_freq.shape:
+            raise UnsupportedRopeScalingError(
+                f"{factors.shape[0]} rope frequency factors for {inv_freq.shape[0]} frequencies"
+            )
+        return inv_freq / factors
     raise UnsupportedRopeScalingError(f"unsupported rope_scaling type {scaling['rope_type']!r}")
 
 
