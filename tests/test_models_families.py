@@ -108,3 +108,23 @@ def test_preempted_requests_resume_with_the_same_greedy_tokens(loaded):
     core = make_core(replace(loaded, max_model_len=128), num_blocks=40)
     assert run(core, prompts) == roomy
     assert core.kv.num_free_blocks == 40
+
+
+def test_qwen3_with_heads_of_128_runs_bfloat16_native_kernels_near_float32(tmp_path):
+    """Qwen3's real head size (128): the native prefill and RoPE + K/V kernels
+    serve it in bfloat16, with the q/k norms applied before the RoPE kernel."""
+    from tests.test_models_llama import PagedRunner, assert_close_to_scale, hf_logits
+
+    tiny = build_tiny_model("qwen3_untied", tmp_path, head_dim=128)
+    config = LlamaConfig.from_hf_dict(tiny.config_dict)
+    model = build_model(config, torch.bfloat16, torch.device("cpu"), False)
+    model.load_weights(tiny.weights())
+    prompt = random_prompts(1, seed=5)[0]
+    runner = PagedRunner(model)
+    table: list[int] = []
+    runner.step([prompt[:-3]], [0], [table])  # a prefill, then a chunk after cached context
+    chunk = runner.step([prompt[-3:-1]], [len(prompt) - 3], [table])
+    decode = runner.step([prompt[-1:]], [len(prompt) - 1], [table])
+    reference = hf_logits(tiny, prompt)
+    assert_close_to_scale(chunk, reference[-2:-1], 3e-2)
+    assert_close_to_scale(decode, reference[-1:], 3e-2)
