@@ -19,7 +19,12 @@ from hypothesis import strategies as st
 
 from sluice.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.kv_cache import KVCacheManager
+from sluice.engine.request import Request
+from sluice.engine.sampled import SampledToken
 from sluice.engine.sampling_params import SamplingParams
+from sluice.engine.scheduler import Scheduler, SchedulerPlan
+from sluice.engine.speculation import Speculator, accepted_tokens
 from sluice.models.attention import kv_cache_bytes_per_block
 from sluice.structured import StructuredOutputSpec
 from sluice.testing.byte_tokenizer import byte_level_tokenizer
@@ -303,3 +308,145 @@ def test_stats_carry_the_counters_only_with_speculation_on(tiny_loaded):
     )
     off = make_core(tiny_loaded, None)
     assert off.speculator is None and off.stats().spec_decode_num_drafts == 0
+
+
+# -- the scheduler alone, over a simulated paged KV cache (no model) ----------
+
+
+class SlotModel:
+    """A fake model over simulated KV slots: it writes each computed token into
+    the slot its block table names and reads the sequence back before each
+    sample, so a position kept from a rejected draft, a lost block or a named
+    block written again shows as a wrong read-back. Its next token mostly
+    repeats the text's period, so n-gram drafts are partly accepted."""
+
+    def __init__(self, kv: KVCacheManager) -> None:
+        self.kv = kv
+        self.slots = [[None] * kv.block_size_tokens for _ in range(kv.num_blocks)]
+
+    def execute(self, plan: SchedulerPlan) -> tuple[list[SampledToken], dict]:
+        sampled, draft_samples = [], {}
+        for scheduled in plan.scheduled:
+            for offset, token_id in enumerate(scheduled.token_ids):
+                self._write(scheduled.block_table, scheduled.context_len + offset, token_id)
+            if not scheduled.samples:
+                continue
+            draft = scheduled.draft_token_ids
+            known = scheduled.context_len + scheduled.num_new_tokens - len(draft)
+            tokens = [self._sample(scheduled, known + j, draft[:j]) for j in range(len(draft) + 1)]
+            sampled.append(tokens[0])
+            if draft:
+                draft_samples[scheduled.request_id] = tokens[1:]
+        return sampled, draft_samples
+
+    def _write(self, table: list[int], position: int, token_id: int) -> None:
+        size = self.kv.block_size_tokens
+        block_id = table[position // size]
+        assert self.kv.num_holders(block_id) <= 1, f"block {block_id} written while shared"
+        assert not self.kv.is_named(block_id), f"named block {block_id} written"
+        self.slots[block_id][position % size] = token_id
+
+    def _sample(self, scheduled, length: int, draft_prefix: list[int]) -> SampledToken:
+        size, table = self.kv.block_size_tokens, scheduled.block_table
+        sequence = [self.slots[table[p // size]][p % size] for p in range(length)]
+        expected = [*scheduled.prompt_token_ids, *scheduled.output_token_ids, *draft_prefix]
+        assert sequence == expected, f"{scheduled.request_id} reads back other tokens"
+        mixed = hash(tuple(sequence)) % 97
+        return SampledToken(sequence[-5] if mixed > 15 else 10 + mixed)
+
+
+def run_scheduler(prompts, speculative, *, num_blocks, block_size, budget, max_tokens):
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=True)
+    speculator = None if speculative is None else Speculator(speculative)
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8),
+        kv, frozenset({2}), max_model_len=1024, speculator=speculator,
+    )  # fmt: skip
+    model = SlotModel(kv)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        scheduler.add_request(Request(f"r{i}", prompt, params))
+    outputs = {f"r{i}": [] for i in range(len(prompts))}
+    while scheduler.has_unfinished_requests():
+        plan = scheduler.schedule()
+        sampled, draft_samples = model.execute(plan)
+        for delta in scheduler.update(plan, sampled, None, draft_samples):
+            outputs[delta.request_id].extend(delta.new_token_ids)
+        scheduler.check_consistency()
+        for request_id in outputs:  # no block holds only rejected positions
+            request = scheduler.get_request(request_id)
+            if request is not None:
+                assert len(request.block_ids) <= kv.num_blocks_for(request.num_tokens)
+    assert kv.num_free_blocks == num_blocks
+    return outputs, scheduler
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    num_prompts=st.integers(1, 6),
+    k=st.integers(1, 8),
+    num_blocks=st.integers(24, 80),
+    block_size=st.sampled_from([1, 2, 4, 8]),
+    budget=st.sampled_from([4, 9, 32]),
+)
+def test_the_scheduler_keeps_only_accepted_positions_through_preemption_and_the_cache(
+    seed, num_prompts, k, num_blocks, block_size, budget
+):
+    rng = random.Random(seed)
+    shared = repeating_prompt(rng, 12)  # a common head: prefix-cache hits
+    prompts = [shared + repeating_prompt(rng, rng.randrange(2, 20)) for _ in range(num_prompts)]
+    sizes = {"num_blocks": num_blocks, "block_size": block_size, "budget": budget}
+    max_tokens = min(30, num_blocks * block_size // 2 - 40)
+    if max_tokens < 1:
+        return
+    plain, _ = run_scheduler(prompts, None, max_tokens=max_tokens, **sizes)
+    speculated, scheduler = run_scheduler(prompts, ngram(k), max_tokens=max_tokens, **sizes)
+    assert speculated == plain
+    assert all(len(tokens) == max_tokens for tokens in speculated.values())
+
+
+def test_drafts_fit_the_budget_and_what_max_tokens_leaves():
+    prompt = [5, 6, 7, 8] * 6
+    kv = KVCacheManager(64, 4)
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=8), kv, frozenset({2}),
+        max_model_len=1024, speculator=Speculator(ngram(k=8)),
+    )  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    scheduler.add_request(Request("r", prompt, params))
+    model = SlotModel(kv)
+    drafts = []
+    while scheduler.has_unfinished_requests():
+        plan = scheduler.schedule()
+        assert plan.num_batched_tokens <= 4
+        drafts += [len(s.draft_token_ids) for s in plan.scheduled if s.draft_token_ids]
+        sampled, draft_samples = model.execute(plan)
+        scheduler.update(plan, sampled, None, draft_samples)
+    # The budget leaves 3 beside the decoded token; max_tokens 6 leaves 5, 4, ...
+    assert drafts and max(drafts) <= 3
+    assert sum(drafts) <= 6
+
+
+def test_the_kept_tokens_are_the_matching_draft_and_one_more():
+    sampled = [SampledToken(t) for t in (7, 8, 9, 4)]
+    assert [t.token_id for t in accepted_tokens([7, 8, 5], sampled)] == [7, 8, 9]
+    assert [t.token_id for t in accepted_tokens([1, 8, 9], sampled)] == [7]
+    assert [t.token_id for t in accepted_tokens([7, 8, 9], sampled)] == [7, 8, 9, 4]
+
+
+def test_a_tight_pool_preempts_hits_the_cache_and_accepts_drafts_with_plain_outputs():
+    """The property above, on sizes where all three surely happen."""
+    num_preemptions = num_accepted = num_hit_tokens = 0
+    for seed in range(4):
+        rng = random.Random(seed)
+        shared = repeating_prompt(rng, 12)
+        prompts = [shared + repeating_prompt(rng, rng.randrange(2, 20)) for _ in range(5)]
+        sizes = {"num_blocks": 30, "block_size": 2, "budget": 9, "max_tokens": 10}
+        plain, _ = run_scheduler(prompts, None, **sizes)
+        speculated, scheduler = run_scheduler(prompts, ngram(6), **sizes)
+        assert speculated == plain
+        num_preemptions += scheduler.num_preemptions
+        num_accepted += scheduler.speculator.counters.num_accepted_tokens
+        num_hit_tokens += scheduler.kv.num_hit_tokens
+    assert num_preemptions > 0 and num_accepted > 0 and num_hit_tokens > 0
