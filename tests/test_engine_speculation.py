@@ -450,3 +450,22 @@ def test_a_tight_pool_preempts_hits_the_cache_and_accepts_drafts_with_plain_outp
         num_accepted += scheduler.speculator.counters.num_accepted_tokens
         num_hit_tokens += scheduler.kv.num_hit_tokens
     assert num_preemptions > 0 and num_accepted > 0 and num_hit_tokens > 0
+
+
+def test_no_request_drafts_while_more_run_than_disable_by_batch_size():
+    kv = KVCacheManager(64, 4)
+    config = replace(ngram(k=4), disable_by_batch_size=1)
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8), kv, frozenset({2}),
+        max_model_len=1024, speculator=Speculator(config),
+    )  # fmt: skip
+    for i, max_tokens in enumerate((6, 30)):
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        scheduler.add_request(Request(f"r{i}", [5, 6, 7, 8] * 4, params))
+    model, drafts_by_batch = SlotModel(kv), {1: 0, 2: 0}
+    while scheduler.has_unfinished_requests():
+        plan = scheduler.schedule()
+        drafts_by_batch[len(plan.scheduled)] += sum(bool(s.draft_token_ids) for s in plan.scheduled)
+        sampled, draft_samples = model.execute(plan)
+        scheduler.update(plan, sampled, None, draft_samples)
+    assert drafts_by_batch[2] == 0 and drafts_by_batch[1] > 0
