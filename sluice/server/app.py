@@ -3,9 +3,8 @@
     POST /v1/completions, /v1/chat/completions   generation, streamed (SSE) or not
     POST /v1/messages, /v1/messages/count_tokens Anthropic's Messages API (the same path)
     /v1/responses...                             OpenAI's Responses API (responses_routes.py)
-    GET  /v1/models, /version, /health, /metrics
-    POST /tokenize, /detokenize                  vLLM's helpers
-    POST /reset_prefix_cache                     forget the engine's cached prefixes
+    GET  /v1/models, /version, /health, /metrics and POST /tokenize, /detokenize,
+    /reset_prefix_cache                          everything but generation (info_routes.py)
 
 Each generation route: parse the body (body, protocol) -> check it and
 tokenize (to_internal, preprocess) -> hand the frozen `GenerationRequest` to
@@ -34,7 +33,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, TypeVar
 
 import orjson
@@ -45,7 +43,7 @@ from starlette.types import Receive
 from sluice.config import ServerConfig
 from sluice.engine.client_base import EngineClient, QueueTimeout
 from sluice.engine.supervisor import EngineSupervisor
-from sluice.errors import EngineDeadError, InvalidRequestError, ModelLoadError
+from sluice.errors import EngineDeadError, ModelLoadError
 from sluice.frontend.observer import RequestObserver
 from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.request import GenerationRequest
@@ -57,18 +55,18 @@ from sluice.server import (
     protocol,
     to_internal,
 )
-from sluice.server.admission import AdmissionCollector, AdmissionGate, ShuttingDownError
+from sluice.server.admission import AdmissionCollector, AdmissionGate
 from sluice.server.api_keys import KeyRing
 from sluice.server.body import BodyReader
-from sluice.server.errors import install_error_handlers, unavailable_response
+from sluice.server.errors import install_error_handlers
 from sluice.server.event_stream import EventStreamResponse, completion_tokens
+from sluice.server.info_routes import InfoRoutes, sluice_version
 from sluice.server.key_limits import KeyLease, KeyLimiter
 from sluice.server.loop_watchdog import LoopWatchdog
-from sluice.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sluice.server.metrics import ReadCounter, ReadInfo, SeriesObserver, ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
 from sluice.server.pages import add_pages
-from sluice.server.replicas import ReplicaCollector, replica_health
+from sluice.server.replicas import ReplicaCollector
 from sluice.server.request_spans import RequestTrace, TracedObserver
 from sluice.server.responses_request import ResponseStore
 from sluice.server.responses_routes import ResponsesRoutes
@@ -81,13 +79,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
 T = TypeVar("T")
-
-
-def sluice_version() -> str:
-    try:
-        return version("sluice")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def create_app(
@@ -161,13 +152,7 @@ def create_app(
     app.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
     app.add_api_route("/v1/messages", routes.messages, methods=["POST"])
     app.add_api_route("/v1/messages/count_tokens", routes.count_tokens, methods=["POST"])
-    app.add_api_route("/v1/models", routes.models, methods=["GET"])
-    app.add_api_route("/health", routes.health, methods=["GET"])
-    app.add_api_route("/version", routes.version, methods=["GET"])
-    app.add_api_route("/metrics", routes.metrics_text, methods=["GET"])
-    app.add_api_route("/tokenize", routes.tokenize, methods=["POST"])
-    app.add_api_route("/detokenize", routes.detokenize, methods=["POST"])
-    app.add_api_route("/reset_prefix_cache", routes.reset_prefix_cache, methods=["POST"])
+    InfoRoutes(routes).add_to(app)
     ResponsesRoutes(routes, ResponseStore()).add_to(app)
     add_pages(app)  # the chat at / and the dashboard at /dashboard
     return app
@@ -189,7 +174,6 @@ class Routes:
         self.max_model_len = model.max_model_len
         self.send_timeout_s = config.send_timeout_s
         self.queue_timeout_s = config.queue_timeout_s
-        self.created = int(time.time())
         self.metrics = ServerMetrics(
             self.served_name, gate.stats, self.max_model_len, is_keyed=is_keyed
         )
@@ -312,91 +296,6 @@ class Routes:
         if run.log is not None:
             run.log.num_completion_tokens = completion_tokens(body)
         return Response(body, media_type="application/json")
-
-    # -- everything else -----------------------------------------------------
-
-    async def models(self) -> Response:
-        card = {
-            "id": self.served_name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "sluice",
-            "root": self.served_name,
-            "parent": None,
-            "max_model_len": self.max_model_len,
-        }
-        return _json({"object": "list", "data": [card]})
-
-    async def health(self) -> Response:
-        if self.gate.is_draining:
-            return unavailable_response(ShuttingDownError("the server is shutting down"))
-        replicas = self.gate.replicas()
-        if replicas:  # data parallel: degraded (still 200) while one replica serves
-            return replica_health(replicas)
-        if self.gate.is_alive:
-            return Response(status_code=200)
-        return unavailable_response(EngineDeadError("the engine is not running"))
-
-    async def reset_prefix_cache(self) -> Response:
-        """vLLM's endpoint: the engine forgets every cached prefix before its
-        next step (the API key guards it like every route but /health, /metrics)."""
-        if not self.gate.is_alive:
-            raise EngineDeadError("the engine is not running; retry later")
-        self.gate.reset_prefix_cache()
-        return Response(status_code=200)
-
-    async def version(self) -> Response:
-        return _json({"version": sluice_version()})
-
-    async def metrics_text(self) -> Response:
-        return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE)
-
-    async def tokenize(self, request: Request) -> Response:
-        body = await self.bodies.parse(request, protocol.TokenizeRequest)
-        return _json_bytes(await self.bodies.convert(body, self._tokenized))
-
-    async def _tokenized(
-        self, body: protocol.TokenizeRequest, options: to_internal.RequestOptions
-    ) -> bytes:
-        to_internal.check_model(body.model, options.served_model_name)
-        token_ids = await self._tokenize(body, options.preprocessor)
-        result: dict[str, object] = {
-            "count": len(token_ids),
-            "max_model_len": self.max_model_len,
-            "tokens": token_ids,
-        }
-        if body.return_token_strs:
-            result["token_strs"] = self.tokenizer.convert_ids_to_tokens(token_ids)
-        return orjson.dumps(result)
-
-    async def _tokenize(
-        self, body: protocol.TokenizeRequest, preprocessor: Preprocessor
-    ) -> list[int]:
-        if (body.prompt is None) == (body.messages is None):
-            raise InvalidRequestError("give exactly one of 'prompt' and 'messages'", param="prompt")
-        if body.prompt is not None:
-            add_special_tokens = (
-                True if body.add_special_tokens is None else body.add_special_tokens
-            )
-            return await preprocessor.encode(body.prompt, add_special_tokens)
-        messages = to_internal.chat_messages(body.messages)
-        add_generation_prompt = body.add_generation_prompt is not False
-        text = await preprocessor.render_chat(messages, add_generation_prompt)
-        return await preprocessor.encode(text, bool(body.add_special_tokens))
-
-    async def detokenize(self, request: Request) -> Response:
-        body = await self.bodies.parse(request, protocol.DetokenizeRequest)
-        return _json_bytes(await self.bodies.convert(body, _detokenized))
-
-
-async def _detokenized(
-    body: protocol.DetokenizeRequest, options: to_internal.RequestOptions
-) -> bytes:
-    to_internal.check_model(body.model, options.served_model_name)
-    if body.tokens is None:
-        raise InvalidRequestError("'tokens' is required", param="tokens")
-    options.preprocessor.check_token_ids(body.tokens, "tokens")
-    return orjson.dumps({"prompt": await options.preprocessor.decode(body.tokens)})
 
 
 async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T | None:
