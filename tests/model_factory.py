@@ -39,9 +39,11 @@ from sluice.tokenizer import _unicode_to_byte
 
 # Llama tied; Llama untied with llama3 rope scaling; Qwen2 with q/k/v bias (tied,
 # like Qwen2.5-0.5B); Mistral untied with its window switched off; Qwen3 with
-# its q/k norms, tied (like Qwen3-0.6B) and untied (like Qwen3-4B).
+# its q/k norms, tied (like Qwen3-0.6B) and untied (like Qwen3-4B); Phi-3 with
+# its fused checkpoint matrices and every layer within a window of 8.
 TINY_MODEL_KINDS = (
     "llama_tied", "llama3_untied", "qwen2_bias", "mistral", "qwen3_tied", "qwen3_untied",
+    "phi3_window",
 )  # fmt: skip
 # Gemma 3 (text) runs in its own class (sluice/models/gemma3.py): a sliding
 # layer (window 8, local RoPE base) before a global one, a query scalar other
@@ -104,6 +106,11 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
         return transformers.Qwen3Config(
             **_COMMON, head_dim=32, tie_word_embeddings=kind == "qwen3_tied", rope_theta=1e6
         )
+    if kind == "phi3_window":
+        return transformers.Phi3Config(
+            **_COMMON, pad_token_id=0, sliding_window=8, rope_theta=10000.0,
+            tie_word_embeddings=False,
+        )  # fmt: skip
     if kind == GEMMA3_KIND:
         return transformers.Gemma3TextConfig(
             **(_COMMON | {"num_hidden_layers": 3, "pad_token_id": 0}),

@@ -309,3 +309,38 @@ def test_gemma3_without_layer_types_takes_one_global_layer_in_six():
 def test_gemma3_with_capped_attention_scores_is_refused():
     with pytest.raises(ModelLoadError, match="attn_logit_softcapping"):
         LlamaConfig.from_hf_dict(GEMMA_3_270M | {"attn_logit_softcapping": 50.0})
+
+
+PHI_3_MINI_4K = {
+    "architectures": ["Phi3ForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 4096,
+    "model_type": "phi3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "original_max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 10000.0,
+    "sliding_window": 2047,
+    "tie_word_embeddings": False,
+    "vocab_size": 32064,
+}
+
+
+def test_phi3_mini_4k_attends_within_its_window_on_every_layer():
+    config = LlamaConfig.from_hf_dict(PHI_3_MINI_4K)
+    assert config.has_fused_checkpoint and config.sliding_window == 2047
+    assert config.layer_types == ("sliding_attention",) * 32
+    assert config.head_dim == 96
+
+
+def test_phi3_longrope_and_partial_rotary_are_refused():
+    longrope = {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}
+    with pytest.raises(UnsupportedRopeScalingError, match="'longrope'"):
+        LlamaConfig.from_hf_dict(PHI_3_MINI_4K | {"rope_scaling": longrope})
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor 0.75"):
+        LlamaConfig.from_hf_dict(PHI_3_MINI_4K | {"partial_rotary_factor": 0.75})

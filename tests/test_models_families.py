@@ -2,7 +2,7 @@
 generate, and the engine's paths (chunked prefill, the prefix cache,
 preemption) give the same tokens as plain whole-prompt runs.
 
-Gemma 3's sliding layers (window 8) make these checks bite: prompts and
+Gemma 3's sliding layers and Phi-3's (window 8) make these checks bite: prompts and
 continuations run past the window, prefix-cache hits land on blocks the
 window has left, and preempted requests recompute across it.
 """
@@ -24,7 +24,9 @@ from sluice.models.llama import LlamaForCausalLM
 from tests.model_factory import GEMMA3_KIND, TinyModel, build_tiny_model, make_core
 from tests.test_engine_core import GREEDY, random_prompts, run, run_one_by_one
 
-FAMILY_KINDS = ("qwen3_tied", "qwen3_untied", GEMMA3_KIND)
+FAMILY_KINDS = ("qwen3_tied", "qwen3_untied", GEMMA3_KIND, "phi3_window")
+# Kinds whose layers (all, or Gemma's local ones) attend within a window of 8.
+SLIDING_KINDS = (GEMMA3_KIND, "phi3_window")
 
 
 @pytest.fixture(scope="module", params=FAMILY_KINDS)
@@ -57,7 +59,7 @@ def test_each_architecture_gets_its_own_model_class(loaded):
 def test_the_startup_note_names_the_family_and_what_it_cannot_use(loaded):
     note = describe_family(loaded.model_config)
     assert note.startswith(f"architecture {loaded.model_config.architecture}: ")
-    if loaded.name == GEMMA3_KIND:
+    if loaded.name in SLIDING_KINDS:
         assert "sliding-window layers (window 8) attend on the torch path" in note
         assert "keep all their KV blocks" in note
     else:

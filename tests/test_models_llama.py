@@ -178,8 +178,8 @@ def test_linear_rope_scaling_divides_the_frequencies_by_the_factor():
 
 def test_load_weights_names_a_missing_tensor(tiny):
     model = LlamaForCausalLM(LlamaConfig.from_hf_dict(tiny.config_dict), torch.float32, "cpu")
-    weights = [(n, t) for n, t in tiny.weights() if n != "model.layers.1.mlp.up_proj.weight"]
-    with pytest.raises(ModelLoadError, match=r"missing model\.layers\.1\.mlp\.up_proj\.weight"):
+    weights = [(n, t) for n, t in tiny.weights() if n != "model.layers.1.mlp.down_proj.weight"]
+    with pytest.raises(ModelLoadError, match=r"missing model\.layers\.1\.mlp\.down_proj\.weight"):
         model.load_weights(weights)
 
 

@@ -29,8 +29,10 @@ from typing import Any
 from sluice.errors import ModelLoadError
 
 GEMMA3 = "Gemma3ForCausalLM"
+PHI3 = "Phi3ForCausalLM"
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", GEMMA3,
+    PHI3,
 )  # fmt: skip
 # "freq_factors": llama.cpp's per-dimension divisors of the frequencies (a
 # GGUF's rope_freqs tensor, how its converter stores Llama 3.1+'s llama3 scaling).
@@ -42,6 +44,7 @@ _ARCHITECTURE_BY_MODEL_TYPE = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3_text": GEMMA3,
+    "phi3": PHI3,
 }
 SLIDING, FULL = "sliding_attention", "full_attention"
 # Gemma 3's defaults: the local layers' RoPE base, one global layer in six.
@@ -104,6 +107,11 @@ class LlamaConfig:
         return self.architecture == GEMMA3
 
     @property
+    def has_fused_checkpoint(self) -> bool:
+        """The checkpoint holds qkv_proj and gate_up_proj whole (Phi-3)."""
+        return self.architecture == PHI3
+
+    @property
     def attention_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
@@ -121,7 +129,10 @@ class LlamaConfig:
         _check_mlp(d)
         fields = _common_fields(d, architecture)
         max_positions = fields["max_position_embeddings"]
-        fields["sliding_window"] = _sliding_window(d, max_positions)
+        if architecture == PHI3:
+            fields |= _phi3_fields(d, fields)
+        else:
+            fields["sliding_window"] = _sliding_window(d, max_positions)
         fields["has_qk_norm"] = architecture == "Qwen3ForCausalLM"
         return _checked(cls(**fields))
 
@@ -182,6 +193,20 @@ def _gemma3_fields(d: dict[str, Any]) -> dict[str, Any]:
         "rope_local_theta": float(local_theta or _GEMMA3_LOCAL_ROPE_THETA),
         "final_logit_softcapping": None if cap is None else float(cap),
     }
+
+
+def _phi3_fields(d: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3: every layer attends within `sliding_window` where it is shorter
+    than the context (Phi-3-mini-4k: 2047 of 4096), as transformers runs it."""
+    if float(d.get("partial_rotary_factor") or 1.0) != 1.0:
+        raise ModelLoadError(
+            f"unsupported partial_rotary_factor {d['partial_rotary_factor']} (Phi-4-mini): "
+            "RoPE must rotate the whole head"
+        )
+    window = d.get("sliding_window")
+    if window is None or int(window) >= fields["max_position_embeddings"]:
+        return {"sliding_window": None}
+    return {"sliding_window": int(window), "layer_types": (SLIDING,) * fields["num_hidden_layers"]}
 
 
 def _gemma3_layer_types(d: dict[str, Any], num_layers: int) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """The model class each supported architecture runs in.
 
 Every family is a `LlamaForCausalLM` (the engine's one model interface);
-Gemma 3 is the subclass with its norms, embedding and sliding layers.
+Gemma 3 is the subclass with its norms and embedding.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def build_model(
 
 def describe_family(config: LlamaConfig) -> str:
     """The architecture, and which engine paths it cannot use, for the startup line."""
-    if config.is_gemma3 and SLIDING in config.layer_types:
+    if SLIDING in config.layer_types:
         return (
             f"architecture {config.architecture}: its sliding-window layers (window "
             f"{config.sliding_window}) attend on the torch path, not the native attention "

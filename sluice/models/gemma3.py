@@ -21,7 +21,6 @@ What differs from `LlamaForCausalLM`, and where each lives:
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -32,25 +31,18 @@ from sluice.models.config import SLIDING, LlamaConfig
 from sluice.models.linear import uninitialised_weight
 from sluice.models.llama import LlamaDecoderLayer, LlamaForCausalLM, _WeightTarget
 from sluice.models.rope_norm import Float32Angles, RMSNorm, RopeAngles, rope_cos_sin
-from sluice.models.sliding_window import sliding_window_attention
 
 
 class Gemma3DecoderLayer(LlamaDecoderLayer):
     def __init__(
         self, config: LlamaConfig, index: int, dtype: torch.dtype, device, batch_invariant: bool
     ):
-        super().__init__(config, dtype, device, batch_invariant)
+        is_sliding = config.layer_types[index] == SLIDING
+        super().__init__(config, dtype, device, batch_invariant, is_sliding)
         p = {"dtype": dtype, "device": device}
         self.pre_feedforward_layernorm = uninitialised_weight(config.hidden_size, **p)
         self.post_feedforward_layernorm = uninitialised_weight(config.hidden_size, **p)
         self.swiglu = _geglu
-        self.is_sliding = config.layer_types[index] == SLIDING
-        if self.is_sliding:
-            self.attend = functools.partial(
-                sliding_window_attention,
-                window=config.sliding_window,
-                is_batch_invariant=batch_invariant,
-            )
 
     def finish_loading(self) -> None:
         super().finish_loading()

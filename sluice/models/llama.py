@@ -53,7 +53,7 @@ from sluice.models.attention import (
     batch_invariant_attention,
     paged_attention,
 )
-from sluice.models.config import LlamaConfig
+from sluice.models.config import SLIDING, LlamaConfig
 from sluice.models.kernel_plan import KernelPlan
 from sluice.models.linear import (
     BATCH_INVARIANT_ROW_TILE,
@@ -66,16 +66,30 @@ from sluice.models.native import silu_mul_kernel
 from sluice.models.native.rope import rope_write_kv_kernel
 from sluice.models.quantization import check_quantization
 from sluice.models.rope_norm import Float32Angles, RMSNorm, RopeAngles, rope_cos_sin
+from sluice.models.sliding_window import sliding_window_attention
 
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, config: LlamaConfig, dtype: torch.dtype, device, batch_invariant: bool = False
+        self,
+        config: LlamaConfig,
+        dtype: torch.dtype,
+        device,
+        batch_invariant: bool = False,
+        is_sliding: bool = False,
     ):
         super().__init__()
         self.batch_invariant = batch_invariant
         self.row_tile = BATCH_INVARIANT_ROW_TILE if batch_invariant else None
         self.attend = batch_invariant_attention if batch_invariant else paged_attention
+        # Attends within config.sliding_window (Gemma 3's local layers, Phi-3).
+        self.is_sliding = is_sliding
+        if is_sliding:
+            self.attend = functools.partial(
+                sliding_window_attention,
+                window=config.sliding_window,
+                is_batch_invariant=batch_invariant,
+            )
         hidden, head_dim = config.hidden_size, config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -228,7 +242,8 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def _make_layer(self, index: int, dtype: torch.dtype, device) -> LlamaDecoderLayer:
-        return LlamaDecoderLayer(self.config, dtype, device, self.batch_invariant)
+        is_sliding = bool(self.config.layer_types) and self.config.layer_types[index] == SLIDING
+        return LlamaDecoderLayer(self.config, dtype, device, self.batch_invariant, is_sliding)
 
     def _rope_at(
         self, cos: Tensor, sin: Tensor, positions: Tensor
@@ -312,7 +327,9 @@ class LlamaForCausalLM(nn.Module):
         if not self.config.tie_word_embeddings:
             targets["lm_head.weight"] = _WeightTarget(self.lm_head.weight)
         for i, layer in enumerate(self.layers):
-            targets.update(_layer_targets(f"model.layers.{i}.", layer))
+            targets.update(
+                _layer_targets(f"model.layers.{i}.", layer, self.config.has_fused_checkpoint)
+            )
         return targets
 
 
@@ -335,7 +352,9 @@ class _WeightTarget:
         dest.copy_(tensor.float() + self.offset if self.offset else tensor)
 
 
-def _layer_targets(prefix: str, layer: LlamaDecoderLayer) -> dict[str, _WeightTarget]:
+def _layer_targets(
+    prefix: str, layer: LlamaDecoderLayer, is_fused: bool = False
+) -> dict[str, _WeightTarget]:
     q_rows = layer.num_heads * layer.head_dim
     kv_rows = layer.num_kv_heads * layer.head_dim
     qkv_slices = {"q": (0, q_rows), "k": (q_rows, q_rows + kv_rows)}
@@ -358,6 +377,12 @@ def _layer_targets(prefix: str, layer: LlamaDecoderLayer) -> dict[str, _WeightTa
             targets[f"{prefix}self_attn.{proj}_proj.bias"] = _WeightTarget(qkv.bias, start, end)
     if layer.o_proj.bias is not None:
         targets[prefix + "self_attn.o_proj.bias"] = _WeightTarget(layer.o_proj.bias)
+    if is_fused:  # Phi-3 stores the fused matrices whole, in our row order
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                     "mlp.gate_proj", "mlp.up_proj"):  # fmt: skip
+            targets.pop(f"{prefix}{name}.weight")
+        targets[prefix + "self_attn.qkv_proj.weight"] = _WeightTarget(layer.qkv_proj.weight)
+        targets[prefix + "mlp.gate_up_proj.weight"] = _WeightTarget(layer.gate_up_proj.weight)
     if layer.q_norm is not None:
         targets[prefix + "self_attn.q_norm.weight"] = _WeightTarget(layer.q_norm)
         targets[prefix + "self_attn.k_norm.weight"] = _WeightTarget(layer.k_norm)
