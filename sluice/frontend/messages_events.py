@@ -33,6 +33,7 @@ from sluice.errors import anthropic_error_of
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest
+from sluice.frontend.text_pieces import token_pieces, whole_piece
 from sluice.frontend.usage import UsageCounter
 from sluice.tools.message_stream import MessageDelta
 
@@ -120,8 +121,9 @@ class MessagesEvents:
         if self._stream is None:
             events += self._blocks.add(MessageDelta(content=delta.text))
         else:
-            for piece, is_final in _pieces(delta, self._is_cut_per_token):
-                events += self._blocks.add(self._stream.push(piece, is_final))
+            pieces = token_pieces(delta) if self._is_cut_per_token else [whole_piece(delta)]
+            for piece in pieces:
+                events += self._blocks.add(self._stream.push(piece.text, piece.is_final))
         events = _merged(events)
         if delta.is_finished:
             events += self._blocks.close()
@@ -159,26 +161,6 @@ class MessagesEvents:
             "cache_read_input_tokens": self._num_cached_tokens,
             "output_tokens": num_output_tokens,
         }
-
-
-def _pieces(delta: ChoiceDelta, is_per_token: bool) -> list[tuple[str, bool]]:
-    """`delta.text` as the pieces to push, each with whether it is the last of
-    the choice: one piece, or one per token that released text. The text is a
-    prefix of the tokens' texts (a stop string may cut the last)."""
-    text, is_final = delta.text, delta.is_finished
-    if not is_per_token or len(delta.token_texts) < 2:
-        return [(text, is_final)]
-    pieces, position = [], 0
-    for token_text in delta.token_texts:
-        end = min(position + len(token_text), len(text))
-        if end > position:
-            pieces.append(text[position:end])
-            position = end
-    if position < len(text):
-        pieces.append(text[position:])
-    if not pieces:
-        return [("", is_final)]
-    return [(piece, is_final and i == len(pieces) - 1) for i, piece in enumerate(pieces)]
 
 
 def _merged(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

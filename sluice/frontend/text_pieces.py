@@ -53,3 +53,9 @@ def token_pieces(delta: ChoiceDelta) -> list[TextPiece]:
         TextPiece(piece, delta.is_finished and i == last, count)
         for i, (piece, count) in enumerate(zip(texts, counts, strict=True))
     ]
+
+
+def whole_piece(delta: ChoiceDelta) -> TextPiece:
+    """`delta.text` as one piece, for parsing whose result cannot depend on
+    where the text is cut (a reasoning split alone)."""
+    return TextPiece(delta.text, delta.is_finished, len(delta.token_ids))
