@@ -3,6 +3,8 @@ API key (they hold no data), beside the API that still needs it."""
 
 from __future__ import annotations
 
+import json
+
 import httpx2
 import pytest
 
@@ -87,3 +89,34 @@ def test_the_dashboard_shows_each_keys_requests_and_tokens(tmp_path):
     assert rows["key1"]["requests"] == 2 and rows["key2"]["requests"] == 1
     assert rows["key1"]["tokensPerS"] == 2 * 3 / 2 and rows["key1"]["ttftP50Ms"] is not None
     assert rows["key1"]["promptTokens"] > 0
+
+
+def test_the_dashboard_shows_the_share_of_drafted_tokens_accepted_in_the_interval(tmp_path):
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    node = shutil.which("node")
+    assert node is not None, "node runs the dashboard's script (Debian's nodejs)"
+    script = DASHBOARD_IN_NODE.replace(
+        "keyRows(parseMetrics(after), parseMetrics(before), 2)",
+        "CARDS.find((c) => c.id === 'spec').series.accepted(parseMetrics(after), "
+        "parseMetrics(before))",
+    )
+    static = Path(__file__).resolve().parent.parent / "sluice" / "server" / "static"
+
+    def rate(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+        for name, (drafted, accepted) in (("before", before), ("after", after)):
+            (tmp_path / name).write_text(
+                f'sluice:spec_decode_num_draft_tokens_total{{model_name="m"}} {drafted}\n'
+                f'sluice:spec_decode_num_accepted_tokens_total{{model_name="m"}} {accepted}\n'
+            )
+        output = subprocess.run(
+            [node, "-e", script, str(static / "dashboard.js"),
+             str(tmp_path / "before"), str(tmp_path / "after")],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        return json.loads(output)
+
+    assert rate((10, 4), (30, 19)) == 75.0
+    assert rate((30, 19), (30, 19)) is None  # nothing drafted in the interval

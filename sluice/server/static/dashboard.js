@@ -116,6 +116,9 @@ const CARDS = [
     series: histogramQuantiles("sluice:inter_token_latency_seconds") },
   { id: "chunk", title: "Tokens per chunk (coalescing)", unit: "",
     series: { mean: (m, p) => ratioOfDeltas(m, p, "sluice:tokens_per_chunk") } },
+  // With --speculative-config: drafted tokens the model accepted (none drafted: no point).
+  { id: "spec", title: "Speculative decoding: drafted tokens accepted (last interval)", unit: "%",
+    series: { accepted: (m, p) => acceptanceRate(m, p) } },
   { id: "lag", title: "Event-loop lag, worst of the last window", unit: " ms",
     series: { lag: (m) => 1000 * sum(m, "sluice:event_loop_lag_max_seconds") } },
   { id: "refusals", title: "Refused / aborted / engine restarts (total)", unit: "",
@@ -130,6 +133,13 @@ function histogramQuantiles(name) {
     return value === null ? null : 1000 * value;
   };
   return { p50: at(0.5), p95: at(0.95), p99: at(0.99) };
+}
+
+function acceptanceRate(m, p) {
+  const delta = (name) => sum(m, `sluice:spec_decode_num_${name}_total`)
+                          - sum(p, `sluice:spec_decode_num_${name}_total`);
+  const drafted = delta("draft_tokens");
+  return drafted > 0 ? 100 * delta("accepted_tokens") / drafted : null;
 }
 
 function ratioOfDeltas(m, p, name) {
