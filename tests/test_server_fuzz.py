@@ -15,10 +15,6 @@ path converts them, grammars and all.
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass
-
 import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,26 +22,13 @@ from hypothesis import strategies as st
 
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+from sluice.testing.json_strategies import Deep, deep, json_text, json_values, scalars
 from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL
 from sluice.testing.live_server import LiveServer
 
 MAX_MODEL_LEN = 64
 NUM_EXAMPLES = 300
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=12)
-)
-json_values = st.recursive(
-    scalars,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
-    ),
-    max_leaves=12,
-)
 VOCAB_SIZE = ChatFakeTokenizer().vocab_size
 token_ids = st.lists(st.integers(min_value=0, max_value=VOCAB_SIZE - 1), min_size=1, max_size=6)
 roles = st.sampled_from(["system", "user", "assistant", "tool", "developer"])
@@ -86,27 +69,6 @@ PROMPTS = st.text(min_size=1, max_size=30) | st.lists(st.text(min_size=1, max_si
           min_size=1, max_size=3) | token_ids | st.lists(token_ids, min_size=1, max_size=3)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Deep:
-    """JSON nested `depth` deep, written into the body's text (json.dumps
-    stops at a few hundred levels)."""
-
-    depth: int
-
-    def text(self) -> str:
-        half = self.depth // 2
-        return '{"a": [' * half + "[" * (self.depth % 2) + "]" * (self.depth % 2) + "]}" * half
-
-
-def json_text(value: object) -> str:
-    """`value` as JSON text, each `Deep` written out in place."""
-    text = json.dumps(value, allow_nan=True, default=lambda deep: f"<deep:{deep.depth}>")
-    return re.sub(r'"<deep:(\d+)>"', lambda match: Deep(int(match[1])).text(), text)
-
-
-# Depths either side of sluice's limit (64) and of what Python's recursion
-# survives (~950); in a body, within orjson's limit (1,024).
-deep = st.builds(Deep, st.sampled_from([64, 65, 1000]))
 defs = st.just({"A": {"type": "integer"}}) | scalars | st.lists(scalars, max_size=2) | deep
 schema_leaves = st.sampled_from([
     {"type": "integer"}, {"type": "string", "maxLength": 3}, {"enum": ["a", "b"]},

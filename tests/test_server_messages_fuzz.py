@@ -11,10 +11,6 @@ bodies padded past the worker threshold, as the chat fuzz does
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass
-
 import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,41 +18,10 @@ from hypothesis import strategies as st
 
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+from sluice.testing.json_strategies import deep, json_text, json_values, scalars
 from sluice.testing.live_server import LiveServer
 
 MAX_MODEL_LEN = 64
-scalars = (
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
-)  # fmt: skip
-json_values = st.recursive(
-    scalars,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
-    ),
-    max_leaves=12,
-)
-
-
-@dataclass(frozen=True)
-class Deep:
-    """JSON nested `depth` deep, written into the body's text."""
-
-    depth: int
-
-    def text(self) -> str:
-        half = self.depth // 2
-        return '{"a": [' * half + "[" * (self.depth % 2) + "]" * (self.depth % 2) + "]}" * half
-
-
-def json_text(value: object) -> str:
-    """`value` as JSON text, each `Deep` written out in place."""
-    text = json.dumps(value, allow_nan=True, default=lambda deep: f"<deep:{deep.depth}>")
-    return re.sub(r'"<deep:(\d+)>"', lambda match: Deep(int(match[1])).text(), text)
-
-
-# Either side of sluice's nesting limit (64) and of what Python's recursion survives.
-deep = st.builds(Deep, st.sampled_from([64, 65, 1000]))
 schema_leaves = st.sampled_from([
     {"type": "integer"}, {"type": "string", "maxLength": 3}, {"enum": ["a", "b"]},
     {"$ref": "#/$defs/A"}, {"$ref": "#"}, {"type": 5},

@@ -12,8 +12,6 @@ object with a 4xx.
 
 from __future__ import annotations
 
-import json
-
 import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,27 +19,13 @@ from hypothesis import strategies as st
 
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+from sluice.testing.json_strategies import deep, json_text, json_values
 from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL
 from sluice.testing.live_server import LiveServer
 from sluice.testing.responses_contract import TERMINAL, parse_events
 
 NUM_EXAMPLES = 200
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=12)
-)
-json_values = st.recursive(
-    scalars,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
-    ),
-    max_leaves=12,
-)
-deep = st.sampled_from([65, 1000]).map(lambda depth: json.loads("[" * depth + "]" * depth))
 texts = st.text(max_size=20)
 parts = st.lists(
     st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text", "refusal",
@@ -151,7 +135,7 @@ def test_random_responses_bodies_never_cause_a_5xx(client):
     def send(body: dict) -> None:
         if body.get("previous_response_id") == "STORED":
             body["previous_response_id"] = stored
-        raw = json.dumps(body).encode()
+        raw = json_text(body).encode()
         response = client.post("/v1/responses", content=raw,
                                headers={"Content-Type": "application/json"})  # fmt: skip
         counts["requests"] += 1
