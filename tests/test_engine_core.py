@@ -3,47 +3,15 @@ whole engine, batch invariance, chunked prefill, preemption and aborts."""
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import msgspec
 import pytest
 import torch
 
-from sluice.engine.core import EngineCore
 from sluice.engine.sampling_params import SamplingParams
 from tests.model_factory import make_core
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-
-
-def random_prompts(count: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 512) for _ in range(rng.randrange(3, 60))] for _ in range(count)]
-
-
-def run(core: EngineCore, prompts, params=GREEDY, abort_at: dict[int, int] | None = None):
-    """Run prompts to completion; returns request index -> (token ids, finish reason)."""
-    for i, prompt in enumerate(prompts):
-        core.add_request(
-            f"r{i}", prompt, params if isinstance(params, SamplingParams) else params[i]
-        )
-    tokens = {i: [] for i in range(len(prompts))}
-    finish: dict[int, str] = {}
-    step = 0
-    while core.has_unfinished_requests():
-        for index, at_step in (abort_at or {}).items():
-            if at_step == step:
-                for delta in core.abort_requests([f"r{index}"]):
-                    finish[int(delta.request_id[1:])] = delta.finish_reason
-        for delta in core.step():
-            index = int(delta.request_id[1:])
-            assert index not in finish, "a delta arrived after the request finished"
-            tokens[index].extend(delta.new_token_ids)
-            if delta.finish_reason is not None:
-                finish[index] = delta.finish_reason
-        step += 1
-    return {i: (tokens[i], finish.get(i)) for i in tokens}
+from tests.model_runs import GREEDY, random_prompts, run, run_one_by_one
 
 
 def test_greedy_output_matches_transformers_generate(tiny_loaded, tiny_llama):
@@ -134,21 +102,6 @@ def test_logprobs_come_one_per_token_and_are_normalised(tiny_loaded):
     for token_id, logprob, top_ids in entries:
         assert top_ids[0] == token_id  # greedy picks the most likely token
         assert logprob <= 0.0
-
-
-def run_one_by_one(core: EngineCore, prompts, params) -> list[tuple[list[int], list[float], int]]:
-    """Each prompt alone, one after the other: (tokens, logprobs, cached tokens)."""
-    results = []
-    for index, prompt in enumerate(prompts):
-        core.add_request(f"s{index}", prompt, params)
-        tokens, logprobs, cached = [], [], 0
-        while core.has_unfinished_requests():
-            for delta in core.step():
-                tokens.extend(delta.new_token_ids)
-                logprobs.extend(delta.logprobs.logprobs)
-                cached = delta.num_cached_tokens
-        results.append((tokens, logprobs, cached))
-    return results
 
 
 def test_a_prefix_cache_hit_gives_the_same_greedy_tokens_and_logprobs(tiny_loaded):

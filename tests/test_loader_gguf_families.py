@@ -30,7 +30,7 @@ from sluice.loader.loaded_model import load_model
 from sluice.tokenizer import _unicode_to_byte
 from tests.gguf_quants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from tests.model_factory import TinyModel, build_tiny_model
-from tests.test_models_llama import PagedRunner, greedy
+from tests.model_runs import PagedRunner, greedy
 
 Q = GGMLQuantizationType
 QUANT_TYPES = (Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_0, Q.Q4_1, Q.F16, Q.BF16)

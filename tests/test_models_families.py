@@ -22,7 +22,7 @@ from sluice.models.families import build_model, describe_family
 from sluice.models.gemma3 import Gemma3ForCausalLM
 from sluice.models.llama import LlamaForCausalLM
 from tests.model_factory import GEMMA3_KIND, TinyModel, build_tiny_model, make_core
-from tests.test_engine_core import GREEDY, random_prompts, run, run_one_by_one
+from tests.model_runs import GREEDY, random_prompts, run, run_one_by_one
 
 FAMILY_KINDS = ("qwen3_tied", "qwen3_untied", GEMMA3_KIND, "phi3_window")
 # Kinds whose layers (all, or Gemma's local ones) attend within a window of 8.
@@ -115,7 +115,7 @@ def test_preempted_requests_resume_with_the_same_greedy_tokens(loaded):
 def test_qwen3_with_heads_of_128_runs_bfloat16_native_kernels_near_float32(tmp_path):
     """Qwen3's real head size (128): the native prefill and RoPE + K/V kernels
     serve it in bfloat16, with the q/k norms applied before the RoPE kernel."""
-    from tests.test_models_llama import PagedRunner, assert_close_to_scale, hf_logits
+    from tests.model_runs import PagedRunner, assert_close_to_scale, hf_logits
 
     tiny = build_tiny_model("qwen3_untied", tmp_path, head_dim=128)
     config = LlamaConfig.from_hf_dict(tiny.config_dict)

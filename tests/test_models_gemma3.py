@@ -19,7 +19,7 @@ import torch
 from sluice.models.config import LlamaConfig
 from sluice.models.gemma3 import Gemma3ForCausalLM
 from tests.model_factory import GEMMA3_KIND, GEMMA3_SLIDING_WINDOW, TinyModel, build_tiny_model
-from tests.test_models_llama import PagedRunner, assert_close_to_scale, greedy, hf_logits
+from tests.model_runs import PagedRunner, assert_close_to_scale, greedy, hf_logits
 
 PROMPT = [1, 17, 300, 45, 9, 88, 211, 5, 402, 77, 3, 150, 64]
 NUM_NEW_TOKENS = 32

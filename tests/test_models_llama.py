@@ -11,23 +11,20 @@ norm) moves logits by 1e-2 or more.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from sluice.errors import ModelLoadError
 from sluice.models import llama as llama_module
-from sluice.models.attention import AttentionMetadata, allocate_kv_caches
+from sluice.models.attention import AttentionMetadata
 from sluice.models.config import LlamaConfig
 from sluice.models.linear import can_prepack
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.rope_norm import rope_cos_sin, rope_inv_freq
 from tests.model_factory import TINY_MODEL_KINDS, TinyModel, build_tiny_model, tiny_hf_config
+from tests.model_runs import BLOCK_SIZE, PagedRunner, assert_close_to_scale, greedy, hf_logits
 
-BLOCK_SIZE = 4
-NUM_BLOCKS = 96
 PROMPT = [1, 17, 300, 45, 9, 88, 211, 5, 402, 77, 3, 150, 64]
 NUM_NEW_TOKENS = 32
 
@@ -41,62 +38,6 @@ def load_ours(tiny: TinyModel, dtype=torch.float32) -> LlamaForCausalLM:
     model = LlamaForCausalLM(LlamaConfig.from_hf_dict(tiny.config_dict), dtype, "cpu")
     model.load_weights(tiny.weights())
     return model
-
-
-@dataclass(slots=True)
-class PagedRunner:
-    """A minimal engine: hands out blocks in reverse order and runs whole steps."""
-
-    model: LlamaForCausalLM
-    kv_caches: list[torch.Tensor] = field(default_factory=list)
-    free_blocks: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.kv_caches = allocate_kv_caches(
-            self.model.config, NUM_BLOCKS, BLOCK_SIZE, self.model.dtype, "cpu"
-        )
-        # Reversed and interleaved so that no table is contiguous.
-        self.free_blocks = list(range(1, NUM_BLOCKS, 2)) + list(range(2, NUM_BLOCKS, 2))
-
-    def grow(self, table: list[int], seq_len: int) -> None:
-        while len(table) * BLOCK_SIZE < seq_len:
-            table.append(self.free_blocks.pop())
-
-    @torch.inference_mode()
-    def step(
-        self, chunks: list[list[int]], context_lens: list[int], tables: list[list[int]]
-    ) -> torch.Tensor:  # [B, vocab] logits of each sequence's last new token
-        for chunk, context_len, table in zip(chunks, context_lens, tables, strict=True):
-            self.grow(table, context_len + len(chunk))
-        query_lens = [len(c) for c in chunks]
-        meta = AttentionMetadata.build(query_lens, context_lens, tables, BLOCK_SIZE, "cpu")
-        input_ids = torch.tensor([t for c in chunks for t in c])
-        positions = torch.cat(
-            [torch.arange(c, c + n) for c, n in zip(context_lens, query_lens, strict=True)]
-        )
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, hidden]
-        return self.model.compute_logits(hidden[meta.query_start_loc[1:] - 1])
-
-
-def greedy(runner: PagedRunner, prompt: list[int], num_new: int) -> list[int]:
-    table: list[int] = []
-    logits = runner.step([prompt], [0], [table])
-    out = [int(logits[0].argmax())]
-    for _ in range(num_new - 1):
-        logits = runner.step([[out[-1]]], [len(prompt) + len(out) - 1], [table])
-        out.append(int(logits[0].argmax()))
-    return out
-
-
-@torch.no_grad()
-def hf_logits(tiny: TinyModel, prompt: list[int]) -> torch.Tensor:  # [len(prompt), vocab]
-    return tiny.hf_model(torch.tensor([prompt])).logits[0]
-
-
-def assert_close_to_scale(ours: torch.Tensor, reference: torch.Tensor, rel: float) -> None:
-    scale = reference.abs().max().item()
-    diff = (ours - reference).abs().max().item()
-    assert diff <= rel * scale, f"max |diff| {diff:.3g} exceeds {rel:g} x logit scale {scale:.3g}"
 
 
 def test_prompt_logits_match_transformers_at_every_position(tiny):
