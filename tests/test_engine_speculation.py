@@ -469,3 +469,22 @@ def test_no_request_drafts_while_more_run_than_disable_by_batch_size():
         sampled, draft_samples = model.execute(plan)
         scheduler.update(plan, sampled, None, draft_samples)
     assert drafts_by_batch[2] == 0 and drafts_by_batch[1] > 0
+
+
+def test_in_batch_invariant_bfloat16_speculation_changes_no_bit(tiny_loaded, tiny_llama):
+    """Where rounding depends on the step's shape (bfloat16), --batch-invariant
+    keeps tokens and logprobs bitwise those without speculation."""
+    from sluice.loader.choices import ModelChoices
+    from sluice.models.llama import LlamaForCausalLM
+
+    model = LlamaForCausalLM(tiny_loaded.model_config, torch.bfloat16, torch.device("cpu"), True)
+    model.load_weights(tiny_llama.weights())
+    loaded = replace(tiny_loaded, model=model, choices=ModelChoices("bfloat16", None, "as asked"))
+    rng = random.Random(12)
+    prompts = [repeating_prompt(rng, 40) for _ in range(3)]
+    params = greedy(max_tokens=40, logprobs=2)
+    plain = run(make_core(loaded, None, num_blocks=1024), prompts, params)
+    core = make_core(loaded, ngram(k=5), num_blocks=1024)
+    speculated = run(core, prompts, params)
+    assert {i: r[:3] for i, r in speculated.items()} == {i: r[:3] for i, r in plain.items()}
+    assert core.speculator.counters.num_accepted_tokens > 0
