@@ -1,4 +1,4 @@
-"""Qwen2 (q/k/v bias), Qwen3 and Gemma 3 from GGUF files, in every common quantization type.
+"""Qwen2 (q/k/v bias), Qwen3, Gemma 3 and Phi-3 (fused matrices, a window) from GGUF files, in every common quantization type.
 
 Each tiny random model (hidden 256, so that rows hold whole 256-value
 K-quant blocks) is written with the `gguf` package as llama.cpp's converter
@@ -44,6 +44,12 @@ _STEMS = {
 }  # fmt: skip
 _FAMILY_STEMS = {
     "qwen2": _STEMS | {"post_attention_layernorm": "ffn_norm"},
+    "phi3": _STEMS
+    | {
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.qkv_proj": "attn_qkv",
+        "mlp.gate_up_proj": "ffn_up",
+    },
     "qwen3": _STEMS | {"post_attention_layernorm": "ffn_norm"},
     "gemma3": _STEMS
     | {
@@ -54,7 +60,7 @@ _FAMILY_STEMS = {
 }
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight",
            "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}  # fmt: skip
-KINDS = {"qwen2": "qwen2_bias", "qwen3": "qwen3_untied", "gemma3": "gemma3"}
+KINDS = {"qwen2": "qwen2_bias", "qwen3": "qwen3_untied", "gemma3": "gemma3", "phi3": "phi3_window"}
 PROMPT = [1, 17, 300, 45, 9, 88, 211, 5, 402, 77, 3, 150, 64]
 
 
@@ -86,7 +92,7 @@ def write_family_gguf(tiny: TinyModel, arch: str, path: Path, quantized: bool) -
     theta = config["rope_parameters"]
     writer.add_rope_freq_base((theta.get("full_attention") or theta)["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    if arch == "gemma3":
+    if arch in ("gemma3", "phi3"):
         writer.add_sliding_window(config["sliding_window"])
     _add_vocab(writer, config["vocab_size"])
     turn = 0  # matrices take the types in turn, each the next one its rows fit
@@ -126,6 +132,7 @@ def _add_vocab(writer: GGUFWriter, vocab_size: int) -> None:
     writer.add_token_merges([f"{a} {b}" for a, b in pairs])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    writer.add_pad_token_id(0)  # else transformers' Phi3Config pads with 32000, past the vocab
 
 
 def _fits(array: np.ndarray, kind: Q) -> bool:

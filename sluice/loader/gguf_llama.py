@@ -1,7 +1,8 @@
 """What a GGUF means in Hugging Face terms: its config and its tensors.
 
 Architectures (`general.architecture`): llama (Llama, SmolLM2, Mistral as
-llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3 and gemma3, each with llama.cpp's tensor names
+llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3, gemma3 and phi3 (Phi-3 without
+LongRoPE: its rope_factors_long/short tensors are refused as unknown), each with llama.cpp's tensor names
 and metadata keys (`GgufFamily`). Read with `gguf.GGUFReader`
 (memory-mapped, fast); no transformers here.
 
@@ -12,7 +13,7 @@ Invariants of what this module yields:
 - llama's attn_q / attn_k rows are un-permuted: llama.cpp's converter
   interleaves each head's two rotary halves for its RoPE kernel; HF keeps them
   split (`rotate_half`). The inverse here is the one transformers' GGUF loader
-  applies. qwen2, qwen3 and gemma3 use the NeoX rotation, stored as HF stores it;
+  applies. qwen2, qwen3, gemma3 and phi3 use the NeoX rotation, stored as HF stores it;
 - gemma3's norm weights are HF's: llama.cpp's converter stores 1 + weight
   (Gemma multiplies by it), so the 1 is taken off again;
 - values are dequantized float32 by `gguf.quants.dequantize`, the reference
@@ -77,6 +78,9 @@ class GgufFamily:
 FAMILIES = {
     "llama": GgufFamily("LlamaForCausalLM", "llama", permutes_qk=True),
     "qwen2": GgufFamily("Qwen2ForCausalLM", "qwen2", permutes_qk=False),
+    # llama.cpp keeps Phi-3's fused matrices: attn_qkv, and ffn_up as gate then up.
+    "phi3": GgufFamily("Phi3ForCausalLM", "phi3", permutes_qk=False,
+                       layer_names={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
     "qwen3": GgufFamily("Qwen3ForCausalLM", "qwen3", permutes_qk=False,
                         layer_names=_QK_NORM_NAMES),
     "gemma3": GgufFamily("Gemma3ForCausalLM", "gemma3_text", permutes_qk=False, norm_shift=1.0,
@@ -144,6 +148,8 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
     }
     if arch == "gemma3":
         config |= _gemma3_config(config, meta("attention.sliding_window"))
+    elif arch == "phi3":
+        config["sliding_window"] = meta("attention.sliding_window")
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
         token_id = field_value(reader, f"tokenizer.ggml.{key}")
         if token_id is not None:
