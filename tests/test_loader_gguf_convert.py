@@ -186,6 +186,25 @@ def test_tiny_gguf_converts_back_to_the_exact_hf_weights(tiny, tiny_gguf, tmp_pa
         assert torch.equal(ours[name], tensor), name
 
 
+def test_a_model_past_the_shard_size_is_written_in_several_files_that_load_whole(
+    tiny, tiny_gguf, tmp_path, monkeypatch
+):
+    """The conversion holds one shard of float32 weights at a time, not the model."""
+    monkeypatch.setattr(gguf_convert, "SHARD_BYTES", 64 * 1024)
+    folder = converted_folder(tiny_gguf, tmp_path / "cache")
+    shards = sorted(folder.glob("*.safetensors"))
+    later = {f"model-{number:05d}.safetensors" for number in range(2, len(shards) + 1)}
+    assert len(shards) > 2 and {shard.name for shard in shards} == {"model.safetensors", *later}
+    ours = {name: t for shard in shards for name, t in load_file(shard).items()}
+    original = dict(tiny.weights())
+    assert ours.keys() == original.keys()
+    assert all(torch.equal(ours[name], tensor) for name, tensor in original.items())
+    config = ModelConfig(
+        model=str(tiny_gguf), cache_dir=tmp_path / "cache", dtype="float32", quantization=None
+    )
+    assert load_model(config).model.is_loaded
+
+
 def test_tiny_gguf_tokenizer_and_chat_template_survive_conversion(tiny_gguf, tmp_path):
     tokenizer = Tokenizer.from_folder(converted_folder(tiny_gguf, tmp_path / "cache"))
     assert tokenizer.decode(tokenizer.encode("hello world")) == "hello world"

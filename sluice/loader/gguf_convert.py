@@ -4,7 +4,8 @@ Parsing a GGUF vocabulary into a fast tokenizer is slow pure Python, so a
 GGUF is converted once into a folder under `ModelConfig.cache_dir`:
 
     config.json                 HF llama config from the GGUF metadata
-    model.safetensors           dequantized float32 weights, HF names and layout
+    model.safetensors           dequantized float32 weights, HF names and layout (and
+                                model-00002.safetensors... past SHARD_BYTES each)
     tokenizer.json              fast tokenizer built by transformers from the GGUF
     tokenizer_config.json       special tokens
     chat_template.jinja         the GGUF's tokenizer.chat_template, when it has one
@@ -33,9 +34,11 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from gguf import GGUFReader
 from safetensors.numpy import save_file
 
@@ -45,6 +48,9 @@ from sluice.loader import gguf_llama
 # Bump when the folder layout or tensor conversion changes: old caches are ignored.
 CONVERSION_VERSION = 2
 SOURCE_FILE = "sluice_source.json"
+# Dequantized float32 weights are written in files of about this size, so a
+# conversion holds one file's worth in memory (a 1B model is 4 GB in float32).
+SHARD_BYTES = 1024 * 1024 * 1024
 # A temporary folder whose owner cannot be checked (another host's, or one
 # from before owners were named) is stale once untouched this long: far
 # beyond the slowest conversion.
@@ -127,8 +133,7 @@ def write_hf_folder(gguf_path: Path, folder: Path) -> None:
     # 1. Metadata and tensors, straight from the memory-mapped GGUF.
     reader = _open_reader(gguf_path)
     config = _guarded(gguf_path, lambda: gguf_llama.hf_config(reader))
-    tensors = _guarded(gguf_path, lambda: dict(gguf_llama.hf_tensors(reader, config)))
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    _guarded(gguf_path, lambda: _save_in_shards(gguf_llama.hf_tensors(reader, config), folder))
     _write_json(folder / "config.json", config)
     _write_json(folder / "generation_config.json", _generation_config(config))
     # 2. The tokenizer: transformers' GGUF converter (the slow step).
@@ -146,6 +151,27 @@ def write_hf_folder(gguf_path: Path, folder: Path) -> None:
         "tensor_types": {tensor.name: tensor.tensor_type.name for tensor in reader.tensors},
     }
     _write_json(folder / SOURCE_FILE, source)
+
+
+def _save_in_shards(tensors: Iterator[tuple[str, np.ndarray]], folder: Path) -> None:
+    """Dequantized tensors into safetensors files of about `SHARD_BYTES` each:
+    model.safetensors, then model-00002.safetensors...; the float32 copy in
+    memory is one shard, never the whole model."""
+    shard: dict[str, np.ndarray] = {}
+    shard_bytes, number = 0, 1
+    for name, array in tensors:
+        shard[name] = array
+        shard_bytes += array.nbytes
+        if shard_bytes >= SHARD_BYTES:
+            _save_shard(shard, folder, number)
+            shard, shard_bytes, number = {}, 0, number + 1
+    if shard or number == 1:
+        _save_shard(shard, folder, number)
+
+
+def _save_shard(shard: dict[str, np.ndarray], folder: Path, number: int) -> None:
+    name = "model.safetensors" if number == 1 else f"model-{number:05d}.safetensors"
+    save_file(shard, str(folder / name), metadata={"format": "pt"})
 
 
 def source_tensor_types(folder: Path) -> dict[str, str] | None:
