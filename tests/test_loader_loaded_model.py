@@ -4,6 +4,7 @@ max_model_len, and a one-line ModelLoadError for every way loading can fail."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -79,6 +80,19 @@ def test_an_hf_folder_loads_with_its_name_limit_eos_and_tokenizer(model_dir):
     assert loaded.eos_token_ids == {2}
     assert loaded.model_config.num_hidden_layers == 2
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("héllo")) == "héllo"
+
+
+def test_the_startup_reason_names_the_family_the_weights_memory_and_the_load_time(model_dir):
+    loaded = load(model_dir)
+    model = loaded.model
+    # float32, not prepacked: every parameter once (the tied head shares the
+    # embedding) plus the two RoPE tables.
+    expected = sum(p.numel() * 4 for p in model.parameters())
+    expected += (model.rope_cos.numel() + model.rope_sin.numel()) * model.rope_cos.element_size()
+    assert model.weight_bytes() == expected
+    reason = loaded.choices.reason
+    assert "architecture LlamaForCausalLM: every engine path" in reason
+    assert re.search(rf"weights {expected / 2**20:.0f} MiB in memory, loaded in \d+\.\d s$", reason)
 
 
 def test_the_eos_ids_are_the_tokenizers_one_reading_of_every_config(model_dir):

@@ -67,6 +67,7 @@ class LoadedModel:
 def load_model(config: ModelConfig) -> LoadedModel:
     """Load the model `config` names; ModelLoadError (one line) on any failure."""
     # 1. Where the HF folder is (converting a GGUF on first use).
+    start = time.perf_counter()
     source = resolve_source(config.model)
     folder = _hf_folder(source, config.cache_dir)
     # 2. Everything that can be checked without allocating the model.
@@ -107,6 +108,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         if kernel_plan := _use_kernel_plan(config, model, max_model_len):
             chosen = choices.noting(chosen, kernel_plan)
     chosen = choices.noting(chosen, describe_family(model_config))
+    chosen = choices.noting(chosen, _describe_load(model, time.perf_counter() - start))
     model.eval()
     return LoadedModel(
         model=model,
@@ -131,6 +133,10 @@ def _use_kernel_plan(config: ModelConfig, model: LlamaForCausalLM, max_model_len
     )
     model.use_kernel_plan(plan)
     return plan.describe()
+
+
+def _describe_load(model: LlamaForCausalLM, load_s: float) -> str:
+    return f"weights {model.weight_bytes() / 2**20:.0f} MiB in memory, loaded in {load_s:.1f} s"
 
 
 def resolve_max_model_len(requested: int | None, model_config: LlamaConfig) -> int:

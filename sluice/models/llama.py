@@ -241,6 +241,22 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:  # [n, hidden] -> [n, vocab] float32
         return self.lm_head(hidden).float()
 
+    def weight_bytes(self) -> int:
+        """Bytes the model's tensors hold (each storage once: a tied head counts
+        once until prepacking gives it its own copy; quantized copies count)."""
+        seen: set[int] = set()
+        total = 0
+        for module in self.modules():
+            for tensor in (*module._parameters.values(), *module._buffers.values()):
+                if tensor is None:
+                    continue
+                if tensor.is_mkldnn:  # oneDNN's packed layout: no storage to ask
+                    total += tensor.numel() * tensor.element_size()
+                elif (storage := tensor.untyped_storage()).data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    total += storage.nbytes()
+        return total
+
     def _make_layer(self, index: int, dtype: torch.dtype, device) -> LlamaDecoderLayer:
         is_sliding = bool(self.config.layer_types) and self.config.layer_types[index] == SLIDING
         return LlamaDecoderLayer(self.config, dtype, device, self.batch_invariant, is_sliding)
