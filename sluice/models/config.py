@@ -1,8 +1,9 @@
 """The shape of a Llama-family model, parsed once from an HF `config.json` dict.
 
-`LlamaConfig` covers Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3 and
+`LlamaConfig` covers Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3, Phi-3 and
 Gemma 3 (text): one decoder with RMSNorm, a gated MLP, grouped-query attention
-and rotary embeddings. Qwen3 adds a per-head RMSNorm of q and k; Gemma 3 adds
+and rotary embeddings. Qwen3 adds a per-head RMSNorm of q and k; Phi-3 stores
+q/k/v and gate/up fused and may attend within a window; Gemma 3 adds
 those too, (1 + weight) norms before and after attention and the MLP, a scaled
 embedding, GeGLU, its own attention scale and sliding-window layers between
 global ones (`layer_types`), each kind with its own RoPE base.
@@ -13,8 +14,9 @@ Invariants of a parsed config:
   `SUPPORTED_ROPE_TYPES`, with `rope_theta` kept apart in its own field, the
   same whichever of the two layouts the file used (transformers < 5:
   top-level `rope_theta` + `rope_scaling`; transformers 5: `rope_parameters`);
-- attention is full attention, except Gemma 3's "sliding_attention" layers
-  (`layer_types`), which see the last `sliding_window` positions: elsewhere a
+- attention is full attention, except "sliding_attention" layers
+  (`layer_types`: Gemma 3's local ones, every Phi-3 layer when its window is
+  shorter than the context), which see the last `sliding_window` positions: elsewhere a
   sliding window shorter than `max_position_embeddings` is refused, a longer
   one is ignored.
 
