@@ -8,8 +8,12 @@ import importlib
 import sys
 from pathlib import Path
 
+import torch
+
+from sluice.config import CacheConfig, EngineConfig, SpeculativeConfig
+from sluice.engine.core import EngineCore
 from sluice.engine.sampling_params import SamplingParams
-from tests.test_engine_speculation import make_core, ngram
+from sluice.models.attention import kv_cache_bytes_per_block
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "benchmarks") not in sys.path:
@@ -17,11 +21,21 @@ if str(ROOT / "benchmarks") not in sys.path:
 speculative = importlib.import_module("speculative")
 
 
+def make_core(loaded, speculative: SpeculativeConfig | None) -> EngineCore:
+    bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, 4, torch.float32)
+    config = EngineConfig(
+        cache=CacheConfig(block_size_tokens=4, kv_cache_memory_bytes=512 * bytes_per_block),
+        multiprocess=False,
+        speculative_config=speculative,
+    )
+    return EngineCore(config, loaded=loaded)
+
+
 def test_a_run_counts_tokens_steps_and_drafts_and_the_summary_compares_sides(tiny_loaded):
     prompt = [5, 6, 7, 8, 9, 10] * 8
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     off = speculative.run_one(make_core(tiny_loaded, None), prompt, params, "off")
-    core = make_core(tiny_loaded, ngram(k=4))
+    core = make_core(tiny_loaded, SpeculativeConfig(num_speculative_tokens=4))
     on = [speculative.run_one(core, prompt, params, f"on{i}") for i in range(2)]
     assert off.num_tokens == on[0].num_tokens == 40 and off.num_drafted == 0
     assert on[0].token_ids == on[1].token_ids == off.token_ids

@@ -17,8 +17,8 @@ from sluice.engine.sampled import PromptLogprobsChunk, SampledToken
 from sluice.engine.sampler import Sampler, SamplingRow
 from sluice.engine.sampling.logprobs import prompt_logprobs
 from sluice.engine.scheduler import ScheduledRequest, SchedulerPlan
-from sluice.engine.speculation import verification_rows
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
+from sluice.structured.matcher import GrammarMatcher
 
 # Prompt positions whose [V] logits are materialised at once (memory bound).
 PROMPT_LOGPROBS_ROWS = 256
@@ -108,7 +108,7 @@ class ModelRunner:
             num_draft = len(scheduled[i].draft_token_ids)
             flat_index.extend(range(ends[i] - 1 - num_draft, ends[i]))
             rows.extend(
-                verification_rows(scheduled[i]) if num_draft else [_sampling_row(scheduled[i])]
+                _verification_rows(scheduled[i]) if num_draft else [_sampling_row(scheduled[i])]
             )
         index = torch.tensor(flat_index, device=self.device)  # [num_rows]
         tokens = iter(self.sampler(self.model.compute_logits(hidden[index]), rows))
@@ -177,3 +177,32 @@ def _positions(query_lens: list[int], context_lens: list[int], device) -> torch.
     # offset within the request = flat index - first flat index of its request
     offsets = flat - first_flat.repeat_interleave(q)
     return (starts.repeat_interleave(q) + offsets).to(device)
+
+
+def _verification_rows(scheduled: ScheduledRequest) -> list[SamplingRow]:
+    """One sampling row per verified position: row j sees the output as if
+    the draft's first j tokens had been sampled (and the grammar past them)."""
+    draft = scheduled.draft_token_ids
+    outputs = list(scheduled.output_token_ids)
+    grammar = scheduled.grammar
+    rows = []
+    for j in range(len(draft) + 1):
+        if j > 0 and grammar is not None:
+            grammar = _advanced_copy(grammar, draft[j - 1])
+        rows.append(
+            SamplingRow(
+                request_id=scheduled.request_id,
+                params=scheduled.params,
+                prompt_token_ids=scheduled.prompt_token_ids,
+                output_token_ids=outputs + draft[:j] if j else scheduled.output_token_ids,
+                grammar=grammar,
+            )
+        )
+    return rows
+
+
+def _advanced_copy(grammar: GrammarMatcher, token_id: int) -> GrammarMatcher:
+    """A copy of the matcher past one more token; the request's own stays put."""
+    copy = GrammarMatcher(grammar.matcher.deep_copy(), grammar.request_id)
+    copy.accept(token_id)
+    return copy

@@ -5,8 +5,7 @@ and samples the next. With speculation, the scheduler asks the request's
 n-gram index (`ngram_proposer.py`) for up to k tokens, and the step computes
 the 1 + k tokens `[last, d_0 .. d_k-1]` in one forward pass. The runner
 samples at each of the 1 + k positions from a sampling row that sees the
-output as if the draft's first j tokens had been generated
-(`verification_rows`): the same penalties, min_tokens, logit_bias, grammar
+output as if the draft's first j tokens had been generated (runner.py): the same penalties, min_tokens, logit_bias, grammar
 mask and per-step seed as a step without speculation at that point.
 `accepted_tokens` keeps the drafted tokens as long as each equals the token
 sampled before it, then the first sampled token that differs (or the bonus
@@ -37,12 +36,10 @@ from typing import TYPE_CHECKING
 from sluice.config import SpeculativeConfig
 from sluice.engine.ngram_proposer import NgramIndex
 from sluice.engine.sampled import SampledToken
-from sluice.engine.sampling.batch import SamplingRow
-from sluice.structured.matcher import GrammarMatcher
 
 if TYPE_CHECKING:
     from sluice.engine.request import Request
-    from sluice.engine.scheduler import ScheduledRequest
+    from sluice.structured.matcher import GrammarMatcher
 
 
 @dataclass(slots=True)
@@ -123,32 +120,3 @@ def accepted_tokens(draft: list[int], sampled: list[SampledToken]) -> list[Sampl
         if sampled[position].token_id != token_id:
             return sampled[: position + 1]
     return sampled
-
-
-def verification_rows(scheduled: ScheduledRequest) -> list[SamplingRow]:
-    """One sampling row per verified position: row j sees the output as if
-    the draft's first j tokens had been sampled (and the grammar past them)."""
-    draft = scheduled.draft_token_ids
-    outputs = list(scheduled.output_token_ids)
-    grammar = scheduled.grammar
-    rows = []
-    for j in range(len(draft) + 1):
-        if j > 0 and grammar is not None:
-            grammar = _advanced_copy(grammar, draft[j - 1])
-        rows.append(
-            SamplingRow(
-                request_id=scheduled.request_id,
-                params=scheduled.params,
-                prompt_token_ids=scheduled.prompt_token_ids,
-                output_token_ids=outputs + draft[:j] if j else scheduled.output_token_ids,
-                grammar=grammar,
-            )
-        )
-    return rows
-
-
-def _advanced_copy(grammar: GrammarMatcher, token_id: int) -> GrammarMatcher:
-    """A copy of the matcher past one more token; the request's own stays put."""
-    copy = GrammarMatcher(grammar.matcher.deep_copy(), grammar.request_id)
-    copy.accept(token_id)
-    return copy
