@@ -29,6 +29,14 @@ queues by aged priority and lets waiting requests that outrank running ones
 take their seats by preemption (`_apply_priorities`); the FCFS invariant
 below is then the rank order at the start of each step.
 
+With a `Speculator` (--speculative-config, sluice/engine/speculation.py), a
+decoding request may also verify drafted tokens: its step computes 1 + k
+tokens (k within the budget, max_tokens and the context, and only where the
+blocks are free: a draft never preempts). `update` keeps the draft's
+accepted prefix and one more token, appends them under the stop rules one by
+one, sets `num_computed_tokens` to the kept positions and frees the blocks
+past them, so the invariants below hold between steps as without it.
+
 With `enable_chunked_prefill=False` a prompt is only admitted whole. A prompt
 longer than the whole budget is then admitted alone, into an otherwise empty
 step (after the running requests drain), so that step exceeds the budget.
