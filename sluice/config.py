@@ -431,8 +431,8 @@ class ServerConfig:
     generation_defaults: GenerationDefaults | None = setting(
         None,
         "sampling defaults for fields a request leaves unset, as JSON in generation_config "
-        'names: temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, '
-        'frequency_penalty, max_new_tokens, stop_strings (e.g. \'{"temperature": 0}\')',
+        "names: temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, "
+        "frequency_penalty, max_new_tokens, stop_strings (e.g. '{\"temperature\": 0}')",
         flag="--override-generation-config",
     )
     # Open connections at once, a new one included; beyond it uvicorn answers a
