@@ -196,6 +196,8 @@ def test_a_model_past_the_shard_size_is_written_in_several_files_that_load_whole
     later = {f"model-{number:05d}.safetensors" for number in range(2, len(shards) + 1)}
     assert len(shards) > 2 and {shard.name for shard in shards} == {"model.safetensors", *later}
     ours = {name: t for shard in shards for name, t in load_file(shard).items()}
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert index["weight_map"].keys() == ours.keys()
     original = dict(tiny.weights())
     assert ours.keys() == original.keys()
     assert all(torch.equal(ours[name], tensor) for name, tensor in original.items())

@@ -5,7 +5,8 @@ GGUF is converted once into a folder under `ModelConfig.cache_dir`:
 
     config.json                 HF llama config from the GGUF metadata
     model.safetensors           dequantized float32 weights, HF names and layout (and
-                                model-00002.safetensors... past SHARD_BYTES each)
+                                model-00002.safetensors... past SHARD_BYTES each,
+                                then with model.safetensors.index.json)
     tokenizer.json              fast tokenizer built by transformers from the GGUF
     tokenizer_config.json       special tokens
     chat_template.jinja         the GGUF's tokenizer.chat_template, when it has one
@@ -44,6 +45,7 @@ from safetensors.numpy import save_file
 
 from sluice.errors import ModelLoadError
 from sluice.loader import gguf_llama
+from sluice.loader.weights import INDEX_FILE
 
 # Bump when the folder layout or tensor conversion changes: old caches are ignored.
 CONVERSION_VERSION = 2
@@ -155,23 +157,28 @@ def write_hf_folder(gguf_path: Path, folder: Path) -> None:
 
 def _save_in_shards(tensors: Iterator[tuple[str, np.ndarray]], folder: Path) -> None:
     """Dequantized tensors into safetensors files of about `SHARD_BYTES` each:
-    model.safetensors, then model-00002.safetensors...; the float32 copy in
-    memory is one shard, never the whole model."""
+    model.safetensors, then model-00002.safetensors... with the index HF
+    readers expect; the float32 copy in memory is one shard, never the model."""
     shard: dict[str, np.ndarray] = {}
+    weight_map: dict[str, str] = {}
     shard_bytes, number = 0, 1
     for name, array in tensors:
         shard[name] = array
         shard_bytes += array.nbytes
         if shard_bytes >= SHARD_BYTES:
-            _save_shard(shard, folder, number)
+            weight_map |= _save_shard(shard, folder, number)
             shard, shard_bytes, number = {}, 0, number + 1
     if shard or number == 1:
-        _save_shard(shard, folder, number)
+        weight_map |= _save_shard(shard, folder, number)
+    if len(set(weight_map.values())) > 1:
+        _write_json(folder / INDEX_FILE, {"metadata": {}, "weight_map": weight_map})
 
 
-def _save_shard(shard: dict[str, np.ndarray], folder: Path, number: int) -> None:
-    name = "model.safetensors" if number == 1 else f"model-{number:05d}.safetensors"
-    save_file(shard, str(folder / name), metadata={"format": "pt"})
+def _save_shard(shard: dict[str, np.ndarray], folder: Path, number: int) -> dict[str, str]:
+    """Write one shard; returns tensor name -> its file name."""
+    file_name = "model.safetensors" if number == 1 else f"model-{number:05d}.safetensors"
+    save_file(shard, str(folder / file_name), metadata={"format": "pt"})
+    return dict.fromkeys(shard, file_name)
 
 
 def source_tensor_types(folder: Path) -> dict[str, str] | None:
