@@ -49,6 +49,9 @@ TINY_MODEL_KINDS = (
 # layer (window 8, local RoPE base) before a global one, a query scalar other
 # than head_dim and logit soft-capping, so that each of them shows.
 GEMMA3_KIND = "gemma3"
+# Gemma 2: the same layout without q/k norms, sliding and global layers in
+# turn, attention scores capped (at 1.0, so that the cap shows on these scores).
+GEMMA2_KIND = "gemma2"
 GEMMA3_SLIDING_WINDOW = 8
 
 _COMMON: dict[str, Any] = {
@@ -110,6 +113,13 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
         return transformers.Phi3Config(
             **_COMMON, pad_token_id=0, sliding_window=8, rope_theta=10000.0,
             tie_word_embeddings=False,
+        )  # fmt: skip
+    if kind == GEMMA2_KIND:
+        return transformers.Gemma2Config(
+            **(_COMMON | {"num_hidden_layers": 3, "pad_token_id": 0}),
+            head_dim=16, query_pre_attn_scalar=24, sliding_window=GEMMA3_SLIDING_WINDOW,
+            rope_theta=10000.0, attn_logit_softcapping=1.0, final_logit_softcapping=5.0,
+            tie_word_embeddings=True,
         )  # fmt: skip
     if kind == GEMMA3_KIND:
         return transformers.Gemma3TextConfig(

@@ -2,7 +2,7 @@
 generate, and the engine's paths (chunked prefill, the prefix cache,
 preemption) give the same tokens as plain whole-prompt runs.
 
-Gemma 3's sliding layers and Phi-3's (window 8) make these checks bite: prompts and
+Gemma 3's sliding layers, Gemma 2's and Phi-3's (window 8) make these checks bite: prompts and
 continuations run past the window, prefix-cache hits land on blocks the
 window has left, and preempted requests recompute across it.
 """
@@ -21,10 +21,10 @@ from sluice.models.config import LlamaConfig
 from sluice.models.families import build_model, describe_family
 from sluice.models.gemma3 import Gemma3ForCausalLM
 from sluice.models.llama import LlamaForCausalLM
-from tests.model_factory import GEMMA3_KIND, TinyModel, build_tiny_model, make_core
+from tests.model_factory import GEMMA2_KIND, GEMMA3_KIND, TinyModel, build_tiny_model, make_core
 from tests.model_runs import GREEDY, random_prompts, run, run_one_by_one
 
-FAMILY_KINDS = ("qwen3_tied", "qwen3_untied", GEMMA3_KIND, "phi3_window")
+FAMILY_KINDS = ("qwen3_tied", "qwen3_untied", GEMMA3_KIND, GEMMA2_KIND, "phi3_window")
 # Kinds whose layers (all, or Gemma's local ones) attend within a window of 8.
 SLIDING_KINDS = (GEMMA3_KIND, "phi3_window")
 
@@ -52,14 +52,16 @@ def loaded(tiny: TinyModel) -> LoadedModel:
 
 
 def test_each_architecture_gets_its_own_model_class(loaded):
-    expected = Gemma3ForCausalLM if loaded.name == GEMMA3_KIND else LlamaForCausalLM
+    expected = Gemma3ForCausalLM if loaded.name in (GEMMA3_KIND, GEMMA2_KIND) else LlamaForCausalLM
     assert type(loaded.model) is expected
 
 
 def test_the_startup_note_names_the_family_and_what_it_cannot_use(loaded):
     note = describe_family(loaded.model_config)
     assert note.startswith(f"architecture {loaded.model_config.architecture}: ")
-    if loaded.name in SLIDING_KINDS:
+    if loaded.name == GEMMA2_KIND:
+        assert "soft-capping runs every layer's attention on the torch path" in note
+    elif loaded.name in SLIDING_KINDS:
         assert "sliding-window layers (window 8) attend on the torch path" in note
         assert "keep all their KV blocks" in note
     else:

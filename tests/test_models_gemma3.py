@@ -18,7 +18,13 @@ import torch
 
 from sluice.models.config import LlamaConfig
 from sluice.models.gemma3 import Gemma3ForCausalLM
-from tests.model_factory import GEMMA3_KIND, GEMMA3_SLIDING_WINDOW, TinyModel, build_tiny_model
+from tests.model_factory import (
+    GEMMA2_KIND,
+    GEMMA3_KIND,
+    GEMMA3_SLIDING_WINDOW,
+    TinyModel,
+    build_tiny_model,
+)
 from tests.model_runs import PagedRunner, assert_close_to_scale, greedy, hf_logits
 
 PROMPT = [1, 17, 300, 45, 9, 88, 211, 5, 402, 77, 3, 150, 64]
@@ -117,3 +123,25 @@ def test_weight_only_int8_serves_gemma_within_its_rounding(tiny, dtype):
     runner.step([PROMPT[:-1]], [0], [table])
     decoded = runner.step([PROMPT[-1:]], [len(PROMPT) - 1], [table])
     assert_close_to_scale(decoded, hf_logits(tiny, PROMPT)[-1:], 0.1)
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma2(tmp_path_factory) -> TinyModel:
+    return build_tiny_model(GEMMA2_KIND, tmp_path_factory.mktemp(GEMMA2_KIND))
+
+
+def test_gemma2_prompt_logits_match_transformers_and_need_the_attention_cap(tiny_gemma2):
+    """Gemma 2: no q/k norms, sliding and global layers in turn, scores capped
+    at 1.0 before the softmax on both kinds of layer."""
+    config = LlamaConfig.from_hf_dict(tiny_gemma2.config_dict)
+    assert not config.has_qk_norm and config.attn_logit_softcapping == 1.0
+    assert config.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
+    reference = hf_logits(tiny_gemma2, PROMPT)
+    for cap, should_match in ((1.0, True), (None, False)):
+        model = Gemma3ForCausalLM(
+            dataclasses.replace(config, attn_logit_softcapping=cap), torch.float32, "cpu"
+        )
+        model.load_weights(tiny_gemma2.weights())
+        ours = PagedRunner(model).step([PROMPT], [0], [[]])  # the last position's logits
+        diff = (ours - reference[-1:]).abs().max() / reference.abs().max()
+        assert bool(diff <= 1e-4) is should_match, f"cap {cap}: relative diff {diff:.2g}"

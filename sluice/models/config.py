@@ -31,10 +31,11 @@ from typing import Any
 from sluice.errors import ModelLoadError
 
 GEMMA3 = "Gemma3ForCausalLM"
+GEMMA2 = "Gemma2ForCausalLM"
 PHI3 = "Phi3ForCausalLM"
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", GEMMA3,
-    PHI3,
+    GEMMA2, PHI3,
 )  # fmt: skip
 # "freq_factors": llama.cpp's per-dimension divisors of the frequencies (a
 # GGUF's rope_freqs tensor, how its converter stores Llama 3.1+'s llama3 scaling).
@@ -46,6 +47,7 @@ _ARCHITECTURE_BY_MODEL_TYPE = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3_text": GEMMA3,
+    "gemma2": GEMMA2,
     "phi3": PHI3,
 }
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -102,11 +104,17 @@ class LlamaConfig:
     rope_local_theta: float | None = None
     # Logits become cap * tanh(logits / cap) (Gemma); None: no cap.
     final_logit_softcapping: float | None = None
+    # Attention scores capped the same way before the softmax (Gemma 2); None: no cap.
+    attn_logit_softcapping: float | None = None
 
     @property
     def is_gemma3(self) -> bool:
-        """(1 + weight) norms, pre and post norms, the scaled embedding (gemma3.py)."""
         return self.architecture == GEMMA3
+
+    @property
+    def is_gemma(self) -> bool:
+        """(1 + weight) norms, pre and post norms, the scaled embedding (gemma3.py)."""
+        return self.architecture in (GEMMA3, GEMMA2)
 
     @property
     def has_fused_checkpoint(self) -> bool:
@@ -126,8 +134,8 @@ class LlamaConfig:
     def from_hf_dict(cls, d: dict[str, Any]) -> LlamaConfig:
         """Parse an HF config.json dict; raise ModelLoadError on what we cannot run."""
         architecture = _architecture(d)
-        if architecture == GEMMA3:
-            return _checked(cls(**_gemma3_fields(d)))
+        if architecture in (GEMMA3, GEMMA2):
+            return _checked(cls(**_gemma_fields(d, architecture)))
         _check_mlp(d)
         fields = _common_fields(d, architecture)
         max_positions = fields["max_position_embeddings"]
@@ -168,27 +176,33 @@ def _common_fields(d: dict[str, Any], architecture: str) -> dict[str, Any]:
     }
 
 
-def _gemma3_fields(d: dict[str, Any]) -> dict[str, Any]:
-    """Gemma 3 (text): Gemma's own defaults, its window and its two RoPE bases."""
+def _gemma_fields(d: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """Gemma 3 (text) and Gemma 2: Gemma's own defaults, the window, the RoPE
+    bases (Gemma 2: one for both kinds of layer) and the caps."""
     act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
     if act != "gelu_pytorch_tanh":
-        raise ModelLoadError(f"unsupported Gemma 3 activation {act!r}; only 'gelu_pytorch_tanh'")
-    if d.get("attn_logit_softcapping") is not None:
+        raise ModelLoadError(f"unsupported Gemma activation {act!r}; only 'gelu_pytorch_tanh'")
+    is_gemma2 = architecture == GEMMA2
+    if d.get("attn_logit_softcapping") is not None and not is_gemma2:
         raise ModelLoadError("unsupported attn_logit_softcapping: attention scores are not capped")
     if d.get("use_bidirectional_attention"):
         raise ModelLoadError("unsupported use_bidirectional_attention: generation is causal")
     d = {"tie_word_embeddings": True, "rms_norm_eps": 1e-6, **d}
-    fields = _common_fields(d, GEMMA3)
-    layer_types = _gemma3_layer_types(d, fields["num_hidden_layers"])
+    fields = _common_fields(d, architecture)
+    pattern = 2 if is_gemma2 else _GEMMA3_SLIDING_PATTERN
+    layer_types = _gemma_layer_types(d, fields["num_hidden_layers"], pattern)
     window = d.get("sliding_window")
     if SLIDING in layer_types and not window:
         raise ModelLoadError("Gemma 3 sliding-window layers need 'sliding_window'")
     local = (d.get("rope_parameters") or {}).get(SLIDING) or {}
     local_theta = local.get("rope_theta") or d.get("rope_local_base_freq")
-    cap = d.get("final_logit_softcapping")
+    if is_gemma2:
+        local_theta = fields["rope_theta"]
+    cap, attn_cap = d.get("final_logit_softcapping"), d.get("attn_logit_softcapping")
     return fields | {
         "sliding_window": int(window) if window else None,
-        "has_qk_norm": True,
+        "has_qk_norm": not is_gemma2,
+        "attn_logit_softcapping": None if attn_cap is None else float(attn_cap),
         "hidden_act": act,
         "query_pre_attn_scalar": float(d.get("query_pre_attn_scalar") or fields["head_dim"]),
         "layer_types": layer_types,
@@ -211,10 +225,10 @@ def _phi3_fields(d: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     return {"sliding_window": int(window), "layer_types": (SLIDING,) * fields["num_hidden_layers"]}
 
 
-def _gemma3_layer_types(d: dict[str, Any], num_layers: int) -> tuple[str, ...]:
+def _gemma_layer_types(d: dict[str, Any], num_layers: int, pattern: int) -> tuple[str, ...]:
     types = d.get("layer_types")
     if types is None:
-        pattern = int(d.get("sliding_window_pattern") or _GEMMA3_SLIDING_PATTERN)
+        pattern = int(d.get("sliding_window_pattern") or pattern)
         types = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
     if len(types) != num_layers or any(t not in (SLIDING, FULL) for t in types):
         raise ModelLoadError(

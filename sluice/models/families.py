@@ -1,7 +1,7 @@
 """The model class each supported architecture runs in.
 
 Every family is a `LlamaForCausalLM` (the engine's one model interface);
-Gemma 3 is the subclass with its norms and embedding.
+Gemma 3 and Gemma 2 are the subclass with their norms and embedding.
 """
 
 from __future__ import annotations
@@ -17,12 +17,18 @@ def build_model(
     config: LlamaConfig, dtype: torch.dtype, device: torch.device | str, batch_invariant: bool
 ) -> LlamaForCausalLM:
     """An unloaded model of `config`'s family (weights come from `load_weights`)."""
-    model_class = Gemma3ForCausalLM if config.is_gemma3 else LlamaForCausalLM
+    model_class = Gemma3ForCausalLM if config.is_gemma else LlamaForCausalLM
     return model_class(config, dtype, device, batch_invariant)
 
 
 def describe_family(config: LlamaConfig) -> str:
     """The architecture, and which engine paths it cannot use, for the startup line."""
+    if config.attn_logit_softcapping is not None:
+        return (
+            f"architecture {config.architecture}: attention soft-capping runs every layer's "
+            "attention on the torch path, not the native attention kernels; its sliding-window "
+            "layers keep all their KV blocks"
+        )
     if SLIDING in config.layer_types:
         return (
             f"architecture {config.architecture}: its sliding-window layers (window "

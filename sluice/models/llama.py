@@ -84,11 +84,16 @@ class LlamaDecoderLayer(nn.Module):
         self.attend = batch_invariant_attention if batch_invariant else paged_attention
         # Attends within config.sliding_window (Gemma 3's local layers, Phi-3).
         self.is_sliding = is_sliding
-        if is_sliding:
+        cap = config.attn_logit_softcapping
+        if is_sliding or cap is not None:
+            # Capped scores (Gemma 2) need the torch path on global layers too:
+            # there the window is the whole context.
+            window = config.sliding_window if is_sliding else config.max_position_embeddings
             self.attend = functools.partial(
                 sliding_window_attention,
-                window=config.sliding_window,
+                window=window,
                 is_batch_invariant=batch_invariant,
+                softcap=cap,
             )
         hidden, head_dim = config.hidden_size, config.head_dim
         self.num_heads = config.num_attention_heads

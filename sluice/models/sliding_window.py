@@ -36,15 +36,16 @@ def sliding_window_attention(
     *,
     window: int,
     is_batch_invariant: bool = False,
+    softcap: float | None = None,
 ) -> Tensor:  # [num_tokens, num_heads, head_dim]
     """Store the new K/V (unless already written), then attend each query
-    over the keys of its window."""
+    over the keys of its window (scores capped at `softcap` first, if set)."""
     if not kv_written:
         _write_kv(kv_cache, k, v, meta.slot_mapping)
     out = torch.empty_like(q)
     decodes = [] if is_batch_invariant else [b for b, n in enumerate(meta.query_lens) if n == 1]
     if decodes:
-        _decode_windows(q, out, kv_cache, meta, decodes, window, scale)
+        _decode_windows(q, out, kv_cache, meta, decodes, window, scale, softcap)
     for b, (query_len, seq_len) in enumerate(zip(meta.query_lens, meta.seq_lens_list, strict=True)):
         if not is_batch_invariant and query_len == 1:
             continue  # done above
@@ -57,7 +58,7 @@ def sliding_window_attention(
         for position, row, num_queries in spans:
             rows = slice(row, row + num_queries)
             table = meta.block_tables[b]
-            out[rows] = _window_span(q[rows], kv_cache, table, position, window, scale)
+            out[rows] = _window_span(q[rows], kv_cache, table, position, window, scale, softcap)
     return out
 
 
@@ -69,6 +70,7 @@ def _decode_windows(
     decodes: list[int],  # sequences of the batch with one new token
     window: int,
     scale: float,
+    softcap: float | None,
 ) -> None:
     """Every one-token sequence in one SDPA call: each gathers the blocks its
     window touches (padded to the most any needs), a mask keeps the window."""
@@ -88,6 +90,12 @@ def _decode_windows(
     key_pos = first_blocks[:, None] * block_size + torch.arange(kv.shape[2], device=device)
     mask = (key_pos >= first_keys[:, None]) & (key_pos < seq_lens[:, None])  # [n, K]
     token_rows = meta.query_start_loc[rows]  # [n]
+    if softcap is not None:
+        keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [n, Hkv, K, D]
+        capped = _capped_attention(q[token_rows][:, :, None], keys, values,
+                                   mask[:, None, None, :], scale, softcap)  # fmt: skip
+        out[token_rows] = capped[:, :, 0]  # [n, Hq, D]
+        return
     # Grouped-query heads as query positions of their KV head (decode_attention_torch).
     grouped = q[token_rows].reshape(len(decodes), num_kv_heads, -1, head_dim)  # [n, Hkv, G, D]
     attended = F.scaled_dot_product_attention(
@@ -107,6 +115,7 @@ def _window_span(
     first_position: int,
     window: int,
     scale: float,
+    softcap: float | None = None,
 ) -> Tensor:  # [num_queries, num_heads, head_dim]
     num_queries = q.shape[0]
     end = first_position + num_queries  # keys [first_key, end)
@@ -116,7 +125,30 @@ def _window_span(
     query_pos = torch.arange(first_position, end, device=q.device)[:, None]  # [L, 1]
     # Always a mask: without one _sdpa is causal from the top left (L < S here).
     mask = (key_pos <= query_pos) & (key_pos > query_pos - window)  # [L, S]
+    if softcap is not None:
+        heads_first = [x.transpose(0, 1)[None] for x in (q, keys, values)]  # [1, H, L|S, D]
+        return _capped_attention(*heads_first, mask, scale, softcap)[0].transpose(0, 1)
     return _sdpa(q, keys, values, mask, scale)
+
+
+def _capped_attention(
+    q: Tensor,  # [B, Hq, L, D]
+    keys: Tensor,  # [B, Hkv, S, D]
+    values: Tensor,  # [B, Hkv, S, D]
+    mask: Tensor,  # bool, broadcast to [B, Hq, L, S]
+    scale: float,
+    softcap: float,
+) -> Tensor:  # [B, Hq, L, D]
+    """Attention with scores capped at softcap * tanh(scores / softcap), as
+    transformers' Gemma 2 computes it (no fused kernel caps scores)."""
+    groups = q.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(groups, dim=1)  # [B, Hq, S, D]
+    values = values.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, keys.transpose(2, 3)) * scale  # [B, Hq, L, S]
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, values)
 
 
 def _keys_between(kv_cache: Tensor, table: Tensor, start: int, end: int) -> tuple[Tensor, Tensor]:
