@@ -1,4 +1,4 @@
-"""Qwen2 (q/k/v bias), Qwen3, Gemma 3 and Phi-3 (fused matrices, a window) from GGUF files, in every common quantization type.
+"""Qwen2 (q/k/v bias), Qwen3, Gemma 2 and 3, and Phi-3 (fused matrices, a window) from GGUF files, in every common quantization type.
 
 Each tiny random model (hidden 256, so that rows hold whole 256-value
 K-quant blocks) is written with the `gguf` package as llama.cpp's converter
@@ -58,9 +58,11 @@ _FAMILY_STEMS = {
         "post_feedforward_layernorm": "post_ffw_norm",
     },
 }
+_FAMILY_STEMS["gemma2"] = _FAMILY_STEMS["gemma3"]  # its layers name no q/k norms
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight",
            "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}  # fmt: skip
-KINDS = {"qwen2": "qwen2_bias", "qwen3": "qwen3_untied", "gemma3": "gemma3", "phi3": "phi3_window"}
+KINDS = {"qwen2": "qwen2_bias", "qwen3": "qwen3_untied", "gemma3": "gemma3", "gemma2": "gemma2",
+         "phi3": "phi3_window"}  # fmt: skip
 PROMPT = [1, 17, 300, 45, 9, 88, 211, 5, 402, 77, 3, 150, 64]
 
 
@@ -92,14 +94,17 @@ def write_family_gguf(tiny: TinyModel, arch: str, path: Path, quantized: bool) -
     theta = config["rope_parameters"]
     writer.add_rope_freq_base((theta.get("full_attention") or theta)["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    if arch in ("gemma3", "phi3"):
+    if arch in ("gemma2", "gemma3", "phi3"):
         writer.add_sliding_window(config["sliding_window"])
+    if arch == "gemma2":
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            writer.add_float32(f"gemma2.{key}", config[key])
     _add_vocab(writer, config["vocab_size"])
     turn = 0  # matrices take the types in turn, each the next one its rows fit
     encoded = {}
     for name, tensor in tiny.weights():
         array = tensor.numpy()
-        if arch == "gemma3" and name.endswith("norm.weight"):
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
             array = array + np.float32(1.0)  # llama.cpp stores Gemma's 1 + weight
         kind = Q.F32
         if quantized and array.ndim == 2:
@@ -176,7 +181,7 @@ def test_every_quantization_type_dequantizes_to_the_values_its_blocks_encode(tin
     original = dict(tiny.weights())
     for hf_name, weights in original.items():
         values = encoded[_gguf_name(hf_name, arch)]
-        if arch == "gemma3" and hf_name.endswith("norm.weight"):
+        if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
             values = values - np.float32(1.0)
         np.testing.assert_array_equal(converted[hf_name], values, err_msg=hf_name)
         # And near the weights they quantize: a wrong block layout lands far off.

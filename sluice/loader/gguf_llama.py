@@ -1,7 +1,7 @@
 """What a GGUF means in Hugging Face terms: its config and its tensors.
 
 Architectures (`general.architecture`): llama (Llama, SmolLM2, Mistral as
-llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3, gemma3 and phi3 (Phi-3 without
+llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3, gemma2, gemma3 and phi3 (Phi-3 without
 LongRoPE: its rope_factors_long/short tensors are refused as unknown), each with llama.cpp's tensor names
 and metadata keys (`GgufFamily`). Read with `gguf.GGUFReader`
 (memory-mapped, fast); no transformers here.
@@ -14,7 +14,7 @@ Invariants of what this module yields:
   interleaves each head's two rotary halves for its RoPE kernel; HF keeps them
   split (`rotate_half`). The inverse here is the one transformers' GGUF loader
   applies. qwen2, qwen3, gemma3 and phi3 use the NeoX rotation, stored as HF stores it;
-- gemma3's norm weights are HF's: llama.cpp's converter stores 1 + weight
+- gemma2's and gemma3's norm weights are HF's: llama.cpp's converter stores 1 + weight
   (Gemma multiplies by it), so the 1 is taken off again;
 - values are dequantized float32 by `gguf.quants.dequantize`, the reference
   port of llama.cpp's block layouts (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K
@@ -59,6 +59,7 @@ _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GEMMA3_LOCAL_ROPE_THETA = 10000.0
 _GEMMA3_SLIDING_PATTERN = 6
 _GEMMA3_27B_LAYERS = 62
+_GEMMA2_27B_LAYERS = 46
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,11 @@ FAMILIES = {
                              "post_ffw_norm": "post_feedforward_layernorm",
                          }),
 }  # fmt: skip
+# llama.cpp's gemma2: Gemma 3's tensors without the q/k norms, the same + 1 on norms.
+FAMILIES["gemma2"] = GgufFamily(
+    "Gemma2ForCausalLM", "gemma2", permutes_qk=False, norm_shift=1.0,
+    layer_names={k: v for k, v in FAMILIES["gemma3"].layer_names.items() if k not in _QK_NORM_NAMES},
+)  # fmt: skip
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 ROPE_FREQS = "rope_freqs.weight"
 
@@ -148,6 +154,8 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
     }
     if arch == "gemma3":
         config |= _gemma3_config(config, meta("attention.sliding_window"))
+    elif arch == "gemma2":
+        config |= _gemma2_config(config, meta)
     elif arch == "phi3":
         config["sliding_window"] = meta("attention.sliding_window")
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
@@ -182,6 +190,32 @@ def _gemma3_config(config: dict[str, Any], window: int | None) -> dict[str, Any]
         "final_logit_softcapping": None,
         "attn_logit_softcapping": None,
     }
+
+
+def _gemma2_config(config: dict[str, Any], meta: Any) -> dict[str, Any]:
+    """Gemma 2 as llama.cpp runs it: Gemma 3's fixed choices with one sliding
+    layer in two, one RoPE base, and the caps its metadata holds."""
+    num_layers = config["num_hidden_layers"]
+    gemma = _gemma3_config(config, meta("attention.sliding_window"))
+    sliding = [i % 2 == 0 for i in range(num_layers)]  # layer 0 slides
+    gemma["query_pre_attn_scalar"] = (
+        config["hidden_size"] // config["num_attention_heads"]
+        if num_layers == _GEMMA2_27B_LAYERS
+        else config["head_dim"]
+    )
+    caps = {key: meta(key) for key in ("attn_logit_softcapping", "final_logit_softcapping")}
+    return (
+        gemma
+        | caps
+        | {
+            "layer_types": [
+                "sliding_attention" if is_sliding and gemma["sliding_window"] else "full_attention"
+                for is_sliding in sliding
+            ],
+            "rope_parameters": config["rope_parameters"],
+            "rope_local_base_freq": config["rope_theta"],
+        }
+    )
 
 
 def _rope_scaling(reader: GGUFReader, arch: str, rope_dim: int, head_dim: int) -> dict[str, Any]:
