@@ -71,15 +71,18 @@ class EngineLog:
         self._lock = threading.Lock()
         step, add, abort = core.step, core.add_request, core.abort_requests
         core.step = lambda: self._count(step)
-        core.add_request = lambda request_id, ids, params: self._add(add, request_id, ids, params)
+        core.add_request = lambda request_id, ids, params, *rest: self._add(
+            add, request_id, ids, params, *rest
+        )
         core.abort_requests = lambda request_ids: self._abort(abort, request_ids)
 
     def _count(self, step: Callable[[], list]) -> list:
         self.num_steps += 1
         return step()
 
-    def _add(self, add: Callable, request_id: str, ids: list[int], params) -> None:
-        add(request_id, ids, params)
+    def _add(self, add: Callable, request_id: str, ids: list[int], params, *rest) -> None:
+        """`rest`: what else the core's add_request takes (the trace context)."""
+        add(request_id, ids, params, *rest)
         with self._lock:
             self.prompts[request_id] = list(ids)
 
