@@ -6,7 +6,8 @@ Codex sends its whole agent prompt (about 4,500 tokens of instructions,
 environment and skills, plus a dozen tool definitions, some of kinds a local
 server cannot run) and reads the streamed events until `response.completed`;
 a `response.incomplete` or a 4xx stops it with an error. The server runs
-the default command with sampling defaults for agents (below).
+in float32 with sampling defaults for agents (below), so the reply is the
+same on every machine.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ CODEX = Path(__file__).resolve().parent.parent / ".agents" / "node_modules" / ".
 # there (response.incomplete) as an error. So the server sets what a user of
 # a small local model would: greedy, and a stop at the first ".".
 DEFAULTS = '{"temperature": 0, "stop_strings": ["."]}'
+# Greedy output that does not depend on the machine: float32 without
+# quantization (the default's bfloat16 and int8 activations are chosen by
+# timing at load, and their numerics change with the batch: issue 28).
+DETERMINISTIC = ("--dtype", "float32", "--quantization", "none")
 # Prefill of the agent's prompt and a reply of up to the rest of the context.
 TASK_TIMEOUT_S = 900
 
@@ -38,7 +43,7 @@ def server_url(embedded_model_config, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     cache_dir = str(embedded_model_config.cache_dir)
     with sluice_serve("--cache-dir", cache_dir, "--override-generation-config", DEFAULTS,
-                      log_path=log_path) as url:  # fmt: skip
+                      *DETERMINISTIC, log_path=log_path) as url:  # fmt: skip
         yield url
 
 
