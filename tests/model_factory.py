@@ -53,6 +53,12 @@ GEMMA3_KIND = "gemma3"
 # turn, attention scores capped (at 1.0, so that the cap shows on these scores).
 GEMMA2_KIND = "gemma2"
 GEMMA3_SLIDING_WINDOW = 8
+# Phi-3 with LongRoPE (Phi-3.5-mini's scaling) over an original context of 16
+# positions, so that a test prompt can be shorter or longer than it. Not in
+# TINY_MODEL_KINDS: transformers switches factor lists with the prompt's
+# length, sluice once per server (sluice/models/longrope.py).
+PHI3_LONGROPE_KIND = "phi3_longrope"
+PHI3_LONGROPE_ORIGINAL = 16
 
 _COMMON: dict[str, Any] = {
     "hidden_size": 64,
@@ -113,6 +119,17 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
         return transformers.Phi3Config(
             **_COMMON, pad_token_id=0, sliding_window=8, rope_theta=10000.0,
             tie_word_embeddings=False,
+        )  # fmt: skip
+    if kind == PHI3_LONGROPE_KIND:
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0 + 0.25 * i for i in range(8)],
+            "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0],
+        }
+        return transformers.Phi3Config(
+            **_COMMON, pad_token_id=0, sliding_window=None, rope_scaling=rope,
+            original_max_position_embeddings=PHI3_LONGROPE_ORIGINAL, tie_word_embeddings=False,
         )  # fmt: skip
     if kind == GEMMA2_KIND:
         return transformers.Gemma2Config(

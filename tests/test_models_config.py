@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -338,9 +339,53 @@ def test_phi3_mini_4k_attends_within_its_window_on_every_layer():
     assert config.head_dim == 96
 
 
-def test_phi3_longrope_and_partial_rotary_are_refused():
-    longrope = {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}
-    with pytest.raises(UnsupportedRopeScalingError, match="'longrope'"):
-        LlamaConfig.from_hf_dict(PHI_3_MINI_4K | {"rope_scaling": longrope})
+# Phi-3.5-mini's shape: LongRoPE from 4096 to 131072 positions (factors abridged).
+PHI_3_5_MINI = PHI_3_MINI_4K | {
+    "max_position_embeddings": 131072,
+    "sliding_window": 262144,
+    "rope_scaling": {
+        "type": "longrope",
+        "short_factor": [1.0 + i / 100 for i in range(48)],
+        "long_factor": [1.0 + i for i in range(48)],
+    },
+}
+
+
+def test_phi3_5_longrope_reads_its_lists_original_length_and_attention_factor():
+    scaling = LlamaConfig.from_hf_dict(PHI_3_5_MINI).rope_scaling
+    assert scaling["rope_type"] == "longrope"
+    assert scaling["original_max_position_embeddings"] == 4096
+    assert scaling["attention_factor"] == pytest.approx(
+        math.sqrt(1 + math.log(32) / math.log(4096))
+    )
+    assert scaling["long_factor"][47] == 48.0 and scaling["uses_long_factor"]
+
+
+def test_longrope_under_its_old_name_su_and_in_the_transformers_5_layout():
+    old = PHI_3_5_MINI | {"rope_scaling": PHI_3_5_MINI["rope_scaling"] | {"type": "su"}}
+    new = {k: v for k, v in PHI_3_5_MINI.items() if k not in ("rope_scaling", "rope_theta")}
+    new["rope_parameters"] = PHI_3_5_MINI["rope_scaling"] | {
+        "rope_theta": 10000.0, "original_max_position_embeddings": 4096, "partial_rotary_factor": 1.0,
+    }  # fmt: skip
+    expected = LlamaConfig.from_hf_dict(PHI_3_5_MINI)
+    assert LlamaConfig.from_hf_dict(old) == expected == LlamaConfig.from_hf_dict(new)
+
+
+def test_longrope_with_a_given_attention_factor_keeps_it():
+    scaling = PHI_3_5_MINI["rope_scaling"] | {"attention_factor": 1.25}
+    config = LlamaConfig.from_hf_dict(PHI_3_5_MINI | {"rope_scaling": scaling})
+    assert config.rope_scaling["attention_factor"] == 1.25
+
+
+def test_longrope_without_both_lists_is_refused():
+    scaling = {"type": "longrope", "short_factor": [1.0] * 48}
+    with pytest.raises(ModelLoadError, match="'long_factor'"):
+        LlamaConfig.from_hf_dict(PHI_3_5_MINI | {"rope_scaling": scaling})
+
+
+def test_phi3_partial_rotary_is_refused_at_top_level_and_in_rope_parameters():
     with pytest.raises(ModelLoadError, match="partial_rotary_factor 0.75"):
         LlamaConfig.from_hf_dict(PHI_3_MINI_4K | {"partial_rotary_factor": 0.75})
+    params = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor"):
+        LlamaConfig.from_hf_dict(PHI_3_MINI_4K | {"rope_parameters": params})

@@ -29,7 +29,7 @@ from sluice.loader import choices
 from sluice.loader.gguf_convert import cache_folder_for, converted_folder, source_tensor_types
 from sluice.loader.sources import ModelSource, resolve_source
 from sluice.loader.weights import checkpoint_files, iter_weights
-from sluice.models import calibration
+from sluice.models import calibration, longrope
 from sluice.models.config import LlamaConfig
 from sluice.models.families import build_model, describe_family
 from sluice.models.kernel_race import plan_kernels
@@ -73,6 +73,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
     # 2. Everything that can be checked without allocating the model.
     model_config = LlamaConfig.from_hf_dict(read_config_json(folder))
     max_model_len = resolve_max_model_len(config.max_model_len, model_config)
+    # LongRoPE's factor list follows the served context (sluice/models/longrope.py).
+    model_config = longrope.fit_to_context(model_config, max_model_len)
     device = _device(config.device)
     chosen = choices.choose(
         config.dtype,
@@ -108,6 +110,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
         if kernel_plan := _use_kernel_plan(config, model, max_model_len):
             chosen = choices.noting(chosen, kernel_plan)
     chosen = choices.noting(chosen, describe_family(model_config))
+    if rope_note := longrope.describe_longrope(model_config):
+        chosen = choices.noting(chosen, rope_note)
     chosen = choices.noting(chosen, _describe_load(model, time.perf_counter() - start))
     model.eval()
     return LoadedModel(

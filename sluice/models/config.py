@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.errors import ModelLoadError
+from sluice.models.longrope import LONGROPE, LONGROPE_ALIASES, parse_longrope
 
 GEMMA3 = "Gemma3ForCausalLM"
 GEMMA2 = "Gemma2ForCausalLM"
@@ -39,7 +40,8 @@ SUPPORTED_ARCHITECTURES = (
 )  # fmt: skip
 # "freq_factors": llama.cpp's per-dimension divisors of the frequencies (a
 # GGUF's rope_freqs tensor, how its converter stores Llama 3.1+'s llama3 scaling).
-SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors")
+# "longrope": Phi-3.5/Phi-4-mini's (sluice/models/longrope.py).
+SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors", LONGROPE)
 # Older files without "architectures" still name their family.
 _ARCHITECTURE_BY_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
@@ -79,7 +81,7 @@ class LlamaConfig:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    # None for plain RoPE, else {"rope_type": "linear" | "llama3", ...parameters}.
+    # None for plain RoPE, else {"rope_type": one of SUPPORTED_ROPE_TYPES, ...parameters}.
     rope_scaling: dict[str, Any] | None
     max_position_embeddings: int
     # lm_head shares the embedding matrix (no lm_head.weight in the checkpoint).
@@ -284,15 +286,20 @@ def _rope(d: dict[str, Any], max_positions: int) -> tuple[float, dict[str, Any] 
         params = dict(params["full_attention"])
     theta = params.pop("rope_theta", None) or d.get("rope_theta") or _DEFAULT_ROPE_THETA
     scaling = params if params.get("rope_type", params.get("type")) else d.get("rope_scaling")
-    return float(theta), _normalise_rope_scaling(scaling, max_positions)
+    if float((scaling or {}).get("partial_rotary_factor") or 1.0) != 1.0:
+        raise ModelLoadError("unsupported partial_rotary_factor: RoPE must rotate the whole head")
+    original = d.get("original_max_position_embeddings")
+    return float(theta), _normalise_rope_scaling(scaling, max_positions, original)
 
 
 def _normalise_rope_scaling(
-    scaling: dict[str, Any] | None, max_positions: int
+    scaling: dict[str, Any] | None, max_positions: int, original: int | None
 ) -> dict[str, Any] | None:
     if not scaling:
         return None
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type in LONGROPE_ALIASES:
+        return parse_longrope(scaling, original, max_positions)
     scaling = {k: v for k, v in scaling.items() if k not in ("rope_type", "type", "rope_theta")}
     if rope_type == "default":
         return None

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sluice.models.config import LlamaConfig, UnsupportedRopeScalingError
+from sluice.models.longrope import LONGROPE, longrope_inv_freq, rope_attention_factor
 from sluice.models.native import rms_norm_kernel
 
 # Steps of at most this many tokens take the few-op paths.
@@ -50,6 +51,8 @@ def rope_inv_freq(config: LlamaConfig) -> Tensor:  # [head_dim // 2] float32
         return inv_freq
     if scaling["rope_type"] == "linear":
         return inv_freq / scaling["factor"]
+    if scaling["rope_type"] == LONGROPE:
+        return longrope_inv_freq(config.rope_theta, dim, scaling)
     if scaling["rope_type"] == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
     if scaling["rope_type"] == "freq_factors":
@@ -78,10 +81,13 @@ def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
 
 
 def rope_cos_sin(config: LlamaConfig, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
-    """cos and sin tables, each [max_position_embeddings, head_dim // 2]."""
+    """cos and sin tables, each [max_position_embeddings, head_dim // 2]
+    (times LongRoPE's attention factor, as transformers scales them)."""
     positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
     angles = torch.outer(positions, rope_inv_freq(config))  # [max_pos, head_dim // 2]
-    return angles.cos().to(dtype=dtype, device=device), angles.sin().to(dtype=dtype, device=device)
+    scale = rope_attention_factor(config)
+    cos, sin = angles.cos() * scale, angles.sin() * scale
+    return cos.to(dtype=dtype, device=device), sin.to(dtype=dtype, device=device)
 
 
 @dataclass(slots=True)
