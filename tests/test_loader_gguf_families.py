@@ -13,6 +13,7 @@ the very weights the blocks encode.
 from __future__ import annotations
 
 import itertools
+import math
 import string
 from pathlib import Path
 
@@ -29,7 +30,12 @@ from sluice.loader.gguf_convert import converted_folder, source_tensor_types
 from sluice.loader.loaded_model import load_model
 from sluice.tokenizer import _unicode_to_byte
 from tests.gguf_quants import quantize_q4_k, quantize_q5_k, quantize_q6_k
-from tests.model_factory import TinyModel, build_tiny_model
+from tests.model_factory import (
+    PHI3_LONGROPE_KIND,
+    PHI3_LONGROPE_ORIGINAL,
+    TinyModel,
+    build_tiny_model,
+)
 from tests.model_runs import PagedRunner, greedy
 
 Q = GGMLQuantizationType
@@ -94,8 +100,10 @@ def write_family_gguf(tiny: TinyModel, arch: str, path: Path, quantized: bool) -
     theta = config["rope_parameters"]
     writer.add_rope_freq_base((theta.get("full_attention") or theta)["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    if arch in ("gemma2", "gemma3", "phi3"):
+    if arch in ("gemma2", "gemma3", "phi3") and config["sliding_window"] is not None:
         writer.add_sliding_window(config["sliding_window"])
+    if theta.get("rope_type") == "longrope":
+        _add_longrope(writer, config)
     if arch == "gemma2":
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             writer.add_float32(f"gemma2.{key}", config[key])
@@ -119,6 +127,18 @@ def write_family_gguf(tiny: TinyModel, arch: str, path: Path, quantized: bool) -
     writer.write_tensors_to_file()
     writer.close()
     return encoded
+
+
+def _add_longrope(writer: GGUFWriter, config: dict) -> None:
+    # As llama.cpp's Phi3MiniModel converter: the original context and the
+    # attention factor in metadata, the two lists as F32 tensors.
+    original = config["original_max_position_embeddings"]
+    writer.add_rope_scaling_orig_ctx_len(original)
+    scale = config["max_position_embeddings"] / original
+    writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+    for key in ("long_factor", "short_factor"):
+        factors = np.array(config["rope_parameters"][key], dtype=np.float32)
+        writer.add_tensor(f"rope_factors_{key.split('_')[0]}.weight", factors)
 
 
 def _add_vocab(writer: GGUFWriter, vocab_size: int) -> None:
@@ -209,6 +229,31 @@ def test_a_quantized_gguf_runs_like_transformers_on_its_dequantized_weights(tiny
         for _ in range(24):
             ids.append(int(reference(torch.tensor([ids])).logits[0, -1].argmax()))
     assert ours == ids[len(PROMPT) :]
+
+
+def test_a_phi3_gguf_with_longrope_runs_like_transformers_past_its_original_length(tmp_path):
+    tiny = build_tiny_model(PHI3_LONGROPE_KIND, tmp_path / "hf")
+    write_family_gguf(tiny, "phi3", tmp_path / "tiny.gguf", quantized=True)
+    config = ModelConfig(
+        model=str(tmp_path / "tiny.gguf"), cache_dir=tmp_path / "cache", dtype="float32",
+        quantization=None,
+    )  # fmt: skip
+    loaded = load_model(config)
+    scaling = loaded.model_config.rope_scaling
+    assert scaling["rope_type"] == "longrope" and scaling["uses_long_factor"]
+    assert scaling["original_max_position_embeddings"] == PHI3_LONGROPE_ORIGINAL
+    assert scaling["long_factor"] == tiny.config_dict["rope_parameters"]["long_factor"]
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        str(loaded.folder), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    prompt = [(37 * i + 11) % 509 + 3 for i in range(2 * PHI3_LONGROPE_ORIGINAL)]
+    ours = greedy(PagedRunner(loaded.model), prompt, 16)
+    with torch.no_grad():
+        expected = reference.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=16, eos_token_id=None,
+            pad_token_id=0,
+        )  # fmt: skip
+    assert ours == expected[0, len(prompt) :].tolist()
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
 """What a GGUF means in Hugging Face terms: its config and its tensors.
 
 Architectures (`general.architecture`): llama (Llama, SmolLM2, Mistral as
-llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3, gemma2, gemma3 and phi3 (Phi-3 without
-LongRoPE: its rope_factors_long/short tensors are refused as unknown), each with llama.cpp's tensor names
+llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3, gemma2, gemma3 and phi3 (Phi-3; LongRoPE's
+rope_factors_long/short tensors become the config's "longrope" scaling), each with llama.cpp's tensor names
 and metadata keys (`GgufFamily`). Read with `gguf.GGUFReader`
 (memory-mapped, fast); no transformers here.
 
@@ -98,6 +98,12 @@ FAMILIES["gemma2"] = GgufFamily(
 )  # fmt: skip
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 ROPE_FREQS = "rope_freqs.weight"
+# LongRoPE's factor lists (Phi-3-128k, Phi-3.5), as llama.cpp's converter stores them.
+LONGROPE_FACTORS = {
+    "long_factor": "rope_factors_long.weight",
+    "short_factor": "rope_factors_short.weight",
+}
+_CONFIG_TENSORS = (ROPE_FREQS, *LONGROPE_FACTORS.values())
 
 
 def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
@@ -158,6 +164,10 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
         config |= _gemma2_config(config, meta)
     elif arch == "phi3":
         config["sliding_window"] = meta("attention.sliding_window")
+    if "original_max_position_embeddings" in rope_scaling:  # Phi3Config reads it at top level
+        config["original_max_position_embeddings"] = rope_scaling[
+            "original_max_position_embeddings"
+        ]
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
         token_id = field_value(reader, f"tokenizer.ggml.{key}")
         if token_id is not None:
@@ -223,6 +233,8 @@ def _rope_scaling(reader: GGUFReader, arch: str, rope_dim: int, head_dim: int) -
     scaling = field_value(reader, f"{arch}.rope.scaling.type", "none")
     if rope_dim != head_dim:
         raise ModelLoadError(f"unsupported GGUF: partial rotary ({rope_dim} of {head_dim} dims)")
+    if longrope := _longrope(reader, arch):
+        return longrope
     factors = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
     if factors is not None and scaling in ("none", "llama3"):
         # Llama 3.1+: llama.cpp's converter stores the llama3 scaling as
@@ -239,11 +251,35 @@ def _rope_scaling(reader: GGUFReader, arch: str, rope_dim: int, head_dim: int) -
     return {"rope_type": "linear", "factor": float(factor)}
 
 
+def _longrope(reader: GGUFReader, arch: str) -> dict[str, Any]:
+    """LongRoPE's rope_parameters entries: the two lists from their tensors,
+    the original context and attention factor from the metadata; {} for none."""
+    tensors = {t.name: t for t in reader.tensors if t.name in LONGROPE_FACTORS.values()}
+    if not tensors:
+        return {}
+    original = field_value(reader, f"{arch}.rope.scaling.original_context_length")
+    if len(tensors) != len(LONGROPE_FACTORS) or original is None:
+        raise ModelLoadError(
+            "unsupported GGUF: LongRoPE needs rope_factors_long, rope_factors_short and "
+            f"{arch}.rope.scaling.original_context_length"
+        )
+    scaling: dict[str, Any] = {
+        "rope_type": "longrope",
+        "original_max_position_embeddings": int(original),
+    }
+    for key, name in LONGROPE_FACTORS.items():
+        scaling[key] = [float(f) for f in _dequantize(tensors[name]).astype(np.float32).reshape(-1)]
+    attention_factor = field_value(reader, f"{arch}.rope.scaling.attn_factor")
+    if attention_factor is not None:
+        scaling["attention_factor"] = float(attention_factor)
+    return scaling
+
+
 def hf_tensors(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, float32 array in HF shape) for every tensor of the GGUF."""
     family = FAMILIES[architecture(reader)]
     for tensor in reader.tensors:
-        if tensor.name == ROPE_FREQS:
+        if tensor.name in _CONFIG_TENSORS:
             continue  # in the config's rope_parameters (`_rope_scaling`)
         name = hf_tensor_name(tensor.name, family)
         weights = _dequantize(tensor)
