@@ -49,7 +49,8 @@ NOISE = st.lists(
     st.sampled_from(['<tool_call>', '</tool_call>', '<tool_call', '{"name": "f"', '"name"', ': ',
                      ', "arguments": ', ', "parameters": ', '{"a": 1}', '{', '}', '[TOOL_CALLS]',
                      '[', ']', ', ', ';', '<|python_tag|>', '"', '\\', ' ', '\n', 'é', '😀',
-                     '1', '.', 'e', 'tru', 'x', '"q"', '\\ud83d', '\\udc00', '\\u']),
+                     '1', '.', 'e', 'tru', 'x', '"q"', '\\ud83d', '\\udc00', '\\u', '[ARGS]',
+                     '[AR', 'get_weather', 'f']),
     max_size=20,
 ).map("".join)  # fmt: skip
 
@@ -78,6 +79,31 @@ def calls(draw, key: str = "arguments"):
         written.append(f'{{"name": {json.dumps(name)}, "{key}": {arguments}}}')
         expected.append(ParsedCall(name, arguments, True))
     return written, expected
+
+
+def split_at(text: str, cuts: list[int]) -> list[str]:
+    bounds = [0, *sorted(set(cuts)), len(text)]
+    return [text[start:end] for start, end in zip(bounds, bounds[1:], strict=False)]
+
+
+def streamed(parser, pieces: list[str]) -> tuple[str, list[tuple[str, str]]]:
+    """Content and calls (name, arguments) as the pushes' pieces add up."""
+    reader = parser()
+    content, calls_so_far = "", []
+    for index, piece in enumerate(pieces):
+        out = reader.push(piece, index == len(pieces) - 1)
+        content += out.content
+        for call in out.calls:
+            if call.name is not None:
+                assert call.index == len(calls_so_far), "calls are announced in order, once"
+                calls_so_far.append([call.name, ""])
+            calls_so_far[call.index][1] += call.arguments
+    return content, [(name, arguments) for name, arguments in calls_so_far]
+
+
+def streamed_whole(parser, text: str) -> tuple[str, list[tuple[str, str]]]:
+    whole = parse_text(parser, text, True)
+    return whole.content, [(call.name, call.arguments) for call in whole.calls]
 
 
 # -- what each format reads ---------------------------------------------------
@@ -148,6 +174,39 @@ def test_mistral_reads_the_array_after_its_tag():
     assert parse_text(MistralParser, "Text [TOOL_CA", False) == ParsedText("Text")
 
 
+def test_mistral_reads_the_newer_form_of_named_calls_one_after_another():
+    text = 'Sure. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]now[ARGS]{}'
+    assert parse_text(MistralParser, text, True) == ParsedText(
+        "Sure.",
+        (ParsedCall("get_weather", '{"city": "Paris"}', True), ParsedCall("now", "{}", True)),
+    )
+    between = '[TOOL_CALLS]a[ARGS]{"x": 1} then [TOOL_CALLS]b.c-d[ARGS] {"y": 2}\nDone.'
+    # Whitespace next to a call is trimmed, as in every format (calls.ContentBuilder).
+    assert parse_text(MistralParser, between, True) == ParsedText(
+        "thenDone.", (ParsedCall("a", '{"x": 1}', True), ParsedCall("b.c-d", '{"y": 2}', True))
+    )
+
+
+def test_mistral_holds_a_name_until_its_args_tag_and_streams_the_arguments():
+    assert parse_text(MistralParser, "[TOOL_CALLS]get_wea", False) == ParsedText("")
+    assert parse_text(MistralParser, "[TOOL_CALLS]get_weather[AR", False) == ParsedText("")
+    assert parse_text(MistralParser, "[TOOL_CALLS]get_weather[AR", True) == ParsedText(
+        "[TOOL_CALLS]get_weather[AR"
+    )
+    cut = parse_text(MistralParser, '[TOOL_CALLS]f[ARGS]{"q": "ab', False)
+    assert cut == ParsedText("", (ParsedCall("f", '{"q": "ab', False),))
+
+
+def test_mistral_a_tag_followed_by_no_name_is_content():
+    for text in ("[TOOL_CALLS] hello world", "[TOOL_CALLS]f(x)", "[TOOL_CALLS]f[ARG]{}"):
+        assert parse_text(MistralParser, text, True) == ParsedText(text)
+
+
+def test_mistral_arguments_that_are_no_object_end_the_call_where_they_break():
+    parsed = parse_text(MistralParser, "[TOOL_CALLS]f[ARGS]oops", True)
+    assert parsed == ParsedText("oops", (ParsedCall("f", "", False),))
+
+
 def test_required_and_named_read_constrained_json():
     text = '[{"name": "a", "parameters": {"x": 1}}, {"name": "b", "parameters": {"y": "é"}}]'
     assert parse_text(RequiredParser, text, True).calls == (
@@ -161,11 +220,26 @@ def test_required_and_named_read_constrained_json():
     assert parse_text(named, '{"city": "Os', False).calls[0].arguments == '{"city": "Os'
 
 
+# Mistral Small 3.2's (and Devstral's) chat template, where it writes calls.
+MISTRAL_SMALL_3_2_TOOL_CALLS = """
+{%- for tool in message['tool_calls'] %}
+    {%- set arguments = tool['function']['arguments'] %}
+    {%- if arguments is not string %}
+        {%- set arguments = arguments|tojson|safe %}
+    {%- elif arguments == '' %}
+        {%- set arguments = '{}' %}
+    {%- endif %}
+    {{- '[TOOL_CALLS]' + tool['function']['name'] + '[ARGS]' + arguments }}
+{%- endfor %}
+"""
+
+
 @pytest.mark.parametrize(
     ("template", "expected"),
     [
         ("{% for tool in tools %}<tool_call>{{ tool | tojson }}</tool_call>", "hermes"),
         ("{{ '[AVAILABLE_TOOLS]' }}[TOOL_CALLS]", "mistral"),
+        (MISTRAL_SMALL_3_2_TOOL_CALLS, "mistral"),
         ("{{- '<|python_tag|>' + tool_call.name }}", "llama3_json"),
         ("<|im_start|>{{ message['content'] }}", None),
         (None, None),
@@ -207,6 +281,19 @@ def test_mistral_reads_generated_outputs_exactly(content, drawn):
     written, expected = drawn
     text = f"{content} [TOOL_CALLS] [{', '.join(written)}]"
     assert assert_prefix_promise(MistralParser, text) == ParsedText(content, tuple(expected))
+
+
+@settings(deadline=None)
+@given(CONTENT, calls(), st.data())
+def test_mistral_reads_generated_outputs_of_the_newer_form_exactly_however_streamed(
+    content, drawn, data
+):
+    _, expected = drawn
+    text = content + "".join(f"[TOOL_CALLS]{c.name}[ARGS]{c.arguments}" for c in expected)
+    assert assert_prefix_promise(MistralParser, text) == ParsedText(content, tuple(expected))
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
+    assert streamed(MistralParser, split_at(text, cuts)) == streamed_whole(MistralParser, text)
+    assert streamed(MistralParser, list(text)) == streamed_whole(MistralParser, text)
 
 
 @settings(deadline=None)

@@ -1,8 +1,12 @@
 """Tool-call formats whose calls are a JSON list, and the named `tool_choice`.
 
 - mistral: content, then `[TOOL_CALLS]` and a JSON array of call objects (or
-  one object); the tag is a special token, so this parser needs the text
-  with special tokens kept (`parsers.KEEPS_SPECIAL_TOKENS`).
+  one object: Mistral 7B v0.3, Mistral Nemo), or, in the newer form (Mistral
+  Small 3.2, Devstral, Magistral, Ministral 3: tokenizers v11+), each call as
+  `[TOOL_CALLS]name[ARGS]{...}`, one after another (content may come between).
+  What follows the tag tells the forms apart (a "[" or "{" cannot begin a
+  name). The tags are special tokens, so this parser needs the text with
+  special tokens kept (`parsers.KEEPS_SPECIAL_TOKENS`).
 - required / named: what `tool_choice` forces through constrained decoding:
   a JSON array of `{"name": ..., "parameters": {...}}`, or the arguments object
   of one named function (`sluice/tools/schema.py` builds the schemas).
@@ -11,12 +15,18 @@ Read as the text grows, as every parser is (`sluice/tools/calls.py`).
 
 from __future__ import annotations
 
+import re
+
 from sluice.tools.call_object import CallObject
-from sluice.tools.calls import TextParser, ToolCallParser, held_tag_prefix
+from sluice.tools.calls import TextParser, ToolCallParser, add_content_before
 from sluice.tools.json_scan import Scan, Status, ValueScanner, skip_whitespace
 from sluice.tools.surrogates import mend_escapes
 
 MISTRAL_TAG = "[TOOL_CALLS]"
+# The newer form's tag between a call's name and its arguments.
+MISTRAL_ARGS_TAG = "[ARGS]"
+# What a function name is made of (OpenAI's [a-zA-Z0-9_-], and dots).
+_NAME = re.compile(r"[\w.\-]*")
 
 
 class CallListParser(TextParser):
@@ -108,15 +118,17 @@ class CallListParser(TextParser):
 
 
 class MistralParser(CallListParser):
+    def __init__(self) -> None:
+        super().__init__()
+        # The newer form's call being read, once named.
+        self._named: NamedArguments | None = None
+
     def _read_prefix(self, text: str, is_final: bool) -> bool:
-        """Content up to the tag, then the list after it."""
-        start = text.find(MISTRAL_TAG, self._position)
-        if start < 0:
-            held = 0 if is_final else held_tag_prefix(text, MISTRAL_TAG, self._position)
-            self.out.add_content(text[self._position : len(text) - held])
-            self._position = len(text) - held
+        """Content up to the tag, then a list or a named call after it."""
+        start = add_content_before(self.out, text, MISTRAL_TAG, self._position, is_final)
+        if not text.startswith(MISTRAL_TAG, start):
+            self._position = start
             return True
-        self.out.add_content(text[self._position : start])
         self._start, self._position = start, start + len(MISTRAL_TAG)
         self._state = self._read_tag
         return False
@@ -124,13 +136,43 @@ class MistralParser(CallListParser):
     def _read_tag(self, text: str, is_final: bool) -> bool:
         body = self._position = skip_whitespace(text, self._position)
         if body == len(text):
-            if is_final:
-                self.out.add_content(text[self._start :])
-            return True
-        if text[body] not in "{[":
-            return self._to_content(self._start)
-        self._open_list(self._start, body, is_array=text[body] == "[")
+            return self._held(text, is_final)
+        if text[body] in "{[":
+            self._open_list(self._start, body, is_array=text[body] == "[")
+        else:
+            self._state = self._read_name
         return False
+
+    def _read_name(self, text: str, is_final: bool) -> bool:
+        """The newer form: `name[ARGS]`, then the arguments object."""
+        name = _NAME.match(text, self._position)
+        assert name is not None, "the name pattern matches the empty string"
+        rest = text[name.end() : name.end() + len(MISTRAL_ARGS_TAG)]
+        if name.end() > self._position and rest == MISTRAL_ARGS_TAG:
+            self._named = NamedArguments(name.group(), name.end() + len(MISTRAL_ARGS_TAG))
+            self.out.add_call(self._named)
+            self._state = self._read_arguments
+            return False
+        if MISTRAL_ARGS_TAG.startswith(rest) and name.end() + len(rest) == len(text):
+            return self._held(text, is_final)  # the name or its tag may go on
+        return self._to_content(self._start)  # not a call: the tag is text
+
+    def _read_arguments(self, text: str, is_final: bool) -> bool:
+        """Once the object closes, content (or the next call) follows; a
+        broken object ends the call where it broke."""
+        assert self._named is not None, "named before its arguments"
+        self._named.read(text)
+        scan = self._named.scan
+        if scan.status is Status.INCOMPLETE:
+            return True
+        self._position, self._state = scan.end, self._read_prefix
+        return False
+
+    def _held(self, text: str, is_final: bool) -> bool:
+        """Text from the tag is undecided: content once the text is final."""
+        if is_final:
+            self.out.add_content(text[self._start :])
+        return True
 
 
 class RequiredParser(CallListParser):
@@ -152,17 +194,23 @@ class NamedArguments:
     """The one call of a `tool_choice` naming a function: the output is its
     arguments object (nothing, if the output is no object)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, position: int = 0):
         self.name: str | None = name
-        # Where the object starts once seen, and its scan.
+        # Where the object starts once seen, and its scan; `position`: where
+        # the text after the name begins (whitespace may precede the object).
         self._start: int | None = None
-        self._position = 0
-        self._scanner = ValueScanner(0)
-        self._scan = Scan(Status.INCOMPLETE, 0)
+        self._position = position
+        self._scanner = ValueScanner(position)
+        self._scan = Scan(Status.INCOMPLETE, position)
 
     @property
     def is_complete(self) -> bool:
         return self._scan.is_complete
+
+    @property
+    def scan(self) -> Scan:
+        """The object's scan: INVALID where no object starts or where it broke."""
+        return self._scan
 
     def read(self, text: str) -> None:
         if self._start is None:

@@ -180,6 +180,21 @@ def parse_text(parser: ToolCallParser, text: str, is_final: bool = False) -> Par
     return reader.out.parsed(reader.text, is_final)
 
 
+def add_content_before(
+    out: ContentBuilder, text: str, tag: str, position: int, is_final: bool
+) -> int:
+    """Add text[position:] to `out` as content up to the first `tag`, holding
+    back a cut beginning of the tag at the end unless `is_final`; return where
+    the content stopped: the tag's start when the text holds it (then
+    `text.startswith(tag, returned)`), else where reading resumes."""
+    start = text.find(tag, position)
+    if start < 0:
+        held = 0 if is_final else held_tag_prefix(text, tag, position)
+        start = len(text) - held
+    out.add_content(text[position:start])
+    return start
+
+
 def held_tag_prefix(text: str, tag: str, start: int = 0) -> int:
     """Length of the longest suffix of text[start:] that is a proper prefix of
     `tag` (it may still become the tag: held back like a stop string's prefix)."""

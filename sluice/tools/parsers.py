@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from sluice.tools.call_lists import MISTRAL_TAG, MistralParser
 from sluice.tools.call_object import CallObject
-from sluice.tools.calls import TextParser, ToolCallParser, held_tag_prefix
+from sluice.tools.calls import TextParser, ToolCallParser, add_content_before
 from sluice.tools.json_scan import Status, skip_whitespace
 
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
@@ -41,13 +41,10 @@ class HermesParser(TextParser):
         self._call = CallObject(0)
 
     def _read_content(self, text: str, is_final: bool) -> bool:
-        start = text.find(HERMES_START, self._position)
-        if start < 0:
-            held = 0 if is_final else held_tag_prefix(text, HERMES_START, self._position)
-            self.out.add_content(text[self._position : len(text) - held])
-            self._position = len(text) - held
+        start = add_content_before(self.out, text, HERMES_START, self._position, is_final)
+        if not text.startswith(HERMES_START, start):
+            self._position = start
             return True
-        self.out.add_content(text[self._position : start])
         self._start, self._position = start, start + len(HERMES_START)
         self._state = self._read_tag
         return False
