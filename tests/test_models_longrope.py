@@ -43,7 +43,8 @@ def tiny(tmp_path_factory) -> TinyModel:
 
 def load_ours(tiny: TinyModel, max_model_len: int) -> LlamaForCausalLM:
     config = LlamaConfig.from_hf_dict(tiny.config_dict)
-    model = LlamaForCausalLM(longrope.fit_to_context(config, max_model_len), torch.float32, "cpu")
+    fitted = longrope.fit_to_context(config.rope_scaling, max_model_len)
+    model = LlamaForCausalLM(dataclasses.replace(config, rope_scaling=fitted), torch.float32, "cpu")
     model.load_weights(tiny.weights())
     return model
 

@@ -14,6 +14,7 @@ one-line `ModelLoadError`, which the CLI prints without a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -74,7 +75,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model_config = LlamaConfig.from_hf_dict(read_config_json(folder))
     max_model_len = resolve_max_model_len(config.max_model_len, model_config)
     # LongRoPE's factor list follows the served context (sluice/models/longrope.py).
-    model_config = longrope.fit_to_context(model_config, max_model_len)
+    model_config = dataclasses.replace(
+        model_config, rope_scaling=longrope.fit_to_context(model_config.rope_scaling, max_model_len)
+    )
     device = _device(config.device)
     chosen = choices.choose(
         config.dtype,
@@ -110,7 +113,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         if kernel_plan := _use_kernel_plan(config, model, max_model_len):
             chosen = choices.noting(chosen, kernel_plan)
     chosen = choices.noting(chosen, describe_family(model_config))
-    if rope_note := longrope.describe_longrope(model_config):
+    if rope_note := longrope.describe_longrope(model_config.rope_scaling):
         chosen = choices.noting(chosen, rope_note)
     chosen = choices.noting(chosen, _describe_load(model, time.perf_counter() - start))
     model.eval()

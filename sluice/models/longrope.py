@@ -29,17 +29,13 @@ A parsed "longrope" scaling dict holds:
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from sluice.errors import ModelLoadError
-
-if TYPE_CHECKING:
-    from sluice.models.config import LlamaConfig
 
 LONGROPE = "longrope"
 # Older Phi-3 files name the same scaling "su".
@@ -87,30 +83,29 @@ def longrope_inv_freq(rope_theta: float, head_dim: int, scaling: dict[str, Any])
     return 1.0 / (factors * rope_theta**exponents)
 
 
-def rope_attention_factor(config: LlamaConfig) -> float:
+def rope_attention_factor(rope_scaling: dict[str, Any] | None) -> float:
     """What cos and sin are multiplied by: LongRoPE's attention factor, else 1."""
-    scaling = config.rope_scaling
-    if scaling is None or scaling["rope_type"] != LONGROPE:
+    if rope_scaling is None or rope_scaling["rope_type"] != LONGROPE:
         return 1.0
-    return scaling["attention_factor"]
+    return rope_scaling["attention_factor"]
 
 
-def fit_to_context(config: LlamaConfig, max_model_len: int) -> LlamaConfig:
-    """`config` with LongRoPE's factor list chosen for the served context
-    (module docstring); any other config unchanged."""
-    scaling = config.rope_scaling
-    if scaling is None or scaling["rope_type"] != LONGROPE:
-        return config
-    uses_long = max_model_len > scaling["original_max_position_embeddings"]
-    return dataclasses.replace(config, rope_scaling=scaling | {"uses_long_factor": uses_long})
+def fit_to_context(
+    rope_scaling: dict[str, Any] | None, max_model_len: int
+) -> dict[str, Any] | None:
+    """`rope_scaling` with LongRoPE's factor list chosen for the served
+    context (module docstring); any other scaling unchanged."""
+    if rope_scaling is None or rope_scaling["rope_type"] != LONGROPE:
+        return rope_scaling
+    uses_long = max_model_len > rope_scaling["original_max_position_embeddings"]
+    return rope_scaling | {"uses_long_factor": uses_long}
 
 
-def describe_longrope(config: LlamaConfig) -> str:
+def describe_longrope(rope_scaling: dict[str, Any] | None) -> str:
     """The startup line's note on the factor list; "" without LongRoPE."""
-    scaling = config.rope_scaling
-    if scaling is None or scaling["rope_type"] != LONGROPE:
+    if rope_scaling is None or rope_scaling["rope_type"] != LONGROPE:
         return ""
-    original = scaling["original_max_position_embeddings"]
-    if scaling["uses_long_factor"]:
+    original = rope_scaling["original_max_position_embeddings"]
+    if rope_scaling["uses_long_factor"]:
         return f"LongRoPE: long factors for every sequence (context over {original} tokens)"
     return f"LongRoPE: short factors (context at most {original} tokens)"

@@ -85,7 +85,7 @@ def rope_cos_sin(config: LlamaConfig, dtype: torch.dtype, device) -> tuple[Tenso
     (times LongRoPE's attention factor, as transformers scales them)."""
     positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
     angles = torch.outer(positions, rope_inv_freq(config))  # [max_pos, head_dim // 2]
-    scale = rope_attention_factor(config)
+    scale = rope_attention_factor(config.rope_scaling)
     cos, sin = angles.cos() * scale, angles.sin() * scale
     return cos.to(dtype=dtype, device=device), sin.to(dtype=dtype, device=device)
 
