@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx2
 import pytest
@@ -23,6 +21,7 @@ from sluice.engine.core import EngineCore
 from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.server.launch import build_engine, describe_model
 from sluice.testing.live_server import LiveServer
+from sluice.testing.otlp_receiver import OtlpReceiver
 from sluice.tracing import traces_url
 
 CLIENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -119,53 +118,11 @@ def test_a_refused_request_is_traced_with_its_status(tiny_folder, memory_tracer)
     assert span.attributes["http.response.status_code"] == 401
 
 
-class OtlpReceiver:
-    """An OTLP/HTTP collector on localhost: keeps every span it is sent, with
-    the service that sent it."""
-
-    def __init__(self) -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest,
-        )
-
-        self.spans: list[tuple[str, object]] = []
-        self.received = threading.Condition()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                export = ExportTraceServiceRequest.FromString(body)
-                with receiver.received:
-                    for resource_spans in export.resource_spans:
-                        service = next(a.value.string_value for a in resource_spans.resource.attributes
-                                       if a.key == "service.name")  # fmt: skip
-                        for scope_spans in resource_spans.scope_spans:
-                            receiver.spans += [(service, span) for span in scope_spans.spans]
-                    receiver.received.notify_all()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def wait_for(self, num_spans: int, timeout_s: float = 60) -> None:
-        with self.received:
-            assert self.received.wait_for(lambda: len(self.spans) >= num_spans, timeout_s), (
-                f"{len(self.spans)} spans of {num_spans}"
-            )
-
-
 @pytest.fixture
 def receiver() -> Iterator[OtlpReceiver]:
     receiver = OtlpReceiver()
     yield receiver
-    receiver.server.shutdown()
+    receiver.close()
 
 
 def test_the_engine_process_continues_the_trace_through_otlp(tiny_folder, receiver):
@@ -202,6 +159,7 @@ from sluice.server.request_spans import TraceMiddleware
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer
+from sluice.testing.otlp_receiver import OtlpReceiver
 server = LiveServer(LoopFakeEngine(), ChatFakeTokenizer())
 assert all(m.cls is not TraceMiddleware for m in server.app.user_middleware)
 with server as live:
