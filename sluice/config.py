@@ -487,8 +487,13 @@ class ServerConfig:
     tool_call_parser: str | None = setting(
         None, "how tool calls are read from outputs (default: guessed from the chat template)"
     )
-    # "deepseek_r1": <think>…</think> goes to reasoning_content; None: off.
-    reasoning_parser: str | None = setting(None, "split <think>…</think> into reasoning_content")
+    # "deepseek_r1" or "qwen3": <think>…</think> goes to reasoning_content;
+    # None: guessed from the chat template (sluice/tools/reasoning.py), off
+    # when the template shows no <think>.
+    reasoning_parser: str | None = setting(
+        None,
+        "split <think>…</think> into reasoning_content (default: guessed from the chat template)",
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.api_key, str):  # one key, as `api_key="k"` always meant

@@ -6,6 +6,7 @@ are 400s naming the field."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -144,6 +145,21 @@ def test_the_parser_is_guessed_from_the_chat_template():
     with LiveServer(engine, HermesTemplateTokenizer()) as live:
         response = httpx2.post(live.url + "/v1/chat/completions", json=chat_body(), timeout=60)
     assert calls_of(response.json()["choices"][0]["message"])[1] == ("get_time", "{}")
+
+
+def test_qwen3s_template_guesses_hermes_calls_and_its_reasoning_parser():
+    class Qwen3TemplateTokenizer(ChatFakeTokenizer):
+        chat_template_source = (
+            Path(__file__).parent / "data" / "qwen3_chat_template.jinja"
+        ).read_text()
+
+    engine = FakeEngine(scripted(REASONING_OUTPUT), tokens_per_step=3)
+    with LiveServer(engine, Qwen3TemplateTokenizer()) as live:
+        response = httpx2.post(live.url + "/v1/chat/completions", json=chat_body(), timeout=60)
+    message = response.json()["choices"][0]["message"]
+    assert message["reasoning_content"] == "The user wants <tool_call> weather."
+    assert message["content"] == "Let me check, a < b."
+    assert calls_of(message) == [("get_weather", ARGUMENTS), ("get_time", "{}")]
 
 
 REFUSALS = [

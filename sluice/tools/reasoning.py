@@ -1,4 +1,5 @@
-"""Reasoning text (`--reasoning-parser`): `<think>…</think>` split from the answer.
+"""Reasoning text (`--reasoning-parser`, else guessed from the chat template:
+`guess_reasoning_parser`): `<think>…</think>` split from the answer.
 
 `DeepSeekR1Splitter` reads one choice's text as it grows (push(text,
 is_final) -> what is new, reading only the new text), with the prefix promise
@@ -10,7 +11,11 @@ deepseek_r1 parser, DeepSeek-R1's template opens `<think>` in the prompt, so eve
 is dropped when it does); text after `</think>` is content (the whitespace
 that opens it dropped, as the reasoning and the answer are separate), and without a
 `</think>` the whole output is reasoning. Either tag cut across tokens is
-held back until decided, like a stop string's beginning.
+held back until decided, like a stop string's beginning. `Qwen3Splitter`
+differs in one thing: an output that does not open with `<think>` is all
+content (Qwen3 answering with thinking off), as vLLM's qwen3 parser reads an
+output with neither tag; decided at the first characters, so a stream never
+takes back what it sent.
 """
 
 from __future__ import annotations
@@ -70,10 +75,14 @@ class DeepSeekR1Splitter:
         if self._start is None:
             if not is_final and THINK_START.startswith(text):
                 return ReasoningPiece()  # maybe the opening tag, cut
-            self._start = self._search = len(THINK_START) if text.startswith(THINK_START) else 0
+            self._begin(text)
         if self._end is None:
             self._find_end(text)
         return ReasoningPiece(self._take_reasoning(text, is_final), self._take_content(text))
+
+    def _begin(self, text: str) -> None:
+        """Decide where the reasoning starts: after a leading `<think>`, else at 0."""
+        self._start = self._search = len(THINK_START) if text.startswith(THINK_START) else 0
 
     def _find_end(self, text: str) -> None:
         end = text.find(THINK_END, self._search)
@@ -108,14 +117,52 @@ class DeepSeekR1Splitter:
         return piece
 
 
+class Qwen3Splitter(DeepSeekR1Splitter):
+    """Qwen3 (hybrid thinking): reasoning only in a `<think>` block that opens
+    the output. Without one the whole output is content, verbatim: with
+    `enable_thinking` false Qwen3's template closes an empty block in the
+    prompt, and the model answers at once."""
+
+    def _begin(self, text: str) -> None:
+        super()._begin(text)
+        if self._start == 0:  # no opening tag: no reasoning, all content
+            self._end, self._content_position, self._is_content_open = 0, 0, True
+
+
 ReasoningParser = Callable[[], DeepSeekR1Splitter]
 
 
-def split_deepseek_r1(text: str, is_final: bool = False) -> ReasoningSplit:
+def split_text(parser: ReasoningParser, text: str, is_final: bool = False) -> ReasoningSplit:
     """The split of a whole text (or of a prefix, not `is_final`)."""
-    splitter = DeepSeekR1Splitter()
+    splitter = parser()
     piece = splitter.push(text, is_final)
     return ReasoningSplit(piece.reasoning, piece.content if splitter.has_content else None)
 
 
-REASONING_PARSERS: dict[str, ReasoningParser] = {"deepseek_r1": DeepSeekR1Splitter}
+def split_deepseek_r1(text: str, is_final: bool = False) -> ReasoningSplit:
+    return split_text(DeepSeekR1Splitter, text, is_final)
+
+
+REASONING_PARSERS: dict[str, ReasoningParser] = {
+    "deepseek_r1": DeepSeekR1Splitter,
+    "qwen3": Qwen3Splitter,
+}
+_GENERATION_PROMPT = "add_generation_prompt"
+
+
+def guess_reasoning_parser(chat_template: str | None) -> str | None:
+    """The reasoning parser a chat template's `<think>` calls for; None when
+    it shows none.
+    - `enable_thinking` beside `<think>` (Qwen3's hybrid template): "qwen3",
+      so that an answer given without thinking stays content;
+    - a generation prompt that opens `<think>` itself (DeepSeek-R1,
+      Qwen3-Thinking-2507): "deepseek_r1", all before `</think>` is reasoning;
+    - `<think>` only in past turns: "qwen3" (the output's own tag decides)."""
+    if not chat_template or THINK_START not in chat_template:
+        return None
+    if "enable_thinking" in chat_template:
+        return "qwen3"
+    prompt_part = chat_template.rpartition(_GENERATION_PROMPT)[2]
+    if _GENERATION_PROMPT in chat_template and THINK_START in prompt_part:
+        return "deepseek_r1"
+    return "qwen3"
