@@ -115,3 +115,32 @@ def test_a_message_delta_without_output_usage_is_flagged_though_message_start_ha
     events = streamed(PLAIN)
     del events[-2]["usage"]
     assert ids(PLAIN, events) == {"messages_usage"}
+
+
+def cut_call(twin_input: dict) -> tuple[dict, bytes, dict]:
+    """The named tool's stream cut by max_tokens after `{"city": "x", "`, and its twin."""
+    events = [e for e in streamed(NAMED) if e.get("delta", {}).get("partial_json") != "}"]
+    events = [e for e in events if e.get("delta", {}).get("partial_json") not in ('unit"', ': "x"')]
+    for event in events:
+        if event["type"] == "message_delta":
+            event["delta"]["stop_reason"] = "max_tokens"
+            event["usage"]["output_tokens"] = NAMED["max_tokens"]
+    whole = messages_answer(NAMED)[1]
+    whole = {
+        **whole,
+        "stop_reason": "max_tokens",
+        "usage": {**whole["usage"], "output_tokens": NAMED["max_tokens"]},
+    }
+    whole["content"] = [{**whole["content"][0], "input": twin_input}]
+    return NAMED, encode_all(events), whole
+
+
+def test_a_call_cut_by_max_tokens_is_read_as_anthropics_sdk_reads_it():
+    # The SDK parses the cut input in jiter's partial mode: {"city": "x"}. A
+    # non-streamed twin giving that passes; one giving {} differs from what
+    # the stream's users got.
+    for twin_input, expected in (({"city": "x"}, set()), ({}, {"messages_stream_mismatch"})):
+        body, raw, whole = cut_call(twin_input)
+        twin = recorded(MESSAGES, {**body, "stream": False}, json.dumps(whole).encode())
+        got = check_exchange(recorded(MESSAGES, {**body, "stream": True}, raw, twin=twin))
+        assert {finding.check_id for finding in got} == expected

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import jiter
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -181,6 +182,24 @@ def test_max_tokens_ends_with_max_tokens_and_a_cut_call_has_empty_input():
     folded = body(make_request(HERMES), deltas)
     assert folded["stop_reason"] == "max_tokens"
     assert folded["content"][-1]["type"] == "tool_use" and folded["content"][-1]["input"] == {}
+
+
+def test_a_call_cut_inside_its_arguments_has_the_input_anthropics_sdk_accumulates():
+    # Cut after `{"city": "Zürich 😀", "nes`: the SDK (jiter, partial mode)
+    # keeps the complete member; the body must give the streamed message's input.
+    cut = "Sure.\n" + CALL[: CALL.index('"nested"') + 4]
+    for cuts in ([], list(range(1, len(tokens_of(cut))))):
+        deltas = deltas_of(tokens_of(cut), cuts, finish_reason="length")
+        raw, _ = stream(make_request(HERMES), deltas)
+        partial = "".join(
+            data["delta"]["partial_json"]
+            for _, data in parse_events(raw)
+            if data.get("delta", {}).get("type") == "input_json_delta"
+        )
+        streamed_input = jiter.from_json(partial.encode(), partial_mode=True)
+        assert streamed_input == {"city": "Zürich 😀"}
+        folded = body(make_request(HERMES), deltas)
+        assert folded["content"][-1]["input"] == streamed_input
 
 
 def test_a_stop_string_ends_with_stop_sequence_naming_it():

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import jiter
 import orjson
 
 from sluice.errors import anthropic_error_of
@@ -271,10 +272,16 @@ def _delta_event(index: int, piece: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tool_input(arguments: str) -> dict[str, Any]:
-    """A call's input: its argument text parsed; {} for a call cut before its
-    arguments closed (max_tokens), which is no JSON object."""
+    """A call's input: its argument text parsed. A call cut before its
+    arguments closed (max_tokens) gets what Anthropic's SDK accumulates from
+    the same stream: the text parsed in jiter's partial mode (complete
+    members kept, a cut string or literal dropped), so the body equals the
+    streamed message; {} where even that is no JSON object."""
     try:
         value = json.loads(arguments)
     except ValueError:
-        return {}
+        try:
+            value = jiter.from_json(arguments.encode(), partial_mode=True)
+        except ValueError:
+            return {}
     return value if isinstance(value, dict) else {}

@@ -21,9 +21,12 @@ is then checked as a non-streamed body is (messages_final.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import jiter
 
 from sluice.audit.agent_events import NamedEvent, read_events
 from sluice.audit.checks.evidence import finding
@@ -179,13 +182,19 @@ def _message_delta(state: Accumulated, number: int, payload: dict[str, Any]) -> 
 
 
 def _parse_inputs(state: Accumulated) -> None:
-    """A tool_use block's input: its joined partial_json ({} when there was none)."""
+    """A tool_use block's input: its joined partial_json ({} when there was
+    none). In a message cut by max_tokens, a cut input is read as Anthropic's
+    SDK reads it (jiter's partial mode), which is what its users get."""
     content = state.message["content"]  # type: ignore[index]
+    is_cut = state.message.get("stop_reason") == "max_tokens"  # type: ignore[union-attr]
     for index, text in state.json_texts.items():
         try:
             content[index]["input"] = json.loads(text) if text else {}
         except ValueError:
             content[index]["input"] = text  # not JSON: messages_final reports it
+            if is_cut:
+                with contextlib.suppress(ValueError):
+                    content[index]["input"] = jiter.from_json(text.encode(), partial_mode=True)
 
 
 def streamed_message(exchange: Exchange) -> tuple[dict[str, Any] | None, list[int]]:
