@@ -26,16 +26,8 @@ from pathlib import Path
 
 import aiohttp
 import orjson
-from peers import (
-    DEFAULT_VLLM_VENV,
-    embedded_hf_folder,
-    embedded_token_counter,
-    long_prompt,
-    say,
-    sluice_command,
-    stop_group,
-    vllm_command,
-)
+from _peer_prompts import embedded_hf_folder, embedded_token_counter, long_prompt
+from _peer_servers import DEFAULT_VLLM_VENV, say, sluice_command, stop_group, vllm_command
 from serve import free_port, start_server, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
