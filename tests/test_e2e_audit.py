@@ -17,7 +17,6 @@ when it fails to start.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import re
@@ -30,14 +29,14 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 from xml.etree import ElementTree
 
 import pytest
 
-from sluice.audit.cli import main as audit_main
 from sluice.audit.options import PROFILE_SCENARIOS
 from sluice.config import ModelConfig
+from tests.audit_runs import AuditRun, run_quick_audit
 
 pytestmark = pytest.mark.slow
 
@@ -49,23 +48,6 @@ QUICK_SCENARIOS = PROFILE_SCENARIOS["quick"]
 # torch threads per engine spin against each other (measured side by side at
 # load 7: the same audit took 160 s with one thread, 390 s with two).
 SERVER_ENV = {"OMP_NUM_THREADS": "1"}
-# The quick profile's shape, smaller numbers: a few streams, 4-12 tokens each.
-CI_SIZES: dict[str, dict[str, float]] = {
-    "lag": {"streams": 4, "slow_share": 0.5, "max_tokens": 10, "long_prompts": 1,
-            "long_prompt_words": 300},
-    "logprobs": {"requests": 1, "top": 2, "max_tokens": 6},
-    "choices": {"n": 2, "prompts": 2, "max_tokens": 6},
-    # Four cases: spanning, first chunk, overlapping, several at once.
-    "stops": {"max_tokens": 10, "cases": 4},
-    "utf8": {"requests": 1, "max_tokens": 12},
-    "usage": {"max_tokens": 4},
-    "bad_inputs": {"repeat": 1},
-    # The running-requests gauge in /metrics is the sharper detector here: the
-    # probe's latency on a CPU hardly grows with two more sequences in the batch.
-    "disconnect": {"streams": 2, "max_tokens": 256, "probes": 3, "probe_tokens": 4},
-    "responses": {"max_tokens": 8, "truncated_tokens": 3, "tool_max_tokens": 48},
-    "messages": {"max_tokens": 8, "truncated_tokens": 3, "tool_max_tokens": 48},
-}  # fmt: skip
 PLOT_TITLES = [
     "Time to first token (CDF)",
     "Inter-token latency (CDF)",
@@ -89,15 +71,6 @@ def serve_command(config: ModelConfig) -> list[str]:
         "--cache-dir", str(config.cache_dir), "--max-model-len", "2048",
         "--kv-cache-memory", "512MiB",
     ]  # fmt: skip
-
-
-def size_flags(sizes: dict[str, dict[str, float]]) -> list[str]:
-    """`--<scenario>-<field> value` for each size, as `sluice audit` spells them."""
-    flags = []
-    for scenario, values in sizes.items():
-        for name, value in values.items():
-            flags += [f"--{scenario}-{name}".replace("_", "-"), str(value)]
-    return flags
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -164,35 +137,10 @@ def _spawn(config: ModelConfig, log: IO[bytes]) -> subprocess.Popen:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class AuditRun:
-    exit_status: int
-    elapsed_s: float
-    report: dict[str, Any]
-    html: str
-    # The text summary the audit printed, shown when an assertion fails.
-    text: str
-
-
 @pytest.fixture(scope="module")
 def quick_audit(sluice_server: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> AuditRun:
     out = tmp_path_factory.mktemp("audit")
-    argv = [
-        "--base-url", sluice_server.base_url, "--model", sluice_server.model,
-        "--profile", "quick", "--quiet", "--request-timeout-s", "60",
-        "--json", str(out / "audit.json"), "--html", str(out / "audit.html"),
-        *size_flags(CI_SIZES),
-    ]  # fmt: skip
-    started = time.monotonic()
-    # Module fixtures cannot use capsys; the text is kept for failure messages.
-    with contextlib.redirect_stdout(io.StringIO()) as stdout:
-        exit_status = audit_main(argv)
-    elapsed_s = time.monotonic() - started
-    text = stdout.getvalue()
-    print(f"\nsluice audit quick (CI sizes) took {elapsed_s:.1f}s\n{text}")
-    report = json.loads((out / "audit.json").read_text(encoding="utf-8"))
-    html = (out / "audit.html").read_text(encoding="utf-8")
-    return AuditRun(exit_status, elapsed_s, report, html, text)
+    return run_quick_audit(sluice_server.base_url, sluice_server.model, out)
 
 
 def test_the_quick_audit_of_sluice_passes_with_no_finding(quick_audit: AuditRun):
