@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
 from sluice.config import ModelConfig
 from sluice.loader.loaded_model import load_model
@@ -23,6 +24,7 @@ from sluice.models import longrope
 from sluice.models.attention import AttentionMetadata
 from sluice.models.config import LlamaConfig
 from sluice.models.llama import LlamaForCausalLM
+from sluice.models.rope_norm import rope_cos_sin
 from tests.model_factory import (
     PHI3_LONGROPE_KIND,
     PHI3_LONGROPE_ORIGINAL,
@@ -70,6 +72,19 @@ def test_the_config_reads_both_lists_and_transformers_attention_factor(tiny):
     assert scaling["uses_long_factor"]
 
 
+@pytest.mark.parametrize("served_len", [PHI3_LONGROPE_ORIGINAL, 256])
+def test_rope_tables_equal_transformers_phi3_rotary_embedding(tiny, served_len):
+    config = LlamaConfig.from_hf_dict(tiny.config_dict)
+    fitted = longrope.fit_to_context(config.rope_scaling, served_len)
+    cos, sin = rope_cos_sin(dataclasses.replace(config, rope_scaling=fitted), torch.float32, "cpu")
+    # transformers picks the list by the longest position it is given.
+    positions = torch.arange(served_len)[None]
+    hf_cos, hf_sin = Phi3RotaryEmbedding(tiny.hf_model.config)(torch.zeros(1), positions)
+    half = cos.shape[1]
+    torch.testing.assert_close(cos[:served_len], hf_cos[0, :, :half], rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin[:served_len], hf_sin[0, :, :half], rtol=0, atol=1e-6)
+
+
 def test_a_short_context_uses_the_short_factors_as_transformers_does_on_a_short_prompt(tiny):
     ours = prompt_logits(load_ours(tiny, PHI3_LONGROPE_ORIGINAL), SHORT_PROMPT)
     assert_close_to_scale(ours, hf_logits(tiny, SHORT_PROMPT), 1e-4)
@@ -78,6 +93,15 @@ def test_a_short_context_uses_the_short_factors_as_transformers_does_on_a_short_
 def test_a_long_context_uses_the_long_factors_as_transformers_does_on_a_long_prompt(tiny):
     ours = prompt_logits(load_ours(tiny, 256), LONG_PROMPT)
     assert_close_to_scale(ours, hf_logits(tiny, LONG_PROMPT), 1e-4)
+
+
+def test_bfloat16_stays_near_transformers_past_the_original_length(tiny):
+    config = LlamaConfig.from_hf_dict(tiny.config_dict)
+    model = LlamaForCausalLM(config, torch.bfloat16, "cpu")  # the long list: context 256
+    model.load_weights(tiny.weights())
+    # bfloat16's 8 mantissa bits over two layers: a few percent of the logit scale
+    # (test_models_llama.py); the native RoPE kernel reads the same scaled tables.
+    assert_close_to_scale(prompt_logits(model, LONG_PROMPT), hf_logits(tiny, LONG_PROMPT), 5e-2)
 
 
 def test_the_factor_list_is_what_makes_each_parity_hold(tiny):
