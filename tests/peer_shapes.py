@@ -87,6 +87,29 @@ def llama_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def llama_chat_chunk(
+    index: int,
+    delta: dict[str, Any],
+    finish: str | None = None,
+    *,
+    usage: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """A chat chunk; with `usage`, the `choices: []` chunk llama-server sends after
+    each choice's finish chunk (one per choice when n > 1)."""
+    choices = [{"finish_reason": finish, "index": index, "delta": delta}]
+    payload: dict[str, Any] = {
+        "choices": [] if usage is not None else choices,
+        "created": LLAMA_CREATED,
+        "id": "chatcmpl-C6mBCf07uQMw",
+        "model": LLAMA_MODEL,
+        "system_fingerprint": "b1-0c1e570",
+        "object": "chat.completion.chunk",
+    }
+    if usage is not None:
+        payload["usage"] = usage
+    return payload
+
+
 def llama_stream(*payloads: dict[str, Any] | None) -> bytes:
     """`None` payloads are written as llama-server writes them: `data: null`."""
     return b"".join(_event(payload) for payload in payloads) + b"data: [DONE]\n\n"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from sluice.audit.checks.exchange import check_exchange
-from sluice.audit.records import COMPLETIONS
+from sluice.audit.records import CHAT, COMPLETIONS
 from tests.broken_servers import completion_chunk, recorded, sse, usage_chunk
 from tests.peer_shapes import (
+    llama_chat_chunk,
     llama_completion_chunk,
     llama_logprob_entry,
     llama_stream,
@@ -182,9 +183,65 @@ def test_llama_servers_usage_on_its_finish_chunk_is_a_placement_break():
         llama_completion_chunk("", "length", usage=llama_usage(3, 2)),
     )
     found = check_exchange(recorded(COMPLETIONS, body(stream_options=INCLUDE, max_tokens=2), raw))
+    assert [(f.check_id, f.cause, f.chunk_numbers) for f in found] == [
+        (
+            "usage_placement",
+            "usage on the finish chunk instead of a usage chunk with choices: []",
+            [1],
+        ),
+    ]
+
+
+def test_llama_servers_multi_prompt_finish_chunks_with_usage_are_the_same_one_cause():
+    raw = llama_stream(
+        None,
+        llama_completion_chunk("a", index=0),
+        llama_completion_chunk("b", index=1),
+        llama_completion_chunk("", "length", usage=llama_usage(3, 1), index=1),
+        llama_completion_chunk("", "length", usage=llama_usage(4, 1), index=0),
+    )
+    request = {"model": "m", "prompt": ["p", "q"], "stream": True, "max_tokens": 1}
+    found = check_exchange(recorded(COMPLETIONS, {**request, "stream_options": INCLUDE}, raw))
+    placement = [(f.cause, f.message) for f in found if f.check_id == "usage_placement"]
+    assert placement == [
+        (
+            "usage on the finish chunk instead of a usage chunk with choices: []",
+            "usage on 2 finish chunks, no usage chunk with choices: []",
+        )
+    ]
+
+
+def test_one_usage_chunk_per_choice_is_its_own_cause_not_a_missing_usage_chunk():
+    raw = llama_stream(
+        llama_chat_chunk(0, {"role": "assistant", "content": None}),
+        llama_chat_chunk(0, {"content": "Hi"}),
+        llama_chat_chunk(1, {"role": "assistant", "content": None}),
+        llama_chat_chunk(1, {"content": "Hi"}),
+        llama_chat_chunk(0, {}, "length"),
+        llama_chat_chunk(0, {}, usage=llama_usage(31, 1)),
+        llama_chat_chunk(1, {}, "length"),
+        llama_chat_chunk(1, {}, usage=llama_usage(31, 1)),
+    )
+    request = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "n": 2,
+        "max_tokens": 1,
+        "stream": True,
+        "stream_options": INCLUDE,
+    }
+    found = check_exchange(recorded(CHAT, request, raw))
+    assert [(f.check_id, f.cause, f.chunk_numbers) for f in found] == [
+        ("usage_placement", "one usage chunk with choices: [] per choice", [5, 7]),
+    ]
+    assert found[0].message.startswith("2 usage chunks with choices: [], one per choice")
+
+
+def test_a_stream_without_any_usage_is_missing_its_usage_chunk():
+    raw = llama_stream(llama_completion_chunk("ab"), llama_completion_chunk("", "length"))
+    found = check_exchange(recorded(COMPLETIONS, body(stream_options=INCLUDE, max_tokens=2), raw))
     assert [(f.check_id, f.cause) for f in found] == [
-        ("usage_placement", "N usage chunks with choices: []; expected one, last before [DONE]"),
-        ("usage_placement", "N content chunks carry usage without continuous_usage_stats"),
+        ("usage_placement", "no usage chunk with choices: []; expected one, last before [DONE]"),
     ]
 
 

@@ -74,7 +74,6 @@ def test_llama_server_shapes_group_into_their_causes_with_the_requests_each_affe
         ("break", "logprob_count", 3),
         ("break", "logprob_shape", 3),
         ("break", "usage_placement", 3),
-        ("break", "usage_placement", 3),
         ("break", "data_null", 1),
         ("break", "role_not_first", 1),
         ("strict", "error_param_missing", 1),
@@ -83,7 +82,8 @@ def test_llama_server_shapes_group_into_their_causes_with_the_requests_each_affe
     assert causes[1].messages == [
         "3 logprob entries for 4 tokens (finished by length at max_tokens)"
     ]
-    assert failing_headline(causes, findings) == "8 causes in 7 checks (6 requests)"
+    assert causes[3].cause == "usage on the finish chunk instead of a usage chunk with choices: []"
+    assert failing_headline(causes, findings) == "7 causes in 7 checks (6 requests)"
 
 
 def test_one_cause_keeps_every_distinct_message_once():

@@ -54,24 +54,56 @@ def check_usage(exchange: Exchange, view: StreamView) -> list[Finding]:
 def _check_placement(exchange: Exchange, view: StreamView) -> list[Finding]:
     chunks = [chunk for chunk in view.chunks if not chunk.is_error]
     finals = [chunk for chunk in chunks if chunk.num_choices == 0 and chunk.usage is not None]
+    with_choices = [chunk for chunk in chunks if chunk.num_choices > 0]
+    carried = [chunk for chunk in with_choices if chunk.usage is not None]
     findings = []
     is_complete = exchange.reader != "abandon" and exchange.transport_error is None
+    finishing = {
+        c.number for cs in view.choices.values() for c in cs if c.finish_reason is not None
+    }
+    on_finish = bool(carried) and all(chunk.number in finishing for chunk in carried)
     if is_complete and (len(finals) != 1 or finals[0] is not chunks[-1]):
-        numbers = [chunk.number for chunk in finals] or [chunks[-1].number if chunks else 0]
-        message = f"{len(finals)} usage chunks with choices: []; expected one, last before [DONE]"
-        findings.append(finding("usage_placement", exchange, message, numbers, view=view))
-    with_choices = [chunk for chunk in chunks if chunk.num_choices > 0]
-    check_id = "usage_placement"
+        findings.append(_misplaced(exchange, view, chunks, finals, carried, on_finish))
     if view.request.continuous_usage:
-        check_id = "usage_continuous_missing"
         bare = [chunk.number for chunk in with_choices if chunk.usage is None]
         message = f"{len(bare)} chunks without usage under continuous_usage_stats"
-    else:
-        bare = [chunk.number for chunk in with_choices if chunk.usage is not None]
-        message = f"{len(bare)} content chunks carry usage without continuous_usage_stats"
-    if bare:
-        findings.append(finding(check_id, exchange, message, bare, view=view))
+        if bare:
+            findings.append(finding("usage_continuous_missing", exchange, message, bare, view=view))
+    elif carried and not (is_complete and not finals and on_finish):
+        message = f"{len(carried)} content chunks carry usage without continuous_usage_stats"
+        numbers = [chunk.number for chunk in carried]
+        findings.append(finding("usage_placement", exchange, message, numbers, view=view))
     return findings
+
+
+def _misplaced(
+    exchange: Exchange,
+    view: StreamView,
+    chunks: list[Any],
+    finals: list[Any],
+    carried: list[Any],
+    on_finish: bool,
+) -> Finding:
+    """One finding naming the shape: usage on the finish chunk (llama-server's
+    completions), one usage chunk per choice (its chat with n > 1), several,
+    none, or one that is not last."""
+    numbers = [chunk.number for chunk in finals] or [chunks[-1].number if chunks else 0]
+    expected = "expected one, last before [DONE]"
+    if not finals and on_finish:
+        numbers = [chunk.number for chunk in carried]
+        message = f"usage on {len(carried)} finish chunks, no usage chunk with choices: []"
+        cause = "usage on the finish chunk instead of a usage chunk with choices: []"
+    elif not finals:
+        message = cause = f"no usage chunk with choices: []; {expected}"
+    elif len(finals) > 1 and len(finals) == len(view.choices):
+        message = f"{len(finals)} usage chunks with choices: [], one per choice; {expected}"
+        cause = "one usage chunk with choices: [] per choice"
+    elif len(finals) > 1:
+        message = f"{len(finals)} usage chunks with choices: []; {expected}"
+        cause = "several usage chunks with choices: []"
+    else:
+        message = cause = "the usage chunk is not last before [DONE]"
+    return finding("usage_placement", exchange, message, numbers, view=view, cause=cause)
 
 
 def _check_totals(exchange: Exchange, view: StreamView, final_chunks: list[Any]) -> list[Finding]:
