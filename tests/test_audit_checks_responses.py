@@ -148,3 +148,29 @@ def test_a_call_id_that_changes_between_the_added_done_and_terminal_items_is_fla
     added = next(e for e in events if e["type"] == "response.output_item.added")
     added["item"]["call_id"] = "call_other"
     assert ids(CASES["named tool"], events) == {"responses_index_mismatch"}
+
+
+def llama_shaped(events: list[dict]) -> list[dict]:
+    """llama-server's Responses events: items named by item_id alone, no
+    output_index, content_index or sequence_number."""
+    for event in events:
+        for key in ("output_index", "content_index", "sequence_number"):
+            event.pop(key, None)
+    return events
+
+
+def test_events_without_index_fields_are_one_cause_per_field_not_a_cascade():
+    found = findings(PLAIN, encode_all(llama_shaped(streamed(PLAIN))))
+    assert sorted((f.check_id, f.cause) for f in found) == [
+        ("responses_index_mismatch", "N events carry no content_index"),
+        ("responses_index_mismatch", "N events carry no output_index"),
+        ("responses_sequence", "event N (response.created) has sequence_number None"),
+    ]
+
+
+def test_deltas_of_events_without_index_fields_are_still_compared_with_their_done_values():
+    events = llama_shaped(streamed(PLAIN))
+    delta = next(e for e in events if e["type"] == "response.output_text.delta")
+    delta["delta"] = delta["delta"] + "x"
+    found = {f.check_id for f in findings(PLAIN, encode_all(events))}
+    assert "responses_delta_mismatch" in found and "responses_item_order" not in found

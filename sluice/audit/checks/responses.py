@@ -29,6 +29,7 @@ from typing import Any
 
 from sluice.audit.agent_events import AgentStream, NamedEvent, read_events
 from sluice.audit.checks.evidence import escape_bytes, finding
+from sluice.audit.checks.responses_fields import missing_index_fields
 from sluice.audit.records import RESPONSES, Exchange, Finding
 from sluice.audit.stream_view import StreamView
 
@@ -63,7 +64,8 @@ def check_responses_stream(exchange: Exchange, view: StreamView) -> list[Finding
     problems = framing_problems(stream, needs_names=False)
     events = [event for event in stream.events if event.payload is not None]
     problems += _sequence_problems(events) + _terminal_problems(events, exchange)
-    problems += _Items().read(events)
+    missing, events = missing_index_fields(events)
+    problems += missing + _Items().read(events)
     return [finding(check_id, exchange, message, [number], view=view,
                     cause=_CAUSES.get(check_id)) for check_id, number, message in problems]  # fmt: skip
 
