@@ -10,6 +10,7 @@ import json
 
 from sluice.audit.checks.exchange import check_exchange
 from sluice.audit.records import MESSAGES
+from sluice.audit.scenarios.bad_inputs import LAX_VALIDATION
 from sluice.audit.scenarios.messages import TOOLS, invalid_request_findings
 from tests.agent_script import encode_all, messages_answer
 from tests.broken_servers import MODEL, recorded
@@ -114,3 +115,9 @@ def test_an_invalid_request_accepted_or_answered_with_another_status_is_flagged(
     assert [f.check_id for f in invalid_request_findings(wrong)] == ["messages_error_shape"]
     accepted = recorded(MESSAGES, PLAIN, json.dumps(final(PLAIN)).encode(), expects_error=True)
     assert [f.check_id for f in invalid_request_findings(accepted)] == ["bad_input_accepted"]
+
+
+def test_an_accepted_invalid_request_is_the_lax_validation_cause_the_bad_inputs_share():
+    accepted = recorded(MESSAGES, PLAIN, json.dumps(final(PLAIN)).encode(), expects_error=True)
+    [found] = invalid_request_findings(accepted)
+    assert (found.cause, found.message) == (LAX_VALIDATION, "case: answered 200")

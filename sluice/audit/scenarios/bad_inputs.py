@@ -19,6 +19,8 @@ from sluice.audit.records import CHAT, COMPLETIONS, ScenarioResult
 from sluice.audit.scenarios.base import ScenarioContext, health_probe
 
 NAME = "bad_inputs"
+# Every accepted invalid request is one cause; each case keeps its message.
+LAX_VALIDATION = "invalid requests answered 2xx (lax validation)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +79,8 @@ async def run_bad_inputs(ctx: ScenarioContext) -> ScenarioResult:
             result.exchanges.append(exchange)
             if exchange.is_ok:
                 message = f"{case.name}: answered {exchange.status}"
-                result.findings.append(finding("bad_input_accepted", exchange, message))
+                accepted = finding("bad_input_accepted", exchange, message, cause=LAX_VALIDATION)
+                result.findings.append(accepted)
     await _check_still_healthy(ctx, result)
     return ctx.finish(result)
 

@@ -22,6 +22,7 @@ from sluice.audit.scenarios.agent_cases import (
     run_cases,
     schema,
 )
+from sluice.audit.scenarios.bad_inputs import LAX_VALIDATION
 from sluice.audit.scenarios.base import ScenarioContext
 
 NAME = "messages"
@@ -71,7 +72,8 @@ def invalid_request_findings(exchange: Exchange) -> list[Finding]:
     if exchange.status is None:
         return []  # the response checks report the transport error
     if exchange.status < 300:
-        return [finding("bad_input_accepted", exchange, f"{exchange.status} answer")]
+        message = f"{exchange.case.rpartition('/')[2]}: answered {exchange.status}"
+        return [finding("bad_input_accepted", exchange, message, cause=LAX_VALIDATION)]
     try:
         error = json.loads(exchange.raw).get("error")
     except (ValueError, AttributeError):
