@@ -29,7 +29,7 @@ from sluice.config import (
 from sluice.errors import ModelLoadError, SluiceError
 from sluice.settings import check_settings, setting
 from sluice.tools.parsers import TOOL_CALL_PARSERS
-from sluice.tools.reasoning import REASONING_PARSERS
+from sluice.tools.reasoning import NO_REASONING_PARSER, REASONING_PARSERS
 
 __all__ = ["build_parser", "engine_config_from", "main", "parse_size", "server_config_from"]
 
@@ -83,7 +83,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         ServerConfig,
         _SERVER_GROUPS["chat outputs"],
         tool_call_parser={"choices": sorted(TOOL_CALL_PARSERS)},
-        reasoning_parser={"choices": sorted(REASONING_PARSERS)},
+        reasoning_parser={"choices": [*sorted(REASONING_PARSERS), NO_REASONING_PARSER]},
     )
     add_data_parallel_flags(parser)
     add_flags(parser.add_argument_group("reliability"), ServerConfig, _SERVER_GROUPS["reliability"])

@@ -488,11 +488,12 @@ class ServerConfig:
         None, "how tool calls are read from outputs (default: guessed from the chat template)"
     )
     # "deepseek_r1" or "qwen3": <think>…</think> goes to reasoning_content;
-    # None: guessed from the chat template (sluice/tools/reasoning.py), off
-    # when the template shows no <think>.
+    # "none": never split; None: guessed from the chat template
+    # (sluice/tools/reasoning.py), off when the template shows no <think>.
     reasoning_parser: str | None = setting(
         None,
-        "split <think>…</think> into reasoning_content (default: guessed from the chat template)",
+        "split <think>…</think> into reasoning_content (default: guessed from the chat "
+        "template; none: never)",
     )
 
     def __post_init__(self) -> None:

@@ -15,6 +15,7 @@ from sluice.tools.reasoning import (
     REASONING_PARSERS,
     Qwen3Splitter,
     ReasoningSplit,
+    chosen_reasoning_parser,
     guess_reasoning_parser,
     split_deepseek_r1,
     split_text,
@@ -115,3 +116,17 @@ def test_qwen3_streamed_in_any_pieces_adds_up_to_the_whole():
 )  # fmt: skip
 def test_the_reasoning_parser_is_guessed_from_the_chat_template(template, expected):
     assert guess_reasoning_parser(template) == expected
+
+
+def test_the_flag_names_the_parser_none_turns_the_guess_off_and_unset_guesses():
+    assert chosen_reasoning_parser("deepseek_r1", QWEN3_TEMPLATE) == "deepseek_r1"
+    assert chosen_reasoning_parser("none", QWEN3_TEMPLATE) is None
+    assert chosen_reasoning_parser(None, QWEN3_TEMPLATE) == "qwen3"
+    assert chosen_reasoning_parser(None, None) is None
+
+
+def test_serve_accepts_reasoning_parser_none():
+    from sluice.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--reasoning-parser", "none"])
+    assert args.reasoning_parser == "none"

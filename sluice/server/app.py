@@ -73,7 +73,7 @@ from sluice.server.responses_routes import ResponsesRoutes
 from sluice.server.served_model import ServedModel, ServedTokenizer
 from sluice.server.shutdown import GracefulShutdown
 from sluice.tools.parsers import guess_tool_call_parser
-from sluice.tools.reasoning import guess_reasoning_parser
+from sluice.tools.reasoning import chosen_reasoning_parser
 from sluice.tracing import otlp_tracer
 
 if TYPE_CHECKING:
@@ -186,8 +186,9 @@ class Routes:
             config.limits,
             tool_call_parser=config.tool_call_parser
             or guess_tool_call_parser(self.tokenizer.chat_template_source),
-            reasoning_parser=config.reasoning_parser
-            or guess_reasoning_parser(self.tokenizer.chat_template_source),
+            reasoning_parser=chosen_reasoning_parser(
+                config.reasoning_parser, self.tokenizer.chat_template_source
+            ),
             is_priority_scheduling=config.engine.scheduler.scheduling_policy == "priority",
             generation_defaults=config.generation_defaults or to_internal.API_DEFAULTS,
         )

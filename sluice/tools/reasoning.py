@@ -150,6 +150,18 @@ REASONING_PARSERS: dict[str, ReasoningParser] = {
 _GENERATION_PROMPT = "add_generation_prompt"
 
 
+# `--reasoning-parser none`: no splitting, whatever the chat template shows.
+NO_REASONING_PARSER = "none"
+
+
+def chosen_reasoning_parser(setting: str | None, chat_template: str | None) -> str | None:
+    """The reasoning parser a server runs: the one `--reasoning-parser` names,
+    none for "none", else the template's guess (`guess_reasoning_parser`)."""
+    if setting == NO_REASONING_PARSER:
+        return None
+    return setting or guess_reasoning_parser(chat_template)
+
+
 def guess_reasoning_parser(chat_template: str | None) -> str | None:
     """The reasoning parser a chat template's `<think>` calls for; None when
     it shows none.
