@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -105,3 +107,62 @@ def test_switched_off_the_callers_keep_torch(monkeypatch):
         monkeypatch.undo()
         for cached in (native._loaded, native.silu_mul_kernel, native.argmax_kernel):
             cached.cache_clear()
+
+
+def flash_halves(num_tokens: int, context_len: int, seed: int):
+    """Attention of `num_tokens` bfloat16 queries over a cached context
+    (every key visible) and over themselves (causal): each flash call's
+    output and log-sum-exp, as attention._cached_prefix_then_chunk gets them."""
+    generator = torch.Generator().manual_seed(seed)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+    def heads_first(rows: int, heads: int) -> torch.Tensor:
+        x = torch.randn(rows, heads, 64, generator=generator).to(torch.bfloat16)
+        return x.transpose(0, 1)[None]
+
+    q = heads_first(num_tokens, 9)
+    context = flash(q, heads_first(context_len, 3), heads_first(context_len, 3), 0.0, False,
+                    scale=0.125)  # fmt: skip
+    chunk = flash(q, heads_first(num_tokens, 3), heads_first(num_tokens, 3), 0.0, True,
+                  scale=0.125)  # fmt: skip
+    return context, chunk
+
+
+@requires_kernel
+@pytest.mark.parametrize(("num_tokens", "context_len"), [(1, 5), (7, 100), (300, 2000)])
+def test_merge_attention_is_the_log_sum_exp_merge_rounded_once(num_tokens, context_len):
+    (x, lx), (y, ly) = flash_halves(num_tokens, context_len, seed=num_tokens)
+    out = torch.empty(num_tokens, 9, 64, dtype=torch.bfloat16)
+    native.merge_attention_kernel()(
+        x[0].transpose(0, 1), lx[0].t(), y[0].transpose(0, 1), ly[0].t(), out
+    )
+    # The merge in float64 from the same inputs, rounded once.
+    top = torch.maximum(lx, ly).double()
+    a, b = (lx - top).exp()[..., None], (ly - top).exp()[..., None]
+    exact = (x.double() * a + y.double() * b) / (a + b)
+    expected = exact[0].transpose(0, 1).to(torch.bfloat16)
+    # Within one bfloat16 step of the exactly merged value (float32 inside).
+    step = expected.float().abs().clamp(min=2**-14) * 2**-7
+    assert ((out.float() - expected.float()).abs() <= step).all()
+    assert (out != expected).float().mean() < 0.01
+
+
+@requires_kernel
+def test_a_chunk_behind_cached_context_merges_natively_or_in_torch_alike(monkeypatch):
+    from sluice.models import attention
+
+    (x, lx), (y, ly) = flash_halves(64, 700, seed=3)
+    flash_outputs = iter([(x, lx), (y, ly)] * 2)
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu",
+                        lambda *args, **kwargs: next(flash_outputs))  # fmt: skip
+    monkeypatch.setattr(attention, "_cached_kv", lambda *args: (None, None))
+    monkeypatch.setattr(attention, "_heads_first", lambda t: t)
+    q, plan = (
+        torch.zeros(64, 9, 64, dtype=torch.bfloat16),
+        SimpleNamespace(block_ids=None, context_len=700),
+    )
+    native_out = attention._cached_prefix_then_chunk(q, q, q, None, plan, 0.125)
+    monkeypatch.setattr(attention, "merge_attention_kernel", lambda: None)
+    torch_out = attention._cached_prefix_then_chunk(q, q, q, None, plan, 0.125)
+    assert native_out.shape == torch_out.shape == (64, 9, 64)
+    torch.testing.assert_close(native_out.float(), torch_out.float(), atol=2e-2, rtol=1e-2)

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from sluice.models.config import LlamaConfig
 from sluice.models.kernel_plan import KernelPlan
-from sluice.models.native import decode_attention_kernel
+from sluice.models.native import decode_attention_kernel, merge_attention_kernel
 from sluice.models.native.prefill import HEAD_DIMS as PREFILL_HEAD_DIMS
 from sluice.models.native.prefill import prefill_attention_kernel
 
@@ -438,6 +438,13 @@ def _cached_prefix_then_chunk(
         query, _heads_first(context_keys), _heads_first(context_values), 0.0, False, scale=scale
     )  # [1, Hq, query_len, D], [1, Hq, query_len] float32
     chunk_out, chunk_lse = flash(query, _heads_first(k), _heads_first(v), 0.0, True, scale=scale)
+    if q.dtype == torch.bfloat16 and (merge := merge_attention_kernel()) is not None:
+        # One native pass (rows.c): the outputs [1, Hq, L, D] and log-sum-exps
+        # [1, Hq, L] are [L, Hq, D] and [L, Hq] in memory.
+        out = torch.empty_like(q)  # [query_len, num_heads, head_dim]
+        merge(context_out[0].transpose(0, 1), context_lse[0].t(), chunk_out[0].transpose(0, 1),
+              chunk_lse[0].t(), out)  # fmt: skip
+        return out
     top = torch.maximum(context_lse, chunk_lse)
     context_weight = (context_lse - top).exp_()[..., None]  # [1, Hq, query_len, 1]
     chunk_weight = (chunk_lse - top).exp_()[..., None]

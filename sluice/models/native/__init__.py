@@ -106,6 +106,9 @@ def _declare(library: ctypes.CDLL) -> None:
         function.restype = None
     library.argmax_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     library.argmax_f32.restype = None
+    library.merge_attention_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    library.merge_attention_bf16.argtypes += [ctypes.c_void_p]
+    library.merge_attention_bf16.restype = None
 
 
 @cache
@@ -222,3 +225,27 @@ def argmax_kernel():
         return out
 
     return argmax
+
+
+@cache
+def merge_attention_kernel():
+    """Two bfloat16 attention results [T, H, D] over disjoint keys, with their
+    float32 log-sum-exps [T, H], merged into one over both keys (rows.c),
+    written into `out` [T, H, D]; None: no kernel. Every tensor's memory
+    must be that layout, contiguous (the flash kernel's outputs are, as
+    transposed views: the caller passes them as it gets them)."""
+    library = _library()
+    if library is None:
+        return None
+    function = library.merge_attention_bf16
+
+    def merge(x: Tensor, lx: Tensor, y: Tensor, ly: Tensor, out: Tensor) -> None:
+        tokens, heads, dim = out.shape
+        for values in (x, y, out):
+            assert values.dtype == torch.bfloat16 and values.stride() == (heads * dim, dim, 1)
+        for lse in (lx, ly):
+            assert lse.dtype == torch.float32 and lse.stride() == (heads, 1)
+        function(x.data_ptr(), lx.data_ptr(), y.data_ptr(), ly.data_ptr(), tokens, heads, dim,
+                 out.data_ptr())  # fmt: skip
+
+    return merge

@@ -95,3 +95,30 @@ void argmax_f32(const float *x, int64_t rows, int64_t cols, int64_t *out) {
         out[r] = index;
     }
 }
+
+/* merge_attention: attention of the same queries over two disjoint sets of
+ * keys (a prefill chunk's cached context, and the chunk itself), each with
+ * its log-sum-exp, merged into attention over both:
+ *     out[t, h, :] = (a x[t, h, :] + b y[t, h, :]) / (a + b),
+ *     a = exp(lx[t, h] - m), b = exp(ly[t, h] - m), m = max(lx[t, h], ly[t, h])
+ * x, y, out bfloat16 [tokens, heads, dim], contiguous; lx, ly float32
+ * [tokens, heads], contiguous, finite (every query sees keys in both sets).
+ * One pass in float32 and one rounding, where torch's ops make seven passes
+ * over strided views (20-30 ms per layer for 2,048 tokens of 9 heads). */
+void merge_attention_bf16(const uint16_t *x, const float *lx, const uint16_t *y,
+                          const float *ly, int64_t tokens, int64_t heads, int64_t dim,
+                          uint16_t *out) {
+    _Pragma("omp parallel for schedule(static) if (tokens >= MIN_PARALLEL_ROWS)")
+    for (int64_t t = 0; t < tokens; t++) {
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t row = t * heads + h;
+            const float top = lx[row] > ly[row] ? lx[row] : ly[row];
+            const float a = expf(lx[row] - top), b = expf(ly[row] - top);
+            const float wa = a / (a + b), wb = b / (a + b);
+            const uint16_t *xr = x + row * dim, *yr = y + row * dim;
+            uint16_t *o = out + row * dim;
+            for (int64_t d = 0; d < dim; d++)
+                bf16_store(o + d, wa * bf16_load(xr + d) + wb * bf16_load(yr + d));
+        }
+    }
+}
