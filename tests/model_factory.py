@@ -59,6 +59,12 @@ GEMMA3_SLIDING_WINDOW = 8
 # length, sluice once per server (sluice/models/longrope.py).
 PHI3_LONGROPE_KIND = "phi3_longrope"
 PHI3_LONGROPE_ORIGINAL = 16
+# Phi-4-mini's partial rotary (partial_rotary_factor 0.75: RoPE on 12 of the
+# 16 dims of a head), alone and with LongRoPE as Phi-4-mini has both (6
+# factors per list, the original context 16 as above).
+PHI3_PARTIAL_KIND = "phi3_partial"
+PHI4_MINI_KIND = "phi4_mini"
+PARTIAL_ROTARY_FACTOR = 0.75
 
 _COMMON: dict[str, Any] = {
     "hidden_size": 64,
@@ -129,6 +135,23 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
         }
         return transformers.Phi3Config(
             **_COMMON, pad_token_id=0, sliding_window=None, rope_scaling=rope,
+            original_max_position_embeddings=PHI3_LONGROPE_ORIGINAL, tie_word_embeddings=False,
+        )  # fmt: skip
+    if kind == PHI3_PARTIAL_KIND:
+        return transformers.Phi3Config(
+            **_COMMON, pad_token_id=0, sliding_window=None, rope_theta=10000.0,
+            partial_rotary_factor=PARTIAL_ROTARY_FACTOR, tie_word_embeddings=False,
+        )  # fmt: skip
+    if kind == PHI4_MINI_KIND:
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0 + 0.25 * i for i in range(6)],
+            "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0],
+        }
+        return transformers.Phi3Config(
+            **_COMMON, pad_token_id=0, sliding_window=None, rope_scaling=rope,
+            partial_rotary_factor=PARTIAL_ROTARY_FACTOR,
             original_max_position_embeddings=PHI3_LONGROPE_ORIGINAL, tie_word_embeddings=False,
         )  # fmt: skip
     if kind == GEMMA2_KIND:

@@ -33,6 +33,7 @@ from tests.gguf_quants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from tests.model_factory import (
     PHI3_LONGROPE_KIND,
     PHI3_LONGROPE_ORIGINAL,
+    PHI4_MINI_KIND,
     TinyModel,
     build_tiny_model,
 )
@@ -104,6 +105,8 @@ def write_family_gguf(tiny: TinyModel, arch: str, path: Path, quantized: bool) -
         writer.add_sliding_window(config["sliding_window"])
     if theta.get("rope_type") == "longrope":
         _add_longrope(writer, config)
+    if theta.get("partial_rotary_factor", 1.0) != 1.0:  # llama.cpp: the rotated dims
+        writer.add_rope_dimension_count(int(head_dim * theta["partial_rotary_factor"]))
     if arch == "gemma2":
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             writer.add_float32(f"gemma2.{key}", config[key])
@@ -246,6 +249,33 @@ def test_a_phi3_gguf_with_longrope_runs_like_transformers_past_its_original_leng
     reference = transformers.AutoModelForCausalLM.from_pretrained(
         str(loaded.folder), dtype=torch.float32, attn_implementation="eager"
     ).eval()
+    prompt = [(37 * i + 11) % 509 + 3 for i in range(2 * PHI3_LONGROPE_ORIGINAL)]
+    ours = greedy(PagedRunner(loaded.model), prompt, 16)
+    with torch.no_grad():
+        expected = reference.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=16, eos_token_id=None,
+            pad_token_id=0,
+        )  # fmt: skip
+    assert ours == expected[0, len(prompt) :].tolist()
+
+
+def test_a_phi4_mini_gguf_rotates_part_of_each_head_like_transformers(tmp_path):
+    """Phi-4-mini as llama.cpp writes it: rope.dimension_count 12 of the 16
+    dims of a head, LongRoPE lists of 6 factors."""
+    tiny = build_tiny_model(PHI4_MINI_KIND, tmp_path / "hf")
+    write_family_gguf(tiny, "phi3", tmp_path / "tiny.gguf", quantized=True)
+    config = ModelConfig(
+        model=str(tmp_path / "tiny.gguf"), cache_dir=tmp_path / "cache", dtype="float32",
+        quantization=None,
+    )  # fmt: skip
+    loaded = load_model(config)
+    assert (loaded.model_config.head_dim, loaded.model_config.rotary_dim) == (16, 12)
+    assert loaded.model_config.rope_scaling["uses_long_factor"]
+    assert "partial rotary (RoPE on 12 of 16 dims per head)" in loaded.choices.reason
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        str(loaded.folder), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    assert reference.model.rotary_emb.inv_freq.shape == (6,)
     prompt = [(37 * i + 11) % 509 + 3 for i in range(2 * PHI3_LONGROPE_ORIGINAL)]
     ours = greedy(PagedRunner(loaded.model), prompt, 16)
     with torch.no_grad():

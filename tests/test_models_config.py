@@ -9,6 +9,7 @@ import pytest
 
 from sluice.errors import ModelLoadError
 from sluice.models.config import LlamaConfig, UnsupportedRopeScalingError
+from sluice.models.rope_norm import rope_inv_freq
 
 # Abridged from the published config.json files of real checkpoints.
 LLAMA_3_2_1B = {
@@ -383,9 +384,30 @@ def test_longrope_without_both_lists_is_refused():
         LlamaConfig.from_hf_dict(PHI_3_5_MINI | {"rope_scaling": scaling})
 
 
-def test_phi3_partial_rotary_is_refused_at_top_level_and_in_rope_parameters():
-    with pytest.raises(ModelLoadError, match="partial_rotary_factor 0.75"):
-        LlamaConfig.from_hf_dict(PHI_3_MINI_4K | {"partial_rotary_factor": 0.75})
-    params = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}
-    with pytest.raises(ModelLoadError, match="partial_rotary_factor"):
-        LlamaConfig.from_hf_dict(PHI_3_MINI_4K | {"rope_parameters": params})
+# Phi-4-mini-instruct's shape: 24 heads of 128 dims, RoPE on the first 96.
+PHI_4_MINI = PHI_3_5_MINI | {
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "partial_rotary_factor": 0.75,
+    "tie_word_embeddings": True,
+    "vocab_size": 200064,
+}
+
+
+def test_phi4_mini_rotates_96_of_128_dims_at_top_level_and_in_rope_parameters():
+    config = LlamaConfig.from_hf_dict(PHI_4_MINI)
+    assert (config.head_dim, config.rotary_dim, config.has_partial_rotary) == (128, 96, True)
+    assert rope_inv_freq(config).shape == (48,)  # one per LongRoPE factor
+    new = {k: v for k, v in PHI_4_MINI.items()
+           if k not in ("rope_scaling", "rope_theta", "partial_rotary_factor")}  # fmt: skip
+    new["rope_parameters"] = PHI_4_MINI["rope_scaling"] | {
+        "rope_theta": 10000.0, "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
+    }  # fmt: skip
+    assert LlamaConfig.from_hf_dict(new) == config
+    assert not LlamaConfig.from_hf_dict(PHI_3_5_MINI).has_partial_rotary
+
+
+def test_partial_rotary_outside_phi3_is_refused():
+    llama = PHI_3_MINI_4K | {"architectures": ["LlamaForCausalLM"], "partial_rotary_factor": 0.5}
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor 0.5 for LlamaForCausalLM"):
+        LlamaConfig.from_hf_dict(llama)

@@ -132,7 +132,8 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
     num_heads = meta("attention.head_count")
     hidden_size = meta("embedding_length")
     head_dim = meta("attention.key_length", hidden_size // num_heads)
-    rope_scaling = _rope_scaling(reader, arch, meta("rope.dimension_count", head_dim), head_dim)
+    rope_dim = meta("rope.dimension_count", head_dim)
+    rope_scaling = _rope_scaling(reader, arch) | _partial_rotary(arch, rope_dim, head_dim)
     tensor_names = {tensor.name for tensor in reader.tensors}
     rope_theta = float(meta("rope.freq_base", 10000.0))
     vocab_size = meta("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -164,10 +165,9 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
         config |= _gemma2_config(config, meta)
     elif arch == "phi3":
         config["sliding_window"] = meta("attention.sliding_window")
-    if "original_max_position_embeddings" in rope_scaling:  # Phi3Config reads it at top level
-        config["original_max_position_embeddings"] = rope_scaling[
-            "original_max_position_embeddings"
-        ]
+    for key in ("original_max_position_embeddings", "partial_rotary_factor"):
+        if key in rope_scaling:  # Phi3Config reads them at top level too
+            config[key] = rope_scaling[key]
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
         token_id = field_value(reader, f"tokenizer.ggml.{key}")
         if token_id is not None:
@@ -228,11 +228,21 @@ def _gemma2_config(config: dict[str, Any], meta: Any) -> dict[str, Any]:
     )
 
 
-def _rope_scaling(reader: GGUFReader, arch: str, rope_dim: int, head_dim: int) -> dict[str, Any]:
+def _partial_rotary(arch: str, rope_dim: int, head_dim: int) -> dict[str, Any]:
+    """Phi-4-mini's partial rotary as rope_parameters say it: llama.cpp writes
+    the rotated dims (`rope.dimension_count`), transformers reads
+    rotary_dim = int(head_dim * partial_rotary_factor); {} for whole heads."""
+    if rope_dim == head_dim:
+        return {}
+    factor = rope_dim / head_dim
+    if arch != "phi3" or int(head_dim * factor) != rope_dim:
+        raise ModelLoadError(f"unsupported GGUF: partial rotary ({rope_dim} of {head_dim} dims)")
+    return {"partial_rotary_factor": factor}
+
+
+def _rope_scaling(reader: GGUFReader, arch: str) -> dict[str, Any]:
     """The rope_parameters entries of a linear scaling (Gemma 3 4B+); {} for none."""
     scaling = field_value(reader, f"{arch}.rope.scaling.type", "none")
-    if rope_dim != head_dim:
-        raise ModelLoadError(f"unsupported GGUF: partial rotary ({rope_dim} of {head_dim} dims)")
     if longrope := _longrope(reader, arch):
         return longrope
     factors = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)

@@ -18,7 +18,9 @@ Invariants of a parsed config:
   (`layer_types`: Gemma 3's local ones, every Phi-3 layer when its window is
   shorter than the context), which see the last `sliding_window` positions: elsewhere a
   sliding window shorter than `max_position_embeddings` is refused, a longer
-  one is ignored.
+  one is ignored;
+- `rotary_dim` (even, at most `head_dim`) is how many leading dims of each
+  q/k head RoPE rotates; the rest pass through (Phi-4-mini: 3/4 of the head).
 
 Anything the model code cannot run raises `ModelLoadError` with one line.
 """
@@ -108,6 +110,18 @@ class LlamaConfig:
     final_logit_softcapping: float | None = None
     # Attention scores capped the same way before the softmax (Gemma 2); None: no cap.
     attn_logit_softcapping: float | None = None
+    # RoPE rotates the first rotary_dim dims of each q/k head and passes the
+    # rest through (Phi-4-mini: partial_rotary_factor 0.75); None: head_dim.
+    rotary_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rotary_dim is None:
+            object.__setattr__(self, "rotary_dim", self.head_dim)
+
+    @property
+    def has_partial_rotary(self) -> bool:
+        """RoPE leaves some dims of each head unrotated (Phi-4-mini)."""
+        return self.rotary_dim != self.head_dim
 
     @property
     def is_gemma3(self) -> bool:
@@ -155,6 +169,7 @@ def _common_fields(d: dict[str, Any], architecture: str) -> dict[str, Any]:
     num_heads = _require_int(d, "num_attention_heads")
     max_positions = _require_int(d, "max_position_embeddings")
     rope_theta, rope_scaling = _rope(d, max_positions)
+    head_dim = int(d.get("head_dim") or hidden_size // num_heads)
     is_qwen2 = architecture == "Qwen2ForCausalLM"
     has_bias = bool(d.get("attention_bias", False))
     return {
@@ -165,7 +180,8 @@ def _common_fields(d: dict[str, Any], architecture: str) -> dict[str, Any]:
         "num_hidden_layers": _require_int(d, "num_hidden_layers"),
         "num_attention_heads": num_heads,
         "num_key_value_heads": int(d.get("num_key_value_heads") or num_heads),
-        "head_dim": int(d.get("head_dim") or hidden_size // num_heads),
+        "head_dim": head_dim,
+        "rotary_dim": _rotary_dim(d, head_dim, architecture),
         "rms_norm_eps": float(d.get("rms_norm_eps", 1e-6)),
         "rope_theta": rope_theta,
         "rope_scaling": rope_scaling,
@@ -216,11 +232,6 @@ def _gemma_fields(d: dict[str, Any], architecture: str) -> dict[str, Any]:
 def _phi3_fields(d: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """Phi-3: every layer attends within `sliding_window` where it is shorter
     than the context (Phi-3-mini-4k: 2047 of 4096), as transformers runs it."""
-    if float(d.get("partial_rotary_factor") or 1.0) != 1.0:
-        raise ModelLoadError(
-            f"unsupported partial_rotary_factor {d['partial_rotary_factor']} (Phi-4-mini): "
-            "RoPE must rotate the whole head"
-        )
     window = d.get("sliding_window")
     if window is None or int(window) >= fields["max_position_embeddings"]:
         return {"sliding_window": None}
@@ -286,10 +297,36 @@ def _rope(d: dict[str, Any], max_positions: int) -> tuple[float, dict[str, Any] 
         params = dict(params["full_attention"])
     theta = params.pop("rope_theta", None) or d.get("rope_theta") or _DEFAULT_ROPE_THETA
     scaling = params if params.get("rope_type", params.get("type")) else d.get("rope_scaling")
-    if float((scaling or {}).get("partial_rotary_factor") or 1.0) != 1.0:
-        raise ModelLoadError("unsupported partial_rotary_factor: RoPE must rotate the whole head")
     original = d.get("original_max_position_embeddings")
     return float(theta), _normalise_rope_scaling(scaling, max_positions, original)
+
+
+def _rotary_dim(d: dict[str, Any], head_dim: int, architecture: str) -> int:
+    """How many dims of each head RoPE rotates: int(head_dim * partial_rotary_factor),
+    as transformers derives it, the factor read at the top level or inside
+    rope_parameters / rope_scaling (transformers 5 writes both)."""
+    params = d.get("rope_parameters") or {}
+    if isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]
+    sources = (params, d.get("rope_scaling") or {}, d)
+    value = next((s["partial_rotary_factor"] for s in sources if s.get("partial_rotary_factor")), 1)
+    if not isinstance(value, int | float):
+        raise ModelLoadError(f"partial_rotary_factor must be a number, got {value!r}")
+    factor = float(value)
+    if factor == 1.0:
+        return head_dim
+    rotary_dim = int(head_dim * factor)
+    if architecture != PHI3:
+        raise ModelLoadError(
+            f"unsupported partial_rotary_factor {factor} for {architecture}: "
+            "only Phi-3 (Phi-4-mini) rotates part of each head"
+        )
+    if not 0.0 < factor < 1.0 or rotary_dim < 2 or rotary_dim % 2:
+        raise ModelLoadError(
+            f"unsupported partial_rotary_factor {factor}: RoPE needs an even number of "
+            f"dims of the {head_dim} in a head, got {rotary_dim}"
+        )
+    return rotary_dim
 
 
 def _normalise_rope_scaling(

@@ -23,16 +23,20 @@ def build_model(
 
 def describe_family(config: LlamaConfig) -> str:
     """The architecture, and which engine paths it cannot use, for the startup line."""
+    limits = []
     if config.attn_logit_softcapping is not None:
-        return (
-            f"architecture {config.architecture}: attention soft-capping runs every layer's "
-            "attention on the torch path, not the native attention kernels; its sliding-window "
-            "layers keep all their KV blocks"
+        limits.append(
+            "attention soft-capping runs every layer's attention on the torch path, not the "
+            "native attention kernels; its sliding-window layers keep all their KV blocks"
         )
-    if SLIDING in config.layer_types:
-        return (
-            f"architecture {config.architecture}: its sliding-window layers (window "
-            f"{config.sliding_window}) attend on the torch path, not the native attention "
-            "kernels, and keep all their KV blocks"
+    elif SLIDING in config.layer_types:
+        limits.append(
+            f"its sliding-window layers (window {config.sliding_window}) attend on the torch "
+            "path, not the native attention kernels, and keep all their KV blocks"
         )
-    return f"architecture {config.architecture}: every engine path"
+    if config.has_partial_rotary:
+        limits.append(
+            f"partial rotary (RoPE on {config.rotary_dim} of {config.head_dim} dims per head) "
+            "rotates q and k on the torch path, not the native RoPE + K/V-write kernel"
+        )
+    return f"architecture {config.architecture}: {'; '.join(limits) or 'every engine path'}"

@@ -96,6 +96,7 @@ class LlamaDecoderLayer(nn.Module):
                 softcap=cap,
             )
         hidden, head_dim = config.hidden_size, config.head_dim
+        partial_rotary = config.has_partial_rotary
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim
@@ -121,9 +122,10 @@ class LlamaDecoderLayer(nn.Module):
         kernel = silu_mul_kernel(dtype) if torch.device(device).type == "cpu" else None
         self.swiglu = kernel or _swiglu
         # RoPE of q and k and the K/V cache write in one native call (CPU,
-        # bfloat16); batch-invariant mode keeps its own attention path.
+        # bfloat16); batch-invariant mode keeps its own attention path. The
+        # kernel rotates whole heads: partial rotary (Phi-4-mini) takes `rotate`.
         self.rope_write_kv = None
-        if torch.device(device).type == "cpu" and not batch_invariant:
+        if torch.device(device).type == "cpu" and not batch_invariant and not partial_rotary:
             self.rope_write_kv = rope_write_kv_kernel(dtype)
 
     def finish_loading(self) -> None:
@@ -227,8 +229,8 @@ class LlamaForCausalLM(nn.Module):
         # angles; the torch path reads them in the model's dtype.
         self.native_rope = all(layer.rope_write_kv is not None for layer in self.layers)
         cos, sin = rope_cos_sin(config, torch.float32 if self.native_rope else dtype, device)
-        self.register_buffer("rope_cos", cos, persistent=False)  # [max_pos, head_dim // 2]
-        self.register_buffer("rope_sin", sin, persistent=False)  # [max_pos, head_dim // 2]
+        self.register_buffer("rope_cos", cos, persistent=False)  # [max_pos, rotary_dim // 2]
+        self.register_buffer("rope_sin", sin, persistent=False)  # [max_pos, rotary_dim // 2]
 
     def forward(
         self,

@@ -20,7 +20,8 @@ transformers would use the short one (serve `--max-model-len` at most the
 original length to get the short list).
 
 A parsed "longrope" scaling dict holds:
-    short_factor, long_factor: [head_dim // 2] floats;
+    short_factor, long_factor: [rotary_dim // 2] floats (rotary_dim: the
+        rotated dims of a head, fewer than head_dim on Phi-4-mini);
     original_max_position_embeddings: int;
     attention_factor: float (cos and sin are multiplied by it);
     uses_long_factor: bool (the choice above; the model's own context
@@ -71,15 +72,16 @@ def parse_longrope(
     }
 
 
-def longrope_inv_freq(rope_theta: float, head_dim: int, scaling: dict[str, Any]) -> Tensor:
-    """[head_dim // 2] float32: 1 / (factor * theta ** (2i / head_dim)), transformers' formula."""
+def longrope_inv_freq(rope_theta: float, rotary_dim: int, scaling: dict[str, Any]) -> Tensor:
+    """[rotary_dim // 2] float32: 1 / (factor * theta ** (2i / rotary_dim)),
+    transformers' formula (rotary_dim: head_dim unless the rotary is partial)."""
     key = "long_factor" if scaling["uses_long_factor"] else "short_factor"
-    factors = torch.tensor(scaling[key], dtype=torch.float32)  # [head_dim // 2]
-    if factors.shape[0] != head_dim // 2:
+    factors = torch.tensor(scaling[key], dtype=torch.float32)  # [rotary_dim // 2]
+    if factors.shape[0] != rotary_dim // 2:
         raise ModelLoadError(
-            f"rope_scaling {key} has {factors.shape[0]} values for {head_dim // 2} frequencies"
+            f"rope_scaling {key} has {factors.shape[0]} values for {rotary_dim // 2} frequencies"
         )
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     return 1.0 / (factors * rope_theta**exponents)
 
 

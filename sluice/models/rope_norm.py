@@ -17,7 +17,8 @@ Large steps keep torch's plain formulas, which are faster there.
 On CPU in bfloat16 the model rotates q and k with a native kernel instead
 (sluice/models/native/rope.py: float32 angles, `Float32Angles`, one
 rounding, the K/V cache write in the same pass); `rotate` is the path
-elsewhere and in batch-invariant mode.
+elsewhere, in batch-invariant mode, and for partial rotary (Phi-4-mini: the
+kernel rotates whole heads).
 
 Batch-invariant mode takes one path for every step size (the plain rotation;
 the C RMSNorm kernel, one row at a time, else torch's plain formula), so a
@@ -41,9 +42,10 @@ from sluice.models.native import rms_norm_kernel
 FEW_TOKENS = 8
 
 
-def rope_inv_freq(config: LlamaConfig) -> Tensor:  # [head_dim // 2] float32
-    """Inverse frequencies of the rotary embedding, scaled as the config says."""
-    dim = config.head_dim
+def rope_inv_freq(config: LlamaConfig) -> Tensor:  # [rotary_dim // 2] float32
+    """Inverse frequencies of the rotary embedding, scaled as the config says;
+    over the rotated dims only (`rotary_dim`, as transformers' partial rotary)."""
+    dim = config.rotary_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # [dim // 2]
     inv_freq = 1.0 / (config.rope_theta**exponents)
     scaling = config.rope_scaling
@@ -72,7 +74,7 @@ def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
     factor = scaling["factor"]
     low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
     old_len = scaling["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq  # [dim // 2]
+    wavelen = 2 * math.pi / inv_freq  # [R // 2]
     stretched = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
     smooth = (old_len / wavelen - low) / (high - low)
     blended = (1 - smooth) * stretched / factor + smooth * stretched
@@ -81,10 +83,10 @@ def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
 
 
 def rope_cos_sin(config: LlamaConfig, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
-    """cos and sin tables, each [max_position_embeddings, head_dim // 2]
+    """cos and sin tables, each [max_position_embeddings, rotary_dim // 2]
     (times LongRoPE's attention factor, as transformers scales them)."""
     positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-    angles = torch.outer(positions, rope_inv_freq(config))  # [max_pos, head_dim // 2]
+    angles = torch.outer(positions, rope_inv_freq(config))  # [max_pos, R // 2]
     scale = rope_attention_factor(config.rope_scaling)
     cos, sin = angles.cos() * scale, angles.sin() * scale
     return cos.to(dtype=dtype, device=device), sin.to(dtype=dtype, device=device)
@@ -92,14 +94,16 @@ def rope_cos_sin(config: LlamaConfig, dtype: torch.dtype, device) -> tuple[Tenso
 
 @dataclass(slots=True)
 class RopeAngles:
-    """The rotation of one step's tokens, shared by every layer (half-split layout)."""
+    """The rotation of one step's tokens, shared by every layer (half-split
+    layout over the first R = rotary_dim dims of a head; R < D, partial
+    rotary, leaves the last D - R dims as they are)."""
 
-    cos: Tensor  # [T, 1, D // 2]
-    sin: Tensor  # [T, 1, D // 2]
+    cos: Tensor  # [T, 1, R // 2]
+    sin: Tensor  # [T, 1, R // 2]
     # For few-token steps: cat(cos, cos) and cat(-sin, sin), so that
     # rotate(x) = x * cos_full + cat(x2, x1) * sin_signed.
-    cos_full: Tensor | None  # [T, 1, D]
-    sin_signed: Tensor | None  # [T, 1, D]
+    cos_full: Tensor | None  # [T, 1, R]
+    sin_signed: Tensor | None  # [T, 1, R]
 
     @classmethod
     def at(
@@ -109,15 +113,21 @@ class RopeAngles:
         positions: Tensor,
         is_batch_invariant: bool = False,
     ) -> RopeAngles:
-        """Tables [max_pos, D // 2] indexed at positions [T]."""
-        cos = cos_table[positions].unsqueeze(1)  # [T, 1, D // 2]
-        sin = sin_table[positions].unsqueeze(1)  # [T, 1, D // 2]
+        """Tables [max_pos, R // 2] indexed at positions [T]."""
+        cos = cos_table[positions].unsqueeze(1)  # [T, 1, R // 2]
+        sin = sin_table[positions].unsqueeze(1)  # [T, 1, R // 2]
         if is_batch_invariant or positions.shape[0] > FEW_TOKENS:
             return cls(cos, sin, None, None)
         return cls(cos, sin, torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1))
 
     def rotate(self, x: Tensor) -> Tensor:  # [T, H, D] -> [T, H, D], each token by its position
-        x1, x2 = x.chunk(2, dim=-1)  # [T, H, D // 2] each
+        rotary_dim = 2 * self.cos.shape[-1]
+        if rotary_dim != x.shape[-1]:  # partial rotary: the rest pass through
+            return torch.cat((self._rotate(x[..., :rotary_dim]), x[..., rotary_dim:]), dim=-1)
+        return self._rotate(x)
+
+    def _rotate(self, x: Tensor) -> Tensor:  # [T, H, R] -> [T, H, R]
+        x1, x2 = x.chunk(2, dim=-1)  # [T, H, R // 2] each
         if self.cos_full is None:
             cos, sin = self.cos, self.sin
             return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
