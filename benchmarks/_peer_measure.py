@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import aiohttp
+import psutil
 from _load import LoadSpec, RequestRecord, run_level, send_request
 from _peer_prompts import LongPrompts
 from _peer_report import ServerRun, format_ms, format_number, level_result
@@ -25,6 +27,20 @@ from _peer_servers import Server, say, stop_group
 from serve import free_port, log_tail, resolve_model, start_server, wait_ready
 
 LONG_PROMPT_MAX_TOKENS = 8  # a long prompt measures TTFT; a few tokens make sure text arrives
+
+
+def group_rss_mib(pgid: int) -> float | None:
+    """The resident memory of every process in group `pgid` (the server and
+    the processes it started), in MiB; None where none could be read."""
+    total, found = 0, False
+    for process in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(process.pid) == pgid:
+                total += process.memory_info().rss
+                found = True
+        except (OSError, psutil.Error):
+            continue
+    return total / 2**20 if found else None
 
 
 def num_requests_for(concurrency: int, args: argparse.Namespace) -> int:
@@ -105,12 +121,15 @@ async def measure_running(
     process: subprocess.Popen,
     args: argparse.Namespace,
     prompts: LongPrompts,
+    started_s: float,
 ) -> None:
-    """Fill `run` from a started server: wait, warm up, the long prompts, every level."""
+    """Fill `run` from a server started at `started_s` (time.monotonic()): wait,
+    warm up, the long prompts, every level."""
     connector = aiohttp.TCPConnector(limit=max(args.levels) + 1)
     async with aiohttp.ClientSession(connector=connector) as session:
         # 1. Wait until it answers, and learn the name it serves the model under.
         await wait_ready(session, base_url, args.startup_timeout, process)
+        run.startup_s = time.monotonic() - started_s
         run.model = await resolve_model(session, base_url, None)
         spec = LoadSpec(
             base_url=base_url,
@@ -128,6 +147,7 @@ async def measure_running(
         await _measure_long_prompts(session, spec, run, prompts)
         # 4. Closed-loop streams at every level.
         await _measure_levels(session, spec, run, args)
+        run.rss_mib = group_rss_mib(process.pid)
 
 
 def measure(
@@ -137,9 +157,11 @@ def measure(
     run = ServerRun(server=server.name, repeat=repeat)
     port = free_port()
     log_path = log_dir / f"{server.name.replace(' ', '_').replace('/', '_')}-{repeat}.log"
+    started_s = time.monotonic()
     process = start_server(server.command, port, log_path)
     try:
-        asyncio.run(measure_running(run, f"http://127.0.0.1:{port}", process, args, prompts))
+        url = f"http://127.0.0.1:{port}"
+        asyncio.run(measure_running(run, url, process, args, prompts, started_s))
     except (TimeoutError, RuntimeError, aiohttp.ClientError, KeyError) as error:
         run.error = f"{type(error).__name__}: {error}"
         print(f"{server.name} failed: {run.error}\n{log_tail(log_path)}", file=sys.stderr)

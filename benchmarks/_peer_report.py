@@ -41,6 +41,10 @@ class ServerRun:
     levels: list[LevelResult] | None = None
     # prompt tokens asked for -> TTFT of that run's one prompt of that length (None: failed)
     long_prompt_ttft_s: dict[int, float | None] = field(default_factory=dict)
+    # From the process's start to its first answer, and the resident memory
+    # of its whole process group after the last level (MiB).
+    startup_s: float | None = None
+    rss_mib: float | None = None
     error: str | None = None  # why the run stopped early, if it did
 
 
@@ -52,6 +56,8 @@ class ServerSummary:
     num_runs: int  # runs that reached the levels
     levels: list[LevelResult]
     long_prompt_ttft_s: dict[int, float | None]  # prompt tokens -> median TTFT
+    startup_s: float | None = None  # medians over the runs
+    rss_mib: float | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -124,6 +130,8 @@ def summarize(server: str, runs: list[ServerRun]) -> ServerSummary:
         long_prompt_ttft_s={
             n: _median([r.long_prompt_ttft_s.get(n) for r in runs]) for n in lengths
         },
+        startup_s=_median([r.startup_s for r in runs]),
+        rss_mib=_median([r.rss_mib for r in measured]),
     )
 
 
@@ -234,3 +242,14 @@ def format_table(rows: list[tuple[str, ...]]) -> str:
         "ratio of the figures above it: >1 tok/s and <1 times mean sluice is better"
     )
     return "\n".join([*lines, note])
+
+
+def footprint_table(summaries: list[ServerSummary]) -> str:
+    """Each server's start-up time and resident memory (medians over its runs)."""
+    lines = [
+        "server | start-up s (to its first answer) | resident MiB (process group, after the levels)"
+    ]
+    for summary in summaries:
+        lines.append(f"{summary.server} | {format_number(summary.startup_s)} | "
+                     f"{format_number(summary.rss_mib, 0)}")  # fmt: skip
+    return "\n".join(lines)

@@ -32,7 +32,9 @@ Measured per server (_peer_measure.py):
 - for each level C: C closed-loop streams (each sends its next request when
   the last ends) of `--max-tokens`-token chat completions, `ignore_eos`,
   temperature 0, the prompts of _load.py: output tokens/s, TTFT p50/p90, ITL
-  p50/p90 (definitions in _load.py).
+  p50/p90 (definitions in _load.py);
+- its start-up time (from starting the process to its first answer) and the
+  resident memory of its whole process group after the last level.
 
 The table gives one row per server and level, then per long-prompt length,
 and below the peers' rows a row `sluice / PEER` with each figure's ratio:
@@ -54,7 +56,14 @@ from pathlib import Path
 from _peer_files import has_matplotlib, package_version, results_json, write_png
 from _peer_measure import measure
 from _peer_prompts import embedded_gguf, embedded_hf_folder, embedded_token_counter, long_prompts
-from _peer_report import ServerRun, format_table, ratios, summarize, table_rows
+from _peer_report import (
+    ServerRun,
+    footprint_table,
+    format_table,
+    ratios,
+    summarize,
+    table_rows,
+)
 from _peer_servers import (
     DEFAULT_VLLM_VENV,
     Server,
@@ -221,6 +230,7 @@ def report(
     summaries = [summarize(s.name, [r for r in runs if r.server == s.name]) for s in servers]
     all_ratios = ratios(summaries, {s.name for s in servers if s.is_sluice})
     print(format_table(table_rows(summaries, all_ratios, args.long_prompt_tokens)))
+    print(footprint_table(summaries))
     for run in runs:
         if run.error:
             print(f"{run.server}, repeat {run.repeat + 1}: {run.error}")

@@ -191,3 +191,22 @@ def test_the_chart_groups_the_long_prompts_ttft_by_length(monkeypatch, tmp_path)
     axes.clear()
     files.write_png(tmp_path / "p.png", _summaries(), [])
     assert len(axes) == 3  # no long prompt, no panel for it
+
+
+def test_start_up_and_memory_are_medians_over_runs_and_tabled_per_server():
+    runs = [_run("vllm", r, 100.0 * (r + 1), 0.1, {}) for r in range(3)]
+    for r, one in enumerate(runs):
+        one.startup_s, one.rss_mib = [90.0, 60.0, 75.0][r], [7000.0, 7100.0, 6900.0][r]
+    summary = report.summarize("vllm", runs)
+    assert (summary.startup_s, summary.rss_mib) == (75.0, 7000.0)
+    table = report.footprint_table([summary, report.summarize("s", [report.ServerRun("s", 0)])])
+    assert "vllm | 75.0 | 7000" in table and "s | - | -" in table
+
+
+def test_the_resident_memory_of_a_process_group_counts_its_processes():
+    import os
+
+    measure = importlib.import_module("_peer_measure")
+    mib = measure.group_rss_mib(os.getpgid(0))  # this test's own group
+    assert mib is not None and mib > 10
+    assert measure.group_rss_mib(2**22 + 12345) is None  # no such group
