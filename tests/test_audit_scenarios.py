@@ -11,7 +11,7 @@ import pytest
 from sluice.audit.options import PROFILE_SCENARIOS, QUICK, AuditOptions, with_overrides
 from sluice.audit.records import AuditResult, Target
 from sluice.audit.runner import run_audit
-from sluice.audit.scenarios.disconnect import _running_lines
+from sluice.audit.scenarios.disconnect import _running_lines, is_slowdown_a_finding
 from sluice.audit.scenarios.stops import choose_stop_cases
 from tests.broken_servers import MODEL, Defect, serving
 
@@ -204,3 +204,12 @@ def test_the_running_gauge_of_llama_server_vllm_and_sglang_is_read():
         "llamacpp:requests_processing",
         'vllm:num_requests_running{model_name="m"}',
     ]
+
+
+def test_a_slower_probe_is_no_finding_when_the_running_gauge_fell_to_zero():
+    # llama-server, run beside other work: 0.122 s before, 0.248 s after, its
+    # llamacpp:requests_processing back at 0: the streams stopped.
+    assert not is_slowdown_a_finding(0.122, 0.248, 2.0, [])
+    assert is_slowdown_a_finding(0.122, 0.248, 2.0, None)  # no gauge: the probe decides
+    assert is_slowdown_a_finding(0.122, 0.248, 2.0, ["llamacpp:requests_processing 4"])
+    assert not is_slowdown_a_finding(0.122, 0.130, 2.0, None)

@@ -3,8 +3,8 @@
 Streams abandoned mid-generation must stop consuming the server. Measured two
 ways, both from outside: a small probe request's latency before and after
 abandoning K long streams (flagged when the probe after is `slowdown` times
-slower), and, where the server exports Prometheus metrics, its running
-requests gauge, which must fall back to zero.
+slower, unless the gauge below fell to zero), and, where the server exports
+Prometheus metrics, its running requests gauge, which must fall back to zero.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ async def run_disconnect(ctx: ScenarioContext) -> ScenarioResult:
         }
     )
     target = ctx.client.target.label
-    if after_s > before_s * size.slowdown and after_s - before_s > MIN_SLOWDOWN_S:
+    if is_slowdown_a_finding(before_s, after_s, size.slowdown, gauge_lines):
         message = (
             f"probe took {after_s:.3f}s after abandoning {size.streams} streams, "
             f"{before_s:.3f}s before ({after_s / before_s:.1f}x, limit {size.slowdown}x)"
@@ -59,7 +59,7 @@ async def run_disconnect(ctx: ScenarioContext) -> ScenarioResult:
         result.findings.append(
             scenario_finding("disconnect_keeps_generating", NAME, target, message)
         )
-    if gauge_lines:
+    if gauge_lines:  # still above zero after the wait
         message = f"running requests gauge still above zero {GAUGE_WAIT_S}s after the disconnects"
         finding = scenario_finding(
             "disconnect_keeps_generating", NAME, target, message, evidence=gauge_lines
@@ -87,16 +87,32 @@ async def _abandoned_stream(ctx: ScenarioContext, position: int) -> Exchange:
     return await ctx.send(NAME, endpoint, body, "disconnect/abandoned", reader=reader)
 
 
-async def _running_after(ctx: ScenarioContext) -> list[str]:
-    """The gauge lines still above zero after waiting; [] when zero or not exported."""
+async def _running_after(ctx: ScenarioContext) -> list[str] | None:
+    """The gauge lines still above zero after waiting: [] when they fell to zero,
+    None when the server exports no running-requests gauge."""
     waited_s = 0.0
     while True:
         probe = await ctx.client.get("/metrics")
-        lines = _running_lines(probe.body.decode("utf-8", "replace")) if probe.is_ok else []
+        text = probe.body.decode("utf-8", "replace") if probe.is_ok else ""
+        if not _RUNNING_GAUGE.search(text):
+            return None
+        lines = _running_lines(text)
         if not lines or waited_s >= GAUGE_WAIT_S:
             return lines
         await asyncio.sleep(GAUGE_POLL_S)
         waited_s += GAUGE_POLL_S
+
+
+def is_slowdown_a_finding(
+    before_s: float, after_s: float, slowdown: float, gauge_lines: list[str] | None
+) -> bool:
+    """A probe slower after the disconnects is the evidence only where the server
+    exports no running gauge: a gauge back at zero says the abandoned streams
+    stopped, and the probe's slowdown is then the machine's noise (llama-server
+    on a shared 2-core VM: 2.0x with its gauge at zero)."""
+    if gauge_lines is not None and not gauge_lines:
+        return False
+    return after_s > before_s * slowdown and after_s - before_s > MIN_SLOWDOWN_S
 
 
 def _running_lines(metrics_text: str) -> list[str]:
