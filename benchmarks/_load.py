@@ -249,16 +249,28 @@ async def send_request(
     start_s = time.perf_counter()
     reader = _StreamReader(record, spec.api, start_s)
     timeout = aiohttp.ClientTimeout(total=spec.request_timeout_s)
-    try:
-        async with session.post(spec.base_url + path, json=body, timeout=timeout) as response:
-            if response.status != 200:
-                text = (await response.text())[:200]
-                record.error = f"HTTP {response.status}: {text}"
-            else:
-                # Several lines per token at most (data + blank), plus role/usage/[DONE].
-                await _read_sse(response, reader, max_lines=4 * spec.max_tokens + 64)
-    except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError) as error:
-        record.error = f"{type(error).__name__}: {error}"[:200]
+    for attempt in range(2):
+        answered = False
+        try:
+            async with session.post(spec.base_url + path, json=body, timeout=timeout) as response:
+                answered = True
+                if response.status != 200:
+                    text = (await response.text())[:200]
+                    record.error = f"HTTP {response.status}: {text}"
+                else:
+                    # Several lines per token at most (data + blank), plus role/usage/[DONE].
+                    await _read_sse(response, reader, max_lines=4 * spec.max_tokens + 64)
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as error:
+            if not answered and attempt == 0:
+                # A pooled connection the server had closed (llama-server closes
+                # each after its stream while announcing keep-alive): the request
+                # never reached it. Once more on a fresh one, as openai-python's
+                # httpx does; the time already spent stays in the record.
+                continue
+            record.error = f"{type(error).__name__}: {error}"[:200]
+        except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError) as error:
+            record.error = f"{type(error).__name__}: {error}"[:200]
+        break
     reader.finish(time.perf_counter())
     return record
 

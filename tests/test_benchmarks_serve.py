@@ -154,6 +154,45 @@ def test_a_refused_connection_is_an_error_record_not_an_exception():
     assert all(r.error and "Connect" in r.error for r in run.records)
 
 
+def test_a_pooled_connection_the_server_closed_is_retried_once_on_a_fresh_one():
+    # As llama-server does: it announces keep-alive, but a second request on
+    # the same connection is never read: the socket closes. The client's
+    # request then never reached the server; openai-python retries it.
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        await reader.readuntil(b"\r\n\r\n")
+        body = (
+            b"data: "
+            + json.dumps(
+                {"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]}
+            ).encode()
+        )
+        body += b"\n\ndata: [DONE]\n\n"  # fmt: skip
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Connection: keep-alive\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
+        await writer.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")  # the next request on this connection...
+        writer.close()  # ...is dropped unanswered
+
+    async def go():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        spec = spec_for(f"http://127.0.0.1:{port}")
+        connector = aiohttp.TCPConnector(limit=1)
+        async with server, aiohttp.ClientSession(connector=connector) as session:
+            return [await load.send_request(session, spec, i) for i in range(3)]
+
+    records = asyncio.run(go())
+    assert [r.error for r in records] == [None, None, None]
+    assert all(r.chunk_num_chars == [2] for r in records)
+    assert len(connections) >= 3  # each later request went out again on a new connection
+
+
 # ---- report ------------------------------------------------------------------------------
 
 
