@@ -249,30 +249,46 @@ async def send_request(
     start_s = time.perf_counter()
     reader = _StreamReader(record, spec.api, start_s)
     timeout = aiohttp.ClientTimeout(total=spec.request_timeout_s)
-    for attempt in range(2):
-        answered = False
-        try:
-            async with session.post(spec.base_url + path, json=body, timeout=timeout) as response:
-                answered = True
-                if response.status != 200:
-                    text = (await response.text())[:200]
-                    record.error = f"HTTP {response.status}: {text}"
-                else:
-                    # Several lines per token at most (data + blank), plus role/usage/[DONE].
-                    await _read_sse(response, reader, max_lines=4 * spec.max_tokens + 64)
-        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as error:
-            if not answered and attempt == 0:
-                # A pooled connection the server had closed (llama-server closes
-                # each after its stream while announcing keep-alive): the request
-                # never reached it. Once more on a fresh one, as openai-python's
-                # httpx does; the time already spent stays in the record.
-                continue
-            record.error = f"{type(error).__name__}: {error}"[:200]
-        except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError) as error:
-            record.error = f"{type(error).__name__}: {error}"[:200]
-        break
+    url = spec.base_url + path
+    if await _post(session, url, body, timeout, spec, record, reader):
+        # A pooled connection the server had closed (llama-server closes each
+        # after its stream while announcing keep-alive): the request never
+        # reached it. Once more on a new connection of its own, as
+        # openai-python's httpx does; the time already spent stays in the record.
+        record.error = None
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+            await _post(fresh, url, body, timeout, spec, record, reader)
     reader.finish(time.perf_counter())
     return record
+
+
+async def _post(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict,
+    timeout: aiohttp.ClientTimeout,
+    spec: LoadSpec,
+    record: RequestRecord,
+    reader: _StreamReader,
+) -> bool:
+    """One POST read to its end into `record`; True when the connection
+    failed before any answer (the request may be sent again)."""
+    answered = False
+    try:
+        async with session.post(url, json=body, timeout=timeout) as response:
+            answered = True
+            if response.status != 200:
+                record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+            else:
+                # Several lines per token at most (data + blank), plus role/usage/[DONE].
+                await _read_sse(response, reader, max_lines=4 * spec.max_tokens + 64)
+    except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError) as error:
+        record.error = f"{type(error).__name__}: {error}"[:200]
+        is_dead_connection = isinstance(
+            error, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError)
+        )
+        return is_dead_connection and not answered
+    return False
 
 
 async def run_level(
