@@ -7,6 +7,7 @@ Test modules import these from here, never from one another
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -55,6 +56,16 @@ class PagedRunner:
         )
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, hidden]
         return self.model.compute_logits(hidden[meta.query_start_loc[1:] - 1])
+
+
+def prompt_logits(model: LlamaForCausalLM, prompt: list[int]) -> torch.Tensor:
+    """The logits of every prompt position, prefilled in one step."""
+    runner = PagedRunner(model)
+    table = list(range(1, 1 + math.ceil(len(prompt) / BLOCK_SIZE)))
+    meta = AttentionMetadata.build([len(prompt)], [0], [table], BLOCK_SIZE, "cpu")
+    with torch.inference_mode():
+        hidden = model(torch.tensor(prompt), torch.arange(len(prompt)), runner.kv_caches, meta)
+        return model.compute_logits(hidden)  # [len(prompt), vocab]
 
 
 def greedy(runner: PagedRunner, prompt: list[int], num_new: int) -> list[int]:

@@ -223,15 +223,33 @@ def test_a_quantized_gguf_runs_like_transformers_on_its_dequantized_weights(tiny
     loaded = load_model(config)
     assert loaded.model_config.architecture == tiny.config_dict["architectures"][0]
     assert f"architecture {loaded.model_config.architecture}" in loaded.choices.reason
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
-        str(loaded.folder), dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    reference = reference_of(loaded)
     ours = greedy(PagedRunner(loaded.model), PROMPT, 24)
     ids = list(PROMPT)
     with torch.no_grad():
         for _ in range(24):
             ids.append(int(reference(torch.tensor([ids])).logits[0, -1].argmax()))
     assert ours == ids[len(PROMPT) :]
+
+
+def reference_of(loaded) -> transformers.PreTrainedModel:
+    """transformers' model on the folder sluice converted the GGUF into."""
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(loaded.folder), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+
+
+def assert_generates_past_the_original_length_like_transformers(loaded, reference=None) -> None:
+    """16 greedy tokens after a prompt twice LongRoPE's original length, as transformers."""
+    reference = reference or reference_of(loaded)
+    prompt = [(37 * i + 11) % 509 + 3 for i in range(2 * PHI3_LONGROPE_ORIGINAL)]
+    ours = greedy(PagedRunner(loaded.model), prompt, 16)
+    with torch.no_grad():
+        expected = reference.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=16, eos_token_id=None,
+            pad_token_id=0,
+        )  # fmt: skip
+    assert ours == expected[0, len(prompt) :].tolist()
 
 
 def test_a_phi3_gguf_with_longrope_runs_like_transformers_past_its_original_length(tmp_path):
@@ -246,17 +264,7 @@ def test_a_phi3_gguf_with_longrope_runs_like_transformers_past_its_original_leng
     assert scaling["rope_type"] == "longrope" and scaling["uses_long_factor"]
     assert scaling["original_max_position_embeddings"] == PHI3_LONGROPE_ORIGINAL
     assert scaling["long_factor"] == tiny.config_dict["rope_parameters"]["long_factor"]
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
-        str(loaded.folder), dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    prompt = [(37 * i + 11) % 509 + 3 for i in range(2 * PHI3_LONGROPE_ORIGINAL)]
-    ours = greedy(PagedRunner(loaded.model), prompt, 16)
-    with torch.no_grad():
-        expected = reference.generate(
-            torch.tensor([prompt]), do_sample=False, max_new_tokens=16, eos_token_id=None,
-            pad_token_id=0,
-        )  # fmt: skip
-    assert ours == expected[0, len(prompt) :].tolist()
+    assert_generates_past_the_original_length_like_transformers(loaded)
 
 
 def test_a_phi4_mini_gguf_rotates_part_of_each_head_like_transformers(tmp_path):
@@ -272,18 +280,9 @@ def test_a_phi4_mini_gguf_rotates_part_of_each_head_like_transformers(tmp_path):
     assert (loaded.model_config.head_dim, loaded.model_config.rotary_dim) == (16, 12)
     assert loaded.model_config.rope_scaling["uses_long_factor"]
     assert "partial rotary (RoPE on 12 of 16 dims per head)" in loaded.choices.reason
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
-        str(loaded.folder), dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    reference = reference_of(loaded)
     assert reference.model.rotary_emb.inv_freq.shape == (6,)
-    prompt = [(37 * i + 11) % 509 + 3 for i in range(2 * PHI3_LONGROPE_ORIGINAL)]
-    ours = greedy(PagedRunner(loaded.model), prompt, 16)
-    with torch.no_grad():
-        expected = reference.generate(
-            torch.tensor([prompt]), do_sample=False, max_new_tokens=16, eos_token_id=None,
-            pad_token_id=0,
-        )  # fmt: skip
-    assert ours == expected[0, len(prompt) :].tolist()
+    assert_generates_past_the_original_length_like_transformers(loaded, reference)
 
 
 @pytest.mark.slow

@@ -21,7 +21,6 @@ from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 from sluice.config import ModelConfig
 from sluice.loader.loaded_model import load_model
 from sluice.models import longrope
-from sluice.models.attention import AttentionMetadata
 from sluice.models.config import LlamaConfig
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.rope_norm import rope_cos_sin
@@ -32,7 +31,13 @@ from tests.model_factory import (
     build_tiny_model,
     write_tiny_tokenizer,
 )
-from tests.model_runs import BLOCK_SIZE, PagedRunner, assert_close_to_scale, greedy, hf_logits
+from tests.model_runs import (
+    PagedRunner,
+    assert_close_to_scale,
+    greedy,
+    hf_logits,
+    prompt_logits,
+)
 
 SHORT_PROMPT = [1, 17, 300, 45, 9, 88, 211, 5, 402, 77, 3, 150, 64]  # 13 <= 16 positions
 LONG_PROMPT = [(37 * i + 11) % 509 + 3 for i in range(40)]  # 40 > 16 positions
@@ -49,15 +54,6 @@ def load_ours(tiny: TinyModel, max_model_len: int) -> LlamaForCausalLM:
     model = LlamaForCausalLM(dataclasses.replace(config, rope_scaling=fitted), torch.float32, "cpu")
     model.load_weights(tiny.weights())
     return model
-
-
-def prompt_logits(model: LlamaForCausalLM, prompt: list[int]) -> torch.Tensor:
-    runner = PagedRunner(model)
-    table = list(range(1, 1 + math.ceil(len(prompt) / BLOCK_SIZE)))
-    meta = AttentionMetadata.build([len(prompt)], [0], [table], BLOCK_SIZE, "cpu")
-    with torch.inference_mode():
-        hidden = model(torch.tensor(prompt), torch.arange(len(prompt)), runner.kv_caches, meta)
-        return model.compute_logits(hidden)  # [len(prompt), vocab]
 
 
 def test_the_config_reads_both_lists_and_transformers_attention_factor(tiny):

@@ -12,7 +12,6 @@ says so. Tolerances as in test_models_longrope.py.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import msgspec
 import pytest
@@ -22,7 +21,6 @@ from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 from sluice.errors import ModelLoadError
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
-from sluice.models.attention import AttentionMetadata
 from sluice.models.config import LlamaConfig
 from sluice.models.families import build_model, describe_family
 from sluice.models.llama import LlamaForCausalLM
@@ -36,12 +34,12 @@ from tests.model_factory import (
     make_core,
 )
 from tests.model_runs import (
-    BLOCK_SIZE,
     GREEDY,
     PagedRunner,
     assert_close_to_scale,
     greedy,
     hf_logits,
+    prompt_logits,
     random_prompts,
     run,
     run_one_by_one,
@@ -62,15 +60,6 @@ def load_ours(tiny: TinyModel, dtype=torch.float32, **changes) -> LlamaForCausal
     model = LlamaForCausalLM(config, dtype, "cpu")
     model.load_weights(tiny.weights())
     return model
-
-
-def prompt_logits(model: LlamaForCausalLM, prompt: list[int]) -> torch.Tensor:
-    runner = PagedRunner(model)
-    table = list(range(1, 1 + math.ceil(len(prompt) / BLOCK_SIZE)))
-    meta = AttentionMetadata.build([len(prompt)], [0], [table], BLOCK_SIZE, "cpu")
-    with torch.inference_mode():
-        hidden = model(torch.tensor(prompt), torch.arange(len(prompt)), runner.kv_caches, meta)
-        return model.compute_logits(hidden)  # [len(prompt), vocab]
 
 
 def test_the_config_reads_the_factor_wherever_the_file_puts_it(tiny):
