@@ -214,13 +214,18 @@ def test_every_quantization_type_dequantizes_to_the_values_its_blocks_encode(tin
     assert {"Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "F16", "BF16"} <= kinds
 
 
-def test_a_quantized_gguf_runs_like_transformers_on_its_dequantized_weights(tiny, arch, tmp_path):
+def load_quantized_gguf(tiny: TinyModel, arch: str, tmp_path: Path):
+    """`tiny` written as a quantized GGUF of `arch`, loaded by sluice in float32, unquantized."""
     write_family_gguf(tiny, arch, tmp_path / "tiny.gguf", quantized=True)
     config = ModelConfig(
         model=str(tmp_path / "tiny.gguf"), cache_dir=tmp_path / "cache", dtype="float32",
         quantization=None,
     )  # fmt: skip
-    loaded = load_model(config)
+    return load_model(config)
+
+
+def test_a_quantized_gguf_runs_like_transformers_on_its_dequantized_weights(tiny, arch, tmp_path):
+    loaded = load_quantized_gguf(tiny, arch, tmp_path)
     assert loaded.model_config.architecture == tiny.config_dict["architectures"][0]
     assert f"architecture {loaded.model_config.architecture}" in loaded.choices.reason
     reference = reference_of(loaded)
@@ -254,12 +259,7 @@ def assert_generates_past_the_original_length_like_transformers(loaded, referenc
 
 def test_a_phi3_gguf_with_longrope_runs_like_transformers_past_its_original_length(tmp_path):
     tiny = build_tiny_model(PHI3_LONGROPE_KIND, tmp_path / "hf")
-    write_family_gguf(tiny, "phi3", tmp_path / "tiny.gguf", quantized=True)
-    config = ModelConfig(
-        model=str(tmp_path / "tiny.gguf"), cache_dir=tmp_path / "cache", dtype="float32",
-        quantization=None,
-    )  # fmt: skip
-    loaded = load_model(config)
+    loaded = load_quantized_gguf(tiny, "phi3", tmp_path)
     scaling = loaded.model_config.rope_scaling
     assert scaling["rope_type"] == "longrope" and scaling["uses_long_factor"]
     assert scaling["original_max_position_embeddings"] == PHI3_LONGROPE_ORIGINAL
@@ -271,12 +271,7 @@ def test_a_phi4_mini_gguf_rotates_part_of_each_head_like_transformers(tmp_path):
     """Phi-4-mini as llama.cpp writes it: rope.dimension_count 12 of the 16
     dims of a head, LongRoPE lists of 6 factors."""
     tiny = build_tiny_model(PHI4_MINI_KIND, tmp_path / "hf")
-    write_family_gguf(tiny, "phi3", tmp_path / "tiny.gguf", quantized=True)
-    config = ModelConfig(
-        model=str(tmp_path / "tiny.gguf"), cache_dir=tmp_path / "cache", dtype="float32",
-        quantization=None,
-    )  # fmt: skip
-    loaded = load_model(config)
+    loaded = load_quantized_gguf(tiny, "phi3", tmp_path)
     assert (loaded.model_config.head_dim, loaded.model_config.rotary_dim) == (16, 12)
     assert loaded.model_config.rope_scaling["uses_long_factor"]
     assert "partial rotary (RoPE on 12 of 16 dims per head)" in loaded.choices.reason
