@@ -15,7 +15,11 @@ import torch
 
 from sluice.engine.core import EngineCore
 from sluice.engine.sampling_params import SamplingParams
+from sluice.loader.choices import ModelChoices
+from sluice.loader.loaded_model import LoadedModel
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
+from sluice.models.config import LlamaConfig
+from sluice.models.families import build_model
 from sluice.models.llama import LlamaForCausalLM
 from tests.model_factory import TinyModel
 
@@ -56,6 +60,19 @@ class PagedRunner:
         )
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, hidden]
         return self.model.compute_logits(hidden[meta.query_start_loc[1:] - 1])
+
+
+def loaded_float32(tiny: TinyModel) -> LoadedModel:
+    """`tiny` built by its family's class in float32 and loaded, as the engine gets a model."""
+    config = LlamaConfig.from_hf_dict(tiny.config_dict)
+    model = build_model(config, torch.float32, torch.device("cpu"), False)
+    model.load_weights(tiny.weights())
+    return LoadedModel(
+        model=model, tokenizer=None, model_config=config,
+        max_model_len=config.max_position_embeddings, name=tiny.kind,
+        eos_token_ids=frozenset({2}), folder=tiny.path,
+        choices=ModelChoices("float32", None, "as asked"),
+    )  # fmt: skip
 
 
 def prompt_logits(model: LlamaForCausalLM, prompt: list[int]) -> torch.Tensor:

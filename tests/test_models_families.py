@@ -15,14 +15,13 @@ import msgspec
 import pytest
 import torch
 
-from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models.config import LlamaConfig
 from sluice.models.families import build_model, describe_family
 from sluice.models.gemma3 import Gemma3ForCausalLM
 from sluice.models.llama import LlamaForCausalLM
 from tests.model_factory import GEMMA2_KIND, GEMMA3_KIND, TinyModel, build_tiny_model, make_core
-from tests.model_runs import GREEDY, random_prompts, run, run_one_by_one
+from tests.model_runs import GREEDY, loaded_float32, random_prompts, run, run_one_by_one
 
 FAMILY_KINDS = ("qwen3_tied", "qwen3_untied", GEMMA3_KIND, GEMMA2_KIND, "phi3_window")
 # Kinds whose layers (all, or Gemma's local ones) attend within a window of 8.
@@ -36,19 +35,7 @@ def tiny(request, tmp_path_factory) -> TinyModel:
 
 @pytest.fixture(scope="module")
 def loaded(tiny: TinyModel) -> LoadedModel:
-    model_config = LlamaConfig.from_hf_dict(tiny.config_dict)
-    model = build_model(model_config, torch.float32, torch.device("cpu"), False)
-    model.load_weights(tiny.weights())
-    return LoadedModel(
-        model=model,
-        tokenizer=None,
-        model_config=model_config,
-        max_model_len=model_config.max_position_embeddings,
-        name=tiny.kind,
-        eos_token_ids=frozenset({2}),
-        folder=tiny.path,
-        choices=ModelChoices("float32", None, "as asked"),
-    )
+    return loaded_float32(tiny)
 
 
 def test_each_architecture_gets_its_own_model_class(loaded):

@@ -19,10 +19,9 @@ import torch
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
 from sluice.errors import ModelLoadError
-from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models.config import LlamaConfig
-from sluice.models.families import build_model, describe_family
+from sluice.models.families import describe_family
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native.rope import rope_write_kv_kernel
 from sluice.models.rope_norm import RopeAngles, rope_cos_sin
@@ -39,6 +38,7 @@ from tests.model_runs import (
     assert_close_to_scale,
     greedy,
     hf_logits,
+    loaded_float32,
     prompt_logits,
     random_prompts,
     run,
@@ -171,15 +171,7 @@ def test_the_startup_note_says_rope_runs_on_the_torch_path(tiny):
 
 @pytest.fixture(scope="module")
 def loaded(tiny: TinyModel) -> LoadedModel:
-    config = LlamaConfig.from_hf_dict(tiny.config_dict)
-    model = build_model(config, torch.float32, torch.device("cpu"), False)
-    model.load_weights(tiny.weights())
-    return LoadedModel(
-        model=model, tokenizer=None, model_config=config,
-        max_model_len=config.max_position_embeddings, name=tiny.kind,
-        eos_token_ids=frozenset({2}), folder=tiny.path,
-        choices=ModelChoices("float32", None, "as asked"),
-    )  # fmt: skip
+    return loaded_float32(tiny)
 
 
 def test_chunked_prefill_gives_the_same_tokens_as_whole_prompts(loaded):
