@@ -30,7 +30,7 @@ def _int8_library() -> ctypes.CDLL | None:
     if library is None:
         return None
     int64, pointer = ctypes.c_int64, ctypes.c_void_p
-    for name in ("quantize_rows_bf16", "quantize_rows_f32"):
+    for name in ("quantize_rows_bf16", "quantize_rows_f32", "quantize_row_pairs_bf16"):
         function = getattr(library, name)
         function.argtypes = [pointer] + [int64] * 3 + [pointer] * 3
         function.restype = ctypes.c_int
@@ -46,10 +46,10 @@ def _int8_library() -> ctypes.CDLL | None:
     library.pack_int8_weights.argtypes = [pointer, int64, int64, pointer, pointer]
     library.pack_int8_weights.restype = ctypes.c_int
     library.int8_gemm_bf16.argtypes = [pointer, pointer, int64, int64] + [pointer] * 4
-    library.int8_gemm_bf16.argtypes += [int64, pointer]
+    library.int8_gemm_bf16.argtypes += [int64, pointer, ctypes.c_int]
     library.int8_gemm_bf16.restype = None
     library.int8_linear_bf16.argtypes = [pointer, int64, int64, int64] + [pointer] * 5
-    library.int8_linear_bf16.argtypes += [int64, pointer]
+    library.int8_linear_bf16.argtypes += [int64, pointer, ctypes.c_int]
     library.int8_linear_bf16.restype = ctypes.c_int
     return library
 
@@ -109,8 +109,9 @@ class Int8GemmKernels:
     # (q [T, K] int8, scales [T] f32, weights, col_scales [N] f32, bias [N] bf16 | None)
     #   -> [T, N] bf16: round_bf16(q @ W^T * scales[:, None] * col_scales) (+ bias).
     gemm: Callable[..., Tensor]
-    # (x [T, K] bf16 rows contiguous, inv_smooth [K] f32, weights, col_scales, bias)
-    #   -> [T, N] bf16: int8_row_kernels' quantize, then gemm, in one call.
+    # (x [T, K] bf16 rows contiguous, inv_smooth [K] f32, weights, col_scales, bias,
+    #  pairs) -> [T, N] bf16: int8_row_kernels' quantize, then gemm, in one call;
+    # `pairs`: A13 codes, each row as two int8 rows (int8_rows.c).
     linear: Callable[..., Tensor]
 
 
@@ -144,7 +145,7 @@ def int8_gemm_kernels() -> Int8GemmKernels | None:
         library.int8_gemm_bf16(
             q.data_ptr(), scales.data_ptr(), rows, k, weights.packed.data_ptr(),
             weights.compensation.data_ptr(), col_scales.data_ptr(),
-            None if bias is None else bias.data_ptr(), n, out.data_ptr(),
+            None if bias is None else bias.data_ptr(), n, out.data_ptr(), 0,
         )  # fmt: skip
         return out
 
@@ -152,7 +153,7 @@ def int8_gemm_kernels() -> Int8GemmKernels | None:
 
     def linear(
         x: Tensor, inv_smooth: Tensor, weights: PackedInt8Weights, col_scales: Tensor,
-        bias: Tensor | None,
+        bias: Tensor | None, pairs: bool = False,
     ) -> Tensor:  # fmt: skip
         rows, k = x.shape
         assert x.stride(1) == 1 and x.dtype == torch.bfloat16 and k == weights.in_features
@@ -161,7 +162,7 @@ def int8_gemm_kernels() -> Int8GemmKernels | None:
         status = linear_bf16(
             x.data_ptr(), rows, k, x.stride(0), inv_smooth.data_ptr(), weights.packed.data_ptr(),
             weights.compensation.data_ptr(), col_scales.data_ptr(),
-            None if bias is None else bias.data_ptr(), n, out.data_ptr(),
+            None if bias is None else bias.data_ptr(), n, out.data_ptr(), int(pairs),
         )  # fmt: skip
         if status != 0:
             raise MemoryError("int8_linear_bf16: no memory for the quantized rows")

@@ -39,6 +39,8 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 
+#include "int8_epilogue.h"
+
 int int8_gemm_available(void) { return 1; }
 
 /* w [n, k] int8 row-major -> packed (size int8_packed_bytes(n, k)), compensation [n] int32. */
@@ -66,37 +68,13 @@ int pack_int8_weights(const int8_t *w, int64_t n, int64_t k, int8_t *packed,
     return 0;
 }
 
-/* float32 -> bfloat16 bits (round to nearest even; no NaN can arise here). */
-static inline __m256i round_to_bf16(__m512 f) {
-    const __m512i u = _mm512_castps_si512(f);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
-
-static inline __m512 bf16_to_f32(__m256i h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* Scale one row's 64 accumulators of a tile and store them (`valid` columns). */
-static inline void store_tile_row(const __m512i acc[4], const int32_t *comp, float row_scale,
-                                  const float *col_scales, const uint16_t *bias, uint16_t *out,
-                                  int64_t valid) {
-    const __m512 rs = _mm512_set1_ps(row_scale);
-    for (int j = 0; j < 4; j++) {
-        const int64_t left = valid - 16 * j;
-        if (left <= 0) return;
-        const __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-        const __m512i exact = _mm512_sub_epi32(acc[j], _mm512_maskz_loadu_epi32(mask, comp + 16 * j));
-        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), rs);
-        f = _mm512_mul_ps(f, _mm512_maskz_loadu_ps(mask, col_scales + 16 * j));
-        __m256i h = round_to_bf16(f);
-        if (bias != NULL) {
-            const __m256i b = _mm256_maskz_loadu_epi16(mask, bias + 16 * j);
-            h = round_to_bf16(_mm512_add_ps(bf16_to_f32(h), bf16_to_f32(b)));
-        }
-        _mm256_mask_storeu_epi16(out + 16 * j, mask, h);
-    }
+/* One group of ROWS activation rows' accumulators: made exact (the
+ * compensation taken off) into `sums` [ROWS][TILE_N], then scaled by the
+ * shared epilogue (int8_epilogue.h). */
+static inline void exact_sums(const __m512i acc[4], const int32_t *comp, int32_t *sums) {
+    for (int j = 0; j < 4; j++)
+        _mm512_storeu_si512(sums + 16 * j,
+                            _mm512_sub_epi32(acc[j], _mm512_loadu_si512(comp + 16 * j)));
 }
 
 /* ROWS (1..6) activation rows times one packed weight tile. Each
@@ -115,14 +93,16 @@ static inline void store_tile_row(const __m512i acc[4], const int32_t *comp, flo
 #define ROW_STORE(R)                                                                          \
     if (tile_rows > R) {                                                                         \
         const __m512i acc[4] = {c##R##0, c##R##1, c##R##2, c##R##3};                          \
-        store_tile_row(acc, comp, row_scales[R], col_scales, bias, out + R * n, valid);       \
+        exact_sums(acc, comp, sums + R * TILE_N);                                             \
     }
 
 #define DEFINE_TILE(ROWS)                                                                     \
     static void tile_##ROWS(const int8_t *q, int64_t k, const int8_t *w, const int32_t *comp, \
                             const float *row_scales, const float *col_scales,                 \
-                            const uint16_t *bias, uint16_t *out, int64_t n, int64_t valid) {  \
+                            const uint16_t *bias, uint16_t *out, int64_t n, int64_t valid,    \
+                            int pairs) {                                                      \
         const int tile_rows = ROWS;                                                           \
+        int32_t sums[6 * TILE_N];                                                           \
         const __m512i zero = _mm512_setzero_si512();                                          \
         const __m512i flip = _mm512_set1_epi32((int)0x80808080u);                             \
         ROW_ZERO(0) ROW_ZERO(1) ROW_ZERO(2) ROW_ZERO(3) ROW_ZERO(4) ROW_ZERO(5)               \
@@ -134,6 +114,7 @@ static inline void store_tile_row(const __m512i acc[4], const int32_t *comp, flo
             ROW_STEP(0) ROW_STEP(1) ROW_STEP(2) ROW_STEP(3) ROW_STEP(4) ROW_STEP(5)           \
         }                                                                                     \
         ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)         \
+        int8_store_rows(sums, TILE_N, ROWS, pairs, row_scales, col_scales, bias, out, n, valid); \
     }
 
 DEFINE_TILE(1)
@@ -144,15 +125,17 @@ DEFINE_TILE(5)
 DEFINE_TILE(6)
 
 typedef void (*tile_fn)(const int8_t *, int64_t, const int8_t *, const int32_t *, const float *,
-                        const float *, const uint16_t *, uint16_t *, int64_t, int64_t);
+                        const float *, const uint16_t *, uint16_t *, int64_t, int64_t, int);
 static const tile_fn TILES[7] = {NULL, tile_1, tile_2, tile_3, tile_4, tile_5, tile_6};
 
-/* q [rows, k] int8 codes (row-major), their scales [rows]; packed weights of
- * [n, k] with compensation [n] and col_scales [n]; bias [n] bf16 or NULL;
- * out [rows, n] bf16, row-major. */
+/* q [rows, k] int8 codes (row-major); packed weights of [n, k] with
+ * compensation [n] and col_scales [n]; bias [n] bf16 or NULL. A8: row_scales
+ * [rows], out [rows, n] bf16 row-major. A13 (`pairs`, rows even): rows 2i and
+ * 2i + 1 are output row i's high and low codes, row_scales [rows / 2], out
+ * [rows / 2, n]. */
 void int8_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int64_t k,
                     const int8_t *packed, const int32_t *compensation, const float *col_scales,
-                    const uint16_t *bias, int64_t n, uint16_t *out) {
+                    const uint16_t *bias, int64_t n, uint16_t *out, int pairs) {
     /* Work items: (row block, column tile, group of 6 rows), tile-major
      * within a block so that a thread's consecutive items share a weight
      * tile; shared out statically. Splitting rows as well as columns keeps
@@ -179,27 +162,37 @@ void int8_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int6
         const int64_t end = b == full_blocks ? rows : (b + 1) * ROW_BLOCK;
         const int64_t count = end - t < 6 ? end - t : 6;
         const int64_t col = j * TILE_N, valid = n - col < TILE_N ? n - col : TILE_N;
-        TILES[count](q + t * k, k, packed + j * TILE_N * k, compensation + col, row_scales + t,
-                     col_scales + col, bias == NULL ? NULL : bias + col, out + t * n + col, n,
-                     valid);
+        const int64_t out_row = pairs ? t / 2 : t;
+        TILES[count](q + t * k, k, packed + j * TILE_N * k, compensation + col,
+                     row_scales + out_row, col_scales + col, bias == NULL ? NULL : bias + col,
+                     out + out_row * n + col, n, valid, pairs);
     }
 }
 
-/* int8_rows.c's pass, for the whole layer in one call below. */
+/* int8_rows.c's passes, for the whole layer in one call below. */
 int quantize_rows_bf16(const uint16_t *x, int64_t rows, int64_t cols, int64_t row_stride,
                        const float *inv_smooth, int8_t *q, float *scales);
+int quantize_row_pairs_bf16(const uint16_t *x, int64_t rows, int64_t cols, int64_t row_stride,
+                            const float *inv_smooth, int8_t *q, float *scales);
 
-/* The whole W8A8 layer: quantize x [rows, k] (rows x_stride apart), then the
- * matmul above; one call from Python instead of two (each call and its
- * tensors cost microseconds, 90 times a step). -1 when out of memory. */
+/* The whole layer: quantize x [rows, k] (rows x_stride apart; A13 when
+ * `pairs`), then the matmul above; one call from Python instead of two (each
+ * call and its tensors cost microseconds, 90 times a step). -1 when out of
+ * memory. */
 int int8_linear_bf16(const uint16_t *x, int64_t rows, int64_t k, int64_t x_stride,
                      const float *inv_smooth, const int8_t *packed, const int32_t *compensation,
-                     const float *col_scales, const uint16_t *bias, int64_t n, uint16_t *out) {
-    int8_t *q = malloc((size_t)(rows * k));
+                     const float *col_scales, const uint16_t *bias, int64_t n, uint16_t *out,
+                     int pairs) {
+    const int64_t code_rows = pairs ? 2 * rows : rows;
+    int8_t *q = malloc((size_t)(code_rows * k));
     float *scales = malloc(sizeof(float) * (size_t)rows);
     int status = -1;
-    if (q != NULL && scales != NULL && quantize_rows_bf16(x, rows, k, x_stride, inv_smooth, q, scales) == 0) {
-        int8_gemm_bf16(q, scales, rows, k, packed, compensation, col_scales, bias, n, out);
+    const int quantized = q != NULL && scales != NULL &&
+        (pairs ? quantize_row_pairs_bf16(x, rows, k, x_stride, inv_smooth, q, scales)
+               : quantize_rows_bf16(x, rows, k, x_stride, inv_smooth, q, scales)) == 0;
+    if (quantized) {
+        int8_gemm_bf16(q, scales, code_rows, k, packed, compensation, col_scales, bias, n, out,
+                       pairs);
         status = 0;
     }
     free(q);
@@ -218,15 +211,16 @@ int pack_int8_weights(const int8_t *w, int64_t n, int64_t k, int8_t *packed,
 }
 int int8_linear_bf16(const uint16_t *x, int64_t rows, int64_t k, int64_t x_stride,
                      const float *inv_smooth, const int8_t *packed, const int32_t *compensation,
-                     const float *col_scales, const uint16_t *bias, int64_t n, uint16_t *out) {
-    (void)x; (void)rows; (void)k; (void)x_stride; (void)inv_smooth; (void)packed;
+                     const float *col_scales, const uint16_t *bias, int64_t n, uint16_t *out,
+                     int pairs) {
+    (void)pairs; (void)x; (void)rows; (void)k; (void)x_stride; (void)inv_smooth; (void)packed;
     (void)compensation; (void)col_scales; (void)bias; (void)n; (void)out;
     return -1;
 }
 void int8_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int64_t k,
                     const int8_t *packed, const int32_t *compensation, const float *col_scales,
-                    const uint16_t *bias, int64_t n, uint16_t *out) {
-    (void)q; (void)row_scales; (void)rows; (void)k; (void)packed; (void)compensation;
+                    const uint16_t *bias, int64_t n, uint16_t *out, int pairs) {
+    (void)pairs; (void)q; (void)row_scales; (void)rows; (void)k; (void)packed; (void)compensation;
     (void)col_scales; (void)bias; (void)n; (void)out;
 }
 

@@ -1,0 +1,88 @@
+"""The int8 matmuls of the row-invariant scheme (issue 28) give exact bits.
+
+- A8 (one int8 code per activation) and A13 (codes in [-8191, 8191], each
+  fed to the int8 matmul as a high and a low int8 row) through the native
+  layer equal an exact integer product scaled in the shared epilogue's
+  order (int8_epilogue.h), bit for bit, at row counts across the kernel's
+  6-row groups and 192-row blocks and column counts off its 64-column tiles;
+- every row's bits are the same alone as among any number of other rows;
+- A13 is much closer to the float product than A8 (what it is for).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sluice.models.native.int8 import int8_gemm_kernels
+
+gemm = int8_gemm_kernels()
+requires_gemm = pytest.mark.skipif(gemm is None, reason="no AVX512-VNNI int8 kernel here")
+
+
+def exact_reference(x, inv_smooth, w, col_scales, bias, pairs: bool):
+    """The scheme in plain torch: exact integer sums (float64 holds them), then
+    (sum) * row_scale * col_scale in float32, rounded once, then the bias."""
+    v = x.float() * inv_smooth
+    top = v.abs().amax(dim=1)
+    max_code = 8191 if pairs else 127
+    scales = torch.where(top > 0, top / max_code, torch.ones_like(top))
+    codes = (v * (1 / scales)[:, None]).round().clamp(-max_code, max_code)
+    if pairs:
+        high = torch.floor((codes + 64) / 128)
+        low = codes - 128 * high
+        assert high.abs().max() <= 64 and low.min() >= -64 and low.max() <= 63
+        sums = (high.double() @ w.double().T).float() * 128 + (low.double() @ w.double().T).float()
+    else:
+        sums = (codes.double() @ w.double().T).float()
+    out = (sums * scales[:, None] * col_scales).to(torch.bfloat16)
+    return out if bias is None else out + bias
+
+
+def problem(rows: int, out_features: int, in_features: int = 576, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    w = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8,
+                      generator=generator)  # fmt: skip
+    x = torch.randn(rows, in_features, generator=generator)
+    x[:, 5] *= 30  # an outlier column
+    col_scales = torch.rand(out_features, generator=generator) * 1e-3
+    inv_smooth = torch.rand(in_features, generator=generator) + 0.5
+    return x.to(torch.bfloat16), inv_smooth, w, col_scales
+
+
+@requires_gemm
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 12, 97, 193, 400])
+@pytest.mark.parametrize("out_features", [64, 200])
+def test_the_native_layer_gives_the_exact_schemes_bits(pairs, rows, out_features):
+    x, inv_smooth, w, col_scales = problem(rows, out_features, seed=rows)
+    bias = torch.randn(out_features).to(torch.bfloat16) if rows % 2 else None
+    packed = gemm.pack(w)
+    got = gemm.linear(x, inv_smooth, packed, col_scales, bias, pairs)
+    want = exact_reference(x, inv_smooth, w, col_scales, bias, pairs)
+    assert torch.equal(got, want)
+
+
+@requires_gemm
+@pytest.mark.parametrize("pairs", [False, True])
+def test_a_rows_bits_are_the_same_alone_and_among_others(pairs):
+    x, inv_smooth, w, col_scales = problem(300, 136, seed=3)
+    packed = gemm.pack(w)
+    together = gemm.linear(x, inv_smooth, packed, col_scales, None, pairs)
+    for start, count in ((0, 1), (7, 1), (299, 1), (10, 5), (100, 64), (0, 193)):
+        alone = gemm.linear(x[start : start + count], inv_smooth, packed, col_scales, None, pairs)
+        assert torch.equal(alone, together[start : start + count]), (start, count)
+
+
+@requires_gemm
+def test_a13_is_far_closer_to_the_float_product_than_a8():
+    x, inv_smooth, w, col_scales = problem(32, 128, seed=5)
+    packed = gemm.pack(w)
+    exact = ((x.float() * inv_smooth) @ w.float().T) * col_scales
+    errors = {
+        pairs: (gemm.linear(x, inv_smooth, packed, col_scales, None, pairs).float() - exact)
+        .abs()
+        .mean()
+        for pairs in (False, True)
+    }
+    assert errors[True] * 10 < errors[False]
