@@ -6,18 +6,42 @@
   order (int8_epilogue.h), bit for bit, at row counts across the kernel's
   6-row groups and 192-row blocks and column counts off its 64-column tiles;
 - every row's bits are the same alone as among any number of other rows;
-- A13 is much closer to the float product than A8 (what it is for).
+- A13 is much closer to the float product than A8 (what it is for);
+- on a CPU with AMX-INT8, the AMX kernel (int8_amx.c) gives the VNNI
+  kernel's bits at every row count, column count and K, A8 and A13, with
+  and without bias (K off whole 64-byte tiles: VNNI underneath), and a row
+  alone equals the same row among others whichever kernel each call takes.
+  Where /proc/cpuinfo says AMX and a compiler exists, the AMX kernel must
+  be there: these tests fail, not skip, if it is not.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from sluice.models.native.int8 import int8_gemm_kernels
+from sluice.models.native import find_compiler
+from sluice.models.native.int8 import AMX_MIN_ROWS, _int8_library, int8_gemm_kernels
 
 gemm = int8_gemm_kernels()
 requires_gemm = pytest.mark.skipif(gemm is None, reason="no AVX512-VNNI int8 kernel here")
+
+
+def cpu_has_amx_int8() -> bool:
+    """The first core's flags line lists amx_tile and amx_int8."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    return {"amx_tile", "amx_int8"} <= set(flags.partition(":")[2].split())
+
+
+requires_amx = pytest.mark.skipif(
+    find_compiler() is None or not cpu_has_amx_int8(), reason="no AMX-INT8 (or no C compiler)"
+)
 
 
 def exact_reference(x, inv_smooth, w, col_scales, bias, pairs: bool):
@@ -86,3 +110,64 @@ def test_a13_is_far_closer_to_the_float_product_than_a8():
         for pairs in (False, True)
     }
     assert errors[True] * 10 < errors[False]
+
+
+@pytest.fixture
+def amx_gemm():
+    """The kernels, required to have AMX here (the CPU says it has it)."""
+    assert gemm is not None and gemm.has_amx, "the CPU has AMX-INT8 but the kernel is not there"
+    return gemm
+
+
+AMX_ROWS = (1, 15, 16, 17, 31, 33, 100, 193, 511, 2049)
+
+
+@requires_amx
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize("out_features", [64, 200, 576])
+@pytest.mark.parametrize("in_features", [576, 1536, 100 * 4])
+def test_the_amx_kernel_gives_the_vnni_kernels_bits(amx_gemm, pairs, out_features, in_features):
+    x, inv_smooth, w, col_scales = problem(max(AMX_ROWS), out_features, in_features, seed=7)
+    bias = torch.randn(out_features).to(torch.bfloat16)
+    packed = amx_gemm.pack(w)
+    for rows in AMX_ROWS:
+        for b in (None, bias):
+            args = (x[:rows], inv_smooth, packed, col_scales, b, pairs)
+            vnni = amx_gemm.linear(*args)
+            amx = amx_gemm.linear(*args, amx_min_rows=1)
+            assert torch.equal(amx, vnni), (rows, b is None)
+
+
+@requires_amx
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize("amx_min_rows", [1, AMX_MIN_ROWS])
+def test_a_rows_bits_are_the_same_alone_and_among_others_with_amx(amx_gemm, pairs, amx_min_rows):
+    x, inv_smooth, w, col_scales = problem(300, 200, 1536, seed=11)
+    packed = amx_gemm.pack(w)
+    together = amx_gemm.linear(x, inv_smooth, packed, col_scales, None, pairs,
+                               amx_min_rows=amx_min_rows)  # fmt: skip
+    for start, count in ((0, 1), (7, 1), (299, 1), (10, 5), (100, 64), (3, 33), (0, 193)):
+        alone = amx_gemm.linear(x[start : start + count], inv_smooth, packed, col_scales, None,
+                                pairs, amx_min_rows=amx_min_rows)  # fmt: skip
+        assert torch.equal(alone, together[start : start + count]), (start, count)
+
+
+@requires_amx
+@pytest.mark.parametrize("rows", [16, 33, 2049])
+def test_the_amx_kernel_itself_gives_the_exact_sums_scaled(amx_gemm, rows):
+    """Called directly (the dispatch cannot hide a fall back to VNNI)."""
+    library = _int8_library()
+    generator = torch.Generator().manual_seed(rows)
+    w = torch.randint(-127, 128, (200, 1536), dtype=torch.int8, generator=generator)
+    q = torch.randint(-127, 128, (rows, 1536), dtype=torch.int8, generator=generator)
+    scales = torch.rand(rows, generator=generator)
+    col_scales = torch.rand(200, generator=generator) * 1e-3
+    packed = amx_gemm.pack(w)
+    out = torch.zeros(rows, 200, dtype=torch.bfloat16)
+    status = library.int8_amx_gemm_bf16(
+        q.data_ptr(), scales.data_ptr(), rows, 1536, packed.packed.data_ptr(),
+        col_scales.data_ptr(), None, 200, out.data_ptr(), 0,
+    )  # fmt: skip
+    want = ((q.double() @ w.double().T).float() * scales[:, None] * col_scales).to(torch.bfloat16)
+    assert status == 0 and torch.equal(out, want)
+    assert torch.equal(amx_gemm.gemm(q, scales, packed, col_scales, None), want)

@@ -29,9 +29,12 @@ _SOURCES = tuple(
         "rope_kv.c",
         "int8_rows.c",
         "int8_gemm.c",
+        "int8_amx.c",
     )
 )
-_HEADERS = tuple(Path(__file__).with_name(name) for name in ("bf16.h", "vector_exp.h", "int8_epilogue.h"))
+_HEADERS = tuple(
+    Path(__file__).with_name(name) for name in ("bf16.h", "vector_exp.h", "int8_epilogue.h")
+)
 # Compiling with -ffast-math lets gcc vectorize the dot products (float32
 # sums in another order; 30% faster at 64 decodes); inf and NaN keep their
 # meaning (-fno-finite-math-only). That also hides glibc's vector expf (it is

@@ -1,5 +1,7 @@
 """W8A8's native kernels (sluice/models/int8_activations.py): the row passes
-of int8_rows.c and the packed VNNI matmul of int8_gemm.c.
+of int8_rows.c and the packed VNNI matmul of int8_gemm.c, which hands large
+steps to int8_amx.c's AMX-INT8 tiles where the CPU has them (the same exact
+sums through the same epilogue: the same bits).
 
 Invariant, as for every kernel here: an optimisation only. Each function
 returns None where the kernel cannot run (no compiler, `SLUICE_NATIVE_KERNELS=0`,
@@ -21,6 +23,12 @@ from sluice.models.native import _library
 
 # Most columns `quantize_rows` takes (its stack buffer in int8_rows.c).
 MAX_QUANTIZE_COLUMNS = 2048
+
+# Code rows (A13: two per activation row) from which the AMX kernel beat
+# VNNI on the Sapphire Rapids VM it was measured on (interleaved runs, the
+# embedded model's shapes; see int8_amx.c): what callers pass as
+# `amx_min_rows` until a kernel plan measures it at load.
+AMX_MIN_ROWS = 64
 
 
 @cache
@@ -46,10 +54,15 @@ def _int8_library() -> ctypes.CDLL | None:
     library.pack_int8_weights.argtypes = [pointer, int64, int64, pointer, pointer]
     library.pack_int8_weights.restype = ctypes.c_int
     library.int8_gemm_bf16.argtypes = [pointer, pointer, int64, int64] + [pointer] * 4
-    library.int8_gemm_bf16.argtypes += [int64, pointer, ctypes.c_int]
+    library.int8_gemm_bf16.argtypes += [int64, pointer, ctypes.c_int, int64]
     library.int8_gemm_bf16.restype = None
     library.int8_linear_bf16.argtypes = [pointer, int64, int64, int64] + [pointer] * 5
-    library.int8_linear_bf16.argtypes += [int64, pointer, ctypes.c_int]
+    library.int8_linear_bf16.argtypes += [int64, pointer, ctypes.c_int, int64]
+    library.int8_amx_gemm_bf16.argtypes = [pointer, pointer, int64, int64] + [pointer] * 3
+    library.int8_amx_gemm_bf16.argtypes += [int64, pointer, ctypes.c_int]
+    library.int8_amx_gemm_bf16.restype = ctypes.c_int
+    library.int8_amx_available.argtypes = []
+    library.int8_amx_available.restype = ctypes.c_int
     library.int8_linear_bf16.restype = ctypes.c_int
     return library
 
@@ -102,7 +115,12 @@ class PackedInt8Weights:
 
 @dataclass(slots=True, frozen=True)
 class Int8GemmKernels:
-    """int8_gemm.c's functions (`int8_gemm_kernels`)."""
+    """int8_gemm.c's functions (`int8_gemm_kernels`).
+
+    `gemm` and `linear` take a keyword `amx_min_rows` (default 0: VNNI
+    only): from that many code rows on (A13: two per row), the AMX kernel
+    where `has_amx` and K % 64 == 0. Either way the same bits.
+    """
 
     # w [N, K] int8, K % 4 == 0 -> PackedInt8Weights.
     pack: Callable[[Tensor], PackedInt8Weights]
@@ -113,6 +131,8 @@ class Int8GemmKernels:
     #  pairs) -> [T, N] bf16: int8_row_kernels' quantize, then gemm, in one call;
     # `pairs`: A13 codes, each row as two int8 rows (int8_rows.c).
     linear: Callable[..., Tensor]
+    # The CPU has AMX-INT8 and Linux granted its tile state to this process.
+    has_amx: bool
 
 
 @cache
@@ -135,7 +155,7 @@ def int8_gemm_kernels() -> Int8GemmKernels | None:
 
     def gemm(
         q: Tensor, scales: Tensor, weights: PackedInt8Weights, col_scales: Tensor,
-        bias: Tensor | None,
+        bias: Tensor | None, *, amx_min_rows: int = 0,
     ) -> Tensor:  # fmt: skip
         rows, k = q.shape
         assert q.is_contiguous() and k == weights.in_features
@@ -145,7 +165,7 @@ def int8_gemm_kernels() -> Int8GemmKernels | None:
         library.int8_gemm_bf16(
             q.data_ptr(), scales.data_ptr(), rows, k, weights.packed.data_ptr(),
             weights.compensation.data_ptr(), col_scales.data_ptr(),
-            None if bias is None else bias.data_ptr(), n, out.data_ptr(), 0,
+            None if bias is None else bias.data_ptr(), n, out.data_ptr(), 0, amx_min_rows,
         )  # fmt: skip
         return out
 
@@ -153,7 +173,7 @@ def int8_gemm_kernels() -> Int8GemmKernels | None:
 
     def linear(
         x: Tensor, inv_smooth: Tensor, weights: PackedInt8Weights, col_scales: Tensor,
-        bias: Tensor | None, pairs: bool = False,
+        bias: Tensor | None, pairs: bool = False, *, amx_min_rows: int = 0,
     ) -> Tensor:  # fmt: skip
         rows, k = x.shape
         assert x.stride(1) == 1 and x.dtype == torch.bfloat16 and k == weights.in_features
@@ -163,9 +183,10 @@ def int8_gemm_kernels() -> Int8GemmKernels | None:
             x.data_ptr(), rows, k, x.stride(0), inv_smooth.data_ptr(), weights.packed.data_ptr(),
             weights.compensation.data_ptr(), col_scales.data_ptr(),
             None if bias is None else bias.data_ptr(), n, out.data_ptr(), int(pairs),
+            amx_min_rows,
         )  # fmt: skip
         if status != 0:
             raise MemoryError("int8_linear_bf16: no memory for the quantized rows")
         return out
 
-    return Int8GemmKernels(pack, gemm, linear)
+    return Int8GemmKernels(pack, gemm, linear, bool(library.int8_amx_available()))

@@ -24,7 +24,10 @@
  * in L2 while every weight tile passes), (row block, column tile, 6 rows)
  * items shared out statically over torch's OpenMP threads; rows go
  * 6 at a time (24 accumulators + 4 weight registers + 1 broadcast = 29 of
- * the 32 zmm registers). */
+ * the 32 zmm registers).
+ *
+ * Large steps go to int8_amx.c's AMX-INT8 kernel instead, where there is
+ * one (`amx_min_rows`): the same packed weights, the same exact sums. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +43,12 @@
 #include <immintrin.h>
 
 #include "int8_epilogue.h"
+
+/* int8_amx.c: the same matmul with AMX-INT8 tiles (stubs where there are none). */
+int int8_amx_available(void);
+int int8_amx_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int64_t k,
+                       const int8_t *packed, const float *col_scales, const uint16_t *bias,
+                       int64_t n, uint16_t *out, int pairs);
 
 int int8_gemm_available(void) { return 1; }
 
@@ -132,10 +141,17 @@ static const tile_fn TILES[7] = {NULL, tile_1, tile_2, tile_3, tile_4, tile_5, t
  * compensation [n] and col_scales [n]; bias [n] bf16 or NULL. A8: row_scales
  * [rows], out [rows, n] bf16 row-major. A13 (`pairs`, rows even): rows 2i and
  * 2i + 1 are output row i's high and low codes, row_scales [rows / 2], out
- * [rows / 2, n]. */
+ * [rows / 2, n]. `amx_min_rows`: see below. */
 void int8_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int64_t k,
                     const int8_t *packed, const int32_t *compensation, const float *col_scales,
-                    const uint16_t *bias, int64_t n, uint16_t *out, int pairs) {
+                    const uint16_t *bias, int64_t n, uint16_t *out, int pairs,
+                    int64_t amx_min_rows) {
+    /* From amx_min_rows code rows on (0: never), AMX-INT8 tiles where the
+     * CPU and Linux allow them and K is whole tiles: the same exact sums,
+     * so the same bits (int8_amx.c). */
+    if (amx_min_rows > 0 && rows >= amx_min_rows && k % 64 == 0 && int8_amx_available() &&
+        int8_amx_gemm_bf16(q, row_scales, rows, k, packed, col_scales, bias, n, out, pairs) == 0)
+        return;
     /* Work items: (row block, column tile, group of 6 rows), tile-major
      * within a block so that a thread's consecutive items share a weight
      * tile; shared out statically. Splitting rows as well as columns keeps
@@ -177,12 +193,13 @@ int quantize_row_pairs_bf16(const uint16_t *x, int64_t rows, int64_t cols, int64
 
 /* The whole layer: quantize x [rows, k] (rows x_stride apart; A13 when
  * `pairs`), then the matmul above; one call from Python instead of two (each
- * call and its tensors cost microseconds, 90 times a step). -1 when out of
- * memory. */
+ * call and its tensors cost microseconds, 90 times a step). amx_min_rows
+ * counts code rows, as int8_gemm_bf16 does (A13: two per row of x). -1 when
+ * out of memory. */
 int int8_linear_bf16(const uint16_t *x, int64_t rows, int64_t k, int64_t x_stride,
                      const float *inv_smooth, const int8_t *packed, const int32_t *compensation,
                      const float *col_scales, const uint16_t *bias, int64_t n, uint16_t *out,
-                     int pairs) {
+                     int pairs, int64_t amx_min_rows) {
     const int64_t code_rows = pairs ? 2 * rows : rows;
     int8_t *q = malloc((size_t)(code_rows * k));
     float *scales = malloc(sizeof(float) * (size_t)rows);
@@ -192,7 +209,7 @@ int int8_linear_bf16(const uint16_t *x, int64_t rows, int64_t k, int64_t x_strid
                : quantize_rows_bf16(x, rows, k, x_stride, inv_smooth, q, scales)) == 0;
     if (quantized) {
         int8_gemm_bf16(q, scales, code_rows, k, packed, compensation, col_scales, bias, n, out,
-                       pairs);
+                       pairs, amx_min_rows);
         status = 0;
     }
     free(q);
@@ -212,15 +229,16 @@ int pack_int8_weights(const int8_t *w, int64_t n, int64_t k, int8_t *packed,
 int int8_linear_bf16(const uint16_t *x, int64_t rows, int64_t k, int64_t x_stride,
                      const float *inv_smooth, const int8_t *packed, const int32_t *compensation,
                      const float *col_scales, const uint16_t *bias, int64_t n, uint16_t *out,
-                     int pairs) {
-    (void)pairs; (void)x; (void)rows; (void)k; (void)x_stride; (void)inv_smooth; (void)packed;
+                     int pairs, int64_t amx_min_rows) {
+    (void)pairs; (void)amx_min_rows; (void)x; (void)rows; (void)k; (void)x_stride; (void)inv_smooth; (void)packed;
     (void)compensation; (void)col_scales; (void)bias; (void)n; (void)out;
     return -1;
 }
 void int8_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int64_t k,
                     const int8_t *packed, const int32_t *compensation, const float *col_scales,
-                    const uint16_t *bias, int64_t n, uint16_t *out, int pairs) {
-    (void)pairs; (void)q; (void)row_scales; (void)rows; (void)k; (void)packed; (void)compensation;
+                    const uint16_t *bias, int64_t n, uint16_t *out, int pairs,
+                    int64_t amx_min_rows) {
+    (void)pairs; (void)amx_min_rows; (void)q; (void)row_scales; (void)rows; (void)k; (void)packed; (void)compensation;
     (void)col_scales; (void)bias; (void)n; (void)out;
 }
 

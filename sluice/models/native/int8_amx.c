@@ -1,0 +1,168 @@
+/* The int8 matmul of int8_gemm.c with AMX-INT8 tiles, for large steps
+ * (prefill: hundreds to thousands of rows), on the same packed weights:
+ *
+ *     acc[t, n] = sum_k q[t, k] * w[n, k]     (int32, exact)
+ *
+ * then int8_epilogue.h's shared scaling, so its bits equal the VNNI
+ * kernel's at every row (issue 28). TDPBSSD multiplies signed by signed
+ * bytes: the sums are exact directly (no +128 and no compensation).
+ *
+ * Tiles (palette 1, all 16 rows x 64 bytes): C 0-3 (int32, 16 x 16),
+ * A 4-5 (16 activation rows x 64 k), B 6-7 (16 k-groups x 16 columns x 4 k).
+ * int8_gemm.c's packed layout IS a stack of B tiles: for column tile j, its
+ * 16-column block b and the K chunk of 64 starting at group g0, the tile is
+ * at packed + j * TILE_N * k + (g0 * TILE_N + b * 16) * 4, rows 256 bytes
+ * apart. A work item is 32 rows x one 64-column tile: two 32 x 32 passes of
+ * 2 A x 2 B -> 4 C (four loads per four multiplies).
+ *
+ * Rows past the last multiple of 32 are copied into a zeroed 32-row buffer
+ * first; only valid rows and columns are written out. K must be a multiple
+ * of 64 (the caller, int8_gemm_bf16, keeps VNNI otherwise). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The epilogue must round exactly as torch does (int8_epilogue.h). */
+#pragma GCC optimize("no-fast-math")
+
+#define TILE_N 64
+#define AMX_K 64      /* K per tile multiply */
+#define ITEM_ROWS 32  /* activation rows per work item: two A tiles */
+#define ROW_BLOCK 256 /* rows whose codes stay in L2 while every weight tile passes */
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "int8_epilogue.h"
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* Linux hands out the tile registers' state only on request, once per
+ * process (every thread then has it). 0: not asked yet, 1: granted, -1: refused. */
+static int amx_permission = 0;
+
+int int8_amx_available(void) {
+    int state = __atomic_load_n(&amx_permission, __ATOMIC_ACQUIRE);
+    if (state == 0) {
+        state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+        __atomic_store_n(&amx_permission, state, __ATOMIC_RELEASE);
+    }
+    return state == 1;
+}
+
+struct tile_config {
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64)));
+
+/* Every thread loads the configuration before its first tile instruction. */
+static void configure_tiles(void) {
+    struct tile_config config;
+    memset(&config, 0, sizeof config);
+    config.palette_id = 1;
+    for (int tile = 0; tile < 8; tile++) {
+        config.rows[tile] = 16;
+        config.colsb[tile] = 64;
+    }
+    _tile_loadconfig(&config);
+}
+
+/* 32 activation rows (a, rows a_stride bytes apart) times one packed weight
+ * tile (w: its start) -> sums [32][TILE_N]; only the `halves` first 32-column
+ * halves (the rest of a zero-padded last tile is never read out). */
+static void item_sums(const int8_t *a, int64_t a_stride, int64_t k, const int8_t *w,
+                      int32_t *sums, int halves) {
+    const int64_t chunks = k / AMX_K, chunk_bytes = 16 * TILE_N * 4;
+    for (int h = 0; h < halves; h++) {
+        const int8_t *wh = w + h * 32 * 4;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t c = 0; c < chunks; c++) {
+            _tile_loadd(4, a + c * AMX_K, a_stride);
+            _tile_loadd(5, a + 16 * a_stride + c * AMX_K, a_stride);
+            _tile_loadd(6, wh + c * chunk_bytes, TILE_N * 4);
+            _tile_loadd(7, wh + c * chunk_bytes + 64, TILE_N * 4);
+            _tile_dpbssd(0, 4, 6);
+            _tile_dpbssd(1, 4, 7);
+            _tile_dpbssd(2, 5, 6);
+            _tile_dpbssd(3, 5, 7);
+        }
+        int32_t *s = sums + h * 32;
+        _tile_stored(0, s, TILE_N * 4);
+        _tile_stored(1, s + 16, TILE_N * 4);
+        _tile_stored(2, s + 16 * TILE_N, TILE_N * 4);
+        _tile_stored(3, s + 16 * TILE_N + 16, TILE_N * 4);
+    }
+}
+
+/* int8_gemm_bf16's contract (int8_gemm.c), for k % 64 == 0 and
+ * int8_amx_available(): q [rows, k] codes, A8 or A13 (`pairs`). -1 when
+ * out of memory for the padded last rows (nothing written). */
+int int8_amx_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int64_t k,
+                       const int8_t *packed, const float *col_scales, const uint16_t *bias,
+                       int64_t n, uint16_t *out, int pairs) {
+    /* The last partial group of 32 rows, zero-padded (shared, read only). */
+    const int64_t whole = rows / ITEM_ROWS * ITEM_ROWS;
+    int8_t *tail = NULL;
+    if (whole < rows) {
+        tail = calloc((size_t)(ITEM_ROWS * k), 1);
+        if (tail == NULL) return -1;
+        memcpy(tail, q + whole * k, (size_t)((rows - whole) * k));
+    }
+    /* Items: (row block, column tile, 32 rows), tile-major within a block
+     * so that a thread's consecutive items share a weight tile. */
+    const int64_t tiles = (n + TILE_N - 1) / TILE_N;
+    const int64_t full_blocks = rows / ROW_BLOCK, per_block = ROW_BLOCK / ITEM_ROWS;
+    const int64_t rest = rows - full_blocks * ROW_BLOCK;
+    const int64_t rest_groups = (rest + ITEM_ROWS - 1) / ITEM_ROWS;
+    const int64_t items_full = full_blocks * tiles * per_block;
+    const int64_t items = items_full + tiles * rest_groups;
+    _Pragma("omp parallel if (items > 1)") {
+        configure_tiles();
+        int32_t sums[ITEM_ROWS * TILE_N] __attribute__((aligned(64)));
+        _Pragma("omp for schedule(static)") for (int64_t item = 0; item < items; item++) {
+            int64_t b, within, groups;
+            if (item < items_full) {
+                b = item / (tiles * per_block);
+                within = item % (tiles * per_block);
+                groups = per_block;
+            } else {
+                b = full_blocks;
+                within = item - items_full;
+                groups = rest_groups;
+            }
+            const int64_t j = within / groups, t = b * ROW_BLOCK + (within % groups) * ITEM_ROWS;
+            const int64_t count = rows - t < ITEM_ROWS ? rows - t : ITEM_ROWS;
+            const int64_t col = j * TILE_N, valid = n - col < TILE_N ? n - col : TILE_N;
+            const int8_t *a = t < whole ? q + t * k : tail;
+            item_sums(a, k, k, packed + j * TILE_N * k, sums, valid > 32 ? 2 : 1);
+            const int64_t out_row = pairs ? t / 2 : t;
+            int8_store_rows(sums, TILE_N, count, pairs, row_scales + out_row, col_scales + col,
+                            bias == NULL ? NULL : bias + col, out + out_row * n + col, n, valid);
+        }
+        _tile_release();
+    }
+    free(tail);
+    return 0;
+}
+
+#else /* no AMX-INT8 here: int8_gemm_bf16 keeps VNNI */
+
+int int8_amx_available(void) { return 0; }
+int int8_amx_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int64_t k,
+                       const int8_t *packed, const float *col_scales, const uint16_t *bias,
+                       int64_t n, uint16_t *out, int pairs) {
+    (void)q; (void)row_scales; (void)rows; (void)k; (void)packed; (void)col_scales;
+    (void)bias; (void)n; (void)out; (void)pairs;
+    return -1;
+}
+
+#endif
