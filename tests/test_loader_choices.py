@@ -9,6 +9,7 @@ from sluice.config import ModelConfig
 from sluice.loader.choices import choose, cpu_flags, decoder_weight_bits, has_native_bf16
 from sluice.loader.gguf_convert import source_tensor_types
 from sluice.loader.loaded_model import load_model
+from sluice.models.native.int8 import int8_gemm_kernels
 
 CPU = torch.device("cpu")
 ZEN4 = frozenset({"avx512f", "avx512_bf16", "avx512_vnni"})
@@ -37,14 +38,32 @@ def test_explicit_values_pass_through_untouched():
     assert choose("bfloat16", None, CPU, 4, OLD_CPU).quantization is None
 
 
-def test_auto_activations_are_int8_with_vnni_and_quantized_weights():
-    chosen = choose("auto", "auto", CPU, 4, ZEN4, activations="auto")
+def test_the_row_invariant_scheme_is_the_default_where_the_int8_matmul_runs():
+    for flags, hardware in ((ZEN4, "AVX512-VNNI"), (SAPPHIRE_RAPIDS, "AMX-INT8")):
+        for bits in (4, 16, None):
+            chosen = choose("auto", "auto", CPU, bits, flags, "auto", int8_gemm=True)
+            assert chosen.row_invariant and chosen.activations == "int8"
+            assert chosen.quantization is None and chosen.dtype == "bfloat16"
+            assert "row-invariant" in chosen.reason and hardware in chosen.reason
+    # Not without the native matmul, in float32, or when a flag was given.
+    assert not choose("auto", "auto", CPU, 4, ZEN4, "auto", int8_gemm=False).row_invariant
+    assert not choose("auto", "auto", CPU, 4, OLD_CPU, "auto", int8_gemm=True).row_invariant
+    assert not choose("float32", "auto", CPU, 4, ZEN4, "auto", int8_gemm=True).row_invariant
+    assert not choose("auto", "int4", CPU, 4, ZEN4, "auto", int8_gemm=True).row_invariant
+    assert not choose("auto", "auto", CPU, 4, ZEN4, "int8", int8_gemm=True).row_invariant
+    assert not choose("auto", "auto", CPU, 4, ZEN4, None, int8_gemm=True).row_invariant
+
+
+def test_without_the_int8_matmul_auto_activations_are_int8_with_vnni_and_quantized_weights():
+    chosen = choose("auto", "auto", CPU, 4, ZEN4, activations="auto", int8_gemm=False)
     assert chosen.activations == "int8" and "AVX512-VNNI" in chosen.reason
-    amx = choose("auto", "auto", CPU, 4, SAPPHIRE_RAPIDS, activations="auto")
+    assert not chosen.row_invariant
+    amx = choose("auto", "auto", CPU, 4, SAPPHIRE_RAPIDS, activations="auto", int8_gemm=False)
     assert amx.activations == "int8" and "AMX-INT8" in amx.reason
     assert choose("auto", "auto", CPU, 4, OLD_CPU, activations="auto").activations is None
     # Weights that stay unquantized keep their activations too.
-    assert choose("auto", "auto", CPU, 16, ZEN4, activations="auto").activations is None
+    unquantized = choose("auto", "auto", CPU, 16, ZEN4, activations="auto", int8_gemm=False)
+    assert unquantized.activations is None
     assert choose("auto", None, CPU, 4, ZEN4, activations="auto").activations is None
     # Explicit values pass through; the default argument asks for none.
     assert choose("bfloat16", "int4", CPU, 4, OLD_CPU, activations="int8").activations == "int8"
@@ -61,11 +80,18 @@ def test_decoder_weight_bits_reads_the_decoder_matrices_only():
 
 
 @pytest.mark.slow
-def test_the_embedded_model_came_in_4_bits_and_loads_as_int4_by_default(embedded_model_dir):
+def test_the_embedded_model_loads_with_the_default_scheme_of_this_cpu(embedded_model_dir):
+    """Row-invariant int8 matmuls where the native int8 matmul runs (bfloat16),
+    else int4 weights (they came in 4 bits)."""
     assert decoder_weight_bits(source_tensor_types(embedded_model_dir)) == 4
     loaded = load_model(ModelConfig(cache_dir=embedded_model_dir.parent))
     expected_dtype = "bfloat16" if has_native_bf16(CPU, cpu_flags()) else "float32"
-    assert (loaded.choices.dtype, loaded.choices.quantization) == (expected_dtype, "int4")
+    row_invariant = expected_dtype == "bfloat16" and int8_gemm_kernels() is not None
+    assert loaded.choices.row_invariant == row_invariant
+    expected_quantization = None if row_invariant else "int4"
+    assert (loaded.choices.dtype, loaded.choices.quantization) == (
+        expected_dtype, expected_quantization,
+    )  # fmt: skip
     assert loaded.model.dtype == getattr(torch, expected_dtype)
 
 

@@ -13,7 +13,14 @@ gets the fastest setting that does not cost quality they would notice.
   bytes. Weights that came in more bits stay unquantized unless asked:
   re-quantizing them costs quality (`tests/test_quality_gate.py` holds the
   default within 1% of float32's perplexity).
-- activations: int8 (W8A8: int8 activations times int8 weights, for steps of
+- the row-invariant scheme (the default where it can run: bfloat16 on a CPU
+  with the native AVX512-VNNI int8 matmul, `--quantization` and
+  `--activation-quantization` left at auto): every matrix, lm_head included,
+  at every step, multiplies int8 activation codes by int8 weights with exact
+  integer sums (sluice/models/calibration.py `quantize_row_invariant`), so a
+  request's bits never depend on the rows beside it (issue 28); no
+  weight-only copy.
+- otherwise, activations: int8 (W8A8: int8 activations times int8 weights, for steps of
   more than a few tokens; sluice/models/int8_activations.py) on a CPU with
   VNNI (AVX512-VNNI, AVX-VNNI or AMX-INT8) when the weights are quantized
   too: decode steps of 8 to 64 tokens run 1.23-1.28x faster with
@@ -37,6 +44,7 @@ import torch
 
 from sluice.models.int8_threshold import describe_bands
 from sluice.models.linear import RowBands
+from sluice.models.native.int8 import int8_gemm_kernels
 
 AUTO = "auto"
 # GGUF tensor types by the bits per weight of their values' grid.
@@ -51,8 +59,11 @@ class ModelChoices:
     quantization: str | None
     # One line for the startup log: what was chosen and why.
     reason: str
-    # "int8": W8A8 for all but the smallest steps; None: activations in the model dtype.
+    # "int8": W8A8 for all but the smallest steps (every step when
+    # `row_invariant`); None: activations in the model dtype.
     activations: str | None = None
+    # The row-invariant scheme (module docstring): int8 x int8 at every step.
+    row_invariant: bool = False
 
 
 @functools.cache
@@ -93,8 +104,11 @@ def choose(
     weight_bits: int | None,
     flags: frozenset[str] | None = None,
     activations: str | None = None,
+    int8_gemm: bool | None = None,
 ) -> ModelChoices:
-    """Resolve "auto" in `dtype`, `quantization` and `activations`; explicit values pass through."""
+    """Resolve "auto" in `dtype`, `quantization` and `activations`; explicit
+    values pass through. `int8_gemm`: whether the native int8 matmul runs here
+    (None: ask the kernels)."""
     flags = cpu_flags() if flags is None else flags
     reasons = []
     if dtype == AUTO:
@@ -104,6 +118,12 @@ def choose(
         else:
             dtype = "float32"
             reasons.append("float32: no native bfloat16 matmul on this hardware")
+    if quantization == AUTO and activations == AUTO and device.type == "cpu":
+        if int8_gemm is None:
+            int8_gemm = int8_gemm_kernels() is not None
+        if dtype == "bfloat16" and int8_gemm:
+            reasons.append(_ROW_INVARIANT + _int8_hardware(flags))
+            return ModelChoices(dtype, None, "; ".join(reasons), "int8", row_invariant=True)
     if quantization == AUTO:
         if device.type == "cpu" and weight_bits is not None and weight_bits <= 4:
             quantization = "int4"
@@ -139,6 +159,19 @@ def noting(chosen: ModelChoices, note: str) -> ModelChoices:
     """`chosen` with `note` (what else the load decided: the native kernels,
     the kernel plan) at the end of its reason, for the startup line."""
     return replace(chosen, reason=f"{chosen.reason}; {note}")
+
+
+_ROW_INVARIANT = (
+    "row-invariant int8 matmuls: int8 activations (13-bit for down_proj and lm_head) times "
+    "int8 weights at every step, exact integer sums, so a request's bits ignore the rows "
+    "beside it; "
+)
+
+
+def _int8_hardware(flags: frozenset[str]) -> str:
+    if "amx_int8" in flags:
+        return "AVX512-VNNI for small steps, AMX-INT8 tiles for large ones"
+    return "AVX512-VNNI"
 
 
 def _vnni(flags: frozenset[str]) -> str | None:

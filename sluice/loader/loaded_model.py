@@ -97,7 +97,13 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model.load_weights(iter_weights(files))
     if chosen.quantization is not None:
         model.quantize(chosen.quantization)
-    if chosen.activations == "int8":
+    if chosen.row_invariant:
+        text = calibration.calibration_text()
+        kept = calibration.calibration_file(
+            config.cache_dir, files, chosen.dtype, chosen.quantization, text, row_invariant=True
+        )
+        calibration.quantize_row_invariant(model, tokenizer.encode(text), kept)
+    elif chosen.activations == "int8":
         text = calibration.calibration_text()
         kept = calibration.calibration_file(
             config.cache_dir, files, chosen.dtype, chosen.quantization, text

@@ -25,6 +25,15 @@ and gate/up take this path (75% of the decoder's multiply-adds); down_proj
 (its input, silu(gate) * up, has the widest outliers) and lm_head keep
 bfloat16. tests/test_quality_gate.py holds the default within 1%.
 
+The row-invariant scheme, the default where the VNNI kernel runs
+(calibration.quantize_row_invariant), uses this layer differently: for every
+matrix, lm_head included, at every step (no weight-only copy, no bfloat16
+path), and with A13 activations for down_proj and lm_head (`pairs`: codes in
+[-8191, 8191] fed to the same int8 matmul as a high and a low int8 row), so
+their outliers cost no quality. Integer sums are exact and every kernel
+scales them in one epilogue (native/int8_epilogue.h): a row's bits never
+depend on the row count.
+
 The passes around the int8 matmul are C kernels too (native/int8_rows.c;
 the packed matmul scales its int32 sums itself); in torch ops they cost more
 than the matmul saves (a batch-64 step went from 88 to 104 ms). The torch
@@ -75,14 +84,19 @@ class Int8ActivationLinear(nn.Module):
         inv_smooth: Tensor,  # [in] float32: 1 / smooth
         bias: Tensor | None,  # [out] model dtype
         dtype: torch.dtype,
+        pairs: bool = False,
     ):
         super().__init__()
+        # A13: activation codes in [-8191, 8191], each fed as two int8 codes
+        # (native/int8_rows.c); for inputs whose outliers int8 codes lose.
+        self.pairs = pairs
         self.register_buffer("weight_scales", weight_scales)
         self.register_buffer("inv_smooth", inv_smooth)
         self.bias = bias
         self.dtype = dtype
         num_columns = weight_int8.shape[1]
         kernels = int8_row_kernels(dtype) if num_columns <= MAX_QUANTIZE_COLUMNS else None
+        kernels = None if pairs and dtype != torch.bfloat16 else kernels
         gemm = int8_gemm_kernels() if kernels and dtype == torch.bfloat16 else None
         if gemm is not None and num_columns % 4 == 0:
             # VNNI on weights packed once (native/int8_gemm.c), quantizing
@@ -94,7 +108,9 @@ class Int8ActivationLinear(nn.Module):
             # paths (on a CPU with AMX, int8_threshold.py may raise it).
             self.min_rows = MIN_PACKED_INT8_TOKENS
         else:
-            self._quantize, self._dequantize = kernels or (_quantize_rows, _dequantize_rows(dtype))
+            if kernels is None or pairs:
+                kernels = (_quantize_rows, _dequantize_rows(dtype))
+            self._quantize, self._dequantize = kernels
             self.packed = None
             self.register_buffer("weight_int8", weight_int8)
             self.min_rows = MIN_INT8_ACTIVATION_TOKENS
@@ -102,40 +118,59 @@ class Int8ActivationLinear(nn.Module):
     @classmethod
     @torch.no_grad()
     def quantize(
-        cls, weight: Tensor, bias: Tensor | None, input_absmax: Tensor, dtype: torch.dtype
-    ) -> Int8ActivationLinear:
-        """`weight` [out, in] and the calibration's max |x| per input column [in]."""
+        cls, weight: Tensor, bias: Tensor | None, input_absmax: Tensor, dtype: torch.dtype,
+        pairs: bool = False, alpha: float = SMOOTHING_ALPHA,
+    ) -> Int8ActivationLinear:  # fmt: skip
+        """`weight` [out, in] and the calibration's max |x| per input column [in];
+        `pairs`: A13 activations; `alpha`: SmoothQuant's migration strength."""
         w = weight.to(torch.float32, copy=True)  # [out, in]
         column_max = w.abs().amax(dim=0).clamp(min=_TINY)  # [in]
-        smooth = input_absmax.float().clamp(min=_TINY).pow(SMOOTHING_ALPHA)
-        smooth = smooth.div_(column_max.pow(1 - SMOOTHING_ALPHA)).clamp(min=_TINY)  # [in]
+        smooth = input_absmax.float().clamp(min=_TINY).pow(alpha)
+        smooth = smooth.div_(column_max.pow(1 - alpha)).clamp(min=_TINY)  # [in]
         w.mul_(smooth)
         scales = w.abs().amax(dim=1).clamp(min=1e-12).div_(127)  # [out]
         codes = w.div_(scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
-        return cls(codes, scales, smooth.reciprocal(), bias, dtype)
+        return cls(codes, scales, smooth.reciprocal(), bias, dtype, pairs)
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] model dtype -> [T, out]
         if x.stride(-1) != 1:
             x = x.contiguous()
         if self.packed is not None:  # quantize and matmul in one native call
-            return self._linear(x, self.inv_smooth, self.packed, self.weight_scales, self.bias)
+            return self._linear(
+                x, self.inv_smooth, self.packed, self.weight_scales, self.bias, self.pairs
+            )
+        if self.pairs:
+            codes, row_scales = _quantize_rows(x, self.inv_smooth, pairs=True)  # [2T, in] int8
+            acc = torch._int_mm(codes, self.weight_int8.t())  # [2T, out] int32
+            return self._dequantize(acc, row_scales, self.weight_scales, self.bias, True)
         codes, row_scales = self._quantize(x, self.inv_smooth)  # [T, in] int8, [T] f32
         acc = torch._int_mm(codes, self.weight_int8.t())  # [T, out] int32
         return self._dequantize(acc, row_scales, self.weight_scales, self.bias)
 
 
-def _quantize_rows(x: Tensor, inv_smooth: Tensor) -> tuple[Tensor, Tensor]:
-    """The torch path of native `quantize_rows`: the same steps, the same values."""
+def _quantize_rows(x: Tensor, inv_smooth: Tensor, pairs: bool = False) -> tuple[Tensor, Tensor]:
+    """The torch path of native `quantize_rows` (`pairs`: `quantize_row_pairs`):
+    the same steps, the same values."""
+    max_code = 8191 if pairs else 127
     v = x.float() * inv_smooth  # [T, in]
     top = v.abs().amax(dim=1)  # [T]
-    scales = torch.where(top > 0, top / 127, torch.ones_like(top))
-    codes = (v * scales.reciprocal()[:, None]).round_().clamp_(-127, 127).to(torch.int8)
-    return codes, scales
+    scales = torch.where(top > 0, top / max_code, torch.ones_like(top))
+    codes = (v * scales.reciprocal()[:, None]).round_().clamp_(-max_code, max_code)
+    if not pairs:
+        return codes.to(torch.int8), scales
+    high = torch.floor((codes + 64) / 128)  # [T, in], codes = 128 * high + low
+    low = codes - 128 * high
+    return torch.stack([high, low], dim=1).flatten(0, 1).to(torch.int8), scales  # [2T, in]
 
 
 def _dequantize_rows(dtype: torch.dtype):
-    def dequantize(acc: Tensor, scales: Tensor, col_scales: Tensor, bias: Tensor | None) -> Tensor:
-        y = acc.float().mul_(scales[:, None]).mul_(col_scales).to(dtype)  # [T, out]
+    def dequantize(
+        acc: Tensor, scales: Tensor, col_scales: Tensor, bias: Tensor | None, pairs: bool = False
+    ) -> Tensor:
+        sums = acc.float()  # [T (x2), out]
+        if pairs:  # as int8_epilogue.h: high * 128 + low, then the scales
+            sums = sums[0::2].mul_(128).add_(sums[1::2])
+        y = sums.mul_(scales[:, None]).mul_(col_scales).to(dtype)  # [T, out]
         return y if bias is None else y.add_(bias)
 
     return dequantize

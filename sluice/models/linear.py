@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sluice.models.int8_activations import Int8ActivationLinear
+from sluice.models.int8_activations import SMOOTHING_ALPHA, Int8ActivationLinear
 from sluice.models.quantization import MAX_QUANTIZED_TOKENS, quantize_weight
 
 # Row counts W8A8 serves: half-open ranges, ascending, never adjacent; the
@@ -127,7 +127,8 @@ class Linear(nn.Module):
         self.max_quantized_tokens = 0
         # Set by `quantize_activations`: W8A8 (`_large_matmul`) for matmuls
         # in `int8_row_bands` (from its `min_rows` up, unless raced at load:
-        # `serve_int8_activations_in`); it takes precedence over the
+        # `serve_int8_activations_in`; or every row count: `quantize_activations`'s
+        # `every_row`); it takes precedence over the
         # weight-only copy. `min_large_rows`: the bands' first row count.
         self.int8_activations: Int8ActivationLinear | None = None
         self._raced_bands: RowBands | None = None
@@ -207,14 +208,22 @@ class Linear(nn.Module):
         return self.weight.to_dense() if self.is_prepacked else self.weight
 
     @torch.no_grad()
-    def quantize_activations(self, input_absmax: Tensor) -> None:
+    def quantize_activations(
+        self, input_absmax: Tensor, every_row: bool = False, pairs: bool = False,
+        alpha: float = SMOOTHING_ALPHA,
+    ) -> None:  # fmt: skip
         """Serve matmuls of the W8A8 layer's `min_rows` rows or more with int8
         activations times int8 weights, smoothed by the calibration's max |x|
-        per input column [in]. Smaller steps keep their path; batch-invariant
-        mode keeps the dense matmul for every step."""
+        per input column [in] (`alpha`: the migration strength). Smaller steps
+        keep their path; batch-invariant mode keeps the dense matmul for every
+        step. `every_row`: every step, from one row (the row-invariant scheme:
+        exact integer sums, so a row's bits ignore the rest of its step);
+        `pairs`: A13 activations (int8_activations.py)."""
         self.int8_activations = Int8ActivationLinear.quantize(
-            self.dense_weight(), self.bias, input_absmax, self.weight.dtype
+            self.dense_weight(), self.bias, input_absmax, self.weight.dtype, pairs, alpha
         )
+        if every_row:
+            self._raced_bands = (range(1, sys.maxsize),)
         self._bind()
 
     @torch.no_grad()
