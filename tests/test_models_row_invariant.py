@@ -9,6 +9,9 @@ int8 weights at every step, exact integer sums, one epilogue.
   change every step's row count, where its prompt is prefilled in one piece;
 - the comparison can fail: the previous default (int4 weights for small
   steps, W8A8 above) gives another answer in a crowd;
+- with n-gram speculation on, greedy tokens and logprobs are bitwise those
+  without (each verified token runs as a decode row); the previous default
+  gave other bits;
 - the scheme stays close to the float32 model.
 
 Not covered here, and not invariant yet: a prompt prefilled in other chunks
@@ -24,6 +27,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from sluice.engine.sampling_params import SamplingParams
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models import calibration
@@ -31,6 +35,9 @@ from sluice.models.linear import Linear
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native.int8 import int8_gemm_kernels
 from tests.model_factory import make_core
+from tests.test_engine_speculation import make_core as make_speculation_core
+from tests.test_engine_speculation import ngram, repeating_prompt
+from tests.test_engine_speculation import run as run_speculation
 from tests.test_models_batch_invariance import probe_output, random_prompt
 
 pytestmark = pytest.mark.skipif(
@@ -121,3 +128,34 @@ def test_the_scheme_stays_close_to_float32(tiny_loaded, tiny_llama, row_invarian
     want = reference.lm_head(hidden)
     got = row_invariant.model.lm_head(hidden.bfloat16()).float()
     assert (got - want).abs().max() <= 0.02 * want.abs().max()
+
+
+def speculation_runs(loaded: LoadedModel, seed: int):
+    """(without, with) speculation: request -> (tokens, finish, logprobs, deltas)."""
+    rng = random.Random(seed)
+    prompts = [repeating_prompt(rng, rng.randrange(20, 90)) for _ in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=2)
+    # A budget that prefills every prompt in one piece: drafted tokens share
+    # a step's budget, so a tighter one would chunk prompts differently with
+    # speculation on (prefill attention is not chunk-invariant: module docstring).
+    plain = run_speculation(make_speculation_core(loaded, None, budget=512), prompts, params)
+    core = make_speculation_core(loaded, ngram(k=6), budget=512)
+    return plain, run_speculation(core, prompts, params), core.speculator.counters
+
+
+def test_greedy_tokens_and_logprobs_are_bitwise_the_same_with_speculation(row_invariant):
+    """Each verified token is a decode-kernel row (attention.MAX_DECODE_ROW_CHUNK)
+    through row-invariant matmuls: the bits a plain decode step gives it."""
+    for seed in (1, 2):
+        plain, speculated, counters = speculation_runs(row_invariant, seed)
+        assert counters.num_accepted_tokens > 0
+        for i in plain:
+            assert speculated[i][:3] == plain[i][:3], f"seed {seed}, request {i}"
+
+
+def test_the_previous_default_answers_differently_with_speculation(previous_default):
+    differs = []
+    for seed in (1, 2):
+        plain, speculated, _ = speculation_runs(previous_default, seed)
+        differs += [speculated[i][:3] != plain[i][:3] for i in plain]
+    assert any(differs)

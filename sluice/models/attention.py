@@ -33,6 +33,10 @@ from the prefix cache. The flash SDPA of prefill chunks reduces in another
 order than the decode kernel: a token computed in a chunk would differ from
 the same token decoded.
 
+A chunk of at most `MAX_DECODE_ROW_CHUNK` tokens behind a cached context
+(a speculative step's verification) runs the same way, each token one row
+of the decode kernel: each verified token gets the bits decoding it would.
+
 Padding reads real (zeroed or stale) cache rows and masks them out, which is
 safe because the cache never holds NaN or inf: it starts zeroed and only ever
 receives finite K/V.
@@ -55,6 +59,12 @@ from sluice.models.native.prefill import prefill_attention_kernel
 # Without a plan measured at load (kernel_plan.py): the native prefill kernel
 # wherever it runs.
 NATIVE_WHERE_IT_RUNS = KernelPlan()
+# Chunks behind a context of up to this many tokens run as decode-kernel rows
+# (`PrefillPlan.decode_rows`): a speculative step verifying k drafted tokens
+# then computes each of its 1 + k tokens with the bits a decode step gives it
+# (with the row-invariant matmuls, the same token alone), so greedy output
+# is the same with speculation on and off.
+MAX_DECODE_ROW_CHUNK = 16
 
 
 @dataclass(slots=True)
@@ -88,6 +98,10 @@ class PrefillPlan:
     # Cache blocks holding the sequence; None when context_len == 0, since then
     # the chunk's own new K/V are the whole sequence.
     block_ids: Tensor | None  # [ceil(seq_len / block_size)] int64
+    # A chunk of at most MAX_DECODE_ROW_CHUNK tokens behind a context (a
+    # speculative step's verification, a short prompt tail): each token as
+    # one decode-kernel row, as (block ids [tokens, blocks], keys [tokens]).
+    decode_rows: tuple[Tensor, Tensor] | None = None
 
 
 @dataclass(slots=True)
@@ -220,11 +234,18 @@ def _plan_prefills(meta: AttentionMetadata) -> list[PrefillPlan]:
     for b, (query_len, seq_len) in enumerate(zip(meta.query_lens, meta.seq_lens_list, strict=True)):
         context_len = seq_len - query_len
         if query_len > 1:
-            block_ids = None
+            block_ids = decode_rows = None
             if context_len > 0:
                 block_ids = meta.block_tables[b, : -(-seq_len // meta.block_size)]
+                if query_len <= MAX_DECODE_ROW_CHUNK:
+                    decode_rows = (
+                        block_ids.expand(query_len, -1).contiguous(),
+                        torch.arange(context_len + 1, seq_len + 1, device=block_ids.device),
+                    )
             end = token_start + query_len
-            plans.append(PrefillPlan(token_start, end, context_len, seq_len, block_ids))
+            plans.append(
+                PrefillPlan(token_start, end, context_len, seq_len, block_ids, decode_rows)
+            )
         token_start += query_len
     return plans
 
@@ -268,10 +289,18 @@ def paged_attention(
         out.index_copy_(0, decode.token_indices, decoded)
     for plan in meta.prefills:
         chunk = slice(plan.token_start, plan.token_end)
+        if plan.decode_rows is not None and (rows := _decode_rows_kernel(q)) is not None:
+            out[chunk] = rows(q[chunk], kv_cache, *plan.decode_rows, scale)
+            continue
         out[chunk] = _prefill_attention(
             q[chunk], k[chunk], v[chunk], kv_cache, plan, scale, kernels
         )
     return out
+
+
+def _decode_rows_kernel(q: Tensor):
+    """The decode kernel for a short chunk's tokens as rows, where it runs."""
+    return decode_attention_kernel(q.dtype) if q.device.type == "cpu" else None
 
 
 def batch_invariant_attention(
