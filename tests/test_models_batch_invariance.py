@@ -1,7 +1,9 @@
-"""Batch-invariant mode: in bfloat16, where batch shapes change the rounding
-of the default kernels, a greedy request's tokens and logprobs are bitwise
-the same alone, inside random batches, under random prefill chunk budgets,
-after preemption, and with or without a prefix-cache hit."""
+"""Batch-invariant mode, and the default's row-invariant scheme (int8
+matmuls with exact sums, decode-kernel attention rows below 512 positions):
+in bfloat16, where batch shapes change the rounding of other kernels, a
+greedy request's tokens and logprobs are bitwise the same alone, inside
+random batches, under random prefill chunk budgets, after preemption, and
+with or without a prefix-cache hit."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ from dataclasses import replace
 import pytest
 import torch
 
+from sluice.config import ModelConfig
 from sluice.engine.core import EngineCore
 from sluice.engine.sampling_params import SamplingParams
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel, load_model
+from sluice.models import calibration
 from sluice.models.linear import BATCH_INVARIANT_ROW_TILE, Linear, in_row_tiles
 from sluice.models.llama import LlamaForCausalLM
+from sluice.models.native.int8 import int8_gemm_kernels
 from tests.model_factory import make_core
 
 PROBE = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
@@ -35,9 +40,17 @@ def bf16_loaded(tiny_loaded: LoadedModel, tiny_llama, *, batch_invariant: bool) 
     return replace(tiny_loaded, model=model, choices=ModelChoices("bfloat16", None, "as asked"))
 
 
-@pytest.fixture(scope="module")
-def invariant(tiny_loaded, tiny_llama) -> LoadedModel:
-    return bf16_loaded(tiny_loaded, tiny_llama, batch_invariant=True)
+@pytest.fixture(scope="module", params=["batch_invariant", "row_invariant"])
+def invariant(request, tiny_loaded, tiny_llama) -> LoadedModel:
+    """`--batch-invariant`, or the default where the native int8 matmul runs."""
+    if request.param == "batch_invariant":
+        return bf16_loaded(tiny_loaded, tiny_llama, batch_invariant=True)
+    if int8_gemm_kernels() is None:
+        pytest.skip("no native int8 matmul (AVX512-VNNI) here")
+    loaded = bf16_loaded(tiny_loaded, tiny_llama, batch_invariant=False)
+    rng = random.Random(7)
+    calibration.quantize_row_invariant(loaded.model, [rng.randrange(3, 512) for _ in range(300)])
+    return loaded
 
 
 def random_prompt(rng: random.Random, length: int) -> list[int]:
@@ -118,10 +131,14 @@ def test_a_prefix_cache_hit_and_a_second_run_give_the_same_bits(invariant):
     assert hit == first
 
 
-def test_the_default_kernels_differ_where_the_mode_is_needed(tiny_loaded, tiny_llama, invariant):
-    """The comparison above can fail: in the default mode, a prompt computed in
-    chunks (flash SDPA) and the same tokens decoded (the C kernel) round apart."""
+def test_the_previous_default_differs_where_these_do_not(tiny_loaded, tiny_llama, invariant):
+    """The comparison above can fail: with the previous default's matmuls
+    (int4 weights for steps of a few rows, W8A8 above), a prompt prefilled
+    in 4-token chunks and in one piece rounds apart."""
     default = bf16_loaded(tiny_loaded, tiny_llama, batch_invariant=False)
+    default.model.quantize("int4")
+    rng = random.Random(7)
+    calibration.quantize_activations(default.model, [rng.randrange(3, 512) for _ in range(300)])
     rng = random.Random(16)
     probe = random_prompt(rng, 37)
     outputs = {
@@ -135,15 +152,22 @@ def test_the_default_kernels_differ_where_the_mode_is_needed(tiny_loaded, tiny_l
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["batch_invariant", "default"])
 def test_the_embedded_model_in_bfloat16_answers_alike_alone_and_in_a_crowd(
-    embedded_model_config, embedded_tokenizer
+    embedded_model_config, embedded_tokenizer, mode
 ):
-    """What `--batch-invariant` promises a client, on the real model (int4
-    weights, as the defaults load them): the crowd and small chunks change
-    every step's shapes, not one bit of the probe's answer."""
-    config = replace(embedded_model_config, dtype="bfloat16", quantization="int4")
-    loaded = replace(load_model(replace(config, batch_invariant=True)), max_model_len=1024)
-    assert loaded.model.batch_invariant
+    """What `--batch-invariant`, and the default where the native int8 matmul
+    runs, promise a client on the real model: the crowd and small chunks
+    change every step's shapes, not one bit of the probe's answer."""
+    if mode == "batch_invariant":
+        config = replace(embedded_model_config, dtype="bfloat16", quantization="int4")
+        loaded = load_model(replace(config, batch_invariant=True))
+        assert loaded.model.batch_invariant
+    else:
+        loaded = load_model(ModelConfig(cache_dir=embedded_model_config.cache_dir))
+        if not loaded.choices.row_invariant:
+            pytest.skip("no native int8 matmul here: the default is not row-invariant")
+    loaded = replace(loaded, max_model_len=1024)
     rng = random.Random(0)
 
     def prompt(text: str) -> list[int]:

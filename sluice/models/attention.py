@@ -33,9 +33,11 @@ from the prefix cache. The flash SDPA of prefill chunks reduces in another
 order than the decode kernel: a token computed in a chunk would differ from
 the same token decoded.
 
-A chunk of at most `MAX_DECODE_ROW_CHUNK` tokens behind a cached context
-(a speculative step's verification) runs the same way, each token one row
-of the decode kernel: each verified token gets the bits decoding it would.
+Tokens of a multi-token chunk at positions below `DECODE_ROW_POSITIONS`,
+and every token of a chunk of at most `MAX_DECODE_ROW_CHUNK` (a speculative
+step's verification), run in the decode kernel's call too, each one row over
+exactly its own keys: each gets the bits decoding it would, whatever the
+chunking or the prefix cache.
 
 Padding reads real (zeroed or stale) cache rows and masks them out, which is
 safe because the cache never holds NaN or inf: it starts zeroed and only ever
@@ -59,12 +61,19 @@ from sluice.models.native.prefill import prefill_attention_kernel
 # Without a plan measured at load (kernel_plan.py): the native prefill kernel
 # wherever it runs.
 NATIVE_WHERE_IT_RUNS = KernelPlan()
-# Chunks behind a context of up to this many tokens run as decode-kernel rows
-# (`PrefillPlan.decode_rows`): a speculative step verifying k drafted tokens
-# then computes each of its 1 + k tokens with the bits a decode step gives it
-# (with the row-invariant matmuls, the same token alone), so greedy output
-# is the same with speculation on and off.
+# Which tokens of a multi-token chunk run as rows of the decode kernel, over
+# exactly their own keys, as a decoded token does (`_num_row_tokens`): every
+# token of a chunk of at most MAX_DECODE_ROW_CHUNK (a speculative step
+# verifying k drafted tokens: each gets the bits decoding it would, so greedy
+# output is the same with speculation on and off), and every token at a
+# position below DECODE_ROW_POSITIONS. With the row-invariant matmuls, a
+# sequence that stays below that length gets the same bits however its prompt
+# is chunked, whether its prefix came from the cache, and after preemption
+# (issue 28). Above it, the flash kernels: the decode kernel re-reads the
+# keys for every row, which costs more than flash attention from about 512
+# positions (benchmarks/attention_kernels.py).
 MAX_DECODE_ROW_CHUNK = 16
+DECODE_ROW_POSITIONS = 512
 
 
 @dataclass(slots=True)
@@ -98,10 +107,6 @@ class PrefillPlan:
     # Cache blocks holding the sequence; None when context_len == 0, since then
     # the chunk's own new K/V are the whole sequence.
     block_ids: Tensor | None  # [ceil(seq_len / block_size)] int64
-    # A chunk of at most MAX_DECODE_ROW_CHUNK tokens behind a context (a
-    # speculative step's verification, a short prompt tail): each token as
-    # one decode-kernel row, as (block ids [tokens, blocks], keys [tokens]).
-    decode_rows: tuple[Tensor, Tensor] | None = None
 
 
 @dataclass(slots=True)
@@ -190,22 +195,41 @@ def _slot_mapping(
     return blocks * block_size + positions % block_size  # [num_tokens]
 
 
+def _num_row_tokens(query_len: int, context_len: int) -> int:
+    """How many of a chunk's first tokens run as decode-kernel rows (see
+    DECODE_ROW_POSITIONS); a decode's one token always does."""
+    if query_len <= MAX_DECODE_ROW_CHUNK:
+        return query_len
+    return max(0, min(query_len, DECODE_ROW_POSITIONS - context_len))
+
+
 def _plan_decodes(meta: AttentionMetadata) -> DecodePlan | None:
-    rows = [b for b, n in enumerate(meta.query_lens) if n == 1]
-    if not rows:
-        return None
-    device = meta.block_tables.device
-    max_len = max(meta.seq_lens_list[b] for b in rows)
-    num_blocks = -(-max_len // meta.block_size)
+    """Every token that runs as a decode-kernel row, batched into one call."""
     if meta.is_decode_only:
+        sequences, keys = list(range(len(meta.query_lens))), meta.seq_lens_list
         token_indices, tables, seq_lens = None, meta.block_tables, meta.seq_lens
     else:
-        row_index = torch.tensor(rows, dtype=torch.int64, device=device)  # [num_decodes]
-        token_indices = meta.query_start_loc[row_index]
-        tables, seq_lens = meta.block_tables[row_index], meta.seq_lens[row_index]
+        sequences, tokens, keys, start = [], [], [], 0
+        for b, (query_len, seq_len) in enumerate(
+            zip(meta.query_lens, meta.seq_lens_list, strict=True)
+        ):
+            context_len = seq_len - query_len
+            count = _num_row_tokens(query_len, context_len)
+            sequences += [b] * count
+            tokens += range(start, start + count)
+            keys += range(context_len + 1, context_len + count + 1)
+            start += query_len
+        if not tokens:
+            return None
+        device = meta.block_tables.device
+        token_indices = None if len(tokens) == start else torch.tensor(tokens, device=device)
+        tables = meta.block_tables[torch.tensor(sequences, device=device)]
+        seq_lens = torch.tensor(keys, dtype=torch.int64, device=device)  # [num_rows]
+    max_len = max(keys)
+    num_blocks = -(-max_len // meta.block_size)
     key_mask = None
-    if any(meta.seq_lens_list[b] != max_len for b in rows):
-        key_pos = torch.arange(max_len, device=device)  # [max_len]
+    if any(length != max_len for length in keys):
+        key_pos = torch.arange(max_len, device=seq_lens.device)  # [max_len]
         key_mask = (key_pos[None, :] < seq_lens[:, None])[:, None, None, :]
     return DecodePlan(
         token_indices=token_indices,
@@ -229,23 +253,18 @@ def _plan_token_rows(meta: AttentionMetadata) -> TokenRows:
 
 
 def _plan_prefills(meta: AttentionMetadata) -> list[PrefillPlan]:
+    """Each chunk's tokens past its decode-kernel rows, as one flash call."""
     plans = []
     token_start = 0
     for b, (query_len, seq_len) in enumerate(zip(meta.query_lens, meta.seq_lens_list, strict=True)):
-        context_len = seq_len - query_len
-        if query_len > 1:
-            block_ids = decode_rows = None
+        num_rows = _num_row_tokens(query_len, seq_len - query_len)
+        context_len = seq_len - query_len + num_rows
+        if num_rows < query_len:
+            block_ids = None
             if context_len > 0:
                 block_ids = meta.block_tables[b, : -(-seq_len // meta.block_size)]
-                if query_len <= MAX_DECODE_ROW_CHUNK:
-                    decode_rows = (
-                        block_ids.expand(query_len, -1).contiguous(),
-                        torch.arange(context_len + 1, seq_len + 1, device=block_ids.device),
-                    )
-            end = token_start + query_len
-            plans.append(
-                PrefillPlan(token_start, end, context_len, seq_len, block_ids, decode_rows)
-            )
+            start, end = token_start + num_rows, token_start + query_len
+            plans.append(PrefillPlan(start, end, context_len, seq_len, block_ids))
         token_start += query_len
     return plans
 
@@ -280,27 +299,18 @@ def paged_attention(
     if not kv_written:
         _write_kv(kv_cache, k, v, meta.slot_mapping)
     decode = meta.decode
-    if meta.is_decode_only and decode is not None:
+    if decode is not None and decode.token_indices is None:  # every token a decode row
         return _decode_attention(q, kv_cache, decode, scale)
     out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
     if decode is not None:
-        assert decode.token_indices is not None, "mixed batch without decode token indices"
         decoded = _decode_attention(q[decode.token_indices], kv_cache, decode, scale)
         out.index_copy_(0, decode.token_indices, decoded)
     for plan in meta.prefills:
         chunk = slice(plan.token_start, plan.token_end)
-        if plan.decode_rows is not None and (rows := _decode_rows_kernel(q)) is not None:
-            out[chunk] = rows(q[chunk], kv_cache, *plan.decode_rows, scale)
-            continue
         out[chunk] = _prefill_attention(
             q[chunk], k[chunk], v[chunk], kv_cache, plan, scale, kernels
         )
     return out
-
-
-def _decode_rows_kernel(q: Tensor):
-    """The decode kernel for a short chunk's tokens as rows, where it runs."""
-    return decode_attention_kernel(q.dtype) if q.device.type == "cpu" else None
 
 
 def batch_invariant_attention(
