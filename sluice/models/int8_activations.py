@@ -46,10 +46,13 @@ to the model dtype, then the bias.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
 from sluice.models.native.int8 import (
+    AMX_MIN_ROWS,
     MAX_QUANTIZE_COLUMNS,
     PackedInt8Weights,
     int8_gemm_kernels,
@@ -100,8 +103,11 @@ class Int8ActivationLinear(nn.Module):
         gemm = int8_gemm_kernels() if kernels and dtype == torch.bfloat16 else None
         if gemm is not None and num_columns % 4 == 0:
             # VNNI on weights packed once (native/int8_gemm.c), quantizing
-            # inside the same call; the codes themselves are not kept.
-            self._linear = gemm.linear
+            # inside the same call; the codes themselves are not kept. AMX-INT8
+            # tiles (native/int8_amx.c) from AMX_MIN_ROWS rows, where the CPU
+            # has them: the same exact sums, so the same bits.
+            amx_min_rows = AMX_MIN_ROWS if gemm.has_amx else 0
+            self._linear = functools.partial(gemm.linear, amx_min_rows=amx_min_rows)
             self.packed: PackedInt8Weights | None = gemm.pack(weight_int8)
             self.weight_int8 = None
             # The fewest rows for which this layer beats the model's other
