@@ -28,7 +28,7 @@ MAX_QUANTIZE_COLUMNS = 2048
 # VNNI on the Sapphire Rapids VM it was measured on (interleaved runs, the
 # embedded model's shapes; see int8_amx.c): what callers pass as
 # `amx_min_rows` until a kernel plan measures it at load.
-AMX_MIN_ROWS = 64
+AMX_MIN_ROWS = 8
 
 
 @cache

@@ -13,9 +13,13 @@
  * 16-column block b and the K chunk of 64 starting at group g0, the tile is
  * at packed + j * TILE_N * k + (g0 * TILE_N + b * 16) * 4, rows 256 bytes
  * apart. A work item is 16 rows x one 64-column tile: per K chunk 1 A x 4
- * B -> 4 C, the chunk's 4 KB of weights read in one contiguous pass. (Two A
- * x two B over 32 rows, four loads per four multiplies instead of five,
- * measured no faster: interleaved runs on the embedded model's shapes.)
+ * B -> 4 C, the chunk's 4 KB of weights read in one contiguous pass. Two A
+ * x two B over 32 rows x 32 columns (four loads per four multiplies instead
+ * of five) measured no faster, 1.3x slower on [3072, 576] at 2,048 rows;
+ * prefetching the next chunk's activation rows changed nothing (interleaved
+ * runs on a 2-core Sapphire Rapids VM). This runs at about a third of the
+ * tile unit's peak there (2.2 of 7 int8 TMAC/s on two cores at 2,048 rows);
+ * the rest is a kernel to tune later, not a limit.
  *
  * Rows past the last multiple of 16 are copied into a zeroed 16-row buffer
  * first; only valid rows and columns are written out. K must be a multiple
@@ -28,7 +32,7 @@
 #pragma GCC optimize("no-fast-math")
 
 #define TILE_N 64
-#define AMX_K 64      /* K per tile multiply */
+#define AMX_K 64     /* K per tile multiply */
 #define ITEM_ROWS 16 /* activation rows per work item: one A tile */
 /* Bytes of activation codes (a row block) kept in L2 while every weight
  * tile passes over them: bigger blocks read the weights fewer times. */
@@ -36,6 +40,7 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
 #include <immintrin.h>
+#include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -78,10 +83,10 @@ static void configure_tiles(void) {
 }
 
 /* 16 activation rows (a, a_stride bytes apart) times one packed weight tile
- * (w: its start) -> sums [16][TILE_N]. The fourth B tile reuses the first's
- * register once the first multiply has read it. */
-static void item_sums(const int8_t *a, int64_t a_stride, int64_t k, const int8_t *w,
-                        int32_t *sums) {
+ * (w: its start), left in C tiles 0-3 (read out by `store_sums`). The
+ * fourth B tile reuses the first's register once the first multiply has
+ * read it. */
+static inline void multiply_item(const int8_t *a, int64_t a_stride, int64_t k, const int8_t *w) {
     const int64_t chunks = k / AMX_K, chunk_bytes = 16 * TILE_N * 4;
     _tile_zero(0);
     _tile_zero(1);
@@ -99,10 +104,72 @@ static void item_sums(const int8_t *a, int64_t a_stride, int64_t k, const int8_t
         _tile_dpbssd(2, 4, 7);
         _tile_dpbssd(3, 4, 5);
     }
+}
+
+/* C tiles 0-3 -> sums [16][TILE_N]. */
+static inline void store_sums(int32_t *sums) {
     _tile_stored(0, sums, TILE_N * 4);
     _tile_stored(1, sums + 16, TILE_N * 4);
     _tile_stored(2, sums + 32, TILE_N * 4);
     _tile_stored(3, sums + 48, TILE_N * 4);
+}
+
+/* One call's work: items of (row block, column tile, 16 rows), tile-major
+ * within a block so that a thread's consecutive items share a weight tile;
+ * a block's codes (BLOCK_BYTES) stay in L2 while every tile passes. */
+struct amx_work {
+    const int8_t *q, *tail, *packed; /* tail: rows from `whole` on, zero-padded to 16 */
+    const float *row_scales, *col_scales;
+    const uint16_t *bias;
+    uint16_t *out;
+    int64_t rows, whole, k, n, tiles, per_block, full_blocks, rest_groups, items_full, items;
+    int pairs;
+};
+
+/* Item -> its first row t and column tile j. */
+static inline void place_item(const struct amx_work *w, int64_t item, int64_t *t, int64_t *j) {
+    int64_t b, within, groups;
+    if (item < w->items_full) {
+        b = item / (w->tiles * w->per_block);
+        within = item % (w->tiles * w->per_block);
+        groups = w->per_block;
+    } else {
+        b = w->full_blocks;
+        within = item - w->items_full;
+        groups = w->rest_groups;
+    }
+    *j = within / groups;
+    *t = (b * w->per_block + within % groups) * ITEM_ROWS;
+}
+
+/* The shared epilogue for the item at (t, j) from its sums. */
+static inline void finish_item(const struct amx_work *w, const int32_t *sums, int64_t t,
+                               int64_t j) {
+    const int64_t count = w->rows - t < ITEM_ROWS ? w->rows - t : ITEM_ROWS;
+    const int64_t col = j * TILE_N, valid = w->n - col < TILE_N ? w->n - col : TILE_N;
+    const int64_t out_row = w->pairs ? t / 2 : t;
+    int8_store_rows(sums, TILE_N, count, w->pairs, w->row_scales + out_row, w->col_scales + col,
+                    w->bias == NULL ? NULL : w->bias + col, w->out + out_row * w->n + col, w->n,
+                    valid);
+}
+
+/* Items [start, end) on this thread. Each item's multiplies are issued
+ * before the previous item's epilogue (its sums read before the tiles are
+ * stored over them), so the vector epilogue runs while the tile unit works. */
+static void run_items(const struct amx_work *w, int64_t start, int64_t end) {
+    int32_t sums[ITEM_ROWS * TILE_N] __attribute__((aligned(64)));
+    int64_t prev_t = -1, prev_j = 0;
+    for (int64_t item = start; item < end; item++) {
+        int64_t t, j;
+        place_item(w, item, &t, &j);
+        const int8_t *a = t < w->whole ? w->q + t * w->k : w->tail;
+        multiply_item(a, w->k, w->k, w->packed + j * TILE_N * w->k);
+        if (prev_t >= 0) finish_item(w, sums, prev_t, prev_j);
+        store_sums(sums);
+        prev_t = t;
+        prev_j = j;
+    }
+    if (prev_t >= 0) finish_item(w, sums, prev_t, prev_j);
 }
 
 /* int8_gemm_bf16's contract (int8_gemm.c), for k % 64 == 0 and
@@ -111,7 +178,6 @@ static void item_sums(const int8_t *a, int64_t a_stride, int64_t k, const int8_t
 int int8_amx_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int64_t k,
                        const int8_t *packed, const float *col_scales, const uint16_t *bias,
                        int64_t n, uint16_t *out, int pairs) {
-    /* The last partial group of 16 rows, zero-padded (shared, read only). */
     const int64_t whole = rows / ITEM_ROWS * ITEM_ROWS;
     int8_t *tail = NULL;
     if (whole < rows) {
@@ -119,38 +185,23 @@ int int8_amx_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, i
         if (tail == NULL) return -1;
         memcpy(tail, q + whole * k, (size_t)((rows - whole) * k));
     }
-    /* Items: (row block, column tile, 16 rows), tile-major within a block
-     * so that a thread's consecutive items share a weight tile. */
-    const int64_t tiles = (n + TILE_N - 1) / TILE_N;
-    const int64_t per_block = BLOCK_BYTES / k / ITEM_ROWS > 1 ? BLOCK_BYTES / k / ITEM_ROWS : 1;
-    const int64_t row_block = per_block * ITEM_ROWS, full_blocks = rows / row_block;
-    const int64_t rest = rows - full_blocks * row_block;
-    const int64_t rest_groups = (rest + ITEM_ROWS - 1) / ITEM_ROWS;
-    const int64_t items_full = full_blocks * tiles * per_block;
-    const int64_t items = items_full + tiles * rest_groups;
-    _Pragma("omp parallel if (items > 1)") {
+    struct amx_work w = {.q = q, .tail = tail, .packed = packed, .row_scales = row_scales,
+                         .col_scales = col_scales, .bias = bias, .out = out, .rows = rows,
+                         .whole = whole, .k = k, .n = n, .pairs = pairs};
+    w.tiles = (n + TILE_N - 1) / TILE_N;
+    w.per_block = BLOCK_BYTES / k / ITEM_ROWS > 1 ? BLOCK_BYTES / k / ITEM_ROWS : 1;
+    w.full_blocks = rows / (w.per_block * ITEM_ROWS);
+    const int64_t rest = rows - w.full_blocks * w.per_block * ITEM_ROWS;
+    w.rest_groups = (rest + ITEM_ROWS - 1) / ITEM_ROWS;
+    w.items_full = w.full_blocks * w.tiles * w.per_block;
+    w.items = w.items_full + w.tiles * w.rest_groups;
+    _Pragma("omp parallel if (w.items > 1)") {
+        /* Contiguous shares, as schedule(static) would give. */
+        const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
+        const int64_t share = w.items / threads, extra = w.items % threads;
+        const int64_t start = id * share + (id < extra ? id : extra);
         configure_tiles();
-        int32_t sums[ITEM_ROWS * TILE_N] __attribute__((aligned(64)));
-        _Pragma("omp for schedule(static) nowait") for (int64_t item = 0; item < items; item++) {
-            int64_t b, within, groups;
-            if (item < items_full) {
-                b = item / (tiles * per_block);
-                within = item % (tiles * per_block);
-                groups = per_block;
-            } else {
-                b = full_blocks;
-                within = item - items_full;
-                groups = rest_groups;
-            }
-            const int64_t j = within / groups, t = b * row_block + (within % groups) * ITEM_ROWS;
-            const int64_t count = rows - t < ITEM_ROWS ? rows - t : ITEM_ROWS;
-            const int64_t col = j * TILE_N, valid = n - col < TILE_N ? n - col : TILE_N;
-            const int8_t *a = t < whole ? q + t * k : tail;
-            item_sums(a, k, k, packed + j * TILE_N * k, sums);
-            const int64_t out_row = pairs ? t / 2 : t;
-            int8_store_rows(sums, TILE_N, count, pairs, row_scales + out_row, col_scales + col,
-                            bias == NULL ? NULL : bias + col, out + out_row * n + col, n, valid);
-        }
+        run_items(&w, start, start + share + (id < extra ? 1 : 0));
         _tile_release();
     }
     free(tail);
