@@ -82,30 +82,6 @@ static void configure_tiles(void) {
     _tile_loadconfig(&config);
 }
 
-/* 16 activation rows (a, a_stride bytes apart) times one packed weight tile
- * (w: its start), left in C tiles 0-3 (read out by `store_sums`). The
- * fourth B tile reuses the first's register once the first multiply has
- * read it. */
-static inline void multiply_item(const int8_t *a, int64_t a_stride, int64_t k, const int8_t *w) {
-    const int64_t chunks = k / AMX_K, chunk_bytes = 16 * TILE_N * 4;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t c = 0; c < chunks; c++) {
-        const int8_t *wc = w + c * chunk_bytes;
-        _tile_loadd(4, a + c * AMX_K, a_stride);
-        _tile_loadd(5, wc, TILE_N * 4);
-        _tile_loadd(6, wc + 64, TILE_N * 4);
-        _tile_loadd(7, wc + 128, TILE_N * 4);
-        _tile_dpbssd(0, 4, 5);
-        _tile_dpbssd(1, 4, 6);
-        _tile_loadd(5, wc + 192, TILE_N * 4);
-        _tile_dpbssd(2, 4, 7);
-        _tile_dpbssd(3, 4, 5);
-    }
-}
-
 /* C tiles 0-3 -> sums [16][TILE_N]. */
 static inline void store_sums(int32_t *sums) {
     _tile_stored(0, sums, TILE_N * 4);
@@ -142,34 +118,78 @@ static inline void place_item(const struct amx_work *w, int64_t item, int64_t *t
     *t = (b * w->per_block + within % groups) * ITEM_ROWS;
 }
 
-/* The shared epilogue for the item at (t, j) from its sums. */
-static inline void finish_item(const struct amx_work *w, const int32_t *sums, int64_t t,
-                               int64_t j) {
-    const int64_t count = w->rows - t < ITEM_ROWS ? w->rows - t : ITEM_ROWS;
-    const int64_t col = j * TILE_N, valid = w->n - col < TILE_N ? w->n - col : TILE_N;
-    const int64_t out_row = w->pairs ? t / 2 : t;
-    int8_store_rows(sums, TILE_N, count, w->pairs, w->row_scales + out_row, w->col_scales + col,
-                    w->bias == NULL ? NULL : w->bias + col, w->out + out_row * w->n + col, w->n,
-                    valid);
+/* An item whose sums wait for the shared epilogue. */
+struct pending {
+    const int32_t *sums; /* NULL: none */
+    int64_t t, j, count;
+};
+
+/* Rows [lo, hi) of the pending item through the shared epilogue (lo even
+ * for A13: a pair is never split). */
+static inline void finish_rows(const struct amx_work *w, const struct pending *p, int64_t lo,
+                               int64_t hi) {
+    if (hi <= lo) return;
+    const int64_t col = p->j * TILE_N, valid = w->n - col < TILE_N ? w->n - col : TILE_N;
+    const int64_t out_row = w->pairs ? (p->t + lo) / 2 : p->t + lo;
+    int8_store_rows(p->sums + lo * TILE_N, TILE_N, hi - lo, w->pairs, w->row_scales + out_row,
+                    w->col_scales + col, w->bias == NULL ? NULL : w->bias + col,
+                    w->out + out_row * w->n + col, w->n, valid);
 }
 
-/* Items [start, end) on this thread. Each item's multiplies are issued
- * before the previous item's epilogue (its sums read before the tiles are
- * stored over them), so the vector epilogue runs while the tile unit works. */
+/* The rows of the pending item due after K chunk c of `chunks` (even, so
+ * pairs stay whole; all of them after the last chunk). */
+static inline int64_t rows_due(const struct pending *p, int64_t c, int64_t chunks) {
+    return c + 1 == chunks ? p->count : ((c + 1) * p->count / chunks) & ~(int64_t)1;
+}
+
+/* 16 activation rows (a, a_stride bytes apart) times one packed weight tile
+ * (w: its start), left in C tiles 0-3 (read out by `store_sums`). The
+ * fourth B tile reuses the first's register once the first multiply has
+ * read it. Between chunks, a share of the previous item's rows goes
+ * through the epilogue: the vector units scale while the tile unit
+ * multiplies (the whole epilogue after the multiplies overlapped nothing:
+ * the reorder buffer fills before the tile unit is done). */
+static inline void multiply_item(const struct amx_work *work, const int8_t *a, const int8_t *w,
+                                 const struct pending *p) {
+    const int64_t k = work->k, chunks = k / AMX_K, chunk_bytes = 16 * TILE_N * 4;
+    int64_t done = 0;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t c = 0; c < chunks; c++) {
+        const int8_t *wc = w + c * chunk_bytes;
+        _tile_loadd(4, a + c * AMX_K, k);
+        _tile_loadd(5, wc, TILE_N * 4);
+        _tile_loadd(6, wc + 64, TILE_N * 4);
+        _tile_loadd(7, wc + 128, TILE_N * 4);
+        _tile_dpbssd(0, 4, 5);
+        _tile_dpbssd(1, 4, 6);
+        _tile_loadd(5, wc + 192, TILE_N * 4);
+        _tile_dpbssd(2, 4, 7);
+        _tile_dpbssd(3, 4, 5);
+        if (p->sums != NULL) {
+            const int64_t due = rows_due(p, c, chunks);
+            finish_rows(work, p, done, due);
+            done = due;
+        }
+    }
+}
+
+/* Items [start, end) on this thread, each item's epilogue spread over the
+ * next item's multiplies (the last one's after). */
 static void run_items(const struct amx_work *w, int64_t start, int64_t end) {
     int32_t sums[ITEM_ROWS * TILE_N] __attribute__((aligned(64)));
-    int64_t prev_t = -1, prev_j = 0;
+    struct pending p = {.sums = NULL};
     for (int64_t item = start; item < end; item++) {
         int64_t t, j;
         place_item(w, item, &t, &j);
         const int8_t *a = t < w->whole ? w->q + t * w->k : w->tail;
-        multiply_item(a, w->k, w->k, w->packed + j * TILE_N * w->k);
-        if (prev_t >= 0) finish_item(w, sums, prev_t, prev_j);
+        multiply_item(w, a, w->packed + j * TILE_N * w->k, &p);
         store_sums(sums);
-        prev_t = t;
-        prev_j = j;
+        p = (struct pending){sums, t, j, w->rows - t < ITEM_ROWS ? w->rows - t : ITEM_ROWS};
     }
-    if (prev_t >= 0) finish_item(w, sums, prev_t, prev_j);
+    if (p.sums != NULL) finish_rows(w, &p, 0, p.count);
 }
 
 /* int8_gemm_bf16's contract (int8_gemm.c), for k % 64 == 0 and
