@@ -5,7 +5,8 @@ gathered copy) for decode steps; `prefill_attention.c` is flash attention
 for prefill chunks (its wrapper is in `prefill.py`); `rope_kv.c` rotates a
 step's queries and keys and writes keys and values into the cache in one
 pass (`rope.py`); `rms_norm.c` normalises rows in one pass;
-`int8_rows.c` and `int8_gemm.c` are W8A8's passes and matmul (their
+`int8_rows.c` and `int8_gemm.c` are W8A8's passes and matmul, with
+`int8_amx.c` the same matmul on AMX-INT8 tiles for large steps (their
 wrappers are in `int8.py`); `rows.c` computes
 SwiGLU's silu(gate) * up in one pass (64 rows of the embedded model: 0.04
 ms, against 0.07 ms for torch's two ops on the strided gate half) and the

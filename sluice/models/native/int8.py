@@ -25,9 +25,10 @@ from sluice.models.native import _library
 MAX_QUANTIZE_COLUMNS = 2048
 
 # Code rows (A13: two per activation row) from which the AMX kernel beat
-# VNNI on the Sapphire Rapids VM it was measured on (interleaved runs, the
-# embedded model's shapes; see int8_amx.c): what callers pass as
-# `amx_min_rows` until a kernel plan measures it at load.
+# VNNI on every embedded-model shape on the 2-core Sapphire Rapids VM it was
+# measured on (interleaved runs: AMX/VNNI 0.58-0.85 at 8 code rows, 0.86-1.17
+# at 4, 1.07-1.71 at 1): what callers pass as `amx_min_rows` until a kernel
+# plan measures it at load.
 AMX_MIN_ROWS = 8
 
 
