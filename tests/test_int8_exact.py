@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,14 @@ def cpu_has_amx_int8() -> bool:
     return {"amx_tile", "amx_int8"} <= set(flags.partition(":")[2].split())
 
 
+# No library by choice (SLUICE_NATIVE_KERNELS=0) or for want of a compiler:
+# skipped; a library that failed to build, or one without the AMX kernel on
+# a CPU with AMX, fails (the `amx_gemm` fixture).
 requires_amx = pytest.mark.skipif(
-    find_compiler() is None or not cpu_has_amx_int8(), reason="no AMX-INT8 (or no C compiler)"
+    find_compiler() is None
+    or os.environ.get("SLUICE_NATIVE_KERNELS", "1") == "0"
+    or not cpu_has_amx_int8(),
+    reason="no AMX-INT8, no C compiler, or native kernels off",
 )
 
 
