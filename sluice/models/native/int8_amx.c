@@ -18,9 +18,9 @@
  * of five) measured no faster, 1.3x slower on [3072, 576] at 2,048 rows;
  * prefetching the next chunk's activation rows changed nothing (interleaved
  * runs on a 2-core Sapphire Rapids VM). There, [3072, 576] at 2,048 rows
- * took 1.6 ms: 0.94 of multiplies alone (2.2 TMAC/s of a 7 TMAC/s peak
- * in a loop with no item boundaries, so still room) and 0.69 of epilogue
- * alone (12.6 MB of bfloat16 written), overlapping little.
+ * took 1.6 ms: 0.94 of multiplies alone (2.2 int8 TMAC/s, where a tight
+ * loop of tile multiplies reaches 7 on the two cores: room left) and 0.69
+ * of epilogue alone (12.6 MB of bfloat16 written), overlapping little.
  *
  * Rows past the last multiple of 16 are copied into a zeroed 16-row buffer
  * first; only valid rows and columns are written out. K must be a multiple
