@@ -26,7 +26,7 @@ import aiohttp
 import pytest
 
 from sluice.models.native.int8 import int8_gemm_kernels
-from tests.test_e2e_audit import RunningServer, sluice_server  # noqa: F401 - the fixture
+from tests.sluice_server import RunningServer, sluice_server  # noqa: F401 - the fixture
 
 pytestmark = [
     pytest.mark.slow,

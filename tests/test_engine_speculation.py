@@ -17,83 +17,21 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
-from sluice.engine.core import EngineCore
+from sluice.config import SchedulerConfig
 from sluice.engine.kv_cache import KVCacheManager
 from sluice.engine.request import Request
 from sluice.engine.sampled import SampledToken
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.scheduler import Scheduler, SchedulerPlan
 from sluice.engine.speculation import Speculator, accepted_tokens
-from sluice.models.attention import kv_cache_bytes_per_block
 from sluice.structured import StructuredOutputSpec
 from sluice.testing.byte_tokenizer import byte_level_tokenizer
 from sluice.tokenizer import Tokenizer
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+from tests.speculation_runs import GREEDY, make_core, ngram, repeating_prompt, run
 
 
 def greedy(**fields) -> SamplingParams:
     return msgspec.structs.replace(GREEDY, **fields)
-
-
-def make_core(
-    loaded,
-    speculative: SpeculativeConfig | None,
-    *,
-    num_blocks: int = 512,
-    block_size: int = 4,
-    budget: int = 64,
-    prefix_caching: bool = True,
-) -> EngineCore:
-    """An in-process engine core on the tiny model, float32 KV cache."""
-    bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, block_size, torch.float32)
-    config = EngineConfig(
-        cache=CacheConfig(
-            block_size_tokens=block_size,
-            kv_cache_memory_bytes=num_blocks * bytes_per_block,
-            enable_prefix_caching=prefix_caching,
-        ),
-        scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=32),
-        multiprocess=False,
-        speculative_config=speculative,
-    )
-    return EngineCore(config, loaded=loaded)
-
-
-def ngram(k: int = 4, min_n: int = 1, max_n: int = 3) -> SpeculativeConfig:
-    return SpeculativeConfig(
-        num_speculative_tokens=k, prompt_lookup_min=min_n, prompt_lookup_max=max_n
-    )
-
-
-def run(core: EngineCore, prompts, params=GREEDY):
-    """Run to completion, checking the pool after every step; request index ->
-    (token ids, finish reason, logprobs, number of deltas)."""
-    for i, prompt in enumerate(prompts):
-        core.add_request(
-            f"r{i}", prompt, params if isinstance(params, SamplingParams) else params[i]
-        )
-    results = {i: ([], None, [], 0) for i in range(len(prompts))}
-    while core.has_unfinished_requests():
-        for delta in core.step():
-            index = int(delta.request_id[1:])
-            tokens, finish, logprobs, num_deltas = results[index]
-            assert finish is None, "a delta after the finish"
-            tokens.extend(delta.new_token_ids)
-            if delta.logprobs is not None:
-                logprobs.extend(delta.logprobs.logprobs)
-            results[index] = (tokens, delta.finish_reason, logprobs, num_deltas + 1)
-        core.scheduler.check_consistency()
-    return results
-
-
-def repeating_prompt(rng: random.Random, length: int) -> list[int]:
-    """A text that repeats itself with one change: what prompt lookup is for."""
-    base = [rng.randrange(3, 512) for _ in range(rng.randrange(4, 16))]
-    prompt = (base * (length // len(base) + 1))[:length]
-    prompt[rng.randrange(len(prompt))] = rng.randrange(3, 512)
-    return prompt
 
 
 def tokens_of(results) -> dict[int, tuple[list[int], str | None]]:

@@ -14,22 +14,14 @@ import pytest
 import torch
 
 from sluice.config import ModelConfig
-from sluice.engine.core import EngineCore
-from sluice.engine.sampling_params import SamplingParams
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel, load_model
 from sluice.models import calibration
 from sluice.models.linear import BATCH_INVARIANT_ROW_TILE, Linear, in_row_tiles
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native.int8 import int8_gemm_kernels
+from tests.invariance_runs import probe_output, random_prompt
 from tests.model_factory import make_core
-
-PROBE = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
-CROWD = (
-    SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
-    SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, logprobs=1),
-    SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_tokens=16, ignore_eos=True),
-)
 
 
 def bf16_loaded(tiny_loaded: LoadedModel, tiny_llama, *, batch_invariant: bool) -> LoadedModel:
@@ -51,30 +43,6 @@ def invariant(request, tiny_loaded, tiny_llama) -> LoadedModel:
     rng = random.Random(7)
     calibration.quantize_row_invariant(loaded.model, [rng.randrange(3, 512) for _ in range(300)])
     return loaded
-
-
-def random_prompt(rng: random.Random, length: int) -> list[int]:
-    return [rng.randrange(3, 512) for _ in range(length)]
-
-
-def probe_output(core: EngineCore, probe: list[int], crowd: list[list[int]], rng: random.Random):
-    """The probe's (tokens, logprobs, top ids, top logprobs), with the crowd's
-    requests added before it, beside it, or a few steps before it."""
-    delay = rng.choice([0, 0, 1, 3])
-    for i, prompt in enumerate(crowd):
-        core.add_request(f"c{i}", prompt, CROWD[i % len(CROWD)])
-    for _ in range(delay):
-        core.step()
-    core.add_request("probe", probe, PROBE)
-    tokens, logprobs, top_ids, top_logprobs = [], [], [], []
-    while core.has_unfinished_requests():
-        for delta in core.step():
-            if delta.request_id == "probe":
-                tokens += delta.new_token_ids
-                logprobs += delta.logprobs.logprobs
-                top_ids += delta.logprobs.top_token_ids
-                top_logprobs += delta.logprobs.top_logprobs
-    return tokens, logprobs, top_ids, top_logprobs
 
 
 def test_row_tiles_give_each_row_the_bits_it_has_alone():

@@ -137,3 +137,54 @@ def test_the_kept_plan_is_keyed_by_cpu_flags_threads_and_head_shapes(tmp_path, m
         assert key() != with_amx
     finally:
         torch.set_num_threads(threads)
+
+
+# AMX / VNNI time of the int8 matmul per count of code rows, as each CPU gave them.
+AMX_INT8 = {1: 1.5, 2: 1.3, 4: 1.1, 8: 0.8, 16: 0.5, 32: 0.4, 64: 0.35, 512: 0.3}
+# A shape no CPU showed yet: AMX wins a middle band, loses at 64, wins again.
+APART_INT8 = {1: 1.5, 2: 1.3, 4: 1.1, 8: 0.8, 16: 0.5, 32: 1.1, 64: 1.2, 512: 0.3}
+
+
+def measure_rows(ratios):
+    clock = FakeClock()
+
+    def amx(n):
+        clock.now += 1e-6 * n * ratios[n]
+
+    def vnni(n):
+        clock.now += 1e-6 * n
+
+    return kernel_plan.measure_int8(amx, vnni, rows=sorted(ratios), clock=clock)
+
+
+def test_the_int8_matmul_bands_follow_each_cpus_times():
+    bands = measure_rows(AMX_INT8)
+    assert bands == ((0, kernel_plan.VNNI), (8, kernel_plan.AMX))
+    assert KernelPlan(((0, TORCH),), "measured at load", bands).describe() == (
+        "kernel plan (measured at load): prefill attention torch at every length; "
+        "int8 matmul vnni below 8 rows, amx from 8"
+    )
+    assert measure_rows(APART_INT8) == (
+        (0, kernel_plan.VNNI), (8, kernel_plan.AMX), (32, kernel_plan.VNNI), (512, kernel_plan.AMX),
+    )  # fmt: skip
+    # A tie goes to VNNI: AMX must win to serve.
+    assert measure_rows(dict.fromkeys(AMX_INT8, 1.0)) == ((0, kernel_plan.VNNI),)
+
+
+def test_int8_bands_round_trip_and_an_older_file_has_none(tmp_path):
+    path = tmp_path / "plan.json"
+    bands = ((0, kernel_plan.VNNI), (8, kernel_plan.AMX))
+    kernel_plan.write_plan(path, KernelPlan(((0, TORCH),), "measured at load", bands))
+    assert kernel_plan.read_plan(path, "cached").int8_matmul == bands
+    path.write_text('{"prefill_attention": [[0, "torch"]]}')
+    assert kernel_plan.read_plan(path, "cached") == KernelPlan(((0, TORCH),), "cached")
+    for text in ('"int8_matmul": [[1, "amx"]]', '"int8_matmul": [[0, "torch"]]'):
+        path.write_text('{"prefill_attention": [[0, "torch"]], ' + text + "}")
+        assert kernel_plan.read_plan(path, "cached") is None, text
+
+
+def test_the_int8_matrix_shape_keys_the_kept_plan(tmp_path):
+    def key(shape):
+        return kernel_plan.plan_file(tmp_path, config(), torch.bfloat16, (256,), shape)
+
+    assert key("[3072 x 576]") != key("") != key("[1536 x 576]")

@@ -34,11 +34,11 @@ from sluice.models import calibration
 from sluice.models.linear import Linear
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native.int8 import int8_gemm_kernels
+from tests.invariance_runs import probe_output, random_prompt
 from tests.model_factory import make_core
-from tests.test_engine_speculation import make_core as make_speculation_core
-from tests.test_engine_speculation import ngram, repeating_prompt
-from tests.test_engine_speculation import run as run_speculation
-from tests.test_models_batch_invariance import probe_output, random_prompt
+from tests.speculation_runs import make_core as make_speculation_core
+from tests.speculation_runs import ngram, repeating_prompt
+from tests.speculation_runs import run as run_speculation
 
 pytestmark = pytest.mark.skipif(
     int8_gemm_kernels() is None, reason="no native int8 matmul (AVX512-VNNI) here"

@@ -33,7 +33,7 @@ from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models import calibration, longrope
 from sluice.models.config import LlamaConfig
 from sluice.models.families import build_model, describe_family
-from sluice.models.kernel_race import plan_kernels
+from sluice.models.kernel_race import int8_candidates, plan_kernels
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native import native_status
 from sluice.models.quantization import check_quantization
@@ -142,8 +142,9 @@ def _use_kernel_plan(config: ModelConfig, model: LlamaForCausalLM, max_model_len
     if config.batch_invariant:
         return ""
     plan = plan_kernels(
-        config.kernel_plan, model.config, model.dtype, config.cache_dir, max_model_len
-    )
+        config.kernel_plan, model.config, model.dtype, config.cache_dir, max_model_len,
+        int8_candidates(model),
+    )  # fmt: skip
     model.use_kernel_plan(plan)
     return plan.describe()
 

@@ -138,6 +138,25 @@ class Int8ActivationLinear(nn.Module):
         codes = w.div_(scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         return cls(codes, scales, smooth.reciprocal(), bias, dtype, pairs)
 
+    def serve_bands(self, bands: tuple[tuple[int, str], ...]) -> None:
+        """Take AMX-INT8 or VNNI per step as the kernel plan's `bands` of int8
+        code rows say (kernel_plan.py; "amx" / "vnni"): the same bits either
+        way, only the speed differs. One threshold stays inside the C call."""
+        gemm = int8_gemm_kernels()
+        if self.packed is None or gemm is None or not gemm.has_amx or not bands:
+            return
+        threshold = _threshold(bands)
+        if threshold is not None:
+            self._linear = functools.partial(gemm.linear, amx_min_rows=threshold)
+            return
+        linear, code_rows_per_row = gemm.linear, 2 if self.pairs else 1
+
+        def banded(x: Tensor, *args) -> Tensor:
+            kernel = _band_of(bands, x.shape[0] * code_rows_per_row)
+            return linear(x, *args, amx_min_rows=1 if kernel == "amx" else 0)
+
+        self._linear = banded
+
     def forward(self, x: Tensor) -> Tensor:  # [T, in] model dtype -> [T, out]
         if x.stride(-1) != 1:
             x = x.contiguous()
@@ -152,6 +171,27 @@ class Int8ActivationLinear(nn.Module):
         codes, row_scales = self._quantize(x, self.inv_smooth)  # [T, in] int8, [T] f32
         acc = torch._int_mm(codes, self.weight_int8.t())  # [T, out] int32
         return self._dequantize(acc, row_scales, self.weight_scales, self.bias)
+
+
+def _threshold(bands: tuple[tuple[int, str], ...]) -> int | None:
+    """The C call's `amx_min_rows` for bands of one switch at most (0: never
+    AMX); None for bands that go back to VNNI above an AMX band."""
+    names = [name for _, name in bands]
+    if names == ["vnni"]:
+        return 0
+    if names == ["amx"]:
+        return 1
+    if names == ["vnni", "amx"]:
+        return bands[1][0]
+    return None
+
+
+def _band_of(bands: tuple[tuple[int, str], ...], rows: int) -> str:
+    kernel = bands[0][1]
+    for start, name in bands:
+        if rows >= start:
+            kernel = name
+    return kernel
 
 
 def _quantize_rows(x: Tensor, inv_smooth: Tensor, pairs: bool = False) -> tuple[Tensor, Tensor]:

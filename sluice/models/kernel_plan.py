@@ -16,7 +16,14 @@ head shapes and the thread count, so later starts and replicas read it back
 instead of measuring; `--kernel-plan measure` measures again, `--kernel-plan
 FILE` pins one (the cache file's format).
 
-Both candidates compute the same attention within bfloat16 rounding (tests
+The plan also says which int8 matmul serves which step sizes in the
+row-invariant scheme (`int8_matmul`, bands of int8 code rows): the VNNI
+kernel (native/int8_gemm.c) or AMX-INT8 tiles (native/int8_amx.c), timed
+at load on one of the model's own matrices at `INT8_ROWS`. Both give the
+same exact sums through one epilogue, so this choice never changes a row's
+bits: only its speed, so replicas may choose apart and still agree.
+
+Both attention candidates compute the same attention within bfloat16 rounding (tests
 compare each with float32 attention); a native kernel that disagrees with
 torch at load is not a candidate. Note (issue 28): a chunk's kernel follows
 its sequence's length, so a row's bits can differ with how its prompt was
@@ -45,6 +52,9 @@ from sluice.models.config import LlamaConfig
 logger = logging.getLogger(__name__)
 
 NATIVE, TORCH = "native", "torch"
+VNNI, AMX = "vnni", "amx"
+# Int8 code rows per step timed at load (a decode step's few rows up to a prefill chunk's).
+INT8_ROWS = (1, 2, 4, 8, 16, 32, 64, 512)
 # The prompt lengths (keys per chunk) timed at load: a short prompt, a page, an agent's.
 PREFILL_LENGTHS = (256, 1024, 4096)
 # `--kernel-plan` values other than a file's path.
@@ -62,6 +72,9 @@ class KernelPlan:
     prefill_attention: Bands = ((0, NATIVE),)
     # How the plan came: "measured at load", "cached", "from FILE", or why none was measured.
     source: str = "native kernel wherever it runs"
+    # (first int8 code rows, VNNI or AMX), ascending, the first from 0; empty
+    # where there was nothing to choose (no AMX, not the row-invariant scheme).
+    int8_matmul: Bands = ()
 
     def is_native_prefill(self, num_keys: int) -> bool:
         """Whether a prefill chunk over `num_keys` keys takes the native kernel."""
@@ -81,10 +94,52 @@ class KernelPlan:
             parts = [f"{bands[0][1]} below {bands[1][0]} tokens"]
             parts += [f"{name} from {start}" for start, name in bands[1:]]
             where = ", ".join(parts)
-        return f"kernel plan ({self.source}): prefill attention {where}"
+        line = f"kernel plan ({self.source}): prefill attention {where}"
+        if self.int8_matmul:
+            line += f"; int8 matmul {_describe(self.int8_matmul, 'rows')}"
+        return line
 
     def to_json(self) -> str:
-        return json.dumps({"prefill_attention": [list(band) for band in self.prefill_attention]})
+        return json.dumps({
+            "prefill_attention": [list(band) for band in self.prefill_attention],
+            "int8_matmul": [list(band) for band in self.int8_matmul],
+        })  # fmt: skip
+
+
+def _describe(bands: Bands, unit: str) -> str:
+    if len(bands) == 1:
+        return f"{bands[0][1]} at every size"
+    parts = [f"{bands[0][1]} below {bands[1][0]} {unit}"]
+    return ", ".join(parts + [f"{name} from {start}" for start, name in bands[1:]])
+
+
+def measure_bands(
+    candidates: tuple[tuple[str, Callable[[int], object]], tuple[str, Callable[[int], object]]],
+    sizes: Sequence[int],
+    repeats: int = _REPEATS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Bands:
+    """The faster of two named candidates at each of `sizes`, as bands (each
+    from its size; the first from 0), neighbours of one candidate merged, no
+    monotonicity assumed. Each size: one warm-up of each, `repeats` runs
+    alternating, medians compared; a tie goes to the second candidate."""
+    (first, run_first), (second, run_second) = candidates
+    bands: list[tuple[int, str]] = []
+    for i, n in enumerate(sorted(sizes)):
+        run_first(n), run_second(n)  # warm-ups
+        seconds: dict[str, list[float]] = {first: [], second: []}
+        for _ in range(repeats):
+            for name, run in candidates:
+                start = clock()
+                run(n)
+                seconds[name].append(clock() - start)
+        faster = (
+            first if statistics.median(seconds[first]) < statistics.median(seconds[second])
+            else second
+        )  # fmt: skip
+        if not bands or bands[-1][1] != faster:
+            bands.append((0 if i == 0 else n, faster))
+    return tuple(bands)
 
 
 def measure_prefill(
@@ -94,56 +149,56 @@ def measure_prefill(
     repeats: int = _REPEATS,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Bands:
-    """The faster of `native(n)` and `sdpa(n)` at each of `lengths`, as bands
-    (each from its length; the first from 0), neighbours of one kernel
-    merged. Each length: one warm-up of each, `repeats` runs alternating,
-    medians compared; a tie goes to torch."""
-    bands: list[tuple[int, str]] = []
-    for i, n in enumerate(sorted(lengths)):
-        native(n), sdpa(n)  # warm-ups
-        seconds: dict[Callable, list[float]] = {native: [], sdpa: []}
-        for _ in range(repeats):
-            for run in (native, sdpa):
-                start = clock()
-                run(n)
-                seconds[run].append(clock() - start)
-        faster = (
-            NATIVE
-            if statistics.median(seconds[native]) < statistics.median(seconds[sdpa])
-            else TORCH
-        )
-        if not bands or bands[-1][1] != faster:
-            bands.append((0 if i == 0 else n, faster))
-    return tuple(bands)
+    """The faster of `native(n)` and `sdpa(n)` at each of `lengths` (a tie goes to torch)."""
+    return measure_bands(((NATIVE, native), (TORCH, sdpa)), lengths, repeats, clock)
 
 
-def parse_bands(value: object) -> Bands | None:
-    """Bands from a plan file's JSON; None unless well formed (ascending, from 0)."""
-    if not isinstance(value, dict) or not isinstance(value.get("prefill_attention"), list):
+def measure_int8(
+    amx: Callable[[int], object],
+    vnni: Callable[[int], object],
+    rows: Sequence[int] = INT8_ROWS,
+    repeats: int = _REPEATS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Bands:
+    """The faster int8 matmul at each count of code rows (a tie goes to VNNI)."""
+    return measure_bands(((AMX, amx), (VNNI, vnni)), rows, repeats, clock)
+
+
+def parse_bands(value: object, key: str = "prefill_attention") -> Bands | None:
+    """Bands from a plan file's JSON; None unless well formed (ascending, from 0).
+    A file without int8 bands (older, or measured without AMX) has none: ()."""
+    if isinstance(value, dict) and key == "int8_matmul" and key not in value:
+        return ()
+    if not isinstance(value, dict) or not isinstance(value.get(key), list):
         return None
-    bands = value["prefill_attention"]
-    if not bands or not all(
+    bands = value[key]
+    names = (NATIVE, TORCH) if key == "prefill_attention" else (VNNI, AMX)
+    if not all(
         isinstance(band, list) and len(band) == 2 and type(band[0]) is int
-        and band[1] in (NATIVE, TORCH) for band in bands
+        and band[1] in names for band in bands
     ):  # fmt: skip
         return None
+    if key == "prefill_attention" and not bands:
+        return None
     starts = [band[0] for band in bands]
-    if starts[0] != 0 or starts != sorted(set(starts)):
+    if bands and (starts[0] != 0 or starts != sorted(set(starts))):
         return None
     return tuple((start, name) for start, name in bands)
 
 
 def plan_file(
-    cache_dir: Path, config: LlamaConfig, dtype: torch.dtype, lengths: Sequence[int]
-) -> Path:
-    """Where the plan of this CPU, these kernels and versions, and these head shapes is kept."""
+    cache_dir: Path, config: LlamaConfig, dtype: torch.dtype, lengths: Sequence[int],
+    int8_shape: str = "",
+) -> Path:  # fmt: skip
+    """Where the plan of this CPU, these kernels and versions, these head
+    shapes and this int8 matrix (`int8_shape`, "" for none) is kept."""
     from sluice.models.native.build import cpu_identity, sources_digest
 
     key = hashlib.sha256()
     for part in (
         cpu_identity(), sources_digest(), torch.__version__, _sluice_version(), str(dtype),
         f"{config.num_attention_heads}/{config.num_key_value_heads}/{config.head_dim}",
-        ",".join(map(str, lengths)), str(torch.get_num_threads()),
+        ",".join(map(str, lengths)), str(torch.get_num_threads()), int8_shape,
     ):  # fmt: skip
         key.update(f"{part}\0".encode())
     return cache_dir / "calibration" / f"kernel-plan-{key.hexdigest()[:24]}.json"
@@ -152,10 +207,11 @@ def plan_file(
 def read_plan(path: Path, source: str) -> KernelPlan | None:
     """The plan kept at `path`; None where it is missing or damaged."""
     try:
-        bands = parse_bands(json.loads(path.read_text(encoding="utf-8")))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return None if bands is None else KernelPlan(bands, source)
+    bands, int8 = parse_bands(value), parse_bands(value, "int8_matmul")
+    return None if bands is None or int8 is None else KernelPlan(bands, source, int8)
 
 
 def write_plan(path: Path, plan: KernelPlan) -> None:
@@ -182,6 +238,7 @@ def pinned_plan(path: str) -> KernelPlan:
     if plan is None:
         raise ModelLoadError(
             f"--kernel-plan {path}: not a kernel plan file (JSON: "
-            '{"prefill_attention": [[0, "native"], [1024, "torch"]]}; or choose auto or measure)'
+            '{"prefill_attention": [[0, "native"], [1024, "torch"]], "int8_matmul": '
+            '[[0, "vnni"], [8, "amx"]]}; or choose auto or measure)'
         )
     return plan

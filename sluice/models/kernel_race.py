@@ -5,6 +5,8 @@ and measures (then keeps) one where none is kept; measure always measures
 and keeps the new plan; FILE pins the plan a file holds. Where no native
 prefill kernel can run (no compiler, another dtype, heads other than 64 or
 128, no AVX512-BF16), there is nothing to measure: torch at every length.
+Where the model runs the row-invariant scheme on a CPU with AMX-INT8, the
+plan also times its two int8 matmuls (`int8_candidates`).
 
 The candidates run on the model's own head shapes (query and KV heads, head
 size), on random inputs of each measured length: whole causal prompts, as
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,17 +27,21 @@ from sluice.models.attention import prefill_attention_torch
 from sluice.models.config import LlamaConfig
 from sluice.models.kernel_plan import (
     AUTO,
+    INT8_ROWS,
     MEASURE,
     PREFILL_LENGTHS,
     TORCH,
     KernelPlan,
+    measure_int8,
     measure_prefill,
     pinned_plan,
     plan_file,
     read_plan,
     write_plan,
 )
+from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native import native_status
+from sluice.models.native.int8 import int8_gemm_kernels
 from sluice.models.native.prefill import HEAD_DIMS, prefill_attention_kernel
 
 logger = logging.getLogger(__name__)
@@ -44,20 +51,36 @@ Candidate = Callable[[int], object]
 _AGREEMENT = 0.05
 
 
+@dataclass(frozen=True, slots=True)
+class Int8Candidates:
+    """The row-invariant scheme's two int8 matmuls on one of the model's
+    matrices, each over its first n rows of random activations."""
+
+    shape: str  # "[out x in]", part of the plan file's key
+    amx: Candidate
+    vnni: Candidate
+
+
 def plan_kernels(
-    setting: str, config: LlamaConfig, dtype: torch.dtype, cache_dir: Path, max_model_len: int
-) -> KernelPlan:
-    """The plan `setting` (auto, measure, or a file's path) gives this model."""
+    setting: str, config: LlamaConfig, dtype: torch.dtype, cache_dir: Path, max_model_len: int,
+    int8: Int8Candidates | None = None,
+) -> KernelPlan:  # fmt: skip
+    """The plan `setting` (auto, measure, or a file's path) gives this model;
+    `int8`: the int8 matmuls to choose between by step size, if any."""
     if setting not in (AUTO, MEASURE):
         return pinned_plan(setting)
     candidates = prefill_candidates(config, dtype)
-    if isinstance(candidates, str):
+    if isinstance(candidates, str) and int8 is None:
         return KernelPlan(((0, TORCH),), candidates)
     lengths = [n for n in PREFILL_LENGTHS if n <= max_model_len] or [max_model_len]
-    path = plan_file(cache_dir, config, dtype, lengths)
+    path = plan_file(cache_dir, config, dtype, lengths, "" if int8 is None else int8.shape)
     if setting == AUTO and (kept := read_plan(path, "cached")) is not None:
         return kept
-    plan = KernelPlan(measure_prefill(*candidates, lengths), "measured at load")
+    prefill = (
+        ((0, TORCH),) if isinstance(candidates, str) else measure_prefill(*candidates, lengths)
+    )
+    int8_bands = () if int8 is None else measure_int8(int8.amx, int8.vnni)
+    plan = KernelPlan(prefill, "measured at load", int8_bands)
     write_plan(path, plan)
     logger.info("%s; kept in %s (pin it with --kernel-plan FILE)", plan.describe(), path)
     return plan
@@ -99,3 +122,25 @@ def prefill_candidates(
         logger.warning("the native prefill kernel differs from torch's by %.3g: not used", gap)
         return f"the native prefill kernel disagreed with torch by {gap:.3g}"
     return native, sdpa
+
+
+def int8_candidates(model: LlamaForCausalLM) -> Int8Candidates | None:
+    """AMX against VNNI on the middle layer's gate/up matrix, where the model
+    runs the row-invariant scheme on a CPU with both kernels; else None."""
+    gemm = int8_gemm_kernels()
+    layer = model.layers[len(model.layers) // 2].gate_up_proj.int8_activations
+    if gemm is None or not gemm.has_amx or layer is None or layer.packed is None:
+        return None
+    weights = layer.packed
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(max(INT8_ROWS), weights.in_features, generator=generator).to(model.dtype)
+
+    def run(amx_min_rows: int) -> Candidate:
+        def matmul(n: int) -> torch.Tensor:
+            return gemm.linear(x[:n], layer.inv_smooth, weights, layer.weight_scales, layer.bias,
+                               layer.pairs, amx_min_rows=amx_min_rows)  # fmt: skip
+
+        return matmul
+
+    shape = f"[{weights.out_features} x {weights.in_features}]"
+    return Int8Candidates(shape, amx=run(1), vnni=run(0))

@@ -335,11 +335,15 @@ class LlamaForCausalLM(nn.Module):
 
     def use_kernel_plan(self, plan: KernelPlan) -> None:
         """Run prefill attention on the kernels `plan` measured at load gives
-        each length (kernel_plan.py); layers on another attention path
+        each length (kernel_plan.py), and the int8 matmuls on the kernel it
+        gives each step size; layers on another attention path
         (batch-invariant mode) keep it."""
         for layer in self.layers:
             if layer.attend is paged_attention:
                 layer.attend = functools.partial(paged_attention, kernels=plan)
+        for module in self.modules():
+            if isinstance(module, Linear) and module.int8_activations is not None:
+                module.int8_activations.serve_bands(plan.int8_matmul)
 
     def _weight_targets(self) -> dict[str, _WeightTarget]:
         """HF tensor name -> where it goes (fused tensors take row slices)."""
