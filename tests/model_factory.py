@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
 
-from sluice.config import CacheConfig, EngineConfig, SchedulerConfig
+from sluice.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from sluice.engine.core import EngineCore
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models.attention import kv_cache_bytes_per_block
@@ -209,8 +209,10 @@ def make_core(
     max_seqs=32,
     chunked=True,
     prefix_caching=True,
+    speculative: SpeculativeConfig | None = None,
 ) -> EngineCore:
-    """An in-process engine core on `loaded` (the `tiny_loaded` fixture), float32 KV cache."""
+    """An in-process engine core on `loaded` (the `tiny_loaded` fixture), float32
+    KV cache; `speculative`: n-gram speculation, off by default."""
     bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, block_size, torch.float32)
     config = EngineConfig(
         cache=CacheConfig(
@@ -222,6 +224,7 @@ def make_core(
             max_num_batched_tokens=budget, max_num_seqs=max_seqs, enable_chunked_prefill=chunked
         ),
         multiprocess=False,
+        speculative_config=speculative,
     )
     return EngineCore(config, loaded=loaded)
 

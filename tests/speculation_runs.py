@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import random
 
-import torch
-
-from sluice.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from sluice.config import SpeculativeConfig
 from sluice.engine.core import EngineCore
 from sluice.engine.sampling_params import SamplingParams
-from sluice.models.attention import kv_cache_bytes_per_block
+from tests.model_factory import make_core as factory_core
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 
@@ -25,18 +23,10 @@ def make_core(
     prefix_caching: bool = True,
 ) -> EngineCore:
     """An in-process engine core on the tiny model, float32 KV cache."""
-    bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, block_size, torch.float32)
-    config = EngineConfig(
-        cache=CacheConfig(
-            block_size_tokens=block_size,
-            kv_cache_memory_bytes=num_blocks * bytes_per_block,
-            enable_prefix_caching=prefix_caching,
-        ),
-        scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=32),
-        multiprocess=False,
-        speculative_config=speculative,
-    )
-    return EngineCore(config, loaded=loaded)
+    return factory_core(
+        loaded, num_blocks=num_blocks, block_size=block_size, budget=budget,
+        prefix_caching=prefix_caching, speculative=speculative,
+    )  # fmt: skip
 
 
 def ngram(k: int = 4, min_n: int = 1, max_n: int = 3) -> SpeculativeConfig:
