@@ -1,167 +1,236 @@
-"""Single-stream decode speed with n-gram speculation on and off (issue 29).
+"""n-gram speculation served, side by side with llama.cpp's server (issue 29).
 
-    .venv/bin/python benchmarks/speculative.py [--repeats 3] [--max-tokens 512]
-        [--k 4] [--min-n 2] [--max-n 4] [--threads N] [--tasks copy,open]
+    .venv/bin/python benchmarks/speculative.py [--repeats 3] [--max-tokens 512] [--k 4]
+        [--tasks code,json,quote,open] [--levels 16,64] [--level-max-tokens 128]
+        [--llama-server PATH [--llama-gguf FILE]] [--out r.json] [--plot r.png]
 
-Loads the embedded model once (default settings) and builds two engine cores
-on it in this process, one without speculation and one with
-`{"method": "ngram", "num_speculative_tokens": k, ...}`. Each task is one
-greedy stream, run on both cores in turn, alternating which goes first
-(repeat r runs off-then-on when r is even, on-then-off when odd), so drift
-of a shared machine lands on both sides:
-- copy: an input-grounded task: a ~1,000-token source text (the start of
-  sluice/engine/kv_cache.py) to repeat with one identifier renamed;
-- open: open-ended text with nothing to copy.
-Per task and side it prints the median decode rate (tokens after the first,
-over the time after the first token), the acceptance rate (accepted /
-drafted tokens) and the tokens per step, then the speed-up; it also says
-whether both sides produced the same tokens (greedy: they should; in
-bfloat16 a multi-token step rounds differently, which may flip a near tie).
-
-Run it on a quiet machine only: the figures of a shared one mean nothing.
+Variants (each started, warmed up with `--warmup` short streams and one
+prompt of random words, measured and stopped in turn; the order reverses
+every other repeat, as in peers.py):
+- `sluice off` and `sluice on`: `make serve`'s command (`sluice serve`) with
+  SLUICE_SPEC_OFF, then SLUICE_SPEC_ON (n-gram speculation, `--k` tokens);
+- with `--llama-server`: llama-server on the embedded GGUF (the same 4-bit
+  weights), one slot, every core, with no speculation (`llama.cpp off`) and
+  with each `--spec-type` of LLAMA_SPEC_TYPES at its default n-gram sizes.
+Tasks (_spec_tasks.py), one greedy stream each (chat, streamed, temperature
+0, `ignore_eos`, `--max-tokens`): code, json, quote (input-grounded) and
+open (nothing to copy). Per task and variant: the decode rate (tokens after
+the first over the time after the first token, median over repeats), its
+ratio to the same server's rate with speculation off and to sluice off's on
+the open task, the acceptance (sluice's /metrics counters; llama-server's
+`timings.draft_n` / `draft_n_accepted`), and whether the text equals the
+same server's with speculation off (greedy speculation is exact: it must).
+Then, sluice only, off vs on: `--levels` of closed-loop streams of short
+chat prompts (_load.py's, as peers.py runs them): output tok/s, TTFT, ITL.
+The CPU's flags come first; JSON and, where matplotlib is installed, a PNG
+go to `--out` / `--plot` (default: the log folder). Run it on a quiet
+machine only: a shared machine's figures mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from dataclasses import dataclass
+import json
+import shlex
+import signal
+import sys
+import tempfile
+from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
-from sluice.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
-from sluice.engine.core import EngineCore
-from sluice.engine.sampling_params import SamplingParams
-from sluice.loader import load_model
+from _peer_files import _grouped_bars, has_matplotlib, machine_facts
+from _peer_prompts import embedded_gguf, embedded_token_counter, random_word_prompt
+from _peer_servers import llama_command, say, server_order, sluice_command
+from _spec_measure import Variant, VariantRun, measure
+from _spec_report import level_summaries, level_table, task_summaries, task_table
+from _spec_tasks import TASKS, task_prompts
+from peers import _exit_on_sigterm, _levels
+from row_invariance import cpu_flags
 
-SOURCE = Path(__file__).resolve().parents[1] / "sluice" / "engine" / "kv_cache.py"
-COPY_TOKENS = 1000
-OPEN_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
-
-
-@dataclass(slots=True)
-class Run:
-    decode_tok_s: float
-    num_tokens: int
-    num_steps: int
-    num_drafted: int
-    num_accepted: int
-    token_ids: list[int]
-
-
-def copy_prompt(tokenizer) -> str:
-    """About COPY_TOKENS tokens of source to repeat with one change."""
-    lines, text = SOURCE.read_text().splitlines(keepends=True), ""
-    for line in lines:
-        if len(tokenizer.encode(text)) >= COPY_TOKENS:
-            break
-        text += line
-    return (
-        "Repeat the following Python code exactly, character for character, but rename "
-        "`num_blocks` to `block_count` everywhere. Output only the code.\n\n" + text
-    )
+ROOT = Path(__file__).resolve().parents[1]
+# sluice's serve flags for each side: the default is off today; should it turn
+# on, SLUICE_SPEC_OFF must become the flag that turns it off.
+SLUICE_SPEC_OFF = ""
+SLUICE_SPEC_ON = "--speculative-config " + shlex.quote(
+    '{"method": "ngram", "num_speculative_tokens": {k}, "prompt_lookup_min": 2, '
+    '"prompt_lookup_max": 4}'
+)
+LLAMA_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
+WARMUP_PROMPT_TOKENS = 1000  # as long as the code task's material
+LLAMA_CONTEXT_TOKENS = 2048  # a slot holds the longest task's prompt and template, plus the reply
 
 
-def chat_ids(tokenizer, content: str) -> list[int]:
-    if tokenizer.has_chat_template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": content}])
-        return tokenizer.encode(text)
-    return tokenizer.encode(content, add_special_tokens=True)
+def _tasks(text: str) -> list[str]:
+    tasks = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in TASKS]
+    if not tasks or unknown:
+        raise argparse.ArgumentTypeError(f"tasks are some of {','.join(TASKS)}: {text!r}")
+    return tasks
 
 
-def run_one(core: EngineCore, prompt_ids: list[int], params: SamplingParams, name: str) -> Run:
-    counters = core.speculator.counters if core.speculator is not None else None
-    drafted0 = counters.num_draft_tokens if counters else 0
-    accepted0 = counters.num_accepted_tokens if counters else 0
-    core.add_request(name, prompt_ids, params)
-    token_ids: list[int] = []
-    first_s = end_s = 0.0
-    num_first = num_steps = 0
-    while core.has_unfinished_requests():
-        deltas = core.step()
-        now = time.perf_counter()
-        for delta in deltas:
-            if delta.new_token_ids and not token_ids:
-                first_s, num_first = now, len(delta.new_token_ids)
-            elif delta.new_token_ids:
-                num_steps += 1
-            token_ids.extend(delta.new_token_ids)
-        end_s = now
-    num_after_first = len(token_ids) - num_first
-    return Run(
-        decode_tok_s=num_after_first / max(end_s - first_s, 1e-9),
-        num_tokens=len(token_ids),
-        num_steps=num_steps,
-        num_drafted=(counters.num_draft_tokens - drafted0) if counters else 0,
-        num_accepted=(counters.num_accepted_tokens - accepted0) if counters else 0,
-        token_ids=token_ids,
-    )
+def _levels_or_none(text: str) -> list[int]:
+    return [] if text.strip() in ("", "0") else _levels(text)
 
 
-def summary(task: str, off: list[Run], on: list[Run]) -> str:
-    """One task's line: medians off and on, acceptance, tokens per step, speed-up."""
-    rate_off = statistics.median(r.decode_tok_s for r in off)
-    rate_on = statistics.median(r.decode_tok_s for r in on)
-    drafted = sum(r.num_drafted for r in on)
-    accepted = sum(r.num_accepted for r in on)
-    acceptance = f"{accepted / drafted:.0%}" if drafted else "n/a"
-    per_step = sum(r.num_tokens for r in on) / max(1, sum(r.num_steps + 1 for r in on))
-    same = all(a.token_ids == b.token_ids for a, b in zip(off, on, strict=True))
-    return (
-        f"{task:<6} off {rate_off:7.1f} tok/s  on {rate_on:7.1f} tok/s  "
-        f"x{rate_on / rate_off:.2f}  acceptance {acceptance} ({accepted}/{drafted})  "
-        f"{per_step:.2f} tokens/step  same tokens: {'yes' if same else 'NO'}"
-    )
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=512)
-    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
-    parser.add_argument("--min-n", type=int, default=2, help="prompt_lookup_min")
-    parser.add_argument("--max-n", type=int, default=4, help="prompt_lookup_max")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--tasks", default="copy,open")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    loaded = load_model(ModelConfig())
-    speculative = SpeculativeConfig(
-        num_speculative_tokens=args.k, prompt_lookup_min=args.min_n, prompt_lookup_max=args.max_n
+    parser.add_argument("--repeats", type=int, default=3, help="variant order alternates")
+    parser.add_argument("--max-tokens", type=int, default=512, help="tokens per task stream")
+    parser.add_argument("--k", type=int, default=4, help="sluice's num_speculative_tokens")
+    parser.add_argument("--tasks", type=_tasks, default=list(TASKS), help="e.g. code,open")
+    parser.add_argument(
+        "--levels", type=_levels_or_none, default=[16, 64], help="streams, e.g. 16,64 (0: none)"
     )
-    cores = {
-        side: EngineCore(
-            EngineConfig(
-                cache=CacheConfig(kv_cache_memory_bytes=256 << 20),
-                multiprocess=False,
-                num_threads=args.threads,
-                speculative_config=speculative if side == "on" else None,
-            ),
-            loaded=loaded,
-        )
-        for side in ("off", "on")
-    }
-    prompts = {
-        "copy": chat_ids(loaded.tokenizer, copy_prompt(loaded.tokenizer)),
-        "open": chat_ids(loaded.tokenizer, OPEN_PROMPT),
-    }
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    tasks = [task for task in args.tasks.split(",") if task]
-    print(f"model {loaded.name}; k={args.k}, n {args.min_n}..{args.max_n}; "
-          f"prompts: " + ", ".join(f"{t} {len(prompts[t])} tokens" for t in tasks))  # fmt: skip
-    runs: dict[tuple[str, str], list[Run]] = {}
-    for repeat in range(args.repeats):
-        for task in tasks:
-            for side in ("off", "on") if repeat % 2 == 0 else ("on", "off"):
-                run = run_one(cores[side], prompts[task], params, f"{task}-{side}-{repeat}")
-                runs.setdefault((task, side), []).append(run)
-                print(f"  {task} {side}: {run.decode_tok_s:.1f} tok/s, {run.num_tokens} tokens")
-    for task in tasks:
-        print(summary(task, runs[(task, "off")], runs[(task, "on")]))
+    parser.add_argument("--warmup", type=int, default=4, help="warm-up streams (0: none)")
+    parser.add_argument("--level-max-tokens", type=int, default=128, help="tokens per request")
+    parser.add_argument("--requests-per-stream", type=int, default=2, help="C x this requests...")
+    parser.add_argument("--min-requests", type=int, default=8, help="...and at least this many")
+    parser.add_argument("--sluice-bin", type=Path, default=ROOT / ".venv" / "bin" / "sluice")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="sluice's model cache")
+    parser.add_argument("--llama-server", type=Path, default=None, help="a llama-server binary")
+    parser.add_argument("--llama-gguf", type=Path, default=None, help="default: embedded GGUF")
+    parser.add_argument("--startup-timeout", type=float, default=900.0, help="seconds")
+    parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
+    parser.add_argument("--log-dir", type=Path, default=None, help="default: a temp dir")
+    parser.add_argument("--out", type=Path, default=None, help="default: LOG_DIR/speculative.json")
+    parser.add_argument("--plot", type=Path, default=None, help="default: LOG_DIR/speculative.png")
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """Why the arguments cannot run, or None."""
+    if min(args.max_tokens, args.repeats, args.k, args.level_max_tokens) < 1:
+        return "--max-tokens, --repeats, --k and --level-max-tokens must be at least 1"
+    if args.warmup < 0 or args.min_requests < 0:
+        return "--warmup and --min-requests cannot be negative"
+    if not args.sluice_bin.exists():
+        return f"no sluice at {args.sluice_bin}: run `make serve` or `make test` once"
+    if args.llama_server is not None and not args.llama_server.exists():
+        return f"no llama-server at {args.llama_server}"
+    return None
+
+
+def build_variants(args: argparse.Namespace, gguf: Path | None) -> list[Variant]:
+    """sluice off and on; llama-server off and with each n-gram type, when given."""
+    on_flags = SLUICE_SPEC_ON.replace("{k}", str(args.k))
+    variants = [
+        Variant("sluice off", "sluice", False, sluice_command(args.sluice_bin, SLUICE_SPEC_OFF)),
+        Variant("sluice on", "sluice", True, sluice_command(args.sluice_bin, on_flags)),
+    ]
+    if args.llama_server is not None and gguf is not None:
+        # Its libraries sit beside it (the build's RUNPATH may point elsewhere).
+        environment = f"env LD_LIBRARY_PATH={shlex.quote(str(args.llama_server.parent))}"
+        num_ctx_tokens = LLAMA_CONTEXT_TOKENS + args.max_tokens
+        for spec_type in ("off", *LLAMA_SPEC_TYPES):
+            flags = "" if spec_type == "off" else f"--spec-type {spec_type}"
+            command = llama_command(args.llama_server, gguf, 1, num_ctx_tokens, flags)
+            name = f"llama.cpp {spec_type}"
+            variants.append(
+                Variant(name, "llama.cpp", spec_type != "off", f"{environment} {command}")
+            )
+    return variants
+
+
+def off_variants(variants: list[Variant]) -> dict[str, str]:
+    """Each variant's family's variant with speculation off."""
+    off = {v.family: v.name for v in variants if not v.is_speculative}
+    return {v.name: off[v.family] for v in variants}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    problem = check_args(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    print(f"CPU flags: {cpu_flags()}", flush=True)
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="sluice-speculative-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # 1. The variants, and the prompts counted by the embedded model's tokenizer.
+    variants = build_variants(
+        args, (args.llama_gguf or embedded_gguf()) if args.llama_server else None
+    )
+    count_tokens = embedded_token_counter(args.cache_dir)
+    prompts = task_prompts(count_tokens, args.tasks)
+    sizes = ", ".join(f"{task} {count_tokens(prompt)}" for task, prompt in prompts.items())
+    say(
+        f"variants: {', '.join(v.name for v in variants)}; prompt tokens: {sizes}; logs in {log_dir}"
+    )
+    # 2. One server at a time; the order reverses every other repeat.
+    runs: list[VariantRun] = []
+    previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        for repeat in range(args.repeats):
+            for variant in server_order(variants, repeat):
+                say(f"repeat {repeat + 1}/{args.repeats}: {variant.name}")
+                seed = f"{variant.name}-{repeat}"  # text no other run or task shares
+                warmup_prompt = random_word_prompt(count_tokens, WARMUP_PROMPT_TOKENS, seed)
+                runs.append(measure(variant, repeat, args, prompts, warmup_prompt, log_dir))
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+    # 3. Medians, ratios, the tables and the files.
+    report(args, variants, runs, log_dir)
+    return 0 if all(r.error is None for r in runs) else 1
+
+
+def report(
+    args: argparse.Namespace, variants: list[Variant], runs: list[VariantRun], log_dir: Path
+) -> None:
+    tasks = task_summaries(off_variants(variants), {
+        v.name: [t for r in runs if r.variant == v.name for t in r.tasks] for v in variants})  # fmt: skip
+    levels = level_summaries({
+        v.name: [lv for r in runs if r.variant == v.name for lv in r.levels]
+        for v in variants if v.family == "sluice"})  # fmt: skip
+    print(task_table(tasks))
+    print("decode tok/s: tokens after the first over the time after the first token; "
+          "x own off: over the same server with speculation off; x sluice open: over "
+          "sluice off on the open task")  # fmt: skip
+    if levels:
+        print(level_table(levels))
+    for run in runs:
+        if run.error:
+            print(f"{run.variant}, repeat {run.repeat + 1}: {run.error}")
+    out = args.out or log_dir / "speculative.json"
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    out.write_text(json.dumps({
+        "config": config, "machine": {**machine_facts(), "cpu_flags": cpu_flags()},
+        "variants": [asdict(v) for v in variants], "runs": [asdict(r) for r in runs],
+        "tasks": [asdict(s) for s in tasks], "levels": [asdict(s) for s in levels],
+    }, indent=2))  # fmt: skip
+    say(f"results: {out}")
+    if has_matplotlib():
+        plot = args.plot or log_dir / "speculative.png"
+        write_png(plot, variants, tasks, levels)
+        say(f"chart: {plot}")
+    else:
+        say("matplotlib is not installed in this venv: no chart")
+
+
+def write_png(path: Path, variants: list[Variant], tasks: list, levels: list) -> None:
+    """Grouped bars: decode tok/s per task and variant; tok/s per level, sluice off and on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.2), width_ratios=(3, 1))
+    task_names = list(dict.fromkeys(s.task for s in tasks))
+    rates = {(s.variant, s.task): s.decode_tok_s for s in tasks}
+    bars = [SimpleNamespace(server=v.name) for v in variants]
+    _grouped_bars(axes[0], bars, task_names, lambda b, t: rates.get((b.server, t)))
+    axes[0].set_title("single stream decode tok/s")
+    axes[0].legend(fontsize="small")
+    concurrencies = sorted({s.concurrency for s in levels})
+    level_rates = {(s.variant, s.concurrency): s.output_tokens_per_s for s in levels}
+    sluice_bars = [b for b in bars if b.server.startswith("sluice")]
+    _grouped_bars(axes[1], sluice_bars, concurrencies, lambda b, c: level_rates.get((b.server, c)))
+    axes[1].set_title("sluice output tok/s")
+    axes[1].set_xlabel("concurrent streams")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
