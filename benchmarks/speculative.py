@@ -49,9 +49,9 @@ from peers import _exit_on_sigterm, _levels
 from row_invariance import cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
-# sluice's serve flags for each side: the default is off today; should it turn
-# on, SLUICE_SPEC_OFF must become the flag that turns it off.
-SLUICE_SPEC_OFF = ""
+# sluice's serve flags for each side (speculation is on by default: the off
+# side turns it off; the on side states k, the default's 4 unless --k).
+SLUICE_SPEC_OFF = "--speculative-config none"
 SLUICE_SPEC_ON = "--speculative-config " + shlex.quote(
     '{"method": "ngram", "num_speculative_tokens": {k}, "prompt_lookup_min": 2, '
     '"prompt_lookup_max": 4}'

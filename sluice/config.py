@@ -204,9 +204,12 @@ class SpeculativeConfig:
             )
 
     @classmethod
-    def from_flag(cls, text: str) -> SpeculativeConfig:
-        """The flag's JSON object, e.g. '{"method": "ngram", "num_speculative_tokens": 5}'.
-        Raises ValueError (ConfigError for a field out of range)."""
+    def from_flag(cls, text: str) -> SpeculativeConfig | None:
+        """The flag's JSON object, e.g. '{"method": "ngram", "num_speculative_tokens": 5}';
+        "none" (or "off"): no speculation. Raises ValueError (ConfigError for
+        a field out of range)."""
+        if text.strip().lower() in ("none", "off"):
+            return None
         try:
             values = json.loads(text)
         except json.JSONDecodeError as error:
@@ -256,13 +259,16 @@ class EngineConfig:
     otlp_traces_endpoint: str | None = setting(
         None, "send OpenTelemetry traces here, OTLP over HTTP, e.g. http://localhost:4318"
     )
-    # Speculative decoding (n-gram prompt lookup); None: off. Off by default
-    # until measured to help on a quiet machine (benchmarks/speculative.py).
+    # Speculative decoding (n-gram prompt lookup); None: off. On by default:
+    # greedy output is bitwise the same with it (row-invariant default), a
+    # request with no match drafts nothing, and a step speculates only where
+    # the step times measured at load say verifying pays (speculation.py);
+    # measured in benchmarks/speculative.py.
     speculative_config: SpeculativeConfig | None = setting(
-        None,
+        SpeculativeConfig(),
         "speculative decoding, vLLM's JSON: "
         '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
-        '"prompt_lookup_max": 4}\' (default: off)',
+        '"prompt_lookup_max": 4}\' (the default), or none',
     )
 
     def __post_init__(self) -> None:

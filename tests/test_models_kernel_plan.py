@@ -13,6 +13,7 @@ on this machine's speed.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sluice.models import kernel_plan
@@ -154,7 +155,7 @@ def measure_rows(ratios):
     def vnni(n):
         clock.now += 1e-6 * n
 
-    return kernel_plan.measure_int8(amx, vnni, rows=sorted(ratios), clock=clock)
+    return kernel_plan.measure_int8(amx, vnni, rows=sorted(ratios), clock=clock)[0]
 
 
 def test_the_int8_matmul_bands_follow_each_cpus_times():
@@ -188,3 +189,33 @@ def test_the_int8_matrix_shape_keys_the_kept_plan(tmp_path):
         return kernel_plan.plan_file(tmp_path, config(), torch.bfloat16, (256,), shape)
 
     assert key("[3072 x 576]") != key("") != key("[1536 x 576]")
+
+
+def test_the_faster_kernels_times_are_kept_for_speculation():
+    clock = FakeClock()
+
+    def amx(n):
+        clock.now += 1e-6 * n * AMX_INT8[n]
+
+    def vnni(n):
+        clock.now += 1e-6 * n
+
+    bands, seconds = kernel_plan.measure_int8(amx, vnni, rows=sorted(AMX_INT8), clock=clock)
+    assert [rows for rows, _ in seconds] == sorted(AMX_INT8)
+    for rows, took in seconds:
+        assert took == pytest.approx(1e-6 * rows * min(1.0, AMX_INT8[rows]))
+    # Without AMX: VNNI's times, and no bands to choose.
+    no_bands, vnni_seconds = kernel_plan.measure_int8(None, vnni, rows=(1, 8), clock=clock)
+    assert no_bands == () and vnni_seconds == (
+        (1, pytest.approx(1e-6)), (8, pytest.approx(8e-6)),
+    )  # fmt: skip
+
+
+def test_step_seconds_round_trip_and_bad_ones_are_refused(tmp_path):
+    path = tmp_path / "plan.json"
+    seconds = ((1, 2e-5), (8, 3e-5), (64, 2e-4))
+    kernel_plan.write_plan(path, KernelPlan(((0, TORCH),), "x", (), seconds))
+    assert kernel_plan.read_plan(path, "cached").step_seconds == seconds
+    for bad in ("[[1, 0.0]]", "[[8, 1e-5], [1, 1e-5]]", '[[1, "fast"]]', "[[0, 1e-5]]"):
+        path.write_text('{"prefill_attention": [[0, "torch"]], "step_seconds": ' + bad + "}")
+        assert kernel_plan.read_plan(path, "cached") is None, bad

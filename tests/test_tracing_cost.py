@@ -88,8 +88,9 @@ def calls_per_request(tiny_folder, tracer) -> list[Counter[tuple[str, str]]]:
     """Tracing calls of a SHORT then a LONG stream, on a server with `tracer`."""
     model = ModelConfig(model=str(tiny_folder), dtype="float32", quantization=None,
                         activation_quantization=None, max_model_len=256)  # fmt: skip
+    # One token per step (no speculation): the on-count grows with steps.
     config = EngineConfig(model=model, cache=CacheConfig(kv_cache_memory_bytes=8 << 20),
-                          multiprocess=False)  # fmt: skip
+                          multiprocess=False, speculative_config=None)  # fmt: skip
     core = EngineCore(config, tracer=tracer)
     assert (core.spans is None) == (tracer is None)
     served = describe_model(config.model)

@@ -97,7 +97,7 @@ class EngineCore:
         # Speculative decoding (n-gram drafts verified in the step); None: off.
         self.speculator = None
         if config.speculative_config is not None:
-            self.speculator = Speculator(config.speculative_config)
+            self.speculator = Speculator(config.speculative_config, self.loaded.step_seconds)
         self.scheduler = Scheduler(
             config.scheduler, self.kv, loaded.eos_token_ids, self.max_model_len, self.speculator
         )

@@ -30,6 +30,7 @@ so a rejected token never names one.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -64,16 +65,41 @@ class SpeculationCounters:
             per_position[position] += 1
 
 
-class Speculator:
-    """The engine's proposer (one per engine, on the engine loop) and its counters."""
+# Speculation pays in a step of B running requests when verifying k drafted
+# tokens each costs at most what half of them accepted would save: the
+# measured int8 matmul time at B * (1 + k) rows at most 1 + k * this times
+# its time at B rows (`pays_off`).
+BREAK_EVEN_ACCEPTANCE = 0.5
 
-    def __init__(self, config: SpeculativeConfig) -> None:
+
+class Speculator:
+    """The engine's proposer (one per engine, on the engine loop) and its counters.
+
+    Which steps speculate: with `disable_by_batch_size` set, those with at
+    most that many running requests (vLLM's rule); otherwise those where
+    the step times measured at load (`step_seconds`, the kernel plan's
+    (rows, seconds) of one int8 matmul) say verification pays (`pays_off`);
+    every step where nothing was measured."""
+
+    def __init__(
+        self, config: SpeculativeConfig, step_seconds: tuple[tuple[int, float], ...] = ()
+    ) -> None:
         self.config = config
         self.counters = SpeculationCounters()
+        self._step_seconds = step_seconds
+        self._pays_off: dict[int, bool] = {}
 
     def is_on_for(self, num_running: int) -> bool:
         limit = self.config.disable_by_batch_size
-        return limit is None or num_running <= limit
+        if limit is not None:
+            return num_running <= limit
+        if not self._step_seconds:
+            return True
+        pays = self._pays_off.get(num_running)
+        if pays is None:
+            k = self.config.num_speculative_tokens
+            pays = self._pays_off[num_running] = pays_off(self._step_seconds, num_running, k)
+        return pays
 
     def propose(self, request: Request, max_num_tokens: int) -> list[int]:
         """Up to `max_num_tokens` (and k) tokens for the request to verify,
@@ -90,6 +116,26 @@ class Speculator:
 
     def record(self, num_draft_tokens: int, num_accepted: int) -> None:
         self.counters.record(num_draft_tokens, num_accepted)
+
+
+def pays_off(step_seconds: tuple[tuple[int, float], ...], batch: int, k: int) -> bool:
+    """Whether a step of `batch` decodes verifying k tokens each costs at most
+    1 + k * BREAK_EVEN_ACCEPTANCE times the step without drafts."""
+    cost = seconds_at(step_seconds, batch * (1 + k)) / seconds_at(step_seconds, batch)
+    return cost <= 1 + k * BREAK_EVEN_ACCEPTANCE
+
+
+def seconds_at(points: tuple[tuple[int, float], ...], rows: int) -> float:
+    """The measured time at `rows`: linear between measured row counts, the
+    first below them, proportional to rows beyond the last (compute-bound)."""
+    first_rows, first_seconds = points[0]
+    if rows <= first_rows:
+        return first_seconds
+    for (n0, t0), (n1, t1) in itertools.pairwise(points):
+        if rows <= n1:
+            return t0 + (t1 - t0) * (rows - n0) / (n1 - n0)
+    last_rows, last_seconds = points[-1]
+    return last_seconds * rows / last_rows
 
 
 def speculation_stats(speculator: Speculator | None) -> dict[str, object]:

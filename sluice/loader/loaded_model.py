@@ -33,6 +33,7 @@ from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models import calibration, longrope
 from sluice.models.config import LlamaConfig
 from sluice.models.families import build_model, describe_family
+from sluice.models.kernel_plan import KernelPlan
 from sluice.models.kernel_race import int8_candidates, plan_kernels
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native import native_status
@@ -63,6 +64,9 @@ class LoadedModel:
     # The kernel plan chosen at load, one line (sluice/models/kernel_plan.py);
     # "" where none applies (another device, batch-invariant mode).
     kernel_plan: str = ""
+    # (rows, seconds) of one int8 matmul per step size, from the plan
+    # (KernelPlan.step_seconds): what speculation's cost rule reads; () if none.
+    step_seconds: tuple[tuple[int, float], ...] = ()
 
 
 def load_model(config: ModelConfig) -> LoadedModel:
@@ -113,10 +117,11 @@ def load_model(config: ModelConfig) -> LoadedModel:
         bands = calibration.quantize_activations(model, tokenizer.encode(text), kept, race)
         if race:
             chosen = choices.after_amx_race(chosen, bands)
-    kernel_plan = ""
+    kernel_plan, step_seconds = "", ()
     if device.type == "cpu":
         chosen = choices.noting(chosen, native_status().describe())
-        if kernel_plan := _use_kernel_plan(config, model, max_model_len):
+        if plan := _use_kernel_plan(config, model, max_model_len):
+            kernel_plan, step_seconds = plan.describe(), plan.step_seconds
             chosen = choices.noting(chosen, kernel_plan)
     chosen = choices.noting(chosen, describe_family(model_config))
     if rope_note := longrope.describe_longrope(model_config.rope_scaling):
@@ -133,20 +138,23 @@ def load_model(config: ModelConfig) -> LoadedModel:
         folder=folder,
         choices=chosen,
         kernel_plan=kernel_plan,
+        step_seconds=step_seconds,
     )
 
 
-def _use_kernel_plan(config: ModelConfig, model: LlamaForCausalLM, max_model_len: int) -> str:
-    """Put the kernel plan `config.kernel_plan` gives `model` to use; its
-    line, or "" in batch-invariant mode (which keeps its own attention path)."""
+def _use_kernel_plan(
+    config: ModelConfig, model: LlamaForCausalLM, max_model_len: int
+) -> KernelPlan | None:
+    """Put the kernel plan `config.kernel_plan` gives `model` to use; None in
+    batch-invariant mode (which keeps its own attention path)."""
     if config.batch_invariant:
-        return ""
+        return None
     plan = plan_kernels(
         config.kernel_plan, model.config, model.dtype, config.cache_dir, max_model_len,
         int8_candidates(model),
     )  # fmt: skip
     model.use_kernel_plan(plan)
-    return plan.describe()
+    return plan
 
 
 def _describe_load(model: LlamaForCausalLM, load_s: float) -> str:

@@ -75,6 +75,11 @@ class KernelPlan:
     # (first int8 code rows, VNNI or AMX), ascending, the first from 0; empty
     # where there was nothing to choose (no AMX, not the row-invariant scheme).
     int8_matmul: Bands = ()
+    # (rows, seconds) of the row-invariant scheme's int8 matmul on the
+    # model's gate/up matrix, on the kernel its band chose, at INT8_ROWS:
+    # how a step's cost grows with its rows, which speculation's rule reads
+    # (sluice/engine/speculation.py); empty outside that scheme.
+    step_seconds: tuple[tuple[int, float], ...] = ()
 
     def is_native_prefill(self, num_keys: int) -> bool:
         """Whether a prefill chunk over `num_keys` keys takes the native kernel."""
@@ -103,6 +108,7 @@ class KernelPlan:
         return json.dumps({
             "prefill_attention": [list(band) for band in self.prefill_attention],
             "int8_matmul": [list(band) for band in self.int8_matmul],
+            "step_seconds": [list(point) for point in self.step_seconds],
         })  # fmt: skip
 
 
@@ -118,11 +124,13 @@ def measure_bands(
     sizes: Sequence[int],
     repeats: int = _REPEATS,
     clock: Callable[[], float] = time.perf_counter,
+    fastest: list[tuple[int, float]] | None = None,
 ) -> Bands:
     """The faster of two named candidates at each of `sizes`, as bands (each
     from its size; the first from 0), neighbours of one candidate merged, no
     monotonicity assumed. Each size: one warm-up of each, `repeats` runs
-    alternating, medians compared; a tie goes to the second candidate."""
+    alternating, medians compared; a tie goes to the second candidate.
+    `fastest` gets (size, the faster's median seconds) for each size."""
     (first, run_first), (second, run_second) = candidates
     bands: list[tuple[int, str]] = []
     for i, n in enumerate(sorted(sizes)):
@@ -137,6 +145,8 @@ def measure_bands(
             first if statistics.median(seconds[first]) < statistics.median(seconds[second])
             else second
         )  # fmt: skip
+        if fastest is not None:
+            fastest.append((n, statistics.median(seconds[faster])))
         if not bands or bands[-1][1] != faster:
             bands.append((0 if i == 0 else n, faster))
     return tuple(bands)
@@ -154,14 +164,20 @@ def measure_prefill(
 
 
 def measure_int8(
-    amx: Callable[[int], object],
+    amx: Callable[[int], object] | None,
     vnni: Callable[[int], object],
     rows: Sequence[int] = INT8_ROWS,
     repeats: int = _REPEATS,
     clock: Callable[[], float] = time.perf_counter,
-) -> Bands:
-    """The faster int8 matmul at each count of code rows (a tie goes to VNNI)."""
-    return measure_bands(((AMX, amx), (VNNI, vnni)), rows, repeats, clock)
+) -> tuple[Bands, tuple[tuple[int, float], ...]]:
+    """The faster int8 matmul at each count of code rows (a tie goes to VNNI;
+    no bands without AMX), and the (rows, seconds) of the faster."""
+    seconds: list[tuple[int, float]] = []
+    if amx is None:  # VNNI alone: only its times
+        measure_bands(((VNNI, vnni), (VNNI, vnni)), rows, repeats, clock, seconds)
+        return (), tuple(seconds)
+    bands = measure_bands(((AMX, amx), (VNNI, vnni)), rows, repeats, clock, seconds)
+    return bands, tuple(seconds)
 
 
 def parse_bands(value: object, key: str = "prefill_attention") -> Bands | None:
@@ -211,7 +227,22 @@ def read_plan(path: Path, source: str) -> KernelPlan | None:
     except (OSError, ValueError):
         return None
     bands, int8 = parse_bands(value), parse_bands(value, "int8_matmul")
-    return None if bands is None or int8 is None else KernelPlan(bands, source, int8)
+    seconds = _parse_seconds(value)
+    if bands is None or int8 is None or seconds is None:
+        return None
+    return KernelPlan(bands, source, int8, seconds)
+
+
+def _parse_seconds(value: object) -> tuple[tuple[int, float], ...] | None:
+    """A plan file's step_seconds ((rows, seconds) ascending); () if absent, None if bad."""
+    points = value.get("step_seconds", []) if isinstance(value, dict) else None
+    if not isinstance(points, list) or not all(
+        isinstance(p, list) and len(p) == 2 and type(p[0]) is int and p[0] > 0
+        and isinstance(p[1], float) and p[1] > 0 for p in points
+    ):  # fmt: skip
+        return None
+    rows = [p[0] for p in points]
+    return tuple((n, t) for n, t in points) if rows == sorted(set(rows)) else None
 
 
 def write_plan(path: Path, plan: KernelPlan) -> None:

@@ -57,7 +57,7 @@ class Int8Candidates:
     matrices, each over its first n rows of random activations."""
 
     shape: str  # "[out x in]", part of the plan file's key
-    amx: Candidate
+    amx: Candidate | None  # None where the CPU has no AMX-INT8
     vnni: Candidate
 
 
@@ -79,8 +79,8 @@ def plan_kernels(
     prefill = (
         ((0, TORCH),) if isinstance(candidates, str) else measure_prefill(*candidates, lengths)
     )
-    int8_bands = () if int8 is None else measure_int8(int8.amx, int8.vnni)
-    plan = KernelPlan(prefill, "measured at load", int8_bands)
+    int8_bands, seconds = ((), ()) if int8 is None else measure_int8(int8.amx, int8.vnni)
+    plan = KernelPlan(prefill, "measured at load", int8_bands, seconds)
     write_plan(path, plan)
     logger.info("%s; kept in %s (pin it with --kernel-plan FILE)", plan.describe(), path)
     return plan
@@ -125,11 +125,12 @@ def prefill_candidates(
 
 
 def int8_candidates(model: LlamaForCausalLM) -> Int8Candidates | None:
-    """AMX against VNNI on the middle layer's gate/up matrix, where the model
-    runs the row-invariant scheme on a CPU with both kernels; else None."""
+    """AMX (where the CPU has it) against VNNI on the middle layer's gate/up
+    matrix, where the model runs the row-invariant scheme; else None."""
     gemm = int8_gemm_kernels()
-    layer = model.layers[len(model.layers) // 2].gate_up_proj.int8_activations
-    if gemm is None or not gemm.has_amx or layer is None or layer.packed is None:
+    linear = model.layers[len(model.layers) // 2].gate_up_proj
+    layer = linear.int8_activations
+    if gemm is None or layer is None or layer.packed is None or linear.min_large_rows != 1:
         return None
     weights = layer.packed
     generator = torch.Generator().manual_seed(0)
@@ -143,4 +144,4 @@ def int8_candidates(model: LlamaForCausalLM) -> Int8Candidates | None:
         return matmul
 
     shape = f"[{weights.out_features} x {weights.in_features}]"
-    return Int8Candidates(shape, amx=run(1), vnni=run(0))
+    return Int8Candidates(shape, amx=run(1) if gemm.has_amx else None, vnni=run(0))

@@ -1,0 +1,49 @@
+"""When a step speculates (sluice/engine/speculation.py `Speculator.is_on_for`):
+from the step times measured at load (the kernel plan's int8 matmul seconds
+per row count), injected here, so no test depends on this machine's speed.
+
+- a memory-bound curve (few rows cost about one row: AVX512-VNNI decode)
+  speculates at small batches and stops where rows start to cost their
+  share (compute-bound);
+- an explicit `disable_by_batch_size` wins over the measurement; with no
+  measurement every step speculates;
+- `seconds_at` interpolates between measured points and grows with rows
+  beyond the last.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice.config import SpeculativeConfig
+from sluice.engine.speculation import Speculator, pays_off, seconds_at
+
+# (rows, seconds) as the AMX machine gave them for the embedded model's gate/up
+# (VNNI to 4 rows, AMX from 8): memory-bound to ~16 rows, compute-bound beyond.
+AMX = ((1, 55e-6), (2, 57e-6), (4, 60e-6), (8, 62e-6), (16, 70e-6), (32, 95e-6),
+       (64, 150e-6), (512, 1.1e-3))  # fmt: skip
+# A CPU where every row costs its share from the start (no gain anywhere).
+COMPUTE_BOUND = tuple((n, n * 1e-5) for n in (1, 2, 4, 8, 16, 32, 64, 512))
+
+
+def test_seconds_at_interpolates_and_extrapolates():
+    assert seconds_at(AMX, 1) == 55e-6
+    assert seconds_at(AMX, 3) == pytest.approx(58.5e-6)
+    assert seconds_at(AMX, 1024) == pytest.approx(2.2e-3)
+    assert seconds_at(((4, 1.0),), 2) == 1.0  # below the first point: the first
+
+
+def test_small_batches_speculate_and_compute_bound_ones_do_not():
+    k = 4
+    on = [batch for batch in (1, 2, 4, 8, 16, 32, 64, 128) if pays_off(AMX, batch, k)]
+    assert on == [1, 2, 4, 8, 16]
+    assert not any(pays_off(COMPUTE_BOUND, batch, k) for batch in (1, 8, 64))
+
+
+def test_the_speculator_follows_the_measurement_unless_a_limit_is_given():
+    measured = Speculator(SpeculativeConfig(num_speculative_tokens=4), AMX)
+    assert [measured.is_on_for(b) for b in (1, 16, 64, 200)] == [True, True, False, False]
+    limited = Speculator(SpeculativeConfig(disable_by_batch_size=100), AMX)
+    assert limited.is_on_for(64) and not limited.is_on_for(101)
+    unmeasured = Speculator(SpeculativeConfig())
+    assert unmeasured.is_on_for(1) and unmeasured.is_on_for(1000)
