@@ -47,3 +47,18 @@ def test_the_speculator_follows_the_measurement_unless_a_limit_is_given():
     assert limited.is_on_for(64) and not limited.is_on_for(101)
     unmeasured = Speculator(SpeculativeConfig())
     assert unmeasured.is_on_for(1) and unmeasured.is_on_for(1000)
+
+
+def test_the_startup_line_says_where_speculation_runs():
+    from sluice.engine.startup import describe_speculation
+
+    assert describe_speculation(None, AMX) == "no speculation (--speculative-config none)"
+    config = SpeculativeConfig()
+    assert describe_speculation(config, AMX) == (
+        "n-gram speculation (k=4, n 2..4) in steps of up to about 16 running requests "
+        "(measured at load)"
+    )
+    assert "in no step" in describe_speculation(config, COMPUTE_BOUND)
+    assert "in every step" in describe_speculation(config, ())
+    limited = SpeculativeConfig(disable_by_batch_size=8)
+    assert describe_speculation(limited, AMX).endswith("in steps of up to 8 running requests")

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from sluice.config import EngineConfig
+from sluice.config import EngineConfig, SpeculativeConfig
+from sluice.engine.speculation import pays_off
 from sluice.errors import ModelLoadError
 from sluice.loader import LoadedModel
 from sluice.models.attention import kv_cache_bytes_per_block
@@ -64,5 +65,26 @@ def startup_line(
         f"with {torch.get_num_threads()} threads ({choices.reason}), max_model_len "
         f"{loaded.max_model_len}, {num_blocks} KV blocks of {block_size} tokens "
         f"({num_blocks * block_size} tokens), max_num_batched_tokens "
-        f"{config.scheduler.max_num_batched_tokens}, max_num_seqs {config.scheduler.max_num_seqs}"
+        f"{config.scheduler.max_num_batched_tokens}, max_num_seqs {config.scheduler.max_num_seqs}, "
+        f"{describe_speculation(config.speculative_config, loaded.step_seconds)}"
     )
+
+
+def describe_speculation(
+    speculative: SpeculativeConfig | None, step_seconds: tuple[tuple[int, float], ...]
+) -> str:
+    """ "n-gram speculation (k=4, n 2..4) in steps of up to 16 running requests
+    (measured at load)", or "no speculation"."""
+    if speculative is None:
+        return "no speculation (--speculative-config none)"
+    k = speculative.num_speculative_tokens
+    what = f"n-gram speculation (k={k}, n {speculative.prompt_lookup_min}.."
+    what += f"{speculative.prompt_lookup_max})"
+    if speculative.disable_by_batch_size is not None:
+        return f"{what} in steps of up to {speculative.disable_by_batch_size} running requests"
+    if not step_seconds:
+        return f"{what} in every step (no step times measured)"
+    on = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if pays_off(step_seconds, b, k)]
+    if not on:
+        return f"{what} in no step: verifying costs more than it saves here (measured at load)"
+    return f"{what} in steps of up to about {on[-1]} running requests (measured at load)"
