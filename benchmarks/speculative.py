@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="variant order alternates")
     parser.add_argument("--max-tokens", type=int, default=512, help="tokens per task stream")
-    parser.add_argument("--k", type=int, default=4, help="sluice's num_speculative_tokens")
+    parser.add_argument("--k", type=int, default=16, help="sluice's num_speculative_tokens")
     parser.add_argument("--tasks", type=_tasks, default=list(TASKS), help="e.g. code,open")
     parser.add_argument(
         "--levels", type=_levels_or_none, default=[16, 64], help="streams, e.g. 16,64 (0: none)"

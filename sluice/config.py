@@ -180,9 +180,11 @@ class SpeculativeConfig:
     vLLM's `--speculative-config` JSON, method "ngram" (prompt lookup)."""
 
     method: Literal["ngram"] = setting("ngram", "how tokens are proposed")
-    # Tokens proposed per request per step; a decode step then computes 1 + k.
+    # The longest draft a request verifies in one step (a decode step then
+    # computes up to 1 + k tokens); drafts start at 4 and grow or shrink with
+    # what was accepted (speculation.py `next_draft_length`).
     num_speculative_tokens: int = setting(
-        4, "tokens proposed per request and step", at_least=1, at_most=64
+        16, "the longest draft a request verifies in one step", at_least=1, at_most=64
     )
     # The n-gram lengths looked up (longest first) in the prompt and output so far.
     prompt_lookup_min: int = setting(2, "shortest n-gram looked up", at_least=1, at_most=64)
@@ -267,7 +269,7 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = setting(
         SpeculativeConfig(),
         "speculative decoding, vLLM's JSON: "
-        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+        '\'{"method": "ngram", "num_speculative_tokens": 16, "prompt_lookup_min": 2, '
         '"prompt_lookup_max": 4}\' (the default), or none',
     )
 

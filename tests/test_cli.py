@@ -259,10 +259,12 @@ def test_serve_whose_engine_cannot_load_is_one_error_line_and_status_2(
     assert message in last
 
 
-def test_speculative_config_is_vllms_json_and_off_by_default():
-    assert (
-        server_config_from(build_parser().parse_args(["serve"])).engine.speculative_config is None
-    )
+def test_speculative_config_is_vllms_json_on_by_default_and_none_turns_it_off():
+    default = server_config_from(build_parser().parse_args(["serve"])).engine.speculative_config
+    assert default == SpeculativeConfig(num_speculative_tokens=16)
+    for off in ("none", "off", "None"):
+        args = build_parser().parse_args(["serve", "--speculative-config", off])
+        assert server_config_from(args).engine.speculative_config is None
     flag = '{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 5}'
     args = build_parser().parse_args(["serve", "--speculative-config", flag])
     assert server_config_from(args).engine.speculative_config == SpeculativeConfig(

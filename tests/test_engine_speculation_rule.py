@@ -53,7 +53,7 @@ def test_the_startup_line_says_where_speculation_runs():
     from sluice.engine.startup import describe_speculation
 
     assert describe_speculation(None, AMX) == "no speculation (--speculative-config none)"
-    config = SpeculativeConfig()
+    config = SpeculativeConfig(num_speculative_tokens=4)
     assert describe_speculation(config, AMX) == (
         "n-gram speculation (k=4, n 2..4) in steps of up to about 16 running requests "
         "(measured at load)"
@@ -62,3 +62,16 @@ def test_the_startup_line_says_where_speculation_runs():
     assert "in every step" in describe_speculation(config, ())
     limited = SpeculativeConfig(disable_by_batch_size=8)
     assert describe_speculation(limited, AMX).endswith("in steps of up to 8 running requests")
+
+
+def test_a_requests_drafts_grow_while_accepted_and_shrink_after_a_miss():
+    from sluice.engine.speculation import next_draft_length
+
+    assert next_draft_length(4, 4, 16) == 8
+    assert next_draft_length(8, 8, 16) == 16
+    assert next_draft_length(16, 16, 16) == 16
+    assert next_draft_length(8, 3, 16) == 4
+    assert next_draft_length(16, 12, 16) == 13
+    assert next_draft_length(8, 0, 16) == 4
+    assert next_draft_length(1, 0, 16) == 1
+    assert next_draft_length(2, 1, 16) == 2

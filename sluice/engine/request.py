@@ -104,6 +104,9 @@ class Request:
     # With speculative decoding: the n-gram index of all_token_ids that
     # proposes its drafts (sluice/engine/speculation.py); built on first use.
     ngram_index: NgramIndex | None = None
+    # The length of its next draft (0: not drafted yet), adapted to how much
+    # of the last one was accepted (speculation.py `next_draft_length`).
+    draft_length: int = 0
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

@@ -413,7 +413,7 @@ class Scheduler:
         if draft:
             assert draft_samples is not None and self.speculator is not None, "no verification"
             tokens = accepted_tokens(draft, [token, *draft_samples[request.request_id]])
-            self.speculator.record(len(draft), len(tokens) - 1)
+            self.speculator.record(request, len(draft), len(tokens) - 1)
         # 2. Append them one by one under the stop rules (the first stop ends it).
         num_appended, status = self._append_tokens(request, tokens)
         # 3. The KV cache keeps the known tokens and the drafted ones appended

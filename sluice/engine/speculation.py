@@ -65,6 +65,10 @@ class SpeculationCounters:
             per_position[position] += 1
 
 
+# A request's first draft is at most this long; each fully accepted draft
+# doubles the next (up to num_speculative_tokens), a rejected token halves
+# it (`next_draft_length`).
+FIRST_DRAFT_LENGTH = 4
 # Speculation pays in a step of B running requests when verifying k drafted
 # tokens each costs at most what half of them accepted would save: the
 # measured int8 matmul time at B * (1 + k) rows at most 1 + k * this times
@@ -102,20 +106,34 @@ class Speculator:
         return pays
 
     def propose(self, request: Request, max_num_tokens: int) -> list[int]:
-        """Up to `max_num_tokens` (and k) tokens for the request to verify,
+        """Up to `max_num_tokens` (and the request's draft length) tokens to verify,
         cut before the first one its grammar refuses; [] if none."""
         index = request.ngram_index
         if index is None:
             index = NgramIndex(self.config.prompt_lookup_min, self.config.prompt_lookup_max)
             request.ngram_index = index
-        num_tokens = min(self.config.num_speculative_tokens, max_num_tokens)
-        draft = index.propose(request.all_token_ids, num_tokens)
+        longest = self.config.num_speculative_tokens
+        length = request.draft_length or min(FIRST_DRAFT_LENGTH, longest)
+        draft = index.propose(request.all_token_ids, min(length, longest, max_num_tokens))
         if draft and request.grammar is not None:
             draft = _allowed_prefix(request.grammar, draft)
         return draft
 
-    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def record(self, request: Request, num_draft_tokens: int, num_accepted: int) -> None:
         self.counters.record(num_draft_tokens, num_accepted)
+        request.draft_length = next_draft_length(
+            num_draft_tokens, num_accepted, self.config.num_speculative_tokens
+        )
+
+
+def next_draft_length(num_drafted: int, num_accepted: int, longest: int) -> int:
+    """The next draft's length: twice this one after a full acceptance (the
+    text is being copied: verify more at once), else half of it, or one more
+    than was accepted if that is longer (a copy resumes after an edit; a text
+    that stopped copying soon drafts little); within 1 .. longest."""
+    if num_accepted >= num_drafted:
+        return min(2 * num_drafted, longest)
+    return max(1, min(max(num_accepted + 1, num_drafted // 2), longest))
 
 
 def pays_off(step_seconds: tuple[tuple[int, float], ...], batch: int, k: int) -> bool:
