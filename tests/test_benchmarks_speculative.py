@@ -121,7 +121,7 @@ def test_level_summaries_put_speculation_on_over_off_per_level():
 def test_the_arguments_default_to_the_issues_workload_and_refuse_bad_lists():
     args = speculative.build_parser().parse_args([])
     assert args.tasks == ["code", "json", "quote", "open"] and args.levels == [16, 64]
-    assert args.max_tokens == 512 and args.k == 4
+    assert args.max_tokens == 512 and args.k == 16
     assert speculative.build_parser().parse_args(["--levels", "0"]).levels == []
     for bad in (["--tasks", "code,poem"], ["--levels", "16,x"]):
         with pytest.raises(SystemExit):
