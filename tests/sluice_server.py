@@ -92,9 +92,18 @@ def stop(process: subprocess.Popen) -> None:
 def sluice_server(
     embedded_model_config: ModelConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
+    with running_server(embedded_model_config, tmp_path_factory) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_server(
+    config: ModelConfig, tmp_path_factory: pytest.TempPathFactory, *flags: str
+) -> Iterator[RunningServer]:
+    """`sluice serve` with the defaults and `flags`, until the block ends."""
     log_path = tmp_path_factory.mktemp("sluice-serve") / "serve.log"
     with log_path.open("wb") as log:
-        process = _spawn(embedded_model_config, log)
+        process = _spawn(config, log, flags)
         try:
             base_url = wait_until_healthy(process, log_path)
             _, models = _get(base_url + "/v1/models")
@@ -104,9 +113,9 @@ def sluice_server(
             stop(process)
 
 
-def _spawn(config: ModelConfig, log: IO[bytes]) -> subprocess.Popen:
+def _spawn(config: ModelConfig, log: IO[bytes], flags: tuple[str, ...] = ()) -> subprocess.Popen:
     return subprocess.Popen(
-        serve_command(config),
+        [*serve_command(config), *flags],
         env={**os.environ, **SERVER_ENV},
         stdout=log,
         stderr=subprocess.STDOUT,

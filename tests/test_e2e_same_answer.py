@@ -21,12 +21,18 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from pathlib import Path
 
 import aiohttp
 import pytest
 
+import sluice.engine.kv_cache
 from sluice.models.native.int8 import int8_gemm_kernels
-from tests.sluice_server import RunningServer, sluice_server  # noqa: F401 - the fixture
+from tests.sluice_server import (  # noqa: F401 - the fixture
+    RunningServer,
+    running_server,
+    sluice_server,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -130,3 +136,40 @@ def test_greedy_probes_answer_bit_for_bit_alone_and_in_a_crowd(sluice_server):  
         assert 0 < len(logprobs) <= MAX_TOKENS and text
         for stream, other in zip((False, True), crowded[2 * i : 2 * i + 2], strict=True):
             assert other == answer, f"probe {i} (stream={stream}) answered differently in a crowd"
+
+
+async def greedy_copy(server: RunningServer, text: str) -> tuple[str, int]:
+    """(text, completion tokens) of a greedy chat asked to copy `text`."""
+    content = "Repeat the following Python code exactly. Output only the code.\n\n" + text
+    body = {
+        "model": server.model, "temperature": 0, "max_tokens": 400,
+        "messages": [{"role": "user", "content": content}],
+    }  # fmt: skip
+    timeout = aiohttp.ClientTimeout(total=600)
+    url = server.base_url + "/v1/chat/completions"
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.post(url, json=body) as response,
+    ):
+        assert response.status == 200, await response.text()
+        answer = await response.json()
+    return answer["choices"][0]["message"]["content"], answer["usage"]["completion_tokens"]
+
+
+def test_speculation_gives_the_greedy_text_it_gives_off_past_512_positions(
+    sluice_server,
+    embedded_model_config,
+    tmp_path_factory,  # noqa: F811
+):
+    """The default speculates (n-gram drafts up to 16 tokens, verified in one
+    step); copying ~900 tokens of code, past 512 positions where prefill
+    attention is not a decode row, must answer exactly as a server with
+    speculation off (a 17-token verification once went to flash attention
+    there and changed the text)."""
+    source = Path(sluice.engine.kv_cache.__file__).read_text(encoding="utf-8")[:3200]
+    speculated = asyncio.run(greedy_copy(sluice_server, source))
+    with running_server(
+        embedded_model_config, tmp_path_factory, "--speculative-config", "none"
+    ) as plain_server:
+        plain = asyncio.run(greedy_copy(plain_server, source))
+    assert speculated == plain and plain[1] > 200

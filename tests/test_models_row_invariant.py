@@ -159,3 +159,20 @@ def test_the_previous_default_answers_differently_with_speculation(previous_defa
         plain, speculated, _ = speculation_runs(previous_default, seed)
         differs += [speculated[i][:3] != plain[i][:3] for i in plain]
     assert any(differs)
+
+
+def test_the_longest_draft_allowed_verifies_as_decode_rows_at_any_position():
+    """Past DECODE_ROW_POSITIONS only chunks up to MAX_DECODE_ROW_CHUNK run as
+    decode rows: every verification the config allows must fit (a 17-token
+    verification once went to flash attention and changed served greedy text)."""
+    import dataclasses
+
+    from sluice.config import SpeculativeConfig
+    from sluice.models.attention import DECODE_ROW_POSITIONS, _num_row_tokens
+
+    (field,) = [f for f in dataclasses.fields(SpeculativeConfig)
+                if f.name == "num_speculative_tokens"]  # fmt: skip
+    longest = field.metadata["setting"].at_most
+    for context in (DECODE_ROW_POSITIONS, 5000):
+        for k in (1, 4, 16, longest):
+            assert _num_row_tokens(1 + k, context) == 1 + k

@@ -72,7 +72,7 @@ NATIVE_WHERE_IT_RUNS = KernelPlan()
 # (issue 28). Above it, the flash kernels: the decode kernel re-reads the
 # keys for every row, which costs more than flash attention from about 512
 # positions (benchmarks/attention_kernels.py).
-MAX_DECODE_ROW_CHUNK = 16
+MAX_DECODE_ROW_CHUNK = 65  # 1 + the longest draft SpeculativeConfig allows (64)
 DECODE_ROW_POSITIONS = 512
 
 
