@@ -125,3 +125,12 @@ def stop_group(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
         if not wait_group_gone(process.pid, 20.0):
             raise RuntimeError(f"process group {process.pid} survived SIGKILL")
+
+
+def missing_binary(sluice_bin: Path, llama_server: Path | None) -> str | None:
+    """Why a benchmark cannot start its servers (a binary not there), or None."""
+    if not sluice_bin.exists():
+        return f"no sluice at {sluice_bin}: run `make serve` or `make test` once"
+    if llama_server is not None and not llama_server.exists():
+        return f"no llama-server at {llama_server}"
+    return None

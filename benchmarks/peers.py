@@ -68,6 +68,7 @@ from _peer_servers import (
     DEFAULT_VLLM_VENV,
     Server,
     build_servers,
+    missing_binary,
     say,
     server_order,
     sluice_name,
@@ -165,11 +166,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     names = [sluice_name(flags) for flags in (args.sluice_flags or [""])]
     if len(set(names)) != len(names):
         return "two --sluice-flags give the same variant"
-    if not args.sluice_bin.exists():
-        return f"no sluice at {args.sluice_bin}: run `make serve` or `make test` once"
-    if args.llama_server is not None and not args.llama_server.exists():
-        return f"no llama-server at {args.llama_server}"
-    return None
+    return missing_binary(args.sluice_bin, args.llama_server)
 
 
 def find_vllm(args: argparse.Namespace) -> bool:

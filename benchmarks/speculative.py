@@ -41,7 +41,7 @@ from types import SimpleNamespace
 
 from _peer_files import _grouped_bars, has_matplotlib, machine_facts
 from _peer_prompts import embedded_gguf, embedded_token_counter, random_word_prompt
-from _peer_servers import llama_command, say, server_order, sluice_command
+from _peer_servers import llama_command, missing_binary, say, server_order, sluice_command
 from _spec_measure import Variant, VariantRun, measure
 from _spec_report import level_summaries, level_table, task_summaries, task_table
 from _spec_tasks import TASKS, task_prompts
@@ -104,11 +104,7 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--max-tokens, --repeats, --k and --level-max-tokens must be at least 1"
     if args.warmup < 0 or args.min_requests < 0:
         return "--warmup and --min-requests cannot be negative"
-    if not args.sluice_bin.exists():
-        return f"no sluice at {args.sluice_bin}: run `make serve` or `make test` once"
-    if args.llama_server is not None and not args.llama_server.exists():
-        return f"no llama-server at {args.llama_server}"
-    return None
+    return missing_binary(args.sluice_bin, args.llama_server)
 
 
 def build_variants(args: argparse.Namespace, gguf: Path | None) -> list[Variant]:
