@@ -157,9 +157,9 @@ async def greedy_copy(server: RunningServer, text: str) -> tuple[str, int]:
 
 
 def test_speculation_gives_the_greedy_text_it_gives_off_past_512_positions(
-    sluice_server,
+    sluice_server,  # noqa: F811 - the fixture
     embedded_model_config,
-    tmp_path_factory,  # noqa: F811
+    tmp_path_factory,
 ):
     """The default speculates (n-gram drafts up to 16 tokens, verified in one
     step); copying ~900 tokens of code, past 512 positions where prefill
