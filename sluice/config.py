@@ -63,23 +63,29 @@ class ModelConfig:
     # keeps the model dtype. Small decode batches read the quantized copy
     # (int4: ~1.6x faster single-stream); prefill and large batches keep the
     # dense matmul on the same quantized values (sluice/models/quantization.py).
-    # "auto": int4 when the weights came in 4 bits (a Q4 GGUF), else None.
+    # "auto": none where the row-invariant int8 scheme runs (with
+    # activation_quantization auto: sluice/loader/choices.py), else int4 when
+    # the weights came in 4 bits (a Q4 GGUF), else None.
     quantization: str | None = setting(
         "auto",
-        "weight-only quantization of the decoder matrices (CPU): faster small-batch decode; "
-        "auto: int4 when the weights came in 4 bits (the embedded model), else none",
+        "weight-only quantization of the decoder matrices (CPU; giving it leaves the "
+        "row-invariant default); auto: none where the row-invariant int8 matmuls run, else "
+        "int4 when the weights came in 4 bits, else none",
         choices=("auto", "int8", "int4"),
         none_as="none",
     )
-    # Int8 activations times int8 weights (W8A8, VNNI) for the steps of more
-    # than a few tokens, in q/k/v, o and gate/up, calibrated at load
-    # (sluice/models/int8_activations.py): "int8", None, or "auto": int8 on a
-    # CPU with VNNI when the weights are quantized (quantization above).
+    # Int8 activations times int8 weights (W8A8), calibrated at load
+    # (sluice/models/int8_activations.py): "int8", None, or "auto". With both
+    # this and quantization at auto, on bfloat16 with the native VNNI kernel:
+    # the row-invariant scheme (every matrix, every step). Otherwise "int8"
+    # serves the steps of more than a few tokens in q/k/v, o and gate/up,
+    # and auto means int8 on a CPU with VNNI when the weights are quantized.
     activation_quantization: str | None = setting(
         "auto",
-        "int8 activations times int8 weights (VNNI) in steps of more than a few tokens "
-        "(CPU; q/k/v, o, gate/up); auto: int8 on a CPU with VNNI when the weights are "
-        "quantized, else none",
+        "int8 activations times int8 weights (CPU); auto: the row-invariant scheme "
+        "(every matrix, every step: the same answer under any load) where the native VNNI "
+        "int8 matmul runs in bfloat16, else int8 in steps of more than a few tokens when "
+        "the weights are quantized",
         choices=("auto", "int8"),
         none_as="none",
     )
