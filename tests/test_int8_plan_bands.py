@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sluice.models.int8_activations import Int8ActivationLinear, _band_of, _threshold
+from sluice.models.int8_activations import Int8ActivationLinear, _threshold
+from sluice.models.kernel_plan import band_of
 from sluice.models.native.int8 import int8_gemm_kernels
 
 gemm = int8_gemm_kernels()
@@ -22,7 +23,7 @@ def test_bands_of_one_switch_become_the_c_calls_threshold():
     assert _threshold(((0, "vnni"), (8, "amx"))) == 8
     assert _threshold(((0, "vnni"), (8, "amx"), (64, "vnni"))) is None
     apart = ((0, "vnni"), (8, "amx"), (32, "vnni"), (512, "amx"))
-    assert [_band_of(apart, n) for n in (1, 7, 8, 31, 32, 511, 512, 4000)] == [
+    assert [band_of(apart, n) for n in (1, 7, 8, 31, 32, 511, 512, 4000)] == [
         "vnni", "vnni", "amx", "amx", "vnni", "vnni", "amx", "amx",
     ]  # fmt: skip
 

@@ -51,6 +51,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from sluice.models.kernel_plan import AMX, VNNI, Bands, band_of
 from sluice.models.native.int8 import (
     AMX_MIN_ROWS,
     MAX_QUANTIZE_COLUMNS,
@@ -114,9 +115,12 @@ class Int8ActivationLinear(nn.Module):
             # paths (on a CPU with AMX, int8_threshold.py may raise it).
             self.min_rows = MIN_PACKED_INT8_TOKENS
         else:
-            if kernels is None or pairs:
-                kernels = (_quantize_rows, _dequantize_rows(dtype))
-            self._quantize, self._dequantize = kernels
+            if pairs:  # A13 codes: the torch passes
+                kernels = (
+                    functools.partial(_quantize_rows, pairs=True),
+                    functools.partial(_dequantize_rows(dtype), pairs=True),
+                )
+            self._quantize, self._dequantize = kernels or (_quantize_rows, _dequantize_rows(dtype))
             self.packed = None
             self.register_buffer("weight_int8", weight_int8)
             self.min_rows = MIN_INT8_ACTIVATION_TOKENS
@@ -138,7 +142,7 @@ class Int8ActivationLinear(nn.Module):
         codes = w.div_(scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         return cls(codes, scales, smooth.reciprocal(), bias, dtype, pairs)
 
-    def serve_bands(self, bands: tuple[tuple[int, str], ...]) -> None:
+    def serve_bands(self, bands: Bands) -> None:
         """Take AMX-INT8 or VNNI per step as the kernel plan's `bands` of int8
         code rows say (kernel_plan.py; "amx" / "vnni"): the same bits either
         way, only the speed differs. One threshold stays inside the C call."""
@@ -152,8 +156,8 @@ class Int8ActivationLinear(nn.Module):
         linear, code_rows_per_row = gemm.linear, 2 if self.pairs else 1
 
         def banded(x: Tensor, *args) -> Tensor:
-            kernel = _band_of(bands, x.shape[0] * code_rows_per_row)
-            return linear(x, *args, amx_min_rows=1 if kernel == "amx" else 0)
+            kernel = band_of(bands, x.shape[0] * code_rows_per_row)
+            return linear(x, *args, amx_min_rows=1 if kernel == AMX else 0)
 
         self._linear = banded
 
@@ -164,34 +168,22 @@ class Int8ActivationLinear(nn.Module):
             return self._linear(
                 x, self.inv_smooth, self.packed, self.weight_scales, self.bias, self.pairs
             )
-        if self.pairs:
-            codes, row_scales = _quantize_rows(x, self.inv_smooth, pairs=True)  # [2T, in] int8
-            acc = torch._int_mm(codes, self.weight_int8.t())  # [2T, out] int32
-            return self._dequantize(acc, row_scales, self.weight_scales, self.bias, True)
-        codes, row_scales = self._quantize(x, self.inv_smooth)  # [T, in] int8, [T] f32
-        acc = torch._int_mm(codes, self.weight_int8.t())  # [T, out] int32
+        codes, row_scales = self._quantize(x, self.inv_smooth)  # [T (x2), in] int8, [T] f32
+        acc = torch._int_mm(codes, self.weight_int8.t())  # [T (x2), out] int32
         return self._dequantize(acc, row_scales, self.weight_scales, self.bias)
 
 
-def _threshold(bands: tuple[tuple[int, str], ...]) -> int | None:
+def _threshold(bands: Bands) -> int | None:
     """The C call's `amx_min_rows` for bands of one switch at most (0: never
     AMX); None for bands that go back to VNNI above an AMX band."""
     names = [name for _, name in bands]
-    if names == ["vnni"]:
+    if names == [VNNI]:
         return 0
-    if names == ["amx"]:
+    if names == [AMX]:
         return 1
-    if names == ["vnni", "amx"]:
+    if names == [VNNI, AMX]:
         return bands[1][0]
     return None
-
-
-def _band_of(bands: tuple[tuple[int, str], ...], rows: int) -> str:
-    kernel = bands[0][1]
-    for start, name in bands:
-        if rows >= start:
-            kernel = name
-    return kernel
 
 
 def _quantize_rows(x: Tensor, inv_smooth: Tensor, pairs: bool = False) -> tuple[Tensor, Tensor]:

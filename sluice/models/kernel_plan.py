@@ -83,11 +83,7 @@ class KernelPlan:
 
     def is_native_prefill(self, num_keys: int) -> bool:
         """Whether a prefill chunk over `num_keys` keys takes the native kernel."""
-        kernel = self.prefill_attention[0][1]
-        for start, name in self.prefill_attention:
-            if num_keys >= start:
-                kernel = name
-        return kernel == NATIVE
+        return band_of(self.prefill_attention, num_keys) == NATIVE
 
     def describe(self) -> str:
         """For the startup line: "kernel plan (measured at load): prefill
@@ -112,6 +108,15 @@ class KernelPlan:
         })  # fmt: skip
 
 
+def band_of(bands: Bands, size: int) -> str:
+    """The kernel of the band `size` falls in (bands ascending, the first from 0)."""
+    kernel = bands[0][1]
+    for start, name in bands:
+        if size >= start:
+            kernel = name
+    return kernel
+
+
 def _describe(bands: Bands, unit: str) -> str:
     if len(bands) == 1:
         return f"{bands[0][1]} at every size"
@@ -131,25 +136,35 @@ def measure_bands(
     monotonicity assumed. Each size: one warm-up of each, `repeats` runs
     alternating, medians compared; a tie goes to the second candidate.
     `fastest` gets (size, the faster's median seconds) for each size."""
-    (first, run_first), (second, run_second) = candidates
+    (first, _), (second, _) = candidates
     bands: list[tuple[int, str]] = []
     for i, n in enumerate(sorted(sizes)):
-        run_first(n), run_second(n)  # warm-ups
-        seconds: dict[str, list[float]] = {first: [], second: []}
-        for _ in range(repeats):
-            for name, run in candidates:
-                start = clock()
-                run(n)
-                seconds[name].append(clock() - start)
-        faster = (
-            first if statistics.median(seconds[first]) < statistics.median(seconds[second])
-            else second
-        )  # fmt: skip
+        seconds = _medians(candidates, n, repeats, clock)
+        faster = first if seconds[0] < seconds[1] else second
         if fastest is not None:
-            fastest.append((n, statistics.median(seconds[faster])))
+            fastest.append((n, min(seconds)))
         if not bands or bands[-1][1] != faster:
             bands.append((0 if i == 0 else n, faster))
     return tuple(bands)
+
+
+def _medians(
+    candidates: Sequence[tuple[str, Callable[[int], object]]],
+    n: int,
+    repeats: int,
+    clock: Callable[[], float],
+) -> list[float]:
+    """Each candidate's median seconds at size n: one warm-up of each, then
+    `repeats` runs alternating between them."""
+    for _, run in candidates:
+        run(n)  # warm-up
+    seconds: list[list[float]] = [[] for _ in candidates]
+    for _ in range(repeats):
+        for times, (_, run) in zip(seconds, candidates, strict=True):
+            start = clock()
+            run(n)
+            times.append(clock() - start)
+    return [statistics.median(times) for times in seconds]
 
 
 def measure_prefill(
@@ -172,10 +187,10 @@ def measure_int8(
 ) -> tuple[Bands, tuple[tuple[int, float], ...]]:
     """The faster int8 matmul at each count of code rows (a tie goes to VNNI;
     no bands without AMX), and the (rows, seconds) of the faster."""
-    seconds: list[tuple[int, float]] = []
     if amx is None:  # VNNI alone: only its times
-        measure_bands(((VNNI, vnni), (VNNI, vnni)), rows, repeats, clock, seconds)
-        return (), tuple(seconds)
+        only = ((VNNI, vnni),)
+        return (), tuple((n, _medians(only, n, repeats, clock)[0]) for n in sorted(rows))
+    seconds: list[tuple[int, float]] = []
     bands = measure_bands(((AMX, amx), (VNNI, vnni)), rows, repeats, clock, seconds)
     return bands, tuple(seconds)
 
