@@ -101,22 +101,19 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model.load_weights(iter_weights(files))
     if chosen.quantization is not None:
         model.quantize(chosen.quantization)
-    if chosen.row_invariant:
+    if chosen.activations == "int8":
         text = calibration.calibration_text()
         kept = calibration.calibration_file(
-            config.cache_dir, files, chosen.dtype, chosen.quantization, text, row_invariant=True
+            config.cache_dir, files, chosen.dtype, chosen.quantization, text, chosen.row_invariant
         )
-        calibration.quantize_row_invariant(model, tokenizer.encode(text), kept)
-    elif chosen.activations == "int8":
-        text = calibration.calibration_text()
-        kept = calibration.calibration_file(
-            config.cache_dir, files, chosen.dtype, chosen.quantization, text
-        )
-        # With AMX the bfloat16 matmul runs on its tiles: W8A8 races it (int8_threshold.py).
-        race = chosen.dtype == "bfloat16" and "amx_bf16" in choices.cpu_flags()
-        bands = calibration.quantize_activations(model, tokenizer.encode(text), kept, race)
-        if race:
-            chosen = choices.after_amx_race(chosen, bands)
+        if chosen.row_invariant:
+            calibration.quantize_row_invariant(model, tokenizer.encode(text), kept)
+        else:
+            # With AMX the bfloat16 matmul runs on its tiles: W8A8 races it (int8_threshold.py).
+            race = chosen.dtype == "bfloat16" and "amx_bf16" in choices.cpu_flags()
+            bands = calibration.quantize_activations(model, tokenizer.encode(text), kept, race)
+            if race:
+                chosen = choices.after_amx_race(chosen, bands)
     kernel_plan, step_seconds = "", ()
     if device.type == "cpu":
         chosen = choices.noting(chosen, native_status().describe())
