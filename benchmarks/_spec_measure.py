@@ -139,13 +139,14 @@ async def measure_running(
             model=await resolve_model(session, base_url, None),
             api="chat",
             max_tokens=args.max_tokens,
-            ignore_eos=True,
+            ignore_eos=args.ignore_eos,
             continuous_usage=variant.family == "sluice",  # exact tokens per chunk
             request_timeout_s=args.request_timeout,
         )
         # 2. Warm up: short streams, then one long prompt of other text.
         if args.warmup:
-            await run_level(session, replace(spec, max_tokens=32), args.warmup, args.warmup)
+            warm_levels = replace(spec, max_tokens=32, ignore_eos=True)
+            await run_level(session, warm_levels, args.warmup, args.warmup)
         warm_spec = replace(spec, max_tokens=WARMUP_MAX_TOKENS)
         await _stream_task(session, warm_spec, variant, "warm-up", warmup_prompt)
         # 3. Each task once, a single stream on the idle server.
@@ -157,7 +158,8 @@ async def measure_running(
                 + (f", {task_run.error}" if task_run.error else ""))  # fmt: skip
     # 4. Closed-loop streams at every level (sluice's variants only).
     if variant.family == "sluice" and args.levels:
-        await _measure_levels(replace(spec, max_tokens=args.level_max_tokens), run, args)
+        level_spec = replace(spec, max_tokens=args.level_max_tokens, ignore_eos=True)
+        await _measure_levels(level_spec, run, args)
 
 
 def measure(

@@ -1,6 +1,7 @@
 """n-gram speculation served, side by side with llama.cpp's server (issue 29).
 
-    .venv/bin/python benchmarks/speculative.py [--repeats 3] [--max-tokens 512] [--k 4]
+    .venv/bin/python benchmarks/speculative.py [--repeats 3] [--max-tokens 512] [--k K]
+        [--ignore-eos]
         [--tasks code,json,quote,open] [--levels 16,64] [--level-max-tokens 128]
         [--llama-server PATH [--llama-gguf FILE]] [--out r.json] [--plot r.png]
 
@@ -8,13 +9,18 @@ Variants (each started, warmed up with `--warmup` short streams and one
 prompt of random words, measured and stopped in turn; the order reverses
 every other repeat, as in peers.py):
 - `sluice off` and `sluice on`: `make serve`'s command (`sluice serve`) with
-  SLUICE_SPEC_OFF, then SLUICE_SPEC_ON (n-gram speculation, `--k` tokens);
+  SLUICE_SPEC_OFF, then as it is (speculation is on by default), or with
+  `--k` drafted tokens at most when given;
 - with `--llama-server`: llama-server on the embedded GGUF (the same 4-bit
   weights), one slot, every core, with no speculation (`llama.cpp off`) and
   with each `--spec-type` of LLAMA_SPEC_TYPES at its default n-gram sizes.
 Tasks (_spec_tasks.py), one greedy stream each (chat, streamed, temperature
-0, `ignore_eos`, `--max-tokens`): code, json, quote (input-grounded) and
-open (nothing to copy). Per task and variant: the decode rate (tokens after
+0, at most `--max-tokens`): code, json, quote (input-grounded) and open
+(nothing to copy). A task's stream ends where the model ends its answer
+(its end-of-sequence token), as a user's would; `--ignore-eos` runs every
+stream to `--max-tokens` instead (what the model writes after its answer,
+a new made-up chat turn with the 135M model, is then measured too). Per
+task and variant: the decode rate (tokens after
 the first over the time after the first token, median over repeats), its
 ratio to the same server's rate with speculation off and to sluice off's on
 the open task, the acceptance (sluice's /metrics counters; llama-server's
@@ -50,11 +56,10 @@ from row_invariance import cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 # sluice's serve flags for each side (speculation is on by default: the off
-# side turns it off; the on side states k, the default's 4 unless --k).
+# side turns it off; the on side is the default command, or states k).
 SLUICE_SPEC_OFF = "--speculative-config none"
-SLUICE_SPEC_ON = "--speculative-config " + shlex.quote(
-    '{"method": "ngram", "num_speculative_tokens": {k}, "prompt_lookup_min": 2, '
-    '"prompt_lookup_max": 4}'
+SLUICE_SPEC_K = "--speculative-config " + shlex.quote(
+    '{"method": "ngram", "num_speculative_tokens": {k}}'
 )
 LLAMA_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
 WARMUP_PROMPT_TOKENS = 1000  # as long as the code task's material
@@ -77,7 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="variant order alternates")
     parser.add_argument("--max-tokens", type=int, default=512, help="tokens per task stream")
-    parser.add_argument("--k", type=int, default=16, help="sluice's num_speculative_tokens")
+    parser.add_argument("--k", type=int, default=None, help="sluice's num_speculative_tokens")
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="run task streams to --max-tokens"
+    )
     parser.add_argument("--tasks", type=_tasks, default=list(TASKS), help="e.g. code,open")
     parser.add_argument(
         "--levels", type=_levels_or_none, default=[16, 64], help="streams, e.g. 16,64 (0: none)"
@@ -100,7 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> str | None:
     """Why the arguments cannot run, or None."""
-    if min(args.max_tokens, args.repeats, args.k, args.level_max_tokens) < 1:
+    if (
+        min(args.max_tokens, args.repeats, 1 if args.k is None else args.k, args.level_max_tokens)
+        < 1
+    ):
         return "--max-tokens, --repeats, --k and --level-max-tokens must be at least 1"
     if args.warmup < 0 or args.min_requests < 0:
         return "--warmup and --min-requests cannot be negative"
@@ -109,7 +120,7 @@ def check_args(args: argparse.Namespace) -> str | None:
 
 def build_variants(args: argparse.Namespace, gguf: Path | None) -> list[Variant]:
     """sluice off and on; llama-server off and with each n-gram type, when given."""
-    on_flags = SLUICE_SPEC_ON.replace("{k}", str(args.k))
+    on_flags = "" if args.k is None else SLUICE_SPEC_K.replace("{k}", str(args.k))
     variants = [
         Variant("sluice off", "sluice", False, sluice_command(args.sluice_bin, SLUICE_SPEC_OFF)),
         Variant("sluice on", "sluice", True, sluice_command(args.sluice_bin, on_flags)),

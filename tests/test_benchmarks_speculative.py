@@ -121,7 +121,7 @@ def test_level_summaries_put_speculation_on_over_off_per_level():
 def test_the_arguments_default_to_the_issues_workload_and_refuse_bad_lists():
     args = speculative.build_parser().parse_args([])
     assert args.tasks == ["code", "json", "quote", "open"] and args.levels == [16, 64]
-    assert args.max_tokens == 512 and args.k == 16
+    assert args.max_tokens == 512 and args.k is None and not args.ignore_eos
     assert speculative.build_parser().parse_args(["--levels", "0"]).levels == []
     for bad in (["--tasks", "code,poem"], ["--levels", "16,x"]):
         with pytest.raises(SystemExit):
@@ -149,4 +149,7 @@ def test_the_variants_are_sluice_off_and_on_then_llama_with_each_ngram_type(tmp_
     assert f"LD_LIBRARY_PATH={binary.parent}" in mod_argv and "-np" in mod_argv
     assert "--spec-type" not in variants[2].command
     assert speculative.off_variants(variants)["llama.cpp ngram-mod"] == "llama.cpp off"
+    # Without --k the on side is the default command: speculation is on by default.
+    default = speculative.build_variants(speculative.build_parser().parse_args([]), None)
+    assert "--speculative-config" not in default[1].command
     assert [v.name for v in speculative.build_variants(args, None)] == names[:2]

@@ -268,7 +268,7 @@ def test_speculative_config_is_vllms_json_on_by_default_and_none_turns_it_off():
     flag = '{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 5}'
     args = build_parser().parse_args(["serve", "--speculative-config", flag])
     assert server_config_from(args).engine.speculative_config == SpeculativeConfig(
-        num_speculative_tokens=6, prompt_lookup_min=2, prompt_lookup_max=5
+        num_speculative_tokens=6, prompt_lookup_min=1, prompt_lookup_max=5
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.engine.ngram_proposer import NgramIndex
+from sluice.engine.ngram_proposer import NgramIndex, lookup_lengths
 
 
 class CountingText(Sequence[int]):
@@ -33,7 +33,9 @@ class CountingText(Sequence[int]):
 def brute_force(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """The reference: scan the whole text for the latest earlier occurrence."""
     length = len(tokens)
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
+    for n in sorted(lookup_lengths(min_n, max_n), reverse=True):
+        if n > length - 1:
+            continue
         suffix = tokens[length - n :]
         for end in range(length - 1, n - 1, -1):
             if tokens[end - n : end] == suffix:
@@ -67,6 +69,23 @@ def test_nothing_matches_nothing_is_proposed():
     assert NgramIndex(1, 3).propose([1, 2, 1], 0) == []
 
 
+def test_lengths_up_to_4_each_then_about_one_and_a_half_apart():
+    assert lookup_lengths(1, 16) == (1, 2, 3, 4, 6, 8, 12, 16)
+    assert lookup_lengths(2, 4) == (2, 3, 4)
+    assert lookup_lengths(5, 7) == (5, 6, 7)
+    assert lookup_lengths(3, 3) == (3,)
+    assert lookup_lengths(1, 64) == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def test_a_long_match_finds_the_place_being_copied_among_short_ones():
+    # A JSON-like text: the short suffix (7, 8) recurs after every record;
+    # only the 6-gram says which record is being copied.
+    records = [[1, 2, 3, 10 + r, 7, 8, 20 + r] for r in range(4)]
+    text = [t for record in records for t in record] + [1, 2, 3, 11, 7, 8]
+    assert NgramIndex(1, 16).propose(text, 1) == [21]
+    assert NgramIndex(1, 2).propose(text, 1) == [23]  # the most recent (7, 8)
+
+
 def test_a_loop_is_proposed_round_its_period():
     assert NgramIndex(1, 3).propose([5, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
     assert NgramIndex(1, 1).propose([9, 7, 7], 3) == [7, 7, 7]
@@ -76,7 +95,7 @@ def test_a_loop_is_proposed_round_its_period():
     tokens=st.lists(st.integers(0, 5), min_size=1, max_size=60),
     k=st.integers(1, 8),
     min_n=st.integers(1, 3),
-    extra_n=st.integers(0, 3),
+    extra_n=st.integers(0, 20),
     cuts=st.lists(st.integers(1, 60), max_size=6),
 )
 def test_an_index_grown_call_by_call_proposes_what_a_full_scan_finds(

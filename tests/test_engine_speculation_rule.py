@@ -55,7 +55,7 @@ def test_the_startup_line_says_where_speculation_runs():
     assert describe_speculation(None, AMX) == "no speculation (--speculative-config none)"
     config = SpeculativeConfig(num_speculative_tokens=4)
     assert describe_speculation(config, AMX) == (
-        "n-gram speculation (k=4, n 2..4) in steps of up to about 16 running requests "
+        "n-gram speculation (k=4, n 1..16) in steps of up to about 16 running requests "
         "(measured at load)"
     )
     assert "in no step" in describe_speculation(config, COMPUTE_BOUND)
