@@ -2,7 +2,8 @@
 
 `paged_decode_attention.c` reads K/V straight from the paged cache (no
 gathered copy) for decode steps; `prefill_attention.c` is flash attention
-for prefill chunks (its wrapper is in `prefill.py`); `rope_kv.c` rotates a
+for prefill chunks, `prefill_attention_amx.c` the same on AMX-BF16 tiles
+(their wrappers are in `prefill.py`); `rope_kv.c` rotates a
 step's queries and keys and writes keys and values into the cache in one
 pass (`rope.py`); `rms_norm.c` normalises rows in one pass;
 `int8_rows.c` and `int8_gemm.c` are W8A8's passes and matmul, with

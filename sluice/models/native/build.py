@@ -24,6 +24,7 @@ _SOURCES = tuple(
     for name in (
         "paged_decode_attention.c",
         "prefill_attention.c",
+        "prefill_attention_amx.c",
         "rms_norm.c",
         "rows.c",
         "rope_kv.c",

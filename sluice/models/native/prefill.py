@@ -1,8 +1,10 @@
-"""The prefill attention kernel of prefill_attention.c (bfloat16, AVX512-BF16).
+"""The prefill attention kernels: prefill_attention.c (bfloat16, AVX512-BF16)
+and prefill_attention_amx.c (the same on AMX-BF16 tiles), one wrapper.
 
-An optimisation only, as every kernel here: `prefill_attention_kernel`
-returns None where it cannot run (no compiler, `SLUICE_NATIVE_KERNELS=0`, no
-AVX512-BF16, another dtype), and the caller keeps torch's flash attention.
+An optimisation only, as every kernel here: each getter returns None where
+its kernel cannot run (no compiler, `SLUICE_NATIVE_KERNELS=0`, no
+AVX512-BF16 or no AMX tiles, another dtype), and the caller keeps torch's
+flash attention. Which one serves which prompt lengths: kernel_plan.py.
 """
 
 from __future__ import annotations
@@ -23,12 +25,26 @@ HEAD_DIMS = (64, 128)
 def prefill_attention_kernel(dtype: torch.dtype):
     """attention(q [L, Hq, D], keys [S, Hkv, D], values [S, Hkv, D], scale) -> [L, Hq, D]:
     causal, the L queries being the last L of the S positions; None: no kernel."""
+    return _kernel(dtype, "prefill_attention_bf16", "prefill_attention_available")
+
+
+@cache
+def prefill_attention_amx_kernel(dtype: torch.dtype):
+    """The same attention on AMX-BF16 tiles (prefill_attention_amx.c); None
+    where the CPU or the OS grants no AMX tiles. A query's result depends
+    only on its own q and the keys, not on how its prompt was chunked."""
+    return _kernel(dtype, "prefill_attention_amx_bf16", "prefill_attention_amx_available")
+
+
+def _kernel(dtype: torch.dtype, name: str, available: str):
+    """The wrapper of the library's `name` (prefill_attention_bf16's
+    arguments), or None where `available` says it cannot run."""
     if dtype != torch.bfloat16:
         return None
     library = _library()
-    if library is None or not library.prefill_attention_available():
+    if library is None or not getattr(library, available)():
         return None
-    function = library.prefill_attention_bf16
+    function = getattr(library, name)
     int64, pointer = ctypes.c_int64, ctypes.c_void_p
     function.argtypes = [pointer, int64, pointer, int64, pointer] + [int64] * 6
     function.argtypes += [ctypes.c_float, pointer]

@@ -1,0 +1,88 @@
+"""The AMX-BF16 prefill attention kernel (native/prefill_attention_amx.c).
+
+Against float32 attention on the same bfloat16 inputs, within what torch's
+own bfloat16 attention errs by: heads of 64 and 128, grouped-query (3 query
+heads a KV head) and plain heads, whole prompts and chunks behind cached
+context, lengths on and off its 16-query tiles and 64-key blocks. And the
+property its fixed key blocks promise: a query's result does not depend on
+how its prompt was cut into chunks, bit for bit.
+
+Skipped only where the CPU has no AMX-BF16; where it has and a compiler
+exists, the kernel must be there (a failed build fails here).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sluice.loader.choices import cpu_flags
+from sluice.models.native import find_compiler
+from sluice.models.native.prefill import prefill_attention_amx_kernel
+from tests.test_native_prefill_attention import case, reference
+
+requires_amx = pytest.mark.skipif(
+    find_compiler() is None or not {"amx_tile", "amx_bf16"} <= cpu_flags(),
+    reason="no C compiler or no AMX-BF16 here",
+)
+
+
+@pytest.fixture
+def kernel():
+    kernel = prefill_attention_amx_kernel(torch.bfloat16)
+    assert kernel is not None, "the CPU has AMX-BF16 but the kernel was not built or not granted"
+    return kernel
+
+
+@requires_amx
+@pytest.mark.parametrize(
+    ("num_queries", "num_keys"),
+    [(1, 1), (15, 15), (33, 33), (100, 100), (517, 517), (1, 40), (15, 100), (33, 517)],
+)
+@pytest.mark.parametrize(
+    ("heads", "head_dim"), [((9, 3), 64), ((4, 4), 64), ((6, 2), 128), ((2, 2), 128)]
+)
+def test_the_kernel_is_as_close_to_exact_as_torchs_bfloat16_attention(
+    kernel, num_queries, num_keys, heads, head_dim
+):
+    q, k, v = case(num_queries, num_keys, heads, head_dim, seed=num_queries * 7 + num_keys)
+    got = kernel(q, k, v, 0.125).float()
+    exact = reference(q, k, v, 0.125, torch.float32)
+    torch_error = (reference(q, k, v, 0.125, torch.bfloat16) - exact).abs()
+    error = (got - exact).abs()
+    assert got.shape == (num_queries, heads[0], head_dim)
+    assert error.max() <= 2 * torch_error.max() + 2**-8
+    assert error.mean() <= 1.5 * torch_error.mean() + 1e-4
+
+
+@requires_amx
+@pytest.mark.parametrize("cuts", [(300, 400), (123, 577), (1, 64, 63, 572)])
+@pytest.mark.parametrize(("heads", "head_dim"), [((9, 3), 64), ((2, 2), 128)])
+def test_a_prompt_in_chunks_gets_the_bits_of_one_call(kernel, cuts, heads, head_dim):
+    q, k, v = case(sum(cuts), sum(cuts), heads, head_dim, seed=sum(cuts))
+    whole = kernel(q, k, v, 0.125)
+    chunks, end = [], 0
+    for length in cuts:  # each chunk attends to its own keys and all before them
+        end += length
+        chunks.append(kernel(q[end - length : end], k[:end], v[:end], 0.125))
+    assert torch.equal(torch.cat(chunks), whole)
+
+
+@requires_amx
+@pytest.mark.parametrize("position", [0, 15, 16, 63, 64, 450, 699])
+def test_a_query_alone_gets_the_bits_it_gets_among_others(kernel, position):
+    q, k, v = case(700, 700, (9, 3), 64, seed=5)
+    whole = kernel(q, k, v, 0.125)
+    alone = kernel(q[position : position + 1], k[: position + 1], v[: position + 1], 0.125)
+    assert torch.equal(alone[0], whole[position])
+
+
+@requires_amx
+def test_other_shapes_and_dtypes_get_no_kernel_or_an_error(kernel):
+    assert prefill_attention_amx_kernel(torch.float32) is None
+    q, k, v = case(4, 4, (4, 2), 96)
+    with pytest.raises(ValueError, match="unsupported shape"):
+        kernel(q, k, v, 0.1)
+    q, k, v = case(4, 4, (4, 3), 64)  # 4 query heads do not share 3 KV heads
+    with pytest.raises(ValueError, match="unsupported shape"):
+        kernel(q, k, v, 0.1)
