@@ -82,6 +82,52 @@ def test_bfloat16_kernel_within_one_output_rounding_of_exact(lengths, heads, hea
     assert (got - exact).abs().mean() <= torch_error
 
 
+def chunk_rows_case(context: int, num_rows: int, heads, head_dim: int, extra_seqs: int, seed: int):
+    """A chunk of `num_rows` tokens after `context` cached ones, run as decode
+    rows (row r sees context + r + 1 keys, all on one block table), beside
+    `extra_seqs` one-token decodes on tables of their own."""
+    generator = torch.Generator().manual_seed(seed)
+    num_heads, num_kv_heads = heads
+    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator)
+    order = (torch.randperm(NUM_BLOCKS - 1, generator=generator) + 1).tolist()
+    lengths = [context + num_rows] + [13 * (i + 1) for i in range(extra_seqs)]
+    tables = []
+    for length in lengths:
+        count = -(-length // BLOCK_SIZE)
+        tables.append(order[:count])
+        order = order[count:]
+    meta = AttentionMetadata.build(
+        [num_rows] + [1] * extra_seqs,
+        [context] + [n - 1 for n in lengths[1:]],
+        tables,
+        BLOCK_SIZE,
+        "cpu",
+    )
+    plan = meta.decode
+    q = torch.randn(plan.seq_lens.shape[0], num_heads, head_dim, generator=generator)
+    return q.to(torch.bfloat16), cache.to(torch.bfloat16), plan
+
+
+@requires_kernel
+@pytest.mark.parametrize("context", [0, 5, 150, 700])
+@pytest.mark.parametrize("num_rows", [2, 11, 17, 33])
+@pytest.mark.parametrize(("heads", "head_dim"), [((9, 3), 64), ((8, 1), 128), ((4, 4), 64)])
+def test_rows_of_one_chunk_give_the_bits_each_row_gives_alone(context, num_rows, heads, head_dim):
+    # A speculative step's drafted tokens run as decode rows of one call, beside
+    # other sequences' decodes (and the call shares out tasks by how many rows
+    # it has): a row's bits must not depend on the rows beside it.
+    q, cache, plan = chunk_rows_case(context, num_rows, heads, head_dim, 3, seed=context + num_rows)
+    block_ids = plan.block_ids.view(q.shape[0], plan.num_blocks)
+    kernel = decode_attention_kernel(torch.bfloat16)
+    together = kernel(q, cache, block_ids, plan.seq_lens, 0.125)
+    for row in range(q.shape[0]):
+        alone = kernel(q[row : row + 1], cache, block_ids[row : row + 1],
+                       plan.seq_lens[row : row + 1], 0.125)  # fmt: skip
+        assert torch.equal(together[row : row + 1].view(torch.int16), alone.view(torch.int16)), row
+    exact = decode_attention_torch(q.float(), cache.float(), plan, 0.125)
+    assert ((together.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all()
+
+
 @requires_kernel
 def test_other_head_dims_and_scales():
     q, cache, plan = decode_case([20, 50], 6, 2, head_dim=32, dtype=torch.float32)
