@@ -3,9 +3,10 @@ of prompt lengths from times on an injected clock, so no test here depends
 on this machine's speed.
 
 - each CPU's shape of results: AMX (torch's SDPA on AMX tiles wins long
-  prompts, the native kernel short ones), Zen 4 (native wins every length),
+  prompts, the native kernel short ones; with the AMX kernel as a third
+  candidate, it takes the long ones), Zen 4 (native wins every length),
   torch everywhere, bands apart (no monotonicity assumed); a tie goes to
-  torch; medians decide;
+  torch, then to AMX; medians decide;
 - a plan sends each chunk length to its band's kernel, and says so in one line;
 - the kept file round-trips, a damaged one is none, and its name changes
   with the CPU's flags line, the thread count and the head shapes.
@@ -20,6 +21,8 @@ from sluice.models import kernel_plan
 from sluice.models.config import LlamaConfig
 from sluice.models.kernel_plan import NATIVE, TORCH, KernelPlan, measure_prefill, parse_bands
 
+AMX_KERNEL = kernel_plan.AMX
+
 # Native / torch time per prompt length, as each CPU's kind gave them (issue 27).
 AMX = {256: 0.8, 1024: 2.4, 4096: 3.8}
 ZEN4 = {256: 0.5, 1024: 0.6, 4096: 0.7}
@@ -33,25 +36,31 @@ class FakeClock:
         return self.now
 
 
-def measure(ratios, **kwargs):
-    """measure_prefill over candidates whose native / torch time at n is ratios[n]."""
+def measure(ratios, amx_ratios=None, **kwargs):
+    """measure_prefill over candidates whose native / torch time at n is
+    ratios[n] (and the AMX kernel's, amx_ratios[n], where given)."""
     clock = FakeClock()
 
     def native(n):
         clock.now += 1e-6 * n * n * ratios[n]
 
+    def amx(n):
+        clock.now += 1e-6 * n * n * amx_ratios[n]
+
     def sdpa(n):
         clock.now += 1e-6 * n * n
 
-    return measure_prefill(native, sdpa, lengths=sorted(ratios), clock=clock, **kwargs)
+    amx_candidate = None if amx_ratios is None else amx
+    lengths = sorted(ratios)
+    return measure_prefill(native, sdpa, lengths, clock=clock, amx=amx_candidate, **kwargs)
 
 
 def test_on_amx_torch_serves_long_prompts_and_native_short_ones():
     bands = measure(AMX)
     assert bands == ((0, NATIVE), (1024, TORCH))
     plan = KernelPlan(bands, "measured at load")
-    assert [plan.is_native_prefill(n) for n in (1, 255, 1023, 1024, 6300)] == [
-        True, True, True, False, False,
+    assert [plan.prefill_kernel(n) for n in (1, 255, 1023, 1024, 6300)] == [
+        NATIVE, NATIVE, NATIVE, TORCH, TORCH,
     ]  # fmt: skip
     assert plan.describe() == (
         "kernel plan (measured at load): prefill attention native below 1024 tokens, "
@@ -71,8 +80,33 @@ def test_torch_everywhere_ties_to_torch_and_bands_apart():
     assert measure({256: 1.0, 1024: 1.0}) == ((0, TORCH),)  # native must win to serve
     apart = measure({256: 0.9, 1024: 1.2, 4096: 0.9})
     assert apart == ((0, NATIVE), (1024, TORCH), (4096, NATIVE))
-    assert not KernelPlan(apart).is_native_prefill(2000)
-    assert KernelPlan(apart).is_native_prefill(5000)
+    assert KernelPlan(apart).prefill_kernel(2000) == TORCH
+    assert KernelPlan(apart).prefill_kernel(5000) == NATIVE
+
+
+def test_where_the_amx_kernel_wins_long_prompts_it_serves_them():
+    # AMX kernel / torch time per length: slower than native when short, the
+    # fastest of the three from 1,024 tokens.
+    bands = measure(AMX, {256: 1.1, 1024: 0.7, 4096: 0.6})
+    assert bands == ((0, NATIVE), (1024, AMX_KERNEL))
+    plan = KernelPlan(bands, "measured at load")
+    assert [plan.prefill_kernel(n) for n in (255, 1024, 7800)] == [NATIVE, AMX_KERNEL, AMX_KERNEL]
+    assert plan.describe() == (
+        "kernel plan (measured at load): prefill attention native below 1024 tokens, amx from 1024"
+    )
+    # Where it wins nowhere, it serves nowhere; ties go to torch, then to AMX.
+    assert measure(AMX, {256: 2.0, 1024: 1.5, 4096: 1.2}) == ((0, NATIVE), (1024, TORCH))
+    assert measure(AMX, {256: 1.5, 1024: 1.0, 4096: 1.0}) == ((0, NATIVE), (1024, TORCH))
+    clock = FakeClock()
+
+    def seconds(took):
+        def run(n):
+            clock.now += took
+
+        return run
+
+    tie = measure_prefill(seconds(2.0), seconds(3.0), (256,), clock=clock, amx=seconds(2.0))
+    assert tie == ((0, AMX_KERNEL),)
 
 
 def test_medians_decide_so_one_slow_run_does_not():
@@ -90,23 +124,22 @@ def test_medians_decide_so_one_slow_run_does_not():
 
 def test_the_kept_file_round_trips_and_a_damaged_one_is_none(tmp_path):
     path = tmp_path / "plan.json"
-    kernel_plan.write_plan(path, KernelPlan(((0, NATIVE), (1024, TORCH)), "measured at load"))
-    assert kernel_plan.read_plan(path, "cached") == KernelPlan(
-        ((0, NATIVE), (1024, TORCH)), "cached"
-    )
+    bands = ((0, NATIVE), (1024, TORCH), (2048, AMX_KERNEL))
+    kernel_plan.write_plan(path, KernelPlan(bands, "measured at load"))
+    assert kernel_plan.read_plan(path, "cached") == KernelPlan(bands, "cached")
     for text in (
         "{",
         "[]",
         '{"prefill_attention": []}',
         '{"prefill_attention": [[1, "native"]]}',
         '{"prefill_attention": [[0, "native"], [0, "torch"]]}',
-        '{"prefill_attention": [[0, "amx"]]}',
+        '{"prefill_attention": [[0, "vnni"]]}',
         '{"prefill_attention": [[0.5, "native"]]}',
     ):
         path.write_text(text)
         assert kernel_plan.read_plan(path, "cached") is None, text
-    assert parse_bands({"prefill_attention": [[0, "torch"], [4096, "native"]]}) == (
-        (0, TORCH), (4096, NATIVE),
+    assert parse_bands({"prefill_attention": [[0, "torch"], [4096, "amx"]]}) == (
+        (0, TORCH), (4096, AMX_KERNEL),
     )  # fmt: skip
 
 

@@ -23,9 +23,9 @@ from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
 from sluice.loader import load_model
 from sluice.models import kernel_race
-from sluice.models.kernel_plan import NATIVE, TORCH, KernelPlan
+from sluice.models.kernel_plan import AMX, NATIVE, TORCH, KernelPlan
 from sluice.models.native import find_compiler
-from sluice.models.native.prefill import prefill_attention_kernel
+from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
 from tests.model_factory import write_tiny_tokenizer
 
 # The bands an AMX CPU's measurement gives (test_models_kernel_plan.py).
@@ -52,9 +52,13 @@ def measurements(monkeypatch):
     """Each measurement the loads make (of real candidates), answering AMX's bands."""
     calls = []
 
-    def fake_measure(native, sdpa, lengths):
+    def fake_measure(native, sdpa, lengths, amx=None):
         calls.append(list(lengths))
         native(lengths[0]), sdpa(lengths[0])  # the candidates run on the model's shapes
+        # The AMX kernel is a candidate exactly where it runs.
+        assert (amx is None) == (prefill_attention_amx_kernel(torch.bfloat16) is None)
+        if amx is not None:
+            amx(lengths[0])
         return AMX_BANDS
 
     monkeypatch.setattr(kernel_race, "measure_prefill", fake_measure)
@@ -135,7 +139,7 @@ def test_the_real_measurement_runs_and_keeps_a_plan(wide_heads_folder, tmp_path)
     plan = kernel_race.plan_kernels("measure", config, torch.bfloat16, tmp_path, 300)
     # Which kernel wins depends on this CPU; that the plan is measured and kept does not.
     assert plan.source == "measured at load" and plan.prefill_attention in (
-        ((0, NATIVE),), ((0, TORCH),),
+        ((0, NATIVE),), ((0, AMX),), ((0, TORCH),),
     )  # fmt: skip
     (kept,) = (tmp_path / "calibration").glob("kernel-plan-*.json")
     assert parse_bands(json.loads(kept.read_text())) == plan.prefill_attention

@@ -5,7 +5,8 @@ own bfloat16 attention errs by: heads of 64 and 128, grouped-query (3 query
 heads a KV head) and plain heads, whole prompts and chunks behind cached
 context, lengths on and off its 16-query tiles and 64-key blocks. And the
 property its fixed key blocks promise: a query's result does not depend on
-how its prompt was cut into chunks, bit for bit.
+how its prompt was cut into chunks, bit for bit. The model's prefill takes
+it in the plan's AMX bands, cached context read back from the paged cache.
 
 Skipped only where the CPU has no AMX-BF16; where it has and a compiler
 exists, the kernel must be there (a failed build fails here).
@@ -17,6 +18,8 @@ import pytest
 import torch
 
 from sluice.loader.choices import cpu_flags
+from sluice.models import attention
+from sluice.models.kernel_plan import AMX, NATIVE, KernelPlan
 from sluice.models.native import find_compiler
 from sluice.models.native.prefill import prefill_attention_amx_kernel
 from tests.test_native_prefill_attention import case, reference
@@ -86,3 +89,33 @@ def test_other_shapes_and_dtypes_get_no_kernel_or_an_error(kernel):
     q, k, v = case(4, 4, (4, 3), 64)  # 4 query heads do not share 3 KV heads
     with pytest.raises(ValueError, match="unsupported shape"):
         kernel(q, k, v, 0.1)
+
+
+@requires_amx
+def test_the_models_prefill_takes_it_where_the_plan_says_with_cached_context(kernel, monkeypatch):
+    calls = []
+
+    def counting(*args):
+        calls.append(args[1].shape[0])  # keys seen
+        return kernel(*args)
+
+    monkeypatch.setattr(attention, "prefill_attention_amx_kernel", lambda dtype: counting)
+    plan = KernelPlan(((0, NATIVE), (40, AMX)), "measured at load")
+    q, k, v = case(50, 50, (9, 3), 64, seed=3)
+    whole = attention._prefill_attention(
+        q, k, v, None, attention.PrefillPlan(0, 50, 0, 50, None), 0.125, plan
+    )
+    assert calls == [50] and torch.equal(whole, kernel(q, k, v, 0.125))
+    # The last 20 tokens behind 30 cached: keys read back from the paged cache.
+    block_ids = torch.tensor([2, 0, 3, 1])
+    kv_cache = torch.zeros(2, 4, 16, 3, 64, dtype=torch.bfloat16)
+    for i, block in enumerate(block_ids.tolist()):
+        kv_cache[0, block, : len(k[16 * i : 16 * i + 16])] = k[16 * i : 16 * i + 16]
+        kv_cache[1, block, : len(v[16 * i : 16 * i + 16])] = v[16 * i : 16 * i + 16]
+    chunk = attention.PrefillPlan(0, 20, context_len=30, seq_len=50, block_ids=block_ids)
+    got = attention._prefill_attention(q[30:], k[30:], v[30:], kv_cache, chunk, 0.125, plan)
+    assert calls == [50, 50] and torch.equal(got, whole[30:])
+    calls.clear()
+    short = attention.PrefillPlan(0, 30, 0, 30, None)
+    attention._prefill_attention(q[:30], k[:30], v[:30], None, short, 0.125, plan)
+    assert calls == []  # below 40 keys: the AVX512 kernel's band

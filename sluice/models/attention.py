@@ -53,10 +53,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sluice.models.config import LlamaConfig
-from sluice.models.kernel_plan import KernelPlan
+from sluice.models.kernel_plan import AMX, NATIVE, KernelPlan
 from sluice.models.native import decode_attention_kernel, merge_attention_kernel
 from sluice.models.native.prefill import HEAD_DIMS as PREFILL_HEAD_DIMS
-from sluice.models.native.prefill import prefill_attention_kernel
+from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
 
 # Without a plan measured at load (kernel_plan.py): the native prefill kernel
 # wherever it runs.
@@ -396,16 +396,10 @@ def _prefill_attention(
     scale: float,
     kernels: KernelPlan = NATIVE_WHERE_IT_RUNS,
 ) -> Tensor:  # [query_len, num_heads, head_dim]
-    head_dim = q.shape[2]
-    if (
-        q.device.type == "cpu"
-        and head_dim in PREFILL_HEAD_DIMS
-        and kernels.is_native_prefill(plan.seq_len)
-        and (kernel := prefill_attention_kernel(q.dtype)) is not None
-    ):
-        # native/prefill_attention.c: causal over the chunk's keys, with the
-        # cached context's before them (read back from the cache, where the
-        # chunk's own were written first).
+    if (kernel := _native_prefill_kernel(q, kernels, plan.seq_len)) is not None:
+        # native/prefill_attention.c or its AMX twin: causal over the chunk's
+        # keys, with the cached context's before them (read back from the
+        # cache, where the chunk's own were written first).
         if plan.block_ids is None:
             return kernel(q, k, v, scale)
         keys, values = _cached_kv(kv_cache, plan.block_ids, plan.seq_len)
@@ -415,6 +409,17 @@ def _prefill_attention(
     if q.device.type == "cpu":
         return _cached_prefix_then_chunk(q, k, v, kv_cache, plan, scale)
     return _cached_prefix_masked(q, kv_cache, plan, scale)
+
+
+def _native_prefill_kernel(q: Tensor, kernels: KernelPlan, num_keys: int):
+    """The native kernel the plan's band of `num_keys` names, where it runs
+    on q; None: torch's flash attention."""
+    if q.device.type != "cpu" or q.shape[2] not in PREFILL_HEAD_DIMS:
+        return None
+    name = kernels.prefill_kernel(num_keys)
+    if name == AMX:
+        return prefill_attention_amx_kernel(q.dtype)
+    return prefill_attention_kernel(q.dtype) if name == NATIVE else None
 
 
 def _cached_prefix_masked(

@@ -1,15 +1,18 @@
 """Which prefill attention kernel serves which prompt lengths on this CPU: measured at load.
 
-Two candidates compute a prefill chunk's attention: the native flash kernel
-(native/prefill_attention.c, AVX512-BF16) and torch's flash SDPA. Which is
-faster depends on the CPU, not on the code: on Zen 4 the native kernel wins;
-on a Sapphire Rapids with AMX torch's SDPA runs on AMX tiles through oneDNN
-and wins long prompts by 2.4-3.8x (issue 27: 512 tokens native 2.49 ms
-against 1.04 ms, 2,000 tokens 33.98 against 8.96 ms per layer). So the load
-times both on the model's own head shapes at `PREFILL_LENGTHS` and gives
-each band of lengths (from one measured length to the next; the first from
-0, the last without end) to the faster, no monotonicity assumed; a tie goes
-to torch (the native kernel must win to serve). The plan is kept in the
+Up to three candidates compute a prefill chunk's attention: the native flash
+kernel (native/prefill_attention.c, AVX512-BF16), the same on AMX-BF16 tiles
+(native/prefill_attention_amx.c, "amx", where the CPU and OS grant tiles),
+and torch's flash SDPA. Which is fastest depends on the CPU, not on the
+code: on Zen 4 the native kernel wins; on a Sapphire Rapids with AMX
+torch's SDPA runs on AMX tiles through oneDNN and beats the AVX512 kernel
+on long prompts by 2.4-3.8x (issue 27: 512 tokens native 2.49 ms against
+1.04 ms, 2,000 tokens 33.98 against 8.96 ms per layer), and the AMX kernel
+beats both there. So the load times each on the model's own head shapes at
+`PREFILL_LENGTHS` and gives each band of lengths (from one measured length
+to the next; the first from 0, the last without end) to the fastest, no
+monotonicity assumed; a tie goes to torch (a native kernel must win to
+serve), and between the two native kernels to AMX. The plan is kept in the
 cache beside the calibration (`plan_file`), keyed by the CPU's model name
 and flags lines, the kernels' sources, torch's and sluice's versions, the
 head shapes and the thread count, so later starts and replicas read it back
@@ -23,7 +26,7 @@ at load on one of the model's own matrices at `INT8_ROWS`. Both give the
 same exact sums through one epilogue, so this choice never changes a row's
 bits: only its speed, so replicas may choose apart and still agree.
 
-Both attention candidates compute the same attention within bfloat16 rounding (tests
+The attention candidates compute the same attention within bfloat16 rounding (tests
 compare each with float32 attention); a native kernel that disagrees with
 torch at load is not a candidate. Note (issue 28): a chunk's kernel follows
 its sequence's length, so a row's bits can differ with how its prompt was
@@ -68,7 +71,7 @@ Bands = tuple[tuple[int, str], ...]
 class KernelPlan:
     """The kernel each band of prefill lengths runs on (module docstring)."""
 
-    # (first number of keys, NATIVE or TORCH), ascending; the first from 0.
+    # (first number of keys, NATIVE, AMX or TORCH), ascending; the first from 0.
     prefill_attention: Bands = ((0, NATIVE),)
     # How the plan came: "measured at load", "cached", "from FILE", or why none was measured.
     source: str = "native kernel wherever it runs"
@@ -81,9 +84,9 @@ class KernelPlan:
     # (sluice/engine/speculation.py); empty outside that scheme.
     step_seconds: tuple[tuple[int, float], ...] = ()
 
-    def is_native_prefill(self, num_keys: int) -> bool:
-        """Whether a prefill chunk over `num_keys` keys takes the native kernel."""
-        return band_of(self.prefill_attention, num_keys) == NATIVE
+    def prefill_kernel(self, num_keys: int) -> str:
+        """The kernel (NATIVE, AMX or TORCH) of a prefill chunk over `num_keys` keys."""
+        return band_of(self.prefill_attention, num_keys)
 
     def describe(self) -> str:
         """For the startup line: "kernel plan (measured at load): prefill
@@ -125,24 +128,24 @@ def _describe(bands: Bands, unit: str) -> str:
 
 
 def measure_bands(
-    candidates: tuple[tuple[str, Callable[[int], object]], tuple[str, Callable[[int], object]]],
+    candidates: Sequence[tuple[str, Callable[[int], object]]],
     sizes: Sequence[int],
     repeats: int = _REPEATS,
     clock: Callable[[], float] = time.perf_counter,
     fastest: list[tuple[int, float]] | None = None,
 ) -> Bands:
-    """The faster of two named candidates at each of `sizes`, as bands (each
+    """The fastest of the named candidates at each of `sizes`, as bands (each
     from its size; the first from 0), neighbours of one candidate merged, no
     monotonicity assumed. Each size: one warm-up of each, `repeats` runs
-    alternating, medians compared; a tie goes to the second candidate.
-    `fastest` gets (size, the faster's median seconds) for each size."""
-    (first, _), (second, _) = candidates
+    alternating, medians compared; a tie goes to the later candidate.
+    `fastest` gets (size, the fastest's median seconds) for each size."""
     bands: list[tuple[int, str]] = []
     for i, n in enumerate(sorted(sizes)):
         seconds = _medians(candidates, n, repeats, clock)
-        faster = first if seconds[0] < seconds[1] else second
+        best = min(seconds)
+        faster = [name for (name, _), t in zip(candidates, seconds, strict=True) if t == best][-1]
         if fastest is not None:
-            fastest.append((n, min(seconds)))
+            fastest.append((n, best))
         if not bands or bands[-1][1] != faster:
             bands.append((0 if i == 0 else n, faster))
     return tuple(bands)
@@ -173,9 +176,12 @@ def measure_prefill(
     lengths: Sequence[int] = PREFILL_LENGTHS,
     repeats: int = _REPEATS,
     clock: Callable[[], float] = time.perf_counter,
+    amx: Callable[[int], object] | None = None,
 ) -> Bands:
-    """The faster of `native(n)` and `sdpa(n)` at each of `lengths` (a tie goes to torch)."""
-    return measure_bands(((NATIVE, native), (TORCH, sdpa)), lengths, repeats, clock)
+    """The fastest of `native(n)`, `amx(n)` (where there is one) and
+    `sdpa(n)` at each of `lengths` (a tie goes to torch, then to AMX)."""
+    candidates = [(NATIVE, native)] + ([] if amx is None else [(AMX, amx)]) + [(TORCH, sdpa)]
+    return measure_bands(candidates, lengths, repeats, clock)
 
 
 def measure_int8(
@@ -203,7 +209,7 @@ def parse_bands(value: object, key: str = "prefill_attention") -> Bands | None:
     if not isinstance(value, dict) or not isinstance(value.get(key), list):
         return None
     bands = value[key]
-    names = (NATIVE, TORCH) if key == "prefill_attention" else (VNNI, AMX)
+    names = (NATIVE, AMX, TORCH) if key == "prefill_attention" else (VNNI, AMX)
     if not all(
         isinstance(band, list) and len(band) == 2 and type(band[0]) is int
         and band[1] in names for band in bands
@@ -284,7 +290,7 @@ def pinned_plan(path: str) -> KernelPlan:
     if plan is None:
         raise ModelLoadError(
             f"--kernel-plan {path}: not a kernel plan file (JSON: "
-            '{"prefill_attention": [[0, "native"], [1024, "torch"]], "int8_matmul": '
+            '{"prefill_attention": [[0, "native"], [1024, "amx"]], "int8_matmul": '
             '[[0, "vnni"], [8, "amx"]]}; or choose auto or measure)'
         )
     return plan

@@ -10,8 +10,9 @@ plan also times its two int8 matmuls (`int8_candidates`).
 
 The candidates run on the model's own head shapes (query and KV heads, head
 size), on random inputs of each measured length: whole causal prompts, as
-the first chunk of a long prompt is. Before timing, the native kernel must
-agree with torch's attention within bfloat16 rounding, or it is no candidate.
+the first chunk of a long prompt is. Before timing, each native kernel (the
+AVX512 one, and the AMX one where the CPU grants tiles) must agree with
+torch's attention within bfloat16 rounding, or it is no candidate.
 """
 
 from __future__ import annotations
@@ -42,13 +43,26 @@ from sluice.models.kernel_plan import (
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native import native_status
 from sluice.models.native.int8 import int8_gemm_kernels
-from sluice.models.native.prefill import HEAD_DIMS, prefill_attention_kernel
+from sluice.models.native.prefill import (
+    HEAD_DIMS,
+    prefill_attention_amx_kernel,
+    prefill_attention_kernel,
+)
 
 logger = logging.getLogger(__name__)
 
 Candidate = Callable[[int], object]
 # Native against torch on the same inputs: a few bfloat16 roundings of outputs of order 1.
 _AGREEMENT = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillCandidates:
+    """Causal attention over n tokens on the model's head shapes, each way."""
+
+    native: Candidate  # native/prefill_attention.c
+    sdpa: Candidate  # torch's flash SDPA
+    amx: Candidate | None  # native/prefill_attention_amx.c; None: no AMX tiles here
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +91,9 @@ def plan_kernels(
     if setting == AUTO and (kept := read_plan(path, "cached")) is not None:
         return kept
     prefill = (
-        ((0, TORCH),) if isinstance(candidates, str) else measure_prefill(*candidates, lengths)
+        ((0, TORCH),)
+        if isinstance(candidates, str)
+        else measure_prefill(candidates.native, candidates.sdpa, lengths, amx=candidates.amx)
     )
     int8_bands, seconds = ((), ()) if int8 is None else measure_int8(int8.amx, int8.vnni)
     plan = KernelPlan(prefill, "measured at load", int8_bands, seconds)
@@ -86,11 +102,9 @@ def plan_kernels(
     return plan
 
 
-def prefill_candidates(
-    config: LlamaConfig, dtype: torch.dtype
-) -> tuple[Candidate, Candidate] | str:
-    """(native, torch): each runs causal attention over n tokens on the
-    model's head shapes; or why there is no native candidate."""
+def prefill_candidates(config: LlamaConfig, dtype: torch.dtype) -> PrefillCandidates | str:
+    """The kernels that run causal attention over n tokens on the model's
+    head shapes; or why there is no native candidate."""
     if config.head_dim not in HEAD_DIMS or dtype != torch.bfloat16:
         return f"no native prefill kernel for {dtype} heads of {config.head_dim}"
     kernel = prefill_attention_kernel(dtype)
@@ -110,18 +124,26 @@ def prefill_candidates(
             )  # q [n, Hq, D], keys and values [n, Hkv, D]
         return inputs[n]
 
-    def native(n: int) -> torch.Tensor:
-        return kernel(*case(n), scale)
+    def run(attention) -> Candidate:
+        return lambda n: attention(*case(n), scale)
 
-    def sdpa(n: int) -> torch.Tensor:
-        return prefill_attention_torch(*case(n), scale)
-
-    smallest = min(PREFILL_LENGTHS)
-    gap = (native(smallest).float() - sdpa(smallest).float()).abs().max().item()
-    if gap > _AGREEMENT:
+    sdpa = run(prefill_attention_torch)
+    native = run(kernel)
+    if (gap := _gap(native, sdpa)) > _AGREEMENT:
         logger.warning("the native prefill kernel differs from torch's by %.3g: not used", gap)
         return f"the native prefill kernel disagreed with torch by {gap:.3g}"
-    return native, sdpa
+    amx_kernel = prefill_attention_amx_kernel(dtype)
+    amx = None if amx_kernel is None else run(amx_kernel)
+    if amx is not None and (amx_gap := _gap(amx, sdpa)) > _AGREEMENT:
+        logger.warning("the AMX prefill kernel differs from torch's by %.3g: not used", amx_gap)
+        amx = None
+    return PrefillCandidates(native, sdpa, amx)
+
+
+def _gap(kernel: Candidate, sdpa: Candidate) -> float:
+    """The largest difference of `kernel` from torch's attention at the shortest length."""
+    smallest = min(PREFILL_LENGTHS)
+    return (kernel(smallest).float() - sdpa(smallest).float()).abs().max().item()
 
 
 def int8_candidates(model: LlamaForCausalLM) -> Int8Candidates | None:
