@@ -9,10 +9,11 @@
    a step reads them). Against the decode kernel of git revision `--against`
    (compiled from that revision's source into a temporary library), or
    without it against the torch path (a gathered copy and SDPA).
-2. Prefill attention (native/prefill_attention.c) against torch's CPU flash
-   SDPA, causal, per layer, for each `--prefill` length: ms and GFLOPS.
+2. Prefill attention (native/prefill_attention.c, and where the CPU grants
+   AMX tiles native/prefill_attention_amx.c) against torch's CPU flash SDPA,
+   causal, per layer, for each `--prefill` length: ms and GFLOPS.
 
-Each pair of kernels alternates call by call; figures are medians.
+The kernels compared alternate call by call; figures are medians.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 
 from sluice.models.attention import AttentionMetadata, decode_attention_torch
 from sluice.models.native import _ARGTYPES, _DecodeAttention, decode_attention_kernel
-from sluice.models.native.prefill import prefill_attention_kernel
+from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = "sluice/models/native"
@@ -85,17 +86,18 @@ def partial(**bound):
     return bind
 
 
-def alternate(first, second, calls: int) -> tuple[float, float]:
-    """Median seconds of each, called alternately."""
-    times: tuple[list[float], list[float]] = ([], [])
+def alternate(*functions, calls: int) -> tuple[float, ...]:
+    """Median seconds of each, called in turn."""
+    times: list[list[float]] = [[] for _ in functions]
     for _ in range(3):
-        first(), second()
-    for i in range(2 * calls):
-        function = (first, second)[i % 2]
-        start = time.perf_counter()
-        function()
-        times[i % 2].append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+        for function in functions:
+            function()
+    for _ in range(calls):
+        for spent, function in zip(times, functions, strict=True):
+            start = time.perf_counter()
+            function()
+            spent.append(time.perf_counter() - start)
+    return tuple(statistics.median(spent) for spent in times)
 
 
 def decode_rows(baseline, baseline_name: str) -> None:
@@ -113,9 +115,9 @@ def decode_rows(baseline, baseline_name: str) -> None:
         want = baseline(q, caches[0], block_ids, seq_lens, 0.125).float()
         error = (got - want).abs().max().item()
         one = partial(q=q, cache=caches[0], block_ids=block_ids, seq_lens=seq_lens)
-        hot = alternate(one(kernel), one(baseline), 40)
+        hot = alternate(one(kernel), one(baseline), calls=40)
         every = partial(q=q, caches=caches, block_ids=block_ids, seq_lens=seq_lens)
-        cold = alternate(every(kernel), every(baseline), 5)
+        cold = alternate(every(kernel), every(baseline), calls=5)
         cold = (cold[0] / LAYERS, cold[1] / LAYERS)
         kv_bytes = batch * context * KV_HEADS * HEAD_DIM * 2 * 2
         print(f"  {batch:>2} x {context:>4} tokens: cache in L3 {hot[0] * 1e6:6.0f} us against "
@@ -127,7 +129,10 @@ def decode_rows(baseline, baseline_name: str) -> None:
 
 def prefill_rows(lengths: list[int]) -> None:
     kernel = prefill_attention_kernel(torch.bfloat16)
+    amx = prefill_attention_amx_kernel(torch.bfloat16)
     print("prefill attention, causal, per layer: native against torch's flash SDPA")
+    if amx is None:
+        print("  (no AMX tiles here: no AMX kernel)")
     for length in lengths:
         qkv = torch.randn(length, HEADS + 2 * KV_HEADS, HEAD_DIM).to(torch.bfloat16)
         q, v = qkv[:, :HEADS], qkv[:, HEADS + KV_HEADS :]
@@ -137,11 +142,18 @@ def prefill_rows(lengths: list[int]) -> None:
             F.scaled_dot_product_attention, *(x.transpose(0, 1)[None] for x in (q, k, v)),
             is_causal=True, scale=0.125, enable_gqa=True,
         )  # fmt: skip
-        native_s, torch_s = alternate(functools.partial(kernel, q, k, v, 0.125), flash, 6)
+        kernels = [functools.partial(kernel, q, k, v, 0.125), flash]
+        if amx is not None:
+            kernels.append(functools.partial(amx, q, k, v, 0.125))
+        native_s, torch_s, *amx_s = alternate(*kernels, calls=6)
         flops = 4 * length * length / 2 * HEADS * HEAD_DIM
-        print(f"  {length:>5} tokens: native {native_s * 1e3:7.2f} ms "
-              f"({flops / native_s / 1e9:.0f} GFLOPS), torch {torch_s * 1e3:7.2f} ms "
-              f"({flops / torch_s / 1e9:.0f} GFLOPS), {torch_s / native_s:.2f}x", flush=True)  # fmt: skip
+        line = (f"  {length:>5} tokens: native {native_s * 1e3:7.2f} ms "
+                f"({flops / native_s / 1e9:.0f} GFLOPS), torch {torch_s * 1e3:7.2f} ms "
+                f"({flops / torch_s / 1e9:.0f} GFLOPS), {torch_s / native_s:.2f}x")  # fmt: skip
+        for seconds in amx_s:
+            line += (f"; AMX {seconds * 1e3:7.2f} ms ({flops / seconds / 1e9:.0f} GFLOPS), "
+                     f"{torch_s / seconds:.2f}x torch")  # fmt: skip
+        print(line, flush=True)
 
 
 def main() -> None:
