@@ -125,7 +125,6 @@ struct scratch {
     float *top;     /* [tiles][16] running maxima (scaled scores) */
     float *scores;  /* [16][BLOCK] */
     uint16_t *p;    /* [16][BLOCK] probabilities, bfloat16 */
-    float *seen;    /* [16] each row's maximum over the block; -inf: it sees no key there */
     float *factor;  /* [16] what each row's earlier sums are multiplied by */
 };
 
@@ -155,15 +154,14 @@ static inline void score_tile(const uint16_t *q, const uint32_t *kp, int64_t hea
     _tile_stored(3, scores + 48, BLOCK * 4);
 }
 
-/* Step 2a for one row: its scaled scores (masked past `limit`, the row's
- * last visible key, block-relative) written back, and their maximum;
- * -inf where the row sees no key of the block. A block the row sees whole
- * takes no mask: the same values either way. */
-static inline float scale_row(float *scores, int64_t limit, float scale) {
-    if (limit < 0) return -INFINITY;
-    const __m512 scales = _mm512_set1_ps(scale);
-    __m512 x[4];
-    for (int j = 0; j < 4; j++) x[j] = _mm512_mul_ps(_mm512_loadu_ps(scores + 16 * j), scales);
+/* Step 2a for one row: the maximum of its scaled scores, 16 lanes to
+ * reduce; keys past `limit` (its last visible key, block-relative) are set
+ * to -inf in place first. A block it sees whole takes no mask: the values
+ * are the same either way. All -inf where it sees no key of the block. */
+static inline __m512 row_max(float *scores, int64_t limit, float scale) {
+    if (limit < 0) return _mm512_set1_ps(-INFINITY);
+    __m512 s[4];
+    for (int j = 0; j < 4; j++) s[j] = _mm512_loadu_ps(scores + 16 * j);
     if (limit < BLOCK - 1) {
         const __m512i lane =
             _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
@@ -171,19 +169,39 @@ static inline float scale_row(float *scores, int64_t limit, float scale) {
         for (int j = 0; j < 4; j++) {
             const __mmask16 visible = _mm512_cmple_epi32_mask(
                 _mm512_add_epi32(lane, _mm512_set1_epi32(16 * j)), limits);
-            x[j] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), visible, x[j]);
+            s[j] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), visible, s[j]);
+            _mm512_storeu_ps(scores + 16 * j, s[j]);
         }
     }
-    for (int j = 0; j < 4; j++) _mm512_storeu_ps(scores + 16 * j, x[j]);
-    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(x[0], x[1]),
-                                              _mm512_max_ps(x[2], x[3])));
+    const __m512 scales = _mm512_set1_ps(scale);
+    for (int j = 0; j < 4; j++) s[j] = _mm512_mul_ps(s[j], scales);
+    return _mm512_max_ps(_mm512_max_ps(s[0], s[1]), _mm512_max_ps(s[2], s[3]));
 }
 
-/* Step 2b for 16 rows at once: new maxima and the factors of their earlier
+/* Lanes j with bit k set: b's maxima over lanes j and j ^ k; the others a's. */
+static inline __m512 fold(__m512 a, __m512 b, int k, __mmask16 upper) {
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i partner = _mm512_xor_si512(lane, _mm512_set1_epi32(k));
+    const __m512 a_swapped = _mm512_permutexvar_ps(partner, a);
+    const __m512 b_swapped = _mm512_permutexvar_ps(partner, b);
+    return _mm512_max_ps(_mm512_mask_blend_ps(upper, a, b_swapped),
+                         _mm512_mask_blend_ps(upper, a_swapped, b));
+}
+
+/* Step 2b: lane r = the maximum of v[r]'s 16 lanes (a transposing reduction:
+ * 15 folds for 16 rows instead of a horizontal reduction each). */
+static inline __m512 max_per_row(__m512 v[ROWS]) {
+    for (int i = 0; i < 8; i++) v[i] = fold(v[i], v[i + 8], 8, 0xff00);
+    for (int i = 0; i < 4; i++) v[i] = fold(v[i], v[i + 4], 4, 0xf0f0);
+    for (int i = 0; i < 2; i++) v[i] = fold(v[i], v[i + 2], 2, 0xcccc);
+    return fold(v[0], v[1], 1, 0xaaaa);
+}
+
+/* Step 2c, 16 rows at once: new maxima and the factors of their earlier
  * sums (exactly 1 where the maximum stays, or the row sees nothing here);
  * returns the rows whose earlier outputs need the factor. */
-static inline __mmask16 rescale_rows(float *top, const float *seen, float *factor) {
-    const __m512 old = _mm512_loadu_ps(top), new = _mm512_max_ps(old, _mm512_loadu_ps(seen));
+static inline __mmask16 rescale_rows(float *top, __m512 seen, float *factor) {
+    const __m512 old = _mm512_loadu_ps(top), new = _mm512_max_ps(old, seen);
     const __mmask16 moved = _mm512_cmp_ps_mask(new, old, _CMP_NEQ_UQ);
     const __m512 f = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), moved, exp16(_mm512_sub_ps(old, new)));
     _mm512_storeu_ps(top, new);
@@ -191,15 +209,14 @@ static inline __mmask16 rescale_rows(float *top, const float *seen, float *facto
     return moved & _mm512_cmp_ps_mask(old, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ);
 }
 
-/* Step 2c for one row: probabilities (bfloat16, into p) and the sums. */
-static inline void weigh_row(const float *x, float top, float factor, float *sums, uint16_t *p) {
-    if (top == -INFINITY) { /* nothing seen yet: no probabilities */
-        memset(p, 0, BLOCK * 2);
-        return;
-    }
-    const __m512 shift = _mm512_set1_ps(top);
+/* Step 2d for one row that sees a key of the block: its probabilities
+ * exp(s * scale - top) (bfloat16, into p) and its sums. */
+static inline void weigh_row(const float *scores, float scale, float top, float factor,
+                             float *sums, uint16_t *p) {
+    const __m512 scales = _mm512_set1_ps(scale), shift = _mm512_set1_ps(top);
     __m512 w[4];
-    for (int j = 0; j < 4; j++) w[j] = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + 16 * j), shift));
+    for (int j = 0; j < 4; j++)
+        w[j] = exp16(_mm512_fmsub_ps(_mm512_loadu_ps(scores + 16 * j), scales, shift));
     const __m512 block_sum = _mm512_add_ps(_mm512_add_ps(w[0], w[1]), _mm512_add_ps(w[2], w[3]));
     _mm512_storeu_ps(sums, _mm512_fmadd_ps(_mm512_loadu_ps(sums), _mm512_set1_ps(factor),
                                            block_sum));
@@ -275,21 +292,24 @@ static void finish_item(const struct call *c, const struct task *k, struct scrat
                         int64_t b, int64_t t) {
     float *scores = w->scores;
     const int64_t hd = c->head_dim, tile_first = (t % c->tiles_per_head) * ROWS;
+    __m512 maxima[ROWS];
     for (int64_t r = 0; r < ROWS; r++) {
         const int64_t position = c->offset + k->first + tile_first + r;
         int64_t limit = (position < c->num_keys - 1 ? position : c->num_keys - 1) - b * BLOCK;
         if (tile_first + r >= k->rows) limit = -1; /* past the last query */
-        w->seen[r] = scale_row(scores + r * BLOCK, limit, c->scale);
+        maxima[r] = row_max(scores + r * BLOCK, limit, c->scale);
     }
+    const __m512 seen = max_per_row(maxima);
+    const __mmask16 unseen = _mm512_cmp_ps_mask(seen, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
     float *top = w->top + t * ROWS, *o = w->o + t * ROWS * hd;
-    const __mmask16 moved = rescale_rows(top, w->seen, w->factor);
+    const __mmask16 moved = rescale_rows(top, seen, w->factor);
     for (int64_t r = 0; r < ROWS; r++) {
-        if (w->seen[r] == -INFINITY) { /* this block leaves the row as it was */
+        if (unseen & (1u << r)) { /* this block leaves the row as it was */
             memset(w->p + r * BLOCK, 0, BLOCK * 2);
             continue;
         }
-        weigh_row(scores + r * BLOCK, top[r], w->factor[r], w->sums + (t * ROWS + r) * 16,
-                  w->p + r * BLOCK);
+        weigh_row(scores + r * BLOCK, c->scale, top[r], w->factor[r],
+                  w->sums + (t * ROWS + r) * 16, w->p + r * BLOCK);
         if (moved & (1u << r)) {
             const __m512 factor = _mm512_set1_ps(w->factor[r]);
             for (int64_t d = 0; d < hd; d += 16)
@@ -361,7 +381,6 @@ static struct scratch carve(char *base, int64_t tiles, int64_t hd, int64_t *byte
     TAKE(top, float, tiles * ROWS)
     TAKE(scores, float, ROWS * BLOCK)
     TAKE(p, uint16_t, ROWS * BLOCK)
-    TAKE(seen, float, ROWS)
     TAKE(factor, float, ROWS)
 #undef TAKE
     *bytes = at;
