@@ -22,23 +22,28 @@
  *   1. scores S [16 x 64]: C tiles 0-3 (one per 16 keys) += A (16 queries x
  *      32 dims, tile 4) x B (16 dim pairs x 16 keys, tiles 5-7), head_dim/32
  *      steps; stored to memory;
- *   2. softmax on AVX-512: row by row the masked, scaled scores and their
- *      maximum; 16 rows at once the new maxima and rescale factors; row by
- *      row exp, sums, P [16 x 64] rounded to bfloat16; the outputs of rows
- *      whose maximum moved multiplied by their factor (exactly 1 for the
- *      others, so they are left alone);
+ *   2. softmax on AVX-512: row by row the scores masked (in place, on the
+ *      diagonal blocks only) and scaled, 16 lanes of maxima; one
+ *      transposing reduction of the 16 rows' lanes, and for the 16 rows at
+ *      once the new maxima and rescale factors; row by row
+ *      exp(s * scale - max), sums, P [16 x 64] rounded to bfloat16; the
+ *      outputs of rows whose maximum moved multiplied by their factor
+ *      (exactly 1 for the others, so they are left alone);
  *   3. P.V: per 64 dims, the outputs loaded into C tiles 0-3, += A (P, 16 x
  *      32 keys) x B (16 key pairs x 16 dims) twice, stored back.
  * Keys are packed once per call per KV head as [16 keys][dim pair][16
  * keys] (B of step 1), values as [32 keys][dim chunk][key pair][16 dims]
  * (B of step 3), both zero past num_keys up to a whole block.
  *
- * Speed (2-core Sapphire Rapids VM, 9/3 heads of 64, one thread): at 4,000
- * keys the tile products alone took 18 ms, the softmax alone 24, both 41:
- * they do not overlap. Issuing the next item's scores and the previous
- * item's P.V in steps between the softmax's rows (software pipelining)
- * changed nothing, nor did 3 or 16 row tiles a task instead of 8. The
- * softmax's exp (vector_exp.h, 16 instructions per 16 scores) is most of it.
+ * Speed (2-core Sapphire Rapids VM, 9/3 heads of 64, contended): 1.5-1.8x
+ * torch's flash SDPA (oneDNN, also on AMX) from 2,000 to 8,000 keys, 2.3x
+ * at 512. One thread at 4,000 keys (before the one reduction of maxima):
+ * the tile products alone took 18 ms, the softmax alone 24, both 41: they
+ * do not overlap. Issuing the next
+ * item's scores and the previous item's P.V in steps between the
+ * softmax's rows (software pipelining) was slower; 3 or 16 row tiles a
+ * task instead of 8, or blocks of 128 keys, no faster. The softmax's exp
+ * (vector_exp.h, 16 instructions per 16 scores) is most of it.
  *
  * Returns 0; -1 (nothing written) for an unsupported shape or no memory. */
 #include <math.h>
