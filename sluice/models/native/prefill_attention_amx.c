@@ -106,20 +106,37 @@ static void pack_block(const uint16_t *k, int64_t k_stride, const uint16_t *v, i
                        int64_t num_keys, int64_t head_dim, int64_t block, uint32_t *kp,
                        uint32_t *vp) {
     const int64_t dim_pairs = head_dim / 2, chunks = head_dim / 16, first = block * BLOCK;
-    for (int64_t j = 0; j < BLOCK; j++) {
-        const int64_t key = first + j;
-        const uint16_t *row = key < num_keys ? k + key * k_stride : NULL;
+    const __m512i rows = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32((int32_t)(k_stride * 2))); /* 16 keys' byte offsets */
+    for (int64_t j = 0; j < BLOCK; j += 16) {
         uint32_t *tile = kp + (j / 16) * dim_pairs * 16;
-        for (int64_t p = 0; p < dim_pairs; p++)
-            tile[p * 16 + j % 16] = row ? pair_of(row[2 * p], row[2 * p + 1]) : 0;
+        if (first + j + 16 <= num_keys) { /* 16 keys: each dimension pair a gather */
+            const char *base = (const char *)(k + (first + j) * k_stride);
+            for (int64_t p = 0; p < dim_pairs; p++)
+                _mm512_storeu_si512(tile + p * 16, _mm512_i32gather_epi32(rows, base + 4 * p, 1));
+            continue;
+        }
+        for (int64_t i = 0; i < 16; i++) {
+            const int64_t key = first + j + i;
+            const uint16_t *row = key < num_keys ? k + key * k_stride : NULL;
+            for (int64_t p = 0; p < dim_pairs; p++)
+                tile[p * 16 + i] = row ? pair_of(row[2 * p], row[2 * p + 1]) : 0;
+        }
     }
     for (int64_t pair = 0; pair < BLOCK / 2; pair++) {
         const int64_t key = first + 2 * pair;
         const uint16_t *even = key < num_keys ? v + key * v_stride : NULL;
         const uint16_t *odd = key + 1 < num_keys ? v + (key + 1) * v_stride : NULL;
         uint32_t *step = vp + (pair / 16) * chunks * 256 + (pair % 16) * 16;
-        for (int64_t d = 0; d < head_dim; d++)
-            step[(d / 16) * 256 + d % 16] = pair_of(even ? even[d] : 0, odd ? odd[d] : 0);
+        for (int64_t c = 0; c < chunks; c++) { /* 16 dims: both keys' values side by side */
+            const __m256i zero = _mm256_setzero_si256();
+            const __m256i lo = even ? _mm256_loadu_si256((const __m256i *)(even + 16 * c)) : zero;
+            const __m256i hi = odd ? _mm256_loadu_si256((const __m256i *)(odd + 16 * c)) : zero;
+            _mm512_storeu_si512(step + c * 256,
+                                _mm512_or_si512(_mm512_cvtepu16_epi32(lo),
+                                                _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16)));
+        }
     }
 }
 
