@@ -176,3 +176,48 @@ def test_the_longest_draft_allowed_verifies_as_decode_rows_at_any_position():
     for context in (DECODE_ROW_POSITIONS, 5000):
         for k in (1, 4, 16, longest):
             assert _num_row_tokens(1 + k, context) == 1 + k
+
+
+def test_every_layer_runs_decode_steps_in_one_native_call(row_invariant):
+    # fused_decode.py: the layer's kernel chain in C; bound by quantize_row_invariant.
+    assert all(layer.fused_decode is not None for layer in row_invariant.model.layers)
+
+
+def without_fused_layers(loaded: LoadedModel):
+    """The layers' Python path for every step, until the context ends."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def python_path():
+        layers = loaded.model.layers
+        fused = [layer.fused_decode for layer in layers]
+        try:
+            for layer in layers:
+                layer.fused_decode = None
+            yield
+        finally:
+            for layer, call in zip(layers, fused, strict=True):
+                layer.fused_decode = call
+
+    return python_path()
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_the_fused_layer_gives_the_python_paths_bits(row_invariant, seed):
+    """Decode steps of several requests, speculative verification (chunks of
+    decode rows) and the prompts' prefill around them: tokens and logprobs
+    bitwise the same whether decode steps take the one native call or the
+    layer's Python chain of the same kernels."""
+    rng = random.Random(seed)
+    prompts = [repeating_prompt(rng, rng.randrange(20, 90)) for _ in range(5)]
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=2)
+
+    def outputs():
+        plain = run_speculation(make_speculation_core(row_invariant, None), prompts, params)
+        core = make_speculation_core(row_invariant, ngram(k=6))
+        return plain, run_speculation(core, prompts, params)
+
+    fused = outputs()
+    with without_fused_layers(row_invariant):
+        python = outputs()
+    assert fused == python

@@ -120,6 +120,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
         if plan := _use_kernel_plan(config, model, max_model_len):
             kernel_plan, step_seconds = plan.describe(), plan.step_seconds
             chosen = choices.noting(chosen, kernel_plan)
+        if fused := sum(layer.fused_decode is not None for layer in model.layers):
+            layers = f"{fused} of {len(model.layers)} decoder layers"
+            chosen = choices.noting(chosen, f"decode steps: {layers} in one native call each")
     chosen = choices.noting(chosen, describe_family(model_config))
     if rope_note := longrope.describe_longrope(model_config.rope_scaling):
         chosen = choices.noting(chosen, rope_note)

@@ -107,8 +107,9 @@ class Int8ActivationLinear(nn.Module):
             # inside the same call; the codes themselves are not kept. AMX-INT8
             # tiles (native/int8_amx.c) from AMX_MIN_ROWS rows, where the CPU
             # has them: the same exact sums, so the same bits.
-            amx_min_rows = AMX_MIN_ROWS if gemm.has_amx else 0
-            self._linear = functools.partial(gemm.linear, amx_min_rows=amx_min_rows)
+            self._amx_min_rows = AMX_MIN_ROWS if gemm.has_amx else 0
+            self._amx_bands: Bands | None = None
+            self._linear = functools.partial(gemm.linear, amx_min_rows=self._amx_min_rows)
             self.packed: PackedInt8Weights | None = gemm.pack(weight_int8)
             self.weight_int8 = None
             # The fewest rows for which this layer beats the model's other
@@ -151,15 +152,24 @@ class Int8ActivationLinear(nn.Module):
             return
         threshold = _threshold(bands)
         if threshold is not None:
+            self._amx_min_rows, self._amx_bands = threshold, None
             self._linear = functools.partial(gemm.linear, amx_min_rows=threshold)
             return
-        linear, code_rows_per_row = gemm.linear, 2 if self.pairs else 1
+        self._amx_bands = bands
+        linear, amx_min_rows_at = gemm.linear, self.amx_min_rows_at
 
         def banded(x: Tensor, *args) -> Tensor:
-            kernel = band_of(bands, x.shape[0] * code_rows_per_row)
-            return linear(x, *args, amx_min_rows=1 if kernel == AMX else 0)
+            return linear(x, *args, amx_min_rows=amx_min_rows_at(x.shape[0]))
 
         self._linear = banded
+
+    def amx_min_rows_at(self, rows: int) -> int:
+        """The native call's `amx_min_rows` for a step of `rows` rows (packed
+        layers only): the kernel plan's band for its code rows."""
+        if self._amx_bands is None:
+            return self._amx_min_rows
+        kernel = band_of(self._amx_bands, rows * (2 if self.pairs else 1))
+        return 1 if kernel == AMX else 0
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] model dtype -> [T, out]
         if x.stride(-1) != 1:

@@ -54,6 +54,7 @@ from sluice.models.attention import (
     paged_attention,
 )
 from sluice.models.config import SLIDING, LlamaConfig
+from sluice.models.fused_decode import FusedDecode, bind_fused_decode
 from sluice.models.kernel_plan import KernelPlan
 from sluice.models.linear import (
     BATCH_INVARIANT_ROW_TILE,
@@ -127,6 +128,9 @@ class LlamaDecoderLayer(nn.Module):
         self.rope_write_kv = None
         if torch.device(device).type == "cpu" and not batch_invariant and not partial_rotary:
             self.rope_write_kv = rope_write_kv_kernel(dtype)
+        # The whole layer in one native call for steps of decode rows, bound
+        # at load where the layer is that chain (fused_decode.py).
+        self.fused_decode: FusedDecode | None = None
 
     def finish_loading(self) -> None:
         """Bind the norms to their loaded weights (called once, by `load_weights`)."""
@@ -144,6 +148,10 @@ class LlamaDecoderLayer(nn.Module):
         kv_cache: Tensor,
         attn: AttentionMetadata,
     ) -> Tensor:
+        fused = self.fused_decode
+        if fused is not None and fused.serves(hidden, rope, kv_cache, attn):
+            fused(hidden, rope, kv_cache, attn)  # this same chain in one native call
+            return hidden
         hidden += self._attention(self.attention_norm(hidden), rope, kv_cache, attn)
         hidden += self._mlp(self.mlp_norm(hidden))
         return hidden
@@ -344,6 +352,7 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear) and module.int8_activations is not None:
                 module.int8_activations.serve_bands(plan.int8_matmul)
+        bind_fused_decode(self)
 
     def _weight_targets(self) -> dict[str, _WeightTarget]:
         """HF tensor name -> where it goes (fused tensors take row slices)."""

@@ -31,6 +31,7 @@ _SOURCES = tuple(
         "int8_rows.c",
         "int8_gemm.c",
         "int8_amx.c",
+        "decode_layer.c",
     )
 )
 _HEADERS = tuple(

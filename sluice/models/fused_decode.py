@@ -1,0 +1,173 @@
+"""A decoder layer in one native call for steps whose tokens all run as
+decode rows (native/decode_layer.c): the kernels the layer's Python path
+calls, in its order, with its roundings, so the same bits, without the ~11
+Python calls between them per layer.
+
+Which layers: those whose Python path for such a step is exactly that chain
+(`fusable`): Llama-shaped (no q/k norm, RoPE on whole heads by the native
+kernel, the native SwiGLU and RMSNorm), bfloat16, every matmul on the
+packed int8 kernel at every row count (the row-invariant default). Others,
+and steps with prefill rows, keep the Python path. Bound at load, after
+the kernel plan (`bind_fused_decode`): the weights' pointers are fixed then.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from sluice.models.attention import AttentionMetadata, paged_attention
+from sluice.models.native import _library, decode_attention_kernel, silu_mul_kernel
+from sluice.models.rope_norm import Float32Angles
+
+if TYPE_CHECKING:
+    from sluice.models.linear import Linear
+    from sluice.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+
+_int64, _pointer = ctypes.c_int64, ctypes.c_void_p
+
+
+class _Int8Matrix(ctypes.Structure):
+    _fields_ = [
+        ("packed", _pointer), ("compensation", _pointer), ("col_scales", _pointer),
+        ("inv_smooth", _pointer), ("bias", _pointer),
+        ("out_features", _int64), ("in_features", _int64), ("pairs", _int64),
+    ]  # fmt: skip
+
+
+class _DecoderLayer(ctypes.Structure):
+    _fields_ = [
+        ("attention_norm", _pointer), ("mlp_norm", _pointer),
+        ("qkv", _Int8Matrix), ("o", _Int8Matrix), ("gate_up", _Int8Matrix),
+        ("down", _Int8Matrix),
+        ("hidden_size", _int64), ("num_heads", _int64), ("num_kv_heads", _int64),
+        ("head_dim", _int64), ("intermediate_size", _int64),
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+    ]  # fmt: skip
+
+
+@functools.cache
+def _decoder_layer_function():
+    library = _library()
+    if library is None:
+        return None
+    function = library.decoder_layer_rows_bf16
+    function.argtypes = [_pointer, _pointer, _int64, _pointer, _pointer, _pointer, _int64, _int64]
+    function.argtypes += [_pointer] * 2 + [_int64] + [_pointer] * 2
+    function.restype = ctypes.c_int
+    return function
+
+
+def _every_row_packed(linear: Linear) -> bool:
+    int8 = linear.int8_activations
+    return (
+        int8 is not None
+        and int8.packed is not None
+        and linear.row_tile is None
+        and linear.int8_row_bands == (range(1, sys.maxsize),)
+    )
+
+
+def fusable(layer: LlamaDecoderLayer) -> bool:
+    """Whether the layer's Python path for a step of decode rows is the C chain."""
+    from sluice.models.llama import LlamaDecoderLayer
+
+    attend = layer.attend
+    attend = attend.func if isinstance(attend, functools.partial) else attend
+    linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    return (
+        type(layer) is LlamaDecoderLayer
+        and layer.input_layernorm.dtype == torch.bfloat16
+        and layer.input_layernorm.device.type == "cpu"
+        and not layer.batch_invariant
+        and layer.rope_write_kv is not None
+        and layer.qk_norms is None
+        and attend is paged_attention
+        and layer.swiglu is silu_mul_kernel(torch.bfloat16)
+        and layer.attention_norm._kernel is not None
+        and layer.mlp_norm._kernel is not None
+        and decode_attention_kernel(torch.bfloat16) is not None
+        and all(_every_row_packed(linear) for linear in linears)
+    )
+
+
+class FusedDecode:
+    """One layer's native call (module docstring); the tensors it points at
+    belong to the layer, which outlives it."""
+
+    def __init__(self, layer: LlamaDecoderLayer, function) -> None:
+        self._function = function
+        self._int8 = tuple(
+            linear.int8_activations
+            for linear in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+        )
+        norms = (layer.attention_norm.weight, layer.mlp_norm.weight)
+        assert all(w.is_contiguous() for w in norms)
+        qkv, o, gate_up, down = (_matrix(m) for m in self._int8)
+        self._layer = _DecoderLayer(
+            norms[0].data_ptr(), norms[1].data_ptr(), qkv, o, gate_up, down,
+            layer.input_layernorm.shape[0], layer.num_heads, layer.num_kv_heads, layer.head_dim,
+            gate_up.out_features // 2, layer.eps, layer.scale,
+        )  # fmt: skip
+        self._amx = (_int64 * 4)()
+
+    def __call__(
+        self, hidden: Tensor, rope: Float32Angles, kv_cache: Tensor, attn: AttentionMetadata
+    ) -> None:  # hidden [T, hidden] updated in place
+        rows = hidden.shape[0]
+        plan = attn.decode
+        amx = self._amx
+        for i, int8 in enumerate(self._int8):
+            amx[i] = int8.amx_min_rows_at(rows)
+        two, num_blocks, block_size = kv_cache.shape[:3]
+        status = self._function(
+            ctypes.byref(self._layer), hidden.data_ptr(), rows, rope.cos.data_ptr(),
+            rope.sin.data_ptr(), kv_cache.data_ptr(), num_blocks, block_size,
+            attn.slot_mapping.data_ptr(), plan.block_ids.data_ptr(), plan.num_blocks,
+            plan.seq_lens.data_ptr(), amx,
+        )  # fmt: skip
+        if status != 0:
+            raise ValueError("decoder layer: a slot or block id outside the cache, or no memory")
+
+    def serves(
+        self, hidden: Tensor, rope: object, kv_cache: Tensor, attn: AttentionMetadata
+    ) -> bool:
+        """Whether this step's layer is the C chain: every token a decode row."""
+        decode = attn.decode
+        return (
+            decode is not None
+            and decode.token_indices is None
+            and isinstance(rope, Float32Angles)
+            and hidden.is_contiguous()
+            and kv_cache.dtype == torch.bfloat16
+            and kv_cache.is_contiguous()
+            and attn.slot_mapping.is_contiguous()
+            and decode.seq_lens.is_contiguous()
+        )
+
+
+def _matrix(int8) -> _Int8Matrix:
+    packed = int8.packed
+    bias = int8.bias
+    return _Int8Matrix(
+        packed.packed.data_ptr(), packed.compensation.data_ptr(), int8.weight_scales.data_ptr(),
+        int8.inv_smooth.data_ptr(), 0 if bias is None else bias.data_ptr(),
+        packed.out_features, packed.in_features, int(int8.pairs),
+    )  # fmt: skip
+
+
+def bind_fused_decode(model: LlamaForCausalLM) -> int:
+    """Give every fusable layer its native call (`layer.fused_decode`); the number bound."""
+    function = _decoder_layer_function()
+    count = 0
+    for layer in model.layers:
+        layer.fused_decode = None
+        if function is not None and fusable(layer):
+            layer.fused_decode = FusedDecode(layer, function)
+            count += 1
+    return count
