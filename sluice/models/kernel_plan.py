@@ -30,7 +30,9 @@ The attention candidates compute the same attention within bfloat16 rounding (te
 compare each with float32 attention); a native kernel that disagrees with
 torch at load is not a candidate. Note (issue 28): a chunk's kernel follows
 its sequence's length, so a row's bits can differ with how its prompt was
-chunked, as they already do between flash reductions of different chunks.
+chunked, as they already do between flash reductions of different chunks;
+chunks that all fall in AMX bands keep their bits (that kernel's key blocks
+sit at fixed positions, so a row does not see how its prompt was cut).
 """
 
 from __future__ import annotations
