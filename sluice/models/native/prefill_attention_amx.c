@@ -35,9 +35,9 @@
  * keys] (B of step 1), values as [32 keys][dim chunk][key pair][16 dims]
  * (B of step 3), both zero past num_keys up to a whole block.
  *
- * Speed (2-core Sapphire Rapids VM, 9/3 heads of 64, contended): 1.5-1.8x
- * torch's flash SDPA (oneDNN, also on AMX) from 2,000 to 8,000 keys, 2.3x
- * at 512. One thread at 4,000 keys (before the one reduction of maxima):
+ * Speed (2-core Sapphire Rapids VM, 9/3 heads of 64, contended; the
+ * prefill rows of benchmarks/attention_kernels.py): 1.6-1.9x torch's flash
+ * SDPA (oneDNN, also on AMX) from 2,000 to 8,000 keys, 2.3x at 512. One thread at 4,000 keys (before the one reduction of maxima):
  * the tile products alone took 18 ms, the softmax alone 24, both 41: they
  * do not overlap. Issuing the next
  * item's scores and the previous item's P.V in steps between the
