@@ -24,19 +24,24 @@ NUM_BLOCKS = 300
 requires_kernel = pytest.mark.skipif(find_compiler() is None, reason="no C compiler here")
 
 
-def decode_case(
-    lengths: list[int], num_heads: int, num_kv_heads: int, head_dim: int, dtype, seed: int = 0
-):
-    generator = torch.Generator().manual_seed(seed)
-    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator).to(
-        dtype
-    )
+def cache_and_tables(lengths: list[int], num_kv_heads: int, head_dim: int, generator):
+    """A random float32 cache, and a block table of shuffled blocks per length."""
+    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator)
     order = (torch.randperm(NUM_BLOCKS - 1, generator=generator) + 1).tolist()
     tables = []
     for length in lengths:
         count = -(-length // BLOCK_SIZE)
         tables.append(order[:count])
         order = order[count:]
+    return cache, tables
+
+
+def decode_case(
+    lengths: list[int], num_heads: int, num_kv_heads: int, head_dim: int, dtype, seed: int = 0
+):
+    generator = torch.Generator().manual_seed(seed)
+    cache, tables = cache_and_tables(lengths, num_kv_heads, head_dim, generator)
+    cache = cache.to(dtype)
     meta = AttentionMetadata.build(
         [1] * len(lengths), [n - 1 for n in lengths], tables, BLOCK_SIZE, "cpu"
     )
@@ -88,14 +93,8 @@ def chunk_rows_case(context: int, num_rows: int, heads, head_dim: int, extra_seq
     `extra_seqs` one-token decodes on tables of their own."""
     generator = torch.Generator().manual_seed(seed)
     num_heads, num_kv_heads = heads
-    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator)
-    order = (torch.randperm(NUM_BLOCKS - 1, generator=generator) + 1).tolist()
     lengths = [context + num_rows] + [13 * (i + 1) for i in range(extra_seqs)]
-    tables = []
-    for length in lengths:
-        count = -(-length // BLOCK_SIZE)
-        tables.append(order[:count])
-        order = order[count:]
+    cache, tables = cache_and_tables(lengths, num_kv_heads, head_dim, generator)
     meta = AttentionMetadata.build(
         [num_rows] + [1] * extra_seqs,
         [context] + [n - 1 for n in lengths[1:]],
