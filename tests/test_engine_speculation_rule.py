@@ -8,7 +8,11 @@ per row count), injected here, so no test depends on this machine's speed.
 - an explicit `disable_by_batch_size` wins over the measurement; with no
   measurement every step speculates;
 - `seconds_at` interpolates between measured points and grows with rows
-  beyond the last.
+  beyond the last;
+- which requests draft: the engine's own step times (injected) price a
+  drafted row; a request whose drafts are accepted too rarely to pay for
+  their rows stops drafting in such steps, then tries again; only steps of
+  decodes are measured.
 """
 
 from __future__ import annotations
@@ -75,3 +79,58 @@ def test_a_requests_drafts_grow_while_accepted_and_shrink_after_a_miss():
     assert next_draft_length(8, 0, 16) == 4
     assert next_draft_length(1, 0, 16) == 1
     assert next_draft_length(2, 1, 16) == 2
+
+
+def test_a_drafted_rows_price_is_what_the_engine_measured_it_to_cost():
+    from sluice.engine.speculation import StepCosts
+
+    costs = StepCosts()
+    assert costs.required_acceptance(16) == 0.0  # nothing measured: draft, and measure
+    costs.observe(16, 0, 0.016)  # a step of 16 decodes: 1 ms a token
+    assert costs.required_acceptance(16) == 0.0  # a row's cost is not known yet
+    costs.observe(16, 32, 0.016 + 32 * 0.0004)  # each drafted row adds 0.4 ms
+    assert costs.required_acceptance(16) == pytest.approx(0.4)
+    costs.observe(1, 0, 0.008)  # one decode alone: 8 ms a token, rows cost little
+    costs.observe(1, 16, 0.008 + 16 * 0.0004)
+    assert costs.required_acceptance(1) == pytest.approx(0.05)
+    costs.observe(16, 16, 0.016)  # a draft that cost nothing moves the average down
+    assert costs.required_acceptance(16) == pytest.approx(0.36)
+
+
+def test_a_request_whose_drafts_miss_stops_drafting_then_tries_again():
+    from sluice.engine.request import Request
+    from sluice.engine.sampling_params import SamplingParams
+
+    speculator = Speculator(SpeculativeConfig(num_speculative_tokens=4))
+    speculator.costs.observe(16, 0, 0.016)
+    speculator.costs.observe(16, 16, 0.016 + 16 * 0.0005)  # break-even: half accepted
+    request = Request("r", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=50))
+    assert speculator.propose(request, 10, num_running=16) == [3, 1, 2, 3]
+    for _ in range(4):  # its drafts keep missing
+        speculator.record(request, 4, 0)
+    assert request.draft_acceptance < 0.5
+    assert speculator.propose(request, 10, num_running=16) == []  # no rows it won't pay for
+    assert speculator.propose(request, 10, num_running=1) == [3, 1]  # unmeasured: draft (shorter)
+    steps_off = 1
+    while not speculator.propose(request, 10, num_running=16):
+        steps_off += 1
+    assert 5 <= steps_off <= 30  # it creeps back and tries again
+
+
+def test_only_steps_of_decodes_are_measured():
+    from sluice.engine.scheduler import ScheduledRequest, SchedulerPlan
+    from sluice.engine.speculation import StepCosts, observe_decode_step
+
+    def scheduled(num_new: int, draft: list[int], samples: bool = True):
+        request = ScheduledRequest.__new__(ScheduledRequest)
+        request.num_new_tokens, request.draft_token_ids, request.samples = num_new, draft, samples
+        return request
+
+    costs = StepCosts()
+    observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(3, [7, 8])]), 0.01)
+    observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(1, [])]), 0.002)
+    assert costs._base == {2: 0.002} and costs._per_row == {}  # the first: 2 drafted, no base
+    observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(3, [7, 8])]), 0.004)
+    assert costs._per_row == {2: pytest.approx(0.001)}
+    observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(64, [])]), 0.5)
+    assert costs._base == {2: 0.002}  # a prefill chunk: not a decode step

@@ -15,6 +15,8 @@ the waiting queue like any other.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -38,7 +40,7 @@ from sluice.engine.request import Request, RequestStatus
 from sluice.engine.runner import ModelRunner
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.scheduler import Scheduler
-from sluice.engine.speculation import Speculator, speculation_stats
+from sluice.engine.speculation import Speculator, observe_decode_step, speculation_stats
 from sluice.engine.startup import cache_salt, num_kv_blocks, startup_line
 from sluice.loader import LoadedModel, load_model
 from sluice.loader.loaded_model import torch_dtype
@@ -57,11 +59,17 @@ GRAMMAR_WAIT_S = 0.01
 
 class EngineCore:
     def __init__(
-        self, config: EngineConfig, loaded: LoadedModel | None = None, tracer: Tracer | None = None
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel | None = None,
+        tracer: Tracer | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         """`tracer`: where traced requests' spans go (default: the OTLP
-        endpoint of `config`, if any; none without one)."""
+        endpoint of `config`, if any; none without one). `clock`: seconds,
+        for the step times speculation weighs its drafts by."""
         self.config = config
+        self._clock = clock
         # Traced requests' queue, prefill and decode spans; None: tracing off.
         self.spans = engine_spans(tracer, config.otlp_traces_endpoint)
         if config.num_threads is not None:
@@ -215,7 +223,10 @@ class EngineCore:
         if not plan.scheduled:
             return []
         # 2. Run the model; sample one token for each request whose prompt is done.
+        start = self._clock()
         output = self.runner.execute(plan)
+        if self.speculator is not None:
+            observe_decode_step(self.speculator.costs, plan, self._clock() - start)
         # 3. Advance requests, free the finished, emit one delta per request.
         deltas = self.scheduler.update(
             plan, output.sampled, output.prompt_logprobs, output.draft_samples

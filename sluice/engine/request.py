@@ -107,6 +107,10 @@ class Request:
     # The length of its next draft (0: not drafted yet), adapted to how much
     # of the last one was accepted (speculation.py `next_draft_length`).
     draft_length: int = 0
+    # The running share of its drafted tokens that were accepted (1.0 until
+    # it drafts); it drafts only while that pays in a step of its batch's size
+    # (speculation.py `Speculator.propose`).
+    draft_acceptance: float = 1.0
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

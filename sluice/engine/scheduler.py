@@ -269,7 +269,7 @@ class Scheduler:
         )
         if room <= 0:
             return []
-        draft = speculator.propose(request, room)
+        draft = speculator.propose(request, room, len(self._running))
         if draft and not self.kv.can_allocate(request, 1 + len(draft)):
             return []
         return draft

@@ -40,6 +40,7 @@ from sluice.engine.sampled import SampledToken
 
 if TYPE_CHECKING:
     from sluice.engine.request import Request
+    from sluice.engine.scheduler import SchedulerPlan
     from sluice.structured.matcher import GrammarMatcher
 
 
@@ -74,6 +75,63 @@ FIRST_DRAFT_LENGTH = 4
 # measured int8 matmul time at B * (1 + k) rows at most 1 + k * this times
 # its time at B rows (`pays_off`).
 BREAK_EVEN_ACCEPTANCE = 0.5
+# A request drafts only while the running share of its drafted tokens that
+# were accepted (`Request.draft_acceptance`, each draft weighing
+# ACCEPTANCE_WEIGHT) pays for the rows they add: in a step of B requests an
+# accepted token saves a B-th of the step, a drafted row costs what the
+# engine measured rows to cost in such steps (`StepCosts`). A request whose
+# drafts keep missing (1-gram matches in free text) stops adding rows, most
+# of all to large steps, where a token saves least. While it does not draft,
+# its share creeps back up by RECOVERY a step, so it tries again later.
+ACCEPTANCE_WEIGHT = 0.25
+RECOVERY = 0.02
+# Weight of each new measurement in StepCosts' running averages.
+COST_WEIGHT = 0.1
+
+
+class StepCosts:
+    """What the engine's own decode steps took (seconds, from its clock): per
+    number of requests B, a step with no drafts, and each drafted row more.
+    One per engine, on its loop; fed by `observe` after each step of decodes."""
+
+    def __init__(self) -> None:
+        self._base: dict[int, float] = {}  # B -> seconds of a step of B decodes
+        self._per_row: dict[int, float] = {}  # B -> seconds each drafted row adds
+
+    def observe(self, num_requests: int, num_drafted: int, seconds: float) -> None:
+        base = self._base.get(num_requests)
+        if num_drafted == 0:
+            self._base[num_requests] = seconds if base is None else _average(base, seconds)
+        elif base is not None:
+            row = max(seconds - base, 0.0) / num_drafted
+            known = self._per_row.get(num_requests)
+            self._per_row[num_requests] = row if known is None else _average(known, row)
+
+    def required_acceptance(self, num_requests: int) -> float:
+        """The share of drafted tokens that must be accepted for drafting to pay
+        in a step of `num_requests` decodes: a drafted row's cost over the time
+        one token takes; 0 until both were measured (drafting is how a row's
+        cost gets measured)."""
+        base, per_row = self._base.get(num_requests), self._per_row.get(num_requests)
+        if base is None or per_row is None or base <= 0:
+            return 0.0
+        return min(1.0, per_row * num_requests / base)
+
+
+def observe_decode_step(costs: StepCosts, plan: SchedulerPlan, seconds: float) -> None:
+    """Feed `costs` a step whose every request decoded (one token, plus its
+    draft); steps with prefill chunks say nothing about decode rows."""
+    drafted = 0
+    for scheduled in plan.scheduled:
+        num_draft = len(scheduled.draft_token_ids)
+        if scheduled.num_new_tokens != 1 + num_draft or not scheduled.samples:
+            return
+        drafted += num_draft
+    costs.observe(len(plan.scheduled), drafted, seconds)
+
+
+def _average(old: float, new: float) -> float:
+    return old + COST_WEIGHT * (new - old)
 
 
 class Speculator:
@@ -83,7 +141,9 @@ class Speculator:
     most that many running requests (vLLM's rule); otherwise those where
     the step times measured at load (`step_seconds`, the kernel plan's
     (rows, seconds) of one int8 matmul) say verification pays (`pays_off`);
-    every step where nothing was measured."""
+    every step where nothing was measured. Which requests draft in such a
+    step: those whose drafts are accepted often enough to pay for their rows
+    at the price the engine's own steps measured (`StepCosts`)."""
 
     def __init__(
         self, config: SpeculativeConfig, step_seconds: tuple[tuple[int, float], ...] = ()
@@ -92,6 +152,7 @@ class Speculator:
         self.counters = SpeculationCounters()
         self._step_seconds = step_seconds
         self._pays_off: dict[int, bool] = {}
+        self.costs = StepCosts()
 
     def is_on_for(self, num_running: int) -> bool:
         limit = self.config.disable_by_batch_size
@@ -105,9 +166,14 @@ class Speculator:
             pays = self._pays_off[num_running] = pays_off(self._step_seconds, num_running, k)
         return pays
 
-    def propose(self, request: Request, max_num_tokens: int) -> list[int]:
+    def propose(self, request: Request, max_num_tokens: int, num_running: int = 1) -> list[int]:
         """Up to `max_num_tokens` (and the request's draft length) tokens to verify,
-        cut before the first one its grammar refuses; [] if none."""
+        cut before the first one its grammar refuses; [] if none, or while the
+        request's drafts are accepted too rarely to pay in a step of
+        `num_running` requests."""
+        if request.draft_acceptance < self.costs.required_acceptance(num_running):
+            request.draft_acceptance = min(1.0, request.draft_acceptance + RECOVERY)
+            return []
         index = request.ngram_index
         if index is None:
             index = NgramIndex(self.config.prompt_lookup_min, self.config.prompt_lookup_max)
@@ -121,6 +187,8 @@ class Speculator:
 
     def record(self, request: Request, num_draft_tokens: int, num_accepted: int) -> None:
         self.counters.record(num_draft_tokens, num_accepted)
+        share = num_accepted / num_draft_tokens
+        request.draft_acceptance += ACCEPTANCE_WEIGHT * (share - request.draft_acceptance)
         request.draft_length = next_draft_length(
             num_draft_tokens, num_accepted, self.config.num_speculative_tokens
         )
