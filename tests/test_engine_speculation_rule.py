@@ -40,13 +40,13 @@ def test_seconds_at_interpolates_and_extrapolates():
 def test_small_batches_speculate_and_compute_bound_ones_do_not():
     k = 4
     on = [batch for batch in (1, 2, 4, 8, 16, 32, 64, 128) if pays_off(AMX, batch, k)]
-    assert on == [1, 2, 4, 8, 16]
+    assert on == [1, 2, 4, 8]
     assert not any(pays_off(COMPUTE_BOUND, batch, k) for batch in (1, 8, 64))
 
 
 def test_the_speculator_follows_the_measurement_unless_a_limit_is_given():
     measured = Speculator(SpeculativeConfig(num_speculative_tokens=4), AMX)
-    assert [measured.is_on_for(b) for b in (1, 16, 64, 200)] == [True, True, False, False]
+    assert [measured.is_on_for(b) for b in (1, 8, 16, 64, 200)] == [True, True, False, False, False]
     limited = Speculator(SpeculativeConfig(disable_by_batch_size=100), AMX)
     assert limited.is_on_for(64) and not limited.is_on_for(101)
     unmeasured = Speculator(SpeculativeConfig())
@@ -59,7 +59,7 @@ def test_the_startup_line_says_where_speculation_runs():
     assert describe_speculation(None, AMX) == "no speculation (--speculative-config none)"
     config = SpeculativeConfig(num_speculative_tokens=4)
     assert describe_speculation(config, AMX) == (
-        "n-gram speculation (k=4, n 1..16) in steps of up to about 16 running requests "
+        "n-gram speculation (k=4, n 1..16) in steps of up to about 8 running requests "
         "(measured at load)"
     )
     assert "in no step" in describe_speculation(config, COMPUTE_BOUND)
@@ -82,19 +82,24 @@ def test_a_requests_drafts_grow_while_accepted_and_shrink_after_a_miss():
 
 
 def test_a_drafted_rows_price_is_what_the_engine_measured_it_to_cost():
-    from sluice.engine.speculation import StepCosts
+    from sluice.engine.speculation import COST_MARGIN, StepCosts
 
     costs = StepCosts()
     assert costs.required_acceptance(16) == 0.0  # nothing measured: draft, and measure
-    costs.observe(16, 0, 0.016)  # a step of 16 decodes: 1 ms a token
-    assert costs.required_acceptance(16) == 0.0  # a row's cost is not known yet
-    costs.observe(16, 32, 0.016 + 32 * 0.0004)  # each drafted row adds 0.4 ms
-    assert costs.required_acceptance(16) == pytest.approx(0.4)
-    costs.observe(1, 0, 0.008)  # one decode alone: 8 ms a token, rows cost little
-    costs.observe(1, 16, 0.008 + 16 * 0.0004)
-    assert costs.required_acceptance(1) == pytest.approx(0.05)
-    costs.observe(16, 16, 0.016)  # a draft that cost nothing moves the average down
-    assert costs.required_acceptance(16) == pytest.approx(0.36)
+    costs.observe(16, 8, 0.016 + 8 * 0.0004)
+    costs.observe(16, 8, 0.016 + 8 * 0.0004)
+    assert costs.line(16) is None  # every step drafted as many rows: no line yet
+    # Steps of 16 decodes take 16 ms plus 0.4 ms a drafted row; no step
+    # without drafts is ever seen, the line's intercept gives it.
+    for drafted in (2, 30, 5, 17, 0, 24, 9):
+        costs.observe(16, drafted, 0.016 + drafted * 0.0004)
+    base, per_row = costs.line(16)
+    assert base == pytest.approx(0.016) and per_row == pytest.approx(0.0004)
+    assert costs.required_acceptance(16) == pytest.approx(0.4 * COST_MARGIN)
+    for drafted in (1, 16, 3, 12):  # one decode alone: 8 ms a token, rows cost little
+        costs.observe(1, drafted, 0.008 + drafted * 0.0004)
+    assert costs.required_acceptance(1) == pytest.approx(0.05 * COST_MARGIN)
+    assert costs.required_acceptance(64) == 0.0  # each batch size is its own line
 
 
 def test_a_request_whose_drafts_miss_stops_drafting_then_tries_again():
@@ -102,8 +107,8 @@ def test_a_request_whose_drafts_miss_stops_drafting_then_tries_again():
     from sluice.engine.sampling_params import SamplingParams
 
     speculator = Speculator(SpeculativeConfig(num_speculative_tokens=4))
-    speculator.costs.observe(16, 0, 0.016)
-    speculator.costs.observe(16, 16, 0.016 + 16 * 0.0005)  # break-even: half accepted
+    for drafted in (0, 16, 4, 10):  # break-even: 0.3 * COST_MARGIN accepted
+        speculator.costs.observe(16, drafted, 0.016 + drafted * 0.0003)
     request = Request("r", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=50))
     assert speculator.propose(request, 10, num_running=16) == [3, 1, 2, 3]
     for _ in range(4):  # its drafts keep missing
@@ -127,10 +132,11 @@ def test_only_steps_of_decodes_are_measured():
         return request
 
     costs = StepCosts()
-    observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(3, [7, 8])]), 0.01)
-    observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(1, [])]), 0.002)
-    assert costs._base == {2: 0.002} and costs._per_row == {}  # the first: 2 drafted, no base
     observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(3, [7, 8])]), 0.004)
-    assert costs._per_row == {2: pytest.approx(0.001)}
-    observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(64, [])]), 0.5)
-    assert costs._base == {2: 0.002}  # a prefill chunk: not a decode step
+    observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(1, [])]), 0.002)
+    observe_decode_step(costs, SchedulerPlan([scheduled(5, [1, 2, 3, 4]), scheduled(1, [])]), 0.006)
+    assert costs.line(2) == (pytest.approx(0.002), pytest.approx(0.001))
+    for _ in range(5):  # prefill chunks: not decode steps, whatever they took
+        observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(64, [])]), 0.5)
+        observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(1, [], False)]), 0.5)
+    assert costs.line(2) == (pytest.approx(0.002), pytest.approx(0.001))

@@ -219,18 +219,18 @@ class EngineCore:
         # 1. Choose who runs and how many tokens each computes.
         if self.spans is not None:
             self.spans.on_step_start()
+        start = self._clock()
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             return []
         # 2. Run the model; sample one token for each request whose prompt is done.
-        start = self._clock()
         output = self.runner.execute(plan)
-        if self.speculator is not None:
-            observe_decode_step(self.speculator.costs, plan, self._clock() - start)
         # 3. Advance requests, free the finished, emit one delta per request.
         deltas = self.scheduler.update(
             plan, output.sampled, output.prompt_logprobs, output.draft_samples
         )
+        if self.speculator is not None:  # the whole step: drafting, verifying, accepting
+            observe_decode_step(self.speculator.costs, plan, self._clock() - start)
         if self.spans is not None:  # 4. Traced requests' phases.
             self.spans.on_step(plan, deltas)
         return deltas

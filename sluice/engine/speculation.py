@@ -71,10 +71,12 @@ class SpeculationCounters:
 # it (`next_draft_length`).
 FIRST_DRAFT_LENGTH = 4
 # Speculation pays in a step of B running requests when verifying k drafted
-# tokens each costs at most what half of them accepted would save: the
+# tokens each costs at most what 40% of them accepted would save: the
 # measured int8 matmul time at B * (1 + k) rows at most 1 + k * this times
-# its time at B rows (`pays_off`).
-BREAK_EVEN_ACCEPTANCE = 0.5
+# its time at B rows (`pays_off`). Served on the AMX machine (short chat
+# streams, about 40% of drafts accepted): +10% at 4 streams, even at 8,
+# -8 to -12% at 16; 0.5 had let 16 speculate.
+BREAK_EVEN_ACCEPTANCE = 0.4
 # A request drafts only while the running share of its drafted tokens that
 # were accepted (`Request.draft_acceptance`, each draft weighing
 # ACCEPTANCE_WEIGHT) pays for the rows they add: in a step of B requests an
@@ -87,35 +89,57 @@ ACCEPTANCE_WEIGHT = 0.25
 RECOVERY = 0.02
 # Weight of each new measurement in StepCosts' running averages.
 COST_WEIGHT = 0.1
+# Below this variance of drafted rows per step the line is not fitted.
+MIN_DRAFT_VARIANCE = 0.5
+# A drafted row must pay for itself this many times over: the averages are
+# noisy, and a closed loop of streams also waits on the server's other work.
+COST_MARGIN = 1.5
 
 
 class StepCosts:
     """What the engine's own decode steps took (seconds, from its clock): per
-    number of requests B, a step with no drafts, and each drafted row more.
-    One per engine, on its loop; fed by `observe` after each step of decodes."""
+    number of requests B, a line through (drafted rows, seconds) of its recent
+    steps, fitted by least squares with older steps weighing less: its
+    intercept is a step of B decodes, its slope what each drafted row adds
+    (in a busy engine nearly every step has some draft, so the two are never
+    seen apart). One per engine, on its loop; fed by `observe`."""
 
     def __init__(self) -> None:
-        self._base: dict[int, float] = {}  # B -> seconds of a step of B decodes
-        self._per_row: dict[int, float] = {}  # B -> seconds each drafted row adds
+        # B -> running means of (drafted, seconds, drafted^2, drafted * seconds).
+        self._moments: dict[int, list[float]] = {}
 
     def observe(self, num_requests: int, num_drafted: int, seconds: float) -> None:
-        base = self._base.get(num_requests)
-        if num_drafted == 0:
-            self._base[num_requests] = seconds if base is None else _average(base, seconds)
-        elif base is not None:
-            row = max(seconds - base, 0.0) / num_drafted
-            known = self._per_row.get(num_requests)
-            self._per_row[num_requests] = row if known is None else _average(known, row)
+        sample = (num_drafted, seconds, num_drafted * num_drafted, num_drafted * seconds)
+        moments = self._moments.get(num_requests)
+        if moments is None:
+            self._moments[num_requests] = list(sample)
+            return
+        for i, value in enumerate(sample):
+            moments[i] += COST_WEIGHT * (value - moments[i])
+
+    def line(self, num_requests: int) -> tuple[float, float] | None:
+        """(seconds of a step of B decodes, seconds each drafted row adds), or
+        None while the recent steps' drafts did not vary enough to tell."""
+        moments = self._moments.get(num_requests)
+        if moments is None:
+            return None
+        drafted, seconds, drafted_sq, product = moments
+        variance = drafted_sq - drafted * drafted
+        if variance < MIN_DRAFT_VARIANCE:
+            return None
+        per_row = max((product - drafted * seconds) / variance, 0.0)
+        return seconds - per_row * drafted, per_row
 
     def required_acceptance(self, num_requests: int) -> float:
         """The share of drafted tokens that must be accepted for drafting to pay
         in a step of `num_requests` decodes: a drafted row's cost over the time
-        one token takes; 0 until both were measured (drafting is how a row's
-        cost gets measured)."""
-        base, per_row = self._base.get(num_requests), self._per_row.get(num_requests)
-        if base is None or per_row is None or base <= 0:
+        one token takes (times COST_MARGIN); 0 until measured (drafting is how
+        a row's cost gets measured)."""
+        line = self.line(num_requests)
+        if line is None or line[0] <= 0:
             return 0.0
-        return min(1.0, per_row * num_requests / base)
+        base, per_row = line
+        return min(1.0, COST_MARGIN * per_row * num_requests / base)
 
 
 def observe_decode_step(costs: StepCosts, plan: SchedulerPlan, seconds: float) -> None:
