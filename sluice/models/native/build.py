@@ -35,7 +35,8 @@ _SOURCES = tuple(
     )
 )
 _HEADERS = tuple(
-    Path(__file__).with_name(name) for name in ("bf16.h", "vector_exp.h", "int8_epilogue.h")
+    Path(__file__).with_name(name)
+    for name in ("bf16.h", "vector_exp.h", "int8_epilogue.h", "amx_tiles.h")
 )
 # Compiling with -ffast-math lets gcc vectorize the dot products (float32
 # sums in another order; 30% faster at 64 decodes); inf and NaN keep their

@@ -42,46 +42,13 @@
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
 #include <immintrin.h>
 #include <omp.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
+#include "amx_tiles.h"
 #include "int8_epilogue.h"
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-/* Linux hands out the tile registers' state only on request, once per
- * process (every thread then has it). 0: not asked yet, 1: granted, -1: refused. */
 static int amx_permission = 0;
 
-int int8_amx_available(void) {
-    int state = __atomic_load_n(&amx_permission, __ATOMIC_ACQUIRE);
-    if (state == 0) {
-        state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
-        __atomic_store_n(&amx_permission, state, __ATOMIC_RELEASE);
-    }
-    return state == 1;
-}
-
-struct tile_config {
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((aligned(64)));
-
-/* Every thread loads the configuration before its first tile instruction. */
-static void configure_tiles(void) {
-    struct tile_config config;
-    memset(&config, 0, sizeof config);
-    config.palette_id = 1;
-    for (int tile = 0; tile < 8; tile++) {
-        config.rows[tile] = 16;
-        config.colsb[tile] = 64;
-    }
-    _tile_loadconfig(&config);
-}
+int int8_amx_available(void) { return amx_tiles_granted(&amx_permission); }
 
 /* C tiles 0-3 -> sums [16][TILE_N]. */
 static inline void store_sums(int32_t *sums) {
@@ -221,7 +188,7 @@ int int8_amx_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, i
         const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
         const int64_t share = w.items / threads, extra = w.items % threads;
         const int64_t start = id * share + (id < extra ? id : extra);
-        configure_tiles();
+        amx_configure_tiles();
         run_items(&w, start, start + share + (id < extra ? 1 : 0));
         _tile_release();
     }

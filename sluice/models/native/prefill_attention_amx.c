@@ -57,47 +57,17 @@
     defined(__AVX512BF16__)
 #include <immintrin.h>
 #include <omp.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
+#include "amx_tiles.h"
+
 #define BLOCK 64 /* keys per block: 4 score tiles, 2 P.V steps (128 measured no faster) */
 #define VECS (BLOCK / 16) /* vectors of 16 scores a row */
 #define ROWS 16  /* queries per row tile */
 #define TASK_TILES 8 /* row tiles a task, at least */
 
-/* Linux hands out the tile registers' state on request, once per process.
- * 0: not asked yet, 1: granted, -1: refused. */
 static int amx_permission = 0;
 
-int prefill_attention_amx_available(void) {
-    int state = __atomic_load_n(&amx_permission, __ATOMIC_ACQUIRE);
-    if (state == 0) {
-        state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
-        __atomic_store_n(&amx_permission, state, __ATOMIC_RELEASE);
-    }
-    return state == 1;
-}
-
-struct tile_config {
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((aligned(64)));
-
-static void configure_tiles(void) {
-    struct tile_config config;
-    memset(&config, 0, sizeof config);
-    config.palette_id = 1;
-    for (int tile = 0; tile < 8; tile++) {
-        config.rows[tile] = 16;
-        config.colsb[tile] = 64;
-    }
-    _tile_loadconfig(&config);
-}
+int prefill_attention_amx_available(void) { return amx_tiles_granted(&amx_permission); }
 
 static inline uint32_t pair_of(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
@@ -458,7 +428,7 @@ int prefill_attention_amx_bf16(const uint16_t *q, int64_t q_stride, const uint16
         int64_t bytes;
         struct scratch w = carve(scratch + per_thread * omp_get_thread_num(),
                                  group * tiles_per_head, head_dim, &bytes);
-        configure_tiles();
+        amx_configure_tiles();
         /* KV head by KV head, so the threads share one head's keys and
          * values in cache; later row blocks see more keys: first, one at a time. */
 #pragma omp for schedule(dynamic, 1)
