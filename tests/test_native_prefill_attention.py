@@ -61,8 +61,13 @@ def reference(q, k, v, scale, dtype):
 def test_the_kernel_is_as_close_to_exact_as_torchs_bfloat16_attention(
     num_queries, num_keys, heads, head_dim
 ):
+    assert_as_close_as_torch(prefill_attention_kernel(torch.bfloat16), num_queries, num_keys,
+                             heads, head_dim)  # fmt: skip
+
+
+def assert_as_close_as_torch(kernel, num_queries: int, num_keys: int, heads, head_dim: int):
+    """The kernel's error against float32 attention is about torch's bfloat16 one."""
     q, k, v = case(num_queries, num_keys, heads, head_dim, seed=num_queries * 7 + num_keys)
-    kernel = prefill_attention_kernel(torch.bfloat16)
     got = kernel(q, k, v, 0.125).float()
     exact = reference(q, k, v, 0.125, torch.float32)
     torch_error = (reference(q, k, v, 0.125, torch.bfloat16) - exact).abs()

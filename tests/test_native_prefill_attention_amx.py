@@ -22,7 +22,7 @@ from sluice.models import attention
 from sluice.models.kernel_plan import AMX, NATIVE, KernelPlan
 from sluice.models.native import find_compiler
 from sluice.models.native.prefill import prefill_attention_amx_kernel
-from tests.test_native_prefill_attention import case, reference
+from tests.test_native_prefill_attention import assert_as_close_as_torch, case
 
 requires_amx = pytest.mark.skipif(
     find_compiler() is None or not {"amx_tile", "amx_bf16"} <= cpu_flags(),
@@ -48,14 +48,7 @@ def kernel():
 def test_the_kernel_is_as_close_to_exact_as_torchs_bfloat16_attention(
     kernel, num_queries, num_keys, heads, head_dim
 ):
-    q, k, v = case(num_queries, num_keys, heads, head_dim, seed=num_queries * 7 + num_keys)
-    got = kernel(q, k, v, 0.125).float()
-    exact = reference(q, k, v, 0.125, torch.float32)
-    torch_error = (reference(q, k, v, 0.125, torch.bfloat16) - exact).abs()
-    error = (got - exact).abs()
-    assert got.shape == (num_queries, heads[0], head_dim)
-    assert error.max() <= 2 * torch_error.max() + 2**-8
-    assert error.mean() <= 1.5 * torch_error.mean() + 1e-4
+    assert_as_close_as_torch(kernel, num_queries, num_keys, heads, head_dim)
 
 
 @requires_amx
