@@ -124,19 +124,23 @@ def test_a_request_whose_drafts_miss_stops_drafting_then_tries_again():
 
 def test_only_steps_of_decodes_are_measured():
     from sluice.engine.scheduler import ScheduledRequest, SchedulerPlan
-    from sluice.engine.speculation import StepCosts, observe_decode_step
+    from sluice.engine.speculation import StepCosts
 
     def scheduled(num_new: int, draft: list[int], samples: bool = True):
         request = ScheduledRequest.__new__(ScheduledRequest)
         request.num_new_tokens, request.draft_token_ids, request.samples = num_new, draft, samples
         return request
 
+    def observe(costs, plan, seconds):  # as EngineCore.step does
+        if (rows := plan.decode_rows()) is not None:
+            costs.observe(*rows, seconds)
+
     costs = StepCosts()
-    observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(3, [7, 8])]), 0.004)
-    observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(1, [])]), 0.002)
-    observe_decode_step(costs, SchedulerPlan([scheduled(5, [1, 2, 3, 4]), scheduled(1, [])]), 0.006)
+    observe(costs, SchedulerPlan([scheduled(1, []), scheduled(3, [7, 8])]), 0.004)
+    observe(costs, SchedulerPlan([scheduled(1, []), scheduled(1, [])]), 0.002)
+    observe(costs, SchedulerPlan([scheduled(5, [1, 2, 3, 4]), scheduled(1, [])]), 0.006)
     assert costs.line(2) == (pytest.approx(0.002), pytest.approx(0.001))
     for _ in range(5):  # prefill chunks: not decode steps, whatever they took
-        observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(64, [])]), 0.5)
-        observe_decode_step(costs, SchedulerPlan([scheduled(1, []), scheduled(1, [], False)]), 0.5)
+        observe(costs, SchedulerPlan([scheduled(1, []), scheduled(64, [])]), 0.5)
+        observe(costs, SchedulerPlan([scheduled(1, []), scheduled(1, [], False)]), 0.5)
     assert costs.line(2) == (pytest.approx(0.002), pytest.approx(0.001))

@@ -220,4 +220,8 @@ def test_the_fused_layer_gives_the_python_paths_bits(row_invariant, seed):
     fused = outputs()
     with without_fused_layers(row_invariant):
         python = outputs()
-    assert fused == python
+    # Tokens, finish reasons and logprobs; not the number of deltas: which
+    # requests draft follows the engine's own step times.
+    for fused_run, python_run in zip(fused, python, strict=True):
+        for i in fused_run:
+            assert fused_run[i][:3] == python_run[i][:3], f"request {i}"

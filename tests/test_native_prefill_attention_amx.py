@@ -22,7 +22,7 @@ from sluice.models import attention
 from sluice.models.kernel_plan import AMX, NATIVE, KernelPlan
 from sluice.models.native import find_compiler
 from sluice.models.native.prefill import prefill_attention_amx_kernel
-from tests.test_native_prefill_attention import assert_as_close_as_torch, case
+from tests.prefill_attention_cases import assert_as_close_as_torch, case
 
 requires_amx = pytest.mark.skipif(
     find_compiler() is None or not {"amx_tile", "amx_bf16"} <= cpu_flags(),

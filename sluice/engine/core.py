@@ -40,7 +40,7 @@ from sluice.engine.request import Request, RequestStatus
 from sluice.engine.runner import ModelRunner
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.scheduler import Scheduler
-from sluice.engine.speculation import Speculator, observe_decode_step, speculation_stats
+from sluice.engine.speculation import Speculator, speculation_stats
 from sluice.engine.startup import cache_salt, num_kv_blocks, startup_line
 from sluice.loader import LoadedModel, load_model
 from sluice.loader.loaded_model import torch_dtype
@@ -229,8 +229,9 @@ class EngineCore:
         deltas = self.scheduler.update(
             plan, output.sampled, output.prompt_logprobs, output.draft_samples
         )
-        if self.speculator is not None:  # the whole step: drafting, verifying, accepting
-            observe_decode_step(self.speculator.costs, plan, self._clock() - start)
+        # The whole step (drafting, verifying, accepting) prices speculation's rows.
+        if self.speculator is not None and (rows := plan.decode_rows()) is not None:
+            self.speculator.costs.observe(*rows, self._clock() - start)
         if self.spans is not None:  # 4. Traced requests' phases.
             self.spans.on_step(plan, deltas)
         return deltas

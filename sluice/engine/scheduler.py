@@ -107,6 +107,17 @@ class SchedulerPlan:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    def decode_rows(self) -> tuple[int, int] | None:
+        """(requests, drafted rows) of a step whose every request decodes (one
+        token, plus its draft); None for a step with prefill chunks."""
+        drafted = 0
+        for scheduled in self.scheduled:
+            num_draft = len(scheduled.draft_token_ids)
+            if scheduled.num_new_tokens != 1 + num_draft or not scheduled.samples:
+                return None
+            drafted += num_draft
+        return len(self.scheduled), drafted
+
 
 class Scheduler:
     def __init__(

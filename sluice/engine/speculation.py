@@ -40,7 +40,6 @@ from sluice.engine.sampled import SampledToken
 
 if TYPE_CHECKING:
     from sluice.engine.request import Request
-    from sluice.engine.scheduler import SchedulerPlan
     from sluice.structured.matcher import GrammarMatcher
 
 
@@ -109,6 +108,8 @@ class StepCosts:
         self._moments: dict[int, list[float]] = {}
 
     def observe(self, num_requests: int, num_drafted: int, seconds: float) -> None:
+        """A step of `num_requests` decodes (one token each, plus their drafts:
+        `SchedulerPlan.decode_rows`) that drafted `num_drafted` rows in all."""
         sample = (num_drafted, seconds, num_drafted * num_drafted, num_drafted * seconds)
         moments = self._moments.get(num_requests)
         if moments is None:
@@ -140,18 +141,6 @@ class StepCosts:
             return 0.0
         base, per_row = line
         return min(1.0, COST_MARGIN * per_row * num_requests / base)
-
-
-def observe_decode_step(costs: StepCosts, plan: SchedulerPlan, seconds: float) -> None:
-    """Feed `costs` a step whose every request decoded (one token, plus its
-    draft); steps with prefill chunks say nothing about decode rows."""
-    drafted = 0
-    for scheduled in plan.scheduled:
-        num_draft = len(scheduled.draft_token_ids)
-        if scheduled.num_new_tokens != 1 + num_draft or not scheduled.samples:
-            return
-        drafted += num_draft
-    costs.observe(len(plan.scheduled), drafted, seconds)
 
 
 def _average(old: float, new: float) -> float:

@@ -25,7 +25,6 @@ from torch import Tensor
 
 from sluice.errors import ModelLoadError
 from sluice.models import int8_threshold
-from sluice.models.fused_decode import bind_fused_decode
 from sluice.models.int8_activations import SMOOTHING_ALPHA
 from sluice.models.linear import Linear, RowBands
 from sluice.models.llama import LlamaForCausalLM
@@ -105,7 +104,7 @@ def quantize_row_invariant(
     model.activation_quantization = "int8"
     # Every layer that is now one chain of native kernels runs decode steps
     # in one call (fused_decode.py; the same bits).
-    bind_fused_decode(model)
+    model.bind_fused_decode()
 
 
 def _check_calibration(model: LlamaForCausalLM, token_ids: list[int]) -> None:

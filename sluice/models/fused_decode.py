@@ -8,7 +8,7 @@ Which layers: those whose Python path for such a step is exactly that chain
 kernel, the native SwiGLU and RMSNorm), bfloat16, every matmul on the
 packed int8 kernel at every row count (the row-invariant default). Others,
 and steps with prefill rows, keep the Python path. Bound at load, after
-the kernel plan (`bind_fused_decode`): the weights' pointers are fixed then.
+the kernel plan (`LlamaForCausalLM.bind_fused_decode`): the weights' pointers are fixed then.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from sluice.models.attention import AttentionMetadata, paged_attention
 from sluice.models.native import _library, decode_attention_kernel, silu_mul_kernel
@@ -27,7 +28,6 @@ from sluice.models.rope_norm import Float32Angles
 
 if TYPE_CHECKING:
     from sluice.models.linear import Linear
-    from sluice.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 _int64, _pointer = ctypes.c_int64, ctypes.c_void_p
 
@@ -73,15 +73,15 @@ def _every_row_packed(linear: Linear) -> bool:
     )
 
 
-def fusable(layer: LlamaDecoderLayer) -> bool:
-    """Whether the layer's Python path for a step of decode rows is the C chain."""
-    from sluice.models.llama import LlamaDecoderLayer
-
+def fusable(layer: nn.Module, llama_layer: type) -> bool:
+    """Whether the layer's Python path for a step of decode rows is the C chain
+    (`llama_layer`: llama.py's LlamaDecoderLayer, whose chain it is; not a
+    subclass with its own forward)."""
     attend = layer.attend
     attend = attend.func if isinstance(attend, functools.partial) else attend
     linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
     return (
-        type(layer) is LlamaDecoderLayer
+        type(layer) is llama_layer
         and layer.input_layernorm.dtype == torch.bfloat16
         and layer.input_layernorm.device.type == "cpu"
         and not layer.batch_invariant
@@ -100,7 +100,7 @@ class FusedDecode:
     """One layer's native call (module docstring); the tensors it points at
     belong to the layer, which outlives it."""
 
-    def __init__(self, layer: LlamaDecoderLayer, function) -> None:
+    def __init__(self, layer: nn.Module, function) -> None:
         self._function = function
         self._int8 = tuple(
             linear.int8_activations
@@ -161,13 +161,13 @@ def _matrix(int8) -> _Int8Matrix:
     )  # fmt: skip
 
 
-def bind_fused_decode(model: LlamaForCausalLM) -> int:
+def bind_fused_decode(layers: Iterable[nn.Module], llama_layer: type) -> int:
     """Give every fusable layer its native call (`layer.fused_decode`); the number bound."""
     function = _decoder_layer_function()
     count = 0
-    for layer in model.layers:
+    for layer in layers:
         layer.fused_decode = None
-        if function is not None and fusable(layer):
+        if function is not None and fusable(layer, llama_layer):
             layer.fused_decode = FusedDecode(layer, function)
             count += 1
     return count

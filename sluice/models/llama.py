@@ -352,7 +352,12 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear) and module.int8_activations is not None:
                 module.int8_activations.serve_bands(plan.int8_matmul)
-        bind_fused_decode(self)
+        self.bind_fused_decode()
+
+    def bind_fused_decode(self) -> int:
+        """Every layer that is one chain of native kernels runs decode steps in
+        one call (fused_decode.py); the number of such layers."""
+        return bind_fused_decode(self.layers, LlamaDecoderLayer)
 
     def _weight_targets(self) -> dict[str, _WeightTarget]:
         """HF tensor name -> where it goes (fused tensors take row slices)."""
