@@ -143,10 +143,6 @@ class StepCosts:
         return min(1.0, COST_MARGIN * per_row * num_requests / base)
 
 
-def _average(old: float, new: float) -> float:
-    return old + COST_WEIGHT * (new - old)
-
-
 class Speculator:
     """The engine's proposer (one per engine, on the engine loop) and its counters.
 

@@ -7,8 +7,10 @@ Which layers: those whose Python path for such a step is exactly that chain
 (`fusable`): Llama-shaped (no q/k norm, RoPE on whole heads by the native
 kernel, the native SwiGLU and RMSNorm), bfloat16, every matmul on the
 packed int8 kernel at every row count (the row-invariant default). Others,
-and steps with prefill rows, keep the Python path. Bound at load, after
-the kernel plan (`LlamaForCausalLM.bind_fused_decode`): the weights' pointers are fixed then.
+and steps with prefill rows, keep the Python path. Bound at load, by the
+row-invariant quantization (`LlamaForCausalLM.bind_fused_decode`): the
+weights' pointers are fixed then; the kernel plan's AMX bands, set later,
+are read per call.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ class FusedDecode:
         amx = self._amx
         for i, int8 in enumerate(self._int8):
             amx[i] = int8.amx_min_rows_at(rows)
-        two, num_blocks, block_size = kv_cache.shape[:3]
+        _, num_blocks, block_size = kv_cache.shape[:3]
         status = self._function(
             ctypes.byref(self._layer), hidden.data_ptr(), rows, rope.cos.data_ptr(),
             rope.sin.data_ptr(), kv_cache.data_ptr(), num_blocks, block_size,

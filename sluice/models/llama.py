@@ -352,7 +352,6 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear) and module.int8_activations is not None:
                 module.int8_activations.serve_bands(plan.int8_matmul)
-        self.bind_fused_decode()
 
     def bind_fused_decode(self) -> int:
         """Every layer that is one chain of native kernels runs decode steps in
