@@ -252,3 +252,39 @@ def test_step_seconds_round_trip_and_bad_ones_are_refused(tmp_path):
     for bad in ("[[1, 0.0]]", "[[8, 1e-5], [1, 1e-5]]", '[[1, "fast"]]', "[[0, 1e-5]]"):
         path.write_text('{"prefill_attention": [[0, "torch"]], "step_seconds": ' + bad + "}")
         assert kernel_plan.read_plan(path, "cached") is None, bad
+
+
+def measure_decode_rows(native_seconds, amx_seconds):
+    """measure_decode over candidates taking native_seconds[n] and
+    amx_seconds[n] for n rows of one sequence."""
+    clock = FakeClock()
+
+    def native(n):
+        clock.now += native_seconds[n]
+
+    def amx(n):
+        clock.now += amx_seconds[n]
+
+    return kernel_plan.measure_decode(native, amx, sorted(native_seconds), clock=clock)
+
+
+def test_decode_attention_goes_to_amx_only_where_it_wins_every_step_shape():
+    # The AMX machine: faster alone and much faster verifying (30 against 49
+    # us at one row, 113 against 529 at 17).
+    assert measure_decode_rows({1: 49, 9: 300}, {1: 30, 9: 70}) == kernel_plan.AMX
+    # Faster only at verification: single decodes would pay, so native.
+    assert measure_decode_rows({1: 49, 9: 300}, {1: 79, 9: 90}) == NATIVE
+    assert measure_decode_rows({1: 49, 9: 300}, {1: 49, 9: 90}) == NATIVE  # a tie: native
+    assert kernel_plan.measure_decode(lambda n: None, None) == NATIVE  # no AMX tiles
+
+
+def test_the_decode_kernel_round_trips_and_shows_on_the_startup_line(tmp_path):
+    path = tmp_path / "plan.json"
+    plan = KernelPlan(((0, AMX_KERNEL),), "measured at load", decode_attention=AMX_KERNEL)
+    kernel_plan.write_plan(path, plan)
+    assert kernel_plan.read_plan(path, "measured at load") == plan
+    assert plan.describe().endswith("; decode attention on AMX tiles")
+    path.write_text('{"prefill_attention": [[0, "amx"]], "decode_attention": "torch"}')
+    assert kernel_plan.read_plan(path, "cached") is None
+    path.write_text('{"prefill_attention": [[0, "amx"]]}')  # an older file: native
+    assert kernel_plan.read_plan(path, "cached").decode_attention == NATIVE

@@ -31,11 +31,14 @@ from sluice.engine.sampling_params import SamplingParams
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models import calibration
+from sluice.models.config import LlamaConfig
+from sluice.models.kernel_plan import AMX, KernelPlan
 from sluice.models.linear import Linear
 from sluice.models.llama import LlamaForCausalLM
+from sluice.models.native import decode_attention_amx_kernel
 from sluice.models.native.int8 import int8_gemm_kernels
 from tests.invariance_runs import probe_output, random_prompt
-from tests.model_factory import make_core
+from tests.model_factory import build_tiny_model, make_core
 from tests.speculation_runs import make_core as make_speculation_core
 from tests.speculation_runs import ngram, repeating_prompt
 from tests.speculation_runs import run as run_speculation
@@ -208,17 +211,54 @@ def test_the_fused_layer_gives_the_python_paths_bits(row_invariant, seed):
     decode rows) and the prompts' prefill around them: tokens and logprobs
     bitwise the same whether decode steps take the one native call or the
     layer's Python chain of the same kernels."""
+    assert_fused_gives_python_bits(row_invariant, seed)
+
+
+@pytest.fixture(scope="module")
+def amx_decoding(tiny_loaded, tmp_path_factory) -> LoadedModel:
+    """The scheme on a model with heads of 64, under a kernel plan that runs
+    prefill and decode attention on AMX tiles (decode_attention_amx.c)."""
+    if decode_attention_amx_kernel(torch.bfloat16) is None:
+        pytest.skip("no AMX-BF16 decode attention here")
+    tiny = build_tiny_model(
+        "llama_tied", tmp_path_factory.mktemp("heads64"), hidden_size=256, head_dim=64
+    )
+    config = LlamaConfig.from_hf_dict(tiny.config_dict)
+    model = LlamaForCausalLM(config, torch.bfloat16, torch.device("cpu"))
+    model.load_weights(tiny.weights())
+    calibration.quantize_row_invariant(model, CALIBRATION_IDS)
+    model.use_kernel_plan(KernelPlan(((0, AMX),), "test", decode_attention=AMX))
+    loaded = replace(with_model(tiny_loaded, model), model_config=config)
+    assert all(layer.fused_decode._layer.decode_amx == 1 for layer in model.layers)
+    return loaded
+
+
+def test_amx_decode_rows_keep_greedy_speculation_bitwise_exact(amx_decoding):
+    """Verified tokens and decoded ones, and the prompts' prefill, on the AMX
+    kernels: tokens and logprobs the same with speculation on and off."""
+    for seed in (1, 2):
+        plain, speculated, counters = speculation_runs(amx_decoding, seed)
+        assert counters.num_accepted_tokens > 0
+        for i in plain:
+            assert speculated[i][:3] == plain[i][:3], f"seed {seed}, request {i}"
+
+
+def test_the_fused_layer_follows_the_plans_amx_decode_attention(amx_decoding):
+    assert_fused_gives_python_bits(amx_decoding, 5)
+
+
+def assert_fused_gives_python_bits(loaded: LoadedModel, seed: int) -> None:
     rng = random.Random(seed)
     prompts = [repeating_prompt(rng, rng.randrange(20, 90)) for _ in range(5)]
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=2)
 
     def outputs():
-        plain = run_speculation(make_speculation_core(row_invariant, None), prompts, params)
-        core = make_speculation_core(row_invariant, ngram(k=6))
+        plain = run_speculation(make_speculation_core(loaded, None), prompts, params)
+        core = make_speculation_core(loaded, ngram(k=6))
         return plain, run_speculation(core, prompts, params)
 
     fused = outputs()
-    with without_fused_layers(row_invariant):
+    with without_fused_layers(loaded):
         python = outputs()
     # Tokens, finish reasons and logprobs; not the number of deltas: which
     # requests draft follows the engine's own step times.

@@ -46,6 +46,7 @@ receives finite K/V.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -54,7 +55,11 @@ from torch import Tensor
 
 from sluice.models.config import LlamaConfig
 from sluice.models.kernel_plan import AMX, NATIVE, KernelPlan
-from sluice.models.native import decode_attention_kernel, merge_attention_kernel
+from sluice.models.native import (
+    decode_attention_amx_kernel,
+    decode_attention_kernel,
+    merge_attention_kernel,
+)
 from sluice.models.native.prefill import HEAD_DIMS as PREFILL_HEAD_DIMS
 from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
 
@@ -300,10 +305,10 @@ def paged_attention(
         _write_kv(kv_cache, k, v, meta.slot_mapping)
     decode = meta.decode
     if decode is not None and decode.token_indices is None:  # every token a decode row
-        return _decode_attention(q, kv_cache, decode, scale)
+        return _decode_attention(q, kv_cache, decode, scale, kernels)
     out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
     if decode is not None:
-        decoded = _decode_attention(q[decode.token_indices], kv_cache, decode, scale)
+        decoded = _decode_attention(q[decode.token_indices], kv_cache, decode, scale, kernels)
         out.index_copy_(0, decode.token_indices, decoded)
     for plan in meta.prefills:
         chunk = slice(plan.token_start, plan.token_end)
@@ -354,12 +359,35 @@ def _decode_attention(
     kv_cache: Tensor,
     plan: DecodePlan,
     scale: float,
+    kernels: KernelPlan = NATIVE_WHERE_IT_RUNS,
 ) -> Tensor:  # [num_decodes, num_heads, head_dim]
-    if q.device.type == "cpu" and (kernel := decode_attention_kernel(q.dtype)) is not None:
+    if (
+        q.device.type == "cpu"
+        and (kernel := decode_kernel(q.dtype, q.shape[2], kernels)) is not None
+    ):
         # The C kernel reads K/V in place: no gathered copy (sluice/models/native).
         block_ids = plan.block_ids.view(q.shape[0], plan.num_blocks)  # contiguous
         return kernel(q, kv_cache, block_ids, plan.seq_lens, scale)
     return decode_attention_torch(q, kv_cache, plan, scale)
+
+
+def decode_kernel(dtype: torch.dtype, head_dim: int, kernels: KernelPlan):
+    """The native decode attention kernel the plan names for every decode row
+    (the AMX one, where it runs: heads of 64 or 128), or None: torch's path."""
+    amx = decode_attention_amx_kernel(dtype) if kernels.decode_attention == AMX else None
+    return amx if amx is not None and head_dim in (64, 128) else decode_attention_kernel(dtype)
+
+
+def decodes_on_amx(attend: object, head_dim: int) -> bool:
+    """Whether a layer's `attend` (paged_attention, bound to a plan or not)
+    runs its bfloat16 decode rows on decode_attention_amx.c."""
+    kernels = attend.keywords.get("kernels") if isinstance(attend, functools.partial) else None
+    amx = decode_attention_amx_kernel(torch.bfloat16)
+    return (
+        kernels is not None
+        and amx is not None
+        and decode_kernel(torch.bfloat16, head_dim, kernels) is amx
+    )
 
 
 def decode_attention_torch(

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from sluice.models.attention import AttentionMetadata, paged_attention
+from sluice.models.attention import AttentionMetadata, decodes_on_amx, paged_attention
 from sluice.models.native import _library, decode_attention_kernel, silu_mul_kernel
 from sluice.models.rope_norm import Float32Angles
 
@@ -49,7 +49,7 @@ class _DecoderLayer(ctypes.Structure):
         ("down", _Int8Matrix),
         ("hidden_size", _int64), ("num_heads", _int64), ("num_kv_heads", _int64),
         ("head_dim", _int64), ("intermediate_size", _int64),
-        ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("decode_amx", _int64),
     ]  # fmt: skip
 
 
@@ -114,9 +114,14 @@ class FusedDecode:
         self._layer = _DecoderLayer(
             norms[0].data_ptr(), norms[1].data_ptr(), qkv, o, gate_up, down,
             layer.input_layernorm.shape[0], layer.num_heads, layer.num_kv_heads, layer.head_dim,
-            gate_up.out_features // 2, layer.eps, layer.scale,
+            gate_up.out_features // 2, layer.eps, layer.scale, int(decodes_on_amx(layer.attend, layer.head_dim)),
         )  # fmt: skip
         self._amx = (_int64 * 4)()
+
+    def follow(self, attend: object) -> None:
+        """Decode attention on the kernel the layer's Python path (`attend`,
+        bound to the kernel plan) runs decode rows on."""
+        self._layer.decode_amx = int(decodes_on_amx(attend, self._layer.head_dim))
 
     def __call__(
         self, hidden: Tensor, rope: Float32Angles, kv_cache: Tensor, attn: AttentionMetadata

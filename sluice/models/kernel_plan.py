@@ -60,6 +60,10 @@ NATIVE, TORCH = "native", "torch"
 VNNI, AMX = "vnni", "amx"
 # Int8 code rows per step timed at load (a decode step's few rows up to a prefill chunk's).
 INT8_ROWS = (1, 2, 4, 8, 16, 32, 64, 512)
+# Rows of one sequence a decode attention step is timed at (one decode; a
+# verification of 8 drafted tokens), over DECODE_KEYS keys.
+DECODE_ROWS = (1, 9)
+DECODE_KEYS = 1024
 # The prompt lengths (keys per chunk) timed at load: a short prompt, a page, an agent's.
 PREFILL_LENGTHS = (256, 1024, 4096)
 # `--kernel-plan` values other than a file's path.
@@ -85,6 +89,11 @@ class KernelPlan:
     # how a step's cost grows with its rows, which speculation's rule reads
     # (sluice/engine/speculation.py); empty outside that scheme.
     step_seconds: tuple[tuple[int, float], ...] = ()
+    # The decode attention kernel of every decode row (NATIVE: the AVX512
+    # kernel, native/paged_decode_attention.c; AMX: native/decode_attention_amx.c,
+    # whose rows get the bits the AMX prefill kernel gives their queries).
+    # One for the process: a row's bits must not depend on its step.
+    decode_attention: str = NATIVE
 
     def prefill_kernel(self, num_keys: int) -> str:
         """The kernel (NATIVE, AMX or TORCH) of a prefill chunk over `num_keys` keys."""
@@ -103,6 +112,8 @@ class KernelPlan:
         line = f"kernel plan ({self.source}): prefill attention {where}"
         if self.int8_matmul:
             line += f"; int8 matmul {_describe(self.int8_matmul, 'rows')}"
+        if self.decode_attention == AMX:
+            line += "; decode attention on AMX tiles"
         return line
 
     def to_json(self) -> str:
@@ -110,6 +121,7 @@ class KernelPlan:
             "prefill_attention": [list(band) for band in self.prefill_attention],
             "int8_matmul": [list(band) for band in self.int8_matmul],
             "step_seconds": [list(point) for point in self.step_seconds],
+            "decode_attention": self.decode_attention,
         })  # fmt: skip
 
 
@@ -203,6 +215,23 @@ def measure_int8(
     return bands, tuple(seconds)
 
 
+def measure_decode(
+    native: Callable[[int], object],
+    amx: Callable[[int], object] | None,
+    sizes: Sequence[int] = DECODE_ROWS,
+    repeats: int = _REPEATS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> str:
+    """The decode attention kernel for every step: AMX where it is faster than
+    the native kernel at every one of `sizes` (`native(n)`, `amx(n)`: n rows
+    of one sequence, as a step verifying n - 1 drafted tokens), else NATIVE."""
+    if amx is None:
+        return NATIVE
+    candidates = ((AMX, amx), (NATIVE, native))
+    faster = all(a < b for a, b in (_medians(candidates, n, repeats, clock) for n in sizes))
+    return AMX if faster else NATIVE
+
+
 def parse_bands(value: object, key: str = "prefill_attention") -> Bands | None:
     """Bands from a plan file's JSON; None unless well formed (ascending, from 0).
     A file without int8 bands (older, or measured without AMX) has none: ()."""
@@ -251,9 +280,10 @@ def read_plan(path: Path, source: str) -> KernelPlan | None:
         return None
     bands, int8 = parse_bands(value), parse_bands(value, "int8_matmul")
     seconds = _parse_seconds(value)
-    if bands is None or int8 is None or seconds is None:
+    decode = value.get("decode_attention", NATIVE) if isinstance(value, dict) else None
+    if bands is None or int8 is None or seconds is None or decode not in (NATIVE, AMX):
         return None
-    return KernelPlan(bands, source, int8, seconds)
+    return KernelPlan(bands, source, int8, seconds, decode)
 
 
 def _parse_seconds(value: object) -> tuple[tuple[int, float], ...] | None:

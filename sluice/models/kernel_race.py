@@ -28,11 +28,15 @@ from sluice.models.attention import prefill_attention_torch
 from sluice.models.config import LlamaConfig
 from sluice.models.kernel_plan import (
     AUTO,
+    DECODE_KEYS,
+    DECODE_ROWS,
     INT8_ROWS,
     MEASURE,
+    NATIVE,
     PREFILL_LENGTHS,
     TORCH,
     KernelPlan,
+    measure_decode,
     measure_int8,
     measure_prefill,
     pinned_plan,
@@ -41,7 +45,11 @@ from sluice.models.kernel_plan import (
     write_plan,
 )
 from sluice.models.llama import LlamaForCausalLM
-from sluice.models.native import native_status
+from sluice.models.native import (
+    decode_attention_amx_kernel,
+    decode_attention_kernel,
+    native_status,
+)
 from sluice.models.native.int8 import int8_gemm_kernels
 from sluice.models.native.prefill import (
     HEAD_DIMS,
@@ -96,7 +104,9 @@ def plan_kernels(
         else measure_prefill(candidates.native, candidates.sdpa, lengths, amx=candidates.amx)
     )
     int8_bands, seconds = ((), ()) if int8 is None else measure_int8(int8.amx, int8.vnni)
-    plan = KernelPlan(prefill, "measured at load", int8_bands, seconds)
+    decode = decode_candidates(config, dtype)
+    decode_kernel = NATIVE if decode is None else measure_decode(*decode)
+    plan = KernelPlan(prefill, "measured at load", int8_bands, seconds, decode_kernel)
     write_plan(path, plan)
     logger.info("%s; kept in %s (pin it with --kernel-plan FILE)", plan.describe(), path)
     return plan
@@ -144,6 +154,40 @@ def _gap(kernel: Candidate, sdpa: Candidate) -> float:
     """The largest difference of `kernel` from torch's attention at the shortest length."""
     smallest = min(PREFILL_LENGTHS)
     return (kernel(smallest).float() - sdpa(smallest).float()).abs().max().item()
+
+
+def decode_candidates(
+    config: LlamaConfig, dtype: torch.dtype
+) -> tuple[Candidate, Candidate | None] | None:
+    """Decode attention over the paged cache on the model's head shapes, n rows
+    of one sequence of DECODE_KEYS keys: (native, AMX or None where the CPU
+    grants no tiles or it disagrees with the native kernel); None where no
+    native decode kernel runs."""
+    native, amx = decode_attention_kernel(dtype), decode_attention_amx_kernel(dtype)
+    if native is None or config.head_dim not in HEAD_DIMS:
+        return None
+    generator = torch.Generator().manual_seed(1)
+    rows, block_size = max(DECODE_ROWS), 16
+    num_blocks = (DECODE_KEYS + rows + block_size - 1) // block_size
+    shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+    cache = torch.randn(2, *shape, generator=generator).to(dtype)
+    q = torch.randn(rows, config.num_attention_heads, config.head_dim, generator=generator)
+    q = q.to(dtype)
+    table = torch.randperm(num_blocks, generator=generator).repeat(rows, 1)
+    lens = torch.arange(DECODE_KEYS, DECODE_KEYS + rows)
+    scale = config.head_dim**-0.5
+
+    def run(kernel) -> Candidate:
+        return lambda n: kernel(q[:n], cache, table[:n], lens[:n], scale)
+
+    if amx is not None and (gap := _gap_at(run(amx), run(native), rows)) > _AGREEMENT:
+        logger.warning("the AMX decode kernel differs from the native one by %.3g: not used", gap)
+        amx = None
+    return run(native), None if amx is None else run(amx)
+
+
+def _gap_at(kernel: Candidate, other: Candidate, n: int) -> float:
+    return (kernel(n).float() - other(n).float()).abs().max().item()
 
 
 def int8_candidates(model: LlamaForCausalLM) -> Int8Candidates | None:

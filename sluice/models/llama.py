@@ -343,12 +343,14 @@ class LlamaForCausalLM(nn.Module):
 
     def use_kernel_plan(self, plan: KernelPlan) -> None:
         """Run prefill attention on the kernels `plan` measured at load gives
-        each length (kernel_plan.py), and the int8 matmuls on the kernel it
-        gives each step size; layers on another attention path
+        each length (kernel_plan.py), decode attention on the one it names,
+        and the int8 matmuls on the kernel it gives each step size; layers on another attention path
         (batch-invariant mode) keep it."""
         for layer in self.layers:
             if layer.attend is paged_attention:
                 layer.attend = functools.partial(paged_attention, kernels=plan)
+                if layer.fused_decode is not None:
+                    layer.fused_decode.follow(layer.attend)
         for module in self.modules():
             if isinstance(module, Linear) and module.int8_activations is not None:
                 module.int8_activations.serve_bands(plan.int8_matmul)

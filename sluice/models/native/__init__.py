@@ -93,7 +93,7 @@ def _first_error(stderr: str) -> str:
 
 
 def _declare(library: ctypes.CDLL) -> None:
-    for name in ("decode_attention_bf16", "decode_attention_f32"):
+    for name in ("decode_attention_bf16", "decode_attention_f32", "decode_attention_amx_bf16"):
         function = getattr(library, name)
         function.argtypes = _ARGTYPES
         function.restype = ctypes.c_int
@@ -106,6 +106,7 @@ def _declare(library: ctypes.CDLL) -> None:
         function = getattr(library, name)
         function.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
         function.restype = None
+    library.decode_attention_amx_available.restype = ctypes.c_int
     library.argmax_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     library.argmax_f32.restype = None
     library.merge_attention_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
@@ -125,6 +126,18 @@ def decode_attention_kernel(dtype: torch.dtype):
         library.decode_attention_bf16 if dtype == torch.bfloat16 else library.decode_attention_f32
     )
     return _DecodeAttention(function)
+
+
+@cache
+def decode_attention_amx_kernel(dtype: torch.dtype):
+    """decode_attention_kernel's call on AMX-BF16 tiles (decode_attention_amx.c):
+    a decode row gets the bits its query gets in a prefill chunk on
+    prefill_attention_amx.c; None for other dtypes, or where the CPU or the
+    OS grants no AMX tiles."""
+    library = _library()
+    if dtype != torch.bfloat16 or library is None or not library.decode_attention_amx_available():
+        return None
+    return _DecodeAttention(library.decode_attention_amx_bf16)
 
 
 class _DecodeAttention:

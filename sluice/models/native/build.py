@@ -25,6 +25,7 @@ _SOURCES = tuple(
         "paged_decode_attention.c",
         "prefill_attention.c",
         "prefill_attention_amx.c",
+        "decode_attention_amx.c",
         "rms_norm.c",
         "rows.c",
         "rope_kv.c",
@@ -36,7 +37,14 @@ _SOURCES = tuple(
 )
 _HEADERS = tuple(
     Path(__file__).with_name(name)
-    for name in ("bf16.h", "vector_exp.h", "int8_epilogue.h", "amx_tiles.h")
+    for name in (
+        "bf16.h",
+        "vector_exp.h",
+        "int8_epilogue.h",
+        "amx_tiles.h",
+        "amx_attention.h",
+        "paged_tables.h",
+    )
 )
 # Compiling with -ffast-math lets gcc vectorize the dot products (float32
 # sums in another order; 30% faster at 64 decodes); inf and NaN keep their

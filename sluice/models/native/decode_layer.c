@@ -8,7 +8,8 @@
  *   x = rms_norm(hidden; attention_norm)         rms_norm.c
  *   qkv = x W_qkv (int8 activations)             int8_gemm.c
  *   q, k = rope(qkv); k, v into the cache        rope_kv.c
- *   a = decode attention of q over the cache     paged_decode_attention.c
+ *   a = decode attention of q over the cache     paged_decode_attention.c, or
+ *                                                decode_attention_amx.c (decode_amx)
  *   hidden += a W_o                              (bfloat16 add: torch's rounding)
  *   x = rms_norm(hidden; mlp_norm)
  *   hidden += silu_mul(x W_gate_up) W_down       rows.c, int8_gemm.c
@@ -35,6 +36,7 @@ typedef struct {
     Int8Matrix qkv, o, gate_up, down;
     int64_t hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size;
     float eps, scale;
+    int64_t decode_amx; /* 1: decode attention on AMX tiles (the kernel plan's choice) */
 } DecoderLayer;
 
 /* The kernels of the other files of this library. */
@@ -53,6 +55,11 @@ int decode_attention_bf16(const uint16_t *q, const uint16_t *cache, const int64_
                           int64_t blocks_per_seq, int64_t num_blocks, int64_t block_size,
                           int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
                           uint16_t *out);
+int decode_attention_amx_bf16(const uint16_t *q, const uint16_t *cache, const int64_t *block_ids,
+                              const int64_t *seq_lens, int64_t q_stride, int64_t num_seqs,
+                              int64_t blocks_per_seq, int64_t num_blocks, int64_t block_size,
+                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                              float scale, uint16_t *out);
 void silu_mul_bf16(const uint16_t *x, int64_t rows, int64_t inter, int64_t row_stride,
                    uint16_t *out);
 
@@ -96,9 +103,9 @@ int decoder_layer_rows_bf16(const DecoderLayer *layer, uint16_t *hidden, int64_t
                            head_dim, cos, sin, cache, num_blocks * block_size, slot_mapping, q,
                            k))
         goto done;
-    if (decode_attention_bf16(q, cache, block_ids, seq_lens, q_width, rows, blocks_per_seq,
-                              num_blocks, block_size, layer->num_heads, layer->num_kv_heads,
-                              head_dim, layer->scale, attn))
+    if ((layer->decode_amx ? decode_attention_amx_bf16 : decode_attention_bf16)(
+            q, cache, block_ids, seq_lens, q_width, rows, blocks_per_seq, num_blocks, block_size,
+            layer->num_heads, layer->num_kv_heads, head_dim, layer->scale, attn))
         goto done;
     if (matmul(&layer->o, attn, rows, amx_min_rows[1], y)) goto done;
     add_into(hidden, y, rows * hidden_size);

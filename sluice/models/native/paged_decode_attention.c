@@ -28,25 +28,13 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "paged_tables.h"
 #include "vector_exp.h"
 
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16
 /* Fewer (sequence, KV head) pairs than this run on the calling thread. */
 #define MIN_PARALLEL_PAIRS 8
-
-static int check_tables(const int64_t *block_ids, const int64_t *seq_lens, int64_t num_seqs,
-                        int64_t blocks_per_seq, int64_t num_blocks, int64_t block_size) {
-    for (int64_t b = 0; b < num_seqs; b++) {
-        const int64_t len = seq_lens[b];
-        if (len < 1 || len > blocks_per_seq * block_size) return -1;
-        for (int64_t i = 0; i < (len + block_size - 1) / block_size; i++) {
-            const int64_t block = block_ids[b * blocks_per_seq + i];
-            if (block < 0 || block >= num_blocks) return -1;
-        }
-    }
-    return 0;
-}
 
 /* One (sequence, KV head) pair: `scores` holds group * len floats. */
 #define DEFINE_ATTEND_ONE(NAME, T, LOAD, STORE)                                                \
