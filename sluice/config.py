@@ -90,12 +90,14 @@ class ModelConfig:
         none_as="none",
     )
     # Which kernel runs prefill attention at which prompt lengths, native or
-    # torch's SDPA (sluice/models/kernel_plan.py): "auto" reads the plan kept
+    # torch's SDPA, which runs decode attention, and which int8 matmul serves
+    # which step sizes (sluice/models/kernel_plan.py): "auto" reads the plan kept
     # for this CPU, kernels and versions, or measures one at load and keeps
     # it; "measure" measures again; anything else is a plan file to pin.
     kernel_plan: str = setting(
         "auto",
-        "prefill attention kernel per prompt length, native or torch's SDPA: auto reads the "
+        "prefill attention kernel per prompt length (native, AMX or torch's SDPA), the "
+        "decode attention kernel and the int8 matmul per step size: auto reads the "
         "plan kept for this CPU or measures it at load (about 2 s, once); measure measures "
         "again; or a plan FILE to pin (the kept plan's JSON)",
     )

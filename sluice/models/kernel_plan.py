@@ -26,6 +26,16 @@ at load on one of the model's own matrices at `INT8_ROWS`. Both give the
 same exact sums through one epilogue, so this choice never changes a row's
 bits: only its speed, so replicas may choose apart and still agree.
 
+And it says which kernel runs every decode row (`decode_attention`): the
+AVX512 one (native/paged_decode_attention.c) or, where the CPU grants AMX
+tiles, native/decode_attention_amx.c, timed at load at one row and at a
+verification's nine over 1,024 keys and chosen only where it wins both
+(`measure_decode`). The AMX one gives a row the bits the AMX prefill kernel
+gives its query, and the rows of one sequence in a step share its packed
+values, so a verification's rows cost little more than one. One kernel
+serves every decode row of the process: a row's bits never depend on its
+step.
+
 The attention candidates compute the same attention within bfloat16 rounding (tests
 compare each with float32 attention); a native kernel that disagrees with
 torch at load is not a candidate. Note (issue 28): a chunk's kernel follows
@@ -323,6 +333,6 @@ def pinned_plan(path: str) -> KernelPlan:
         raise ModelLoadError(
             f"--kernel-plan {path}: not a kernel plan file (JSON: "
             '{"prefill_attention": [[0, "native"], [1024, "amx"]], "int8_matmul": '
-            '[[0, "vnni"], [8, "amx"]]}; or choose auto or measure)'
+            '[[0, "vnni"], [8, "amx"]], "decode_attention": "amx"}; or choose auto or measure)'
         )
     return plan

@@ -38,21 +38,28 @@ static inline int64_t kv_offset(const struct kv_rows *s, int64_t stride, int64_t
  * layout), zero past num_keys. */
 static void pack_values(const struct kv_rows *s, int64_t hd, int64_t b, uint32_t *vp) {
     const int64_t chunks = hd / 16, first = b * BLOCK;
+    const __m512i zero = _mm512_setzero_si512();
     for (int64_t pair = 0; pair < BLOCK / 2; pair++) {
         const int64_t key = first + 2 * pair;
         const uint16_t *even = key < s->num_keys ? s->v + kv_offset(s, s->v_stride, key) : NULL;
         const uint16_t *odd =
             key + 1 < s->num_keys ? s->v + kv_offset(s, s->v_stride, key + 1) : NULL;
         uint32_t *step = vp + (pair / 16) * chunks * 256 + (pair % 16) * 16;
-        for (int64_t c = 0; c < chunks; c++) {
-            const __m256i zero = _mm256_setzero_si256();
-            const __m256i lo = even ? _mm256_loadu_si256((const __m256i *)(even + 16 * c)) : zero;
-            const __m256i hi = odd ? _mm256_loadu_si256((const __m256i *)(odd + 16 * c)) : zero;
-            _mm512_storeu_si512(step + c * 256,
-                                _mm512_or_si512(_mm512_cvtepu16_epi32(lo),
-                                                _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16)));
+        for (int64_t c = 0; c < chunks; c += 2) { /* 32 dims: two chunks (value_dim) */
+            const __m512i e = even ? _mm512_loadu_si512(even + 16 * c) : zero;
+            const __m512i o = odd ? _mm512_loadu_si512(odd + 16 * c) : zero;
+            _mm512_storeu_si512(step + c * 256, _mm512_unpacklo_epi16(e, o));
+            _mm512_storeu_si512(step + (c + 1) * 256, _mm512_unpackhi_epi16(e, o));
         }
     }
+}
+
+/* The dimension of output column j (0..15) of chunk c in pack_values' order:
+ * unpacking two keys' 32 dims interleaves them within 128-bit lanes, so
+ * chunk 2h holds dims 32h + {0-3, 8-11, 16-19, 24-27} and chunk 2h + 1 the
+ * other four of each 8. Each column's sum is the same; only its place moves. */
+static inline int64_t value_dim(int64_t c, int64_t j) {
+    return 32 * (c / 2) + 8 * (j / 4) + j % 4 + 4 * (c % 2);
 }
 
 /* A thread's scratch: the task's queries, its rows' state, one tile's products. */
@@ -228,9 +235,13 @@ static void finish_block(struct scratch *w, int64_t t, const int64_t limits[ROWS
 static inline void store_row(const struct scratch *w, int64_t i, int64_t hd, uint16_t *dst) {
     const float total = _mm512_reduce_add_ps(_mm512_loadu_ps(w->sums + i * 16));
     const __m512 inv = _mm512_set1_ps(1.0f / total);
-    for (int64_t d = 0; d < hd; d += 16)
-        _mm256_storeu_si256((__m256i *)(dst + d),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(w->o + i * hd + d), inv)));
+    uint16_t rounded[16];
+    for (int64_t c = 0; c < hd / 16; c++) {
+        _mm256_storeu_si256((__m256i *)rounded,
+                            (__m256i)_mm512_cvtneps_pbh(
+                                _mm512_mul_ps(_mm512_loadu_ps(w->o + i * hd + 16 * c), inv)));
+        for (int64_t j = 0; j < 16; j++) dst[value_dim(c, j)] = rounded[j];
+    }
 }
 
 /* A thread's scratch for `tiles` row tiles carved from `base` (64-byte

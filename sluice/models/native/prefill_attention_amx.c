@@ -33,7 +33,8 @@
  *      32 keys) x B (16 key pairs x 16 dims) twice, stored back.
  * Keys are packed once per call per KV head as [16 keys][dim pair][16
  * keys] (B of step 1), values as [32 keys][dim chunk][key pair][16 dims]
- * (B of step 3), both zero past num_keys up to a whole block.
+ * (B of step 3; the dims of a chunk in value_dim's order, amx_attention.h,
+ * put back in place at the end), both zero past num_keys up to a whole block.
  *
  * Speed (2-core Sapphire Rapids VM, 9/3 heads of 64, contended; the
  * prefill rows of benchmarks/attention_kernels.py): 1.6-1.9x torch's flash
