@@ -6,16 +6,26 @@
  * rows, the rows of a speculative verification and prompt chunks then all
  * agree, whichever of them computed a position.
  *
+ * Keys need no packing: 16 keys of a cache block are the A tile of a score
+ * tile as they lie (16 rows, the cache's token stride apart), the queries
+ * its B tile, so the tile holds scores with keys down and queries across,
+ * and each query's column is gathered into its row. Every score is the same
+ * sum of the same products as prefill's (queries as A, packed keys as B),
+ * bit for bit (tests/test_native_decode_attention_amx.py). Values are
+ * packed per block of 64 keys, as prefill packs them.
+ *
  * Rows that read one sequence's keys (a verification's 1 + k rows: each
  * row's table agrees with the next row's over its own keys, lengths not
- * decreasing) form a group: per KV head, the group's keys and values are
- * packed once (as prefill packs a chunk's) for the row tiles of all its
- * rows and query heads. A row's result still depends only on its q and the
- * keys it sees, so it is the same alone as in any group.
+ * decreasing) form a group: a row tile holds 16 of the group's queries (a
+ * row's query heads of one KV head, row after row), and each block's packed
+ * values serve them all. A row's result still depends only on its q and
+ * the keys it sees, so it is the same alone as in any group.
  *
  * Work: a task is one KV head of one group (up to TASK_ROWS rows; longer
  * groups take several tasks), shared out over OpenMP threads; each thread
- * packs into its own scratch.
+ * packs into its own scratch. Speed (2-core Sapphire Rapids VM, 9/3 heads
+ * of 64, 1,300 keys, quiet): one row 31 us against the AVX512 kernel's 49,
+ * 17 rows of one sequence 113 against 529; 64 sequences of 300 keys, even.
  *
  * Returns 0; -1 (nothing written) for an unsupported shape, a length or
  * block id out of range, or no memory. */
