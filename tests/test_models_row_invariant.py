@@ -149,8 +149,12 @@ def speculation_runs(loaded: LoadedModel, seed: int):
 def test_greedy_tokens_and_logprobs_are_bitwise_the_same_with_speculation(row_invariant):
     """Each verified token is a decode-kernel row (attention.MAX_DECODE_ROW_CHUNK)
     through row-invariant matmuls: the bits a plain decode step gives it."""
+    assert_speculation_keeps_greedy_bits(row_invariant)
+
+
+def assert_speculation_keeps_greedy_bits(loaded: LoadedModel) -> None:
     for seed in (1, 2):
-        plain, speculated, counters = speculation_runs(row_invariant, seed)
+        plain, speculated, counters = speculation_runs(loaded, seed)
         assert counters.num_accepted_tokens > 0
         for i in plain:
             assert speculated[i][:3] == plain[i][:3], f"seed {seed}, request {i}"
@@ -236,11 +240,7 @@ def amx_decoding(tiny_loaded, tmp_path_factory) -> LoadedModel:
 def test_amx_decode_rows_keep_greedy_speculation_bitwise_exact(amx_decoding):
     """Verified tokens and decoded ones, and the prompts' prefill, on the AMX
     kernels: tokens and logprobs the same with speculation on and off."""
-    for seed in (1, 2):
-        plain, speculated, counters = speculation_runs(amx_decoding, seed)
-        assert counters.num_accepted_tokens > 0
-        for i in plain:
-            assert speculated[i][:3] == plain[i][:3], f"seed {seed}, request {i}"
+    assert_speculation_keeps_greedy_bits(amx_decoding)
 
 
 def test_the_fused_layer_follows_the_plans_amx_decode_attention(amx_decoding):
