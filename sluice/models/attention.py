@@ -373,9 +373,12 @@ def _decode_attention(
 
 def decode_kernel(dtype: torch.dtype, head_dim: int, kernels: KernelPlan):
     """The native decode attention kernel the plan names for every decode row
-    (the AMX one, where it runs: heads of 64 or 128), or None: torch's path."""
+    (the AMX one, where it runs: the AMX prefill kernel's head sizes), or
+    None: torch's path."""
     amx = decode_attention_amx_kernel(dtype) if kernels.decode_attention == AMX else None
-    return amx if amx is not None and head_dim in (64, 128) else decode_attention_kernel(dtype)
+    if amx is not None and head_dim in PREFILL_HEAD_DIMS:
+        return amx
+    return decode_attention_kernel(dtype)
 
 
 def decodes_on_amx(attend: object, head_dim: int) -> bool:

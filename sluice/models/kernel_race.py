@@ -150,10 +150,10 @@ def prefill_candidates(config: LlamaConfig, dtype: torch.dtype) -> PrefillCandid
     return PrefillCandidates(native, sdpa, amx)
 
 
-def _gap(kernel: Candidate, sdpa: Candidate) -> float:
-    """The largest difference of `kernel` from torch's attention at the shortest length."""
-    smallest = min(PREFILL_LENGTHS)
-    return (kernel(smallest).float() - sdpa(smallest).float()).abs().max().item()
+def _gap(kernel: Candidate, other: Candidate, n: int = min(PREFILL_LENGTHS)) -> float:
+    """The largest difference of `kernel` from `other` at size n (for prefill,
+    from torch's attention at the shortest length)."""
+    return (kernel(n).float() - other(n).float()).abs().max().item()
 
 
 def decode_candidates(
@@ -180,14 +180,10 @@ def decode_candidates(
     def run(kernel) -> Candidate:
         return lambda n: kernel(q[:n], cache, table[:n], lens[:n], scale)
 
-    if amx is not None and (gap := _gap_at(run(amx), run(native), rows)) > _AGREEMENT:
+    if amx is not None and (gap := _gap(run(amx), run(native), rows)) > _AGREEMENT:
         logger.warning("the AMX decode kernel differs from the native one by %.3g: not used", gap)
         amx = None
     return run(native), None if amx is None else run(amx)
-
-
-def _gap_at(kernel: Candidate, other: Candidate, n: int) -> float:
-    return (kernel(n).float() - other(n).float()).abs().max().item()
 
 
 def int8_candidates(model: LlamaForCausalLM) -> Int8Candidates | None:

@@ -343,8 +343,9 @@ class LlamaForCausalLM(nn.Module):
 
     def use_kernel_plan(self, plan: KernelPlan) -> None:
         """Run prefill attention on the kernels `plan` measured at load gives
-        each length (kernel_plan.py), decode attention on the one it names,
-        and the int8 matmuls on the kernel it gives each step size; layers on another attention path
+        each length (kernel_plan.py), decode attention on the one it names
+        (the fused decode layers too), and the int8 matmuls on the kernel it
+        gives each step size; layers on another attention path
         (batch-invariant mode) keep it."""
         for layer in self.layers:
             if layer.attend is paged_attention:
