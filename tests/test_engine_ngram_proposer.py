@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sluice.engine.indent_tokens import IndentTokens
 from sluice.engine.ngram_proposer import NgramIndex, lookup_lengths
 
 
@@ -121,3 +122,67 @@ def test_work_per_call_depends_on_the_new_tokens_not_the_text(length):
         reads.append(text.num_reads)
     # 4 n-grams indexed and 4 suffixes looked up per new token, plus a proposal.
     assert max(reads) <= 4 * 4 + 4 * 4 + 4
+
+
+# A vocabulary with indentation tokens: WIDTH[w] is a line break plus w spaces.
+WIDTH = {w: 100 + w for w in range(0, 13)}
+
+
+def indentation_table() -> IndentTokens:
+    def token_bytes(token_id: int) -> bytes:
+        if 100 <= token_id <= 112:
+            return b"\n" + b" " * (token_id - 100)
+        return b"t%d" % token_id
+
+    indents = IndentTokens.from_vocabulary(120, token_bytes)
+    assert indents is not None
+    return indents
+
+
+def lines(width: int, *rows: list[int]) -> list[int]:
+    return [t for row in rows for t in [WIDTH[width], *row]]
+
+
+def test_a_copy_at_another_depth_is_proposed_at_the_copys_depth():
+    document = lines(8, [1, 2], [3, 4], [5, 6])  # a document indented by 8
+    copy = lines(4, [1, 2])  # the model repeats it indented by 4
+    text = [9, *document, 7, *copy]
+    expected = lines(4, [3, 4], [5, 6])
+    assert NgramIndex(1, 16, indentation_table()).propose(text, 6) == expected
+    # Matched token for token, the lookup stops at the first line break.
+    assert NgramIndex(1, 16).propose(text, 6)[0] == WIDTH[8]
+
+
+def test_the_latest_line_break_of_the_match_sets_the_shift():
+    # The copy's first line is at the document's depth, its second 2 deeper.
+    document = lines(2, [1, 2], [3, 4], [5, 6])
+    text = [*document, 7, *lines(2, [1, 2]), *lines(4, [3, 4])]
+    assert NgramIndex(1, 16, indentation_table()).propose(text, 3) == lines(4, [5, 6])
+
+
+def test_a_shift_no_token_has_cuts_the_proposal():
+    indents = indentation_table()
+    # Copied 2 deeper: the line at 12 would go to 14, which no token has.
+    text = [*lines(8, [1, 2], [3]), *lines(12, [4]), 7, *lines(10, [1, 2])]
+    assert NgramIndex(1, 16, indents).propose(text, 6) == lines(10, [3])
+    # Copied 2 shallower: the line at 0 would go to -2.
+    text = [*lines(4, [1, 2], [3]), *lines(0, [5]), 7, *lines(2, [1, 2])]
+    assert NgramIndex(1, 16, indents).propose(text, 6) == lines(2, [3])
+
+
+@given(
+    tokens=st.lists(st.integers(0, 5), min_size=1, max_size=60),
+    k=st.integers(1, 8),
+    cuts=st.lists(st.integers(1, 60), max_size=6),
+)
+def test_one_width_per_kind_proposes_what_a_plain_index_does(tokens, k, cuts):
+    # Tokens 0 and 1 stand for two indentation tokens of different kinds:
+    # the keys are then the tokens renamed, and nothing is shifted.
+    def token_bytes(token_id: int) -> bytes:
+        return {0: b"\n  ", 1: b"\n\n\t"}.get(token_id, b"t%d" % token_id)
+
+    indents = IndentTokens.from_vocabulary(6, token_bytes)
+    plain, indented = NgramIndex(1, 6), NgramIndex(1, 6, indents)
+    for cut in [*sorted(c for c in cuts if c < len(tokens)), len(tokens)]:
+        text = tokens[:cut]
+        assert indented.propose(text, k) == plain.propose(text, k)

@@ -426,3 +426,38 @@ def test_in_batch_invariant_bfloat16_speculation_changes_no_bit(tiny_loaded, tin
     speculated = run(core, prompts, params)
     assert {i: r[:3] for i, r in speculated.items()} == {i: r[:3] for i, r in plain.items()}
     assert core.speculator.counters.num_accepted_tokens > 0
+
+
+class IndentedVocabulary:
+    """The tiny model's 512 ids as a tokenizer's bytes: 400 + w is a line
+    break and w spaces (w < 13), the rest plain text."""
+
+    vocab_size = 512
+
+    @staticmethod
+    def token_bytes(token_id: int) -> bytes:
+        if 400 <= token_id < 413:
+            return b"\n" + b" " * (token_id - 400)
+        return b"t%d" % token_id
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 2**32), k=st.integers(1, 8))
+def test_reindented_drafts_keep_greedy_output_exact(tiny_loaded, seed, k):
+    rng = random.Random(seed)
+    loaded = replace(tiny_loaded, tokenizer=IndentedVocabulary())
+    prompts = []
+    for _ in range(3):
+        rows = [[rng.randrange(3, 400) for _ in range(rng.randrange(1, 5))] for _ in range(8)]
+        depth, copy_depth = rng.randrange(0, 13), rng.randrange(0, 13)
+        document = [t for row in rows for t in [400 + depth, *row]]
+        copy = [t for row in rows[: rng.randrange(1, 8)] for t in [400 + copy_depth, *row]]
+        prompts.append(document + [rng.randrange(3, 400)] + copy)
+    plain = run(make_core(loaded, None), prompts)
+    core = make_core(loaded, ngram(k, 1, 8))
+    speculated = run(core, prompts)
+    assert tokens_of(speculated) == tokens_of(plain)
+    assert core.speculator.indents is not None and len(core.speculator.indents) == 13
+    assert core.speculator.counters.num_drafts > 0

@@ -25,6 +25,7 @@ import torch
 from sluice.config import EngineConfig
 from sluice.engine.engine_spans import engine_spans
 from sluice.engine.grammar_queue import GrammarQueue
+from sluice.engine.indent_tokens import IndentTokens
 from sluice.engine.kv_cache import KVCacheManager
 from sluice.engine.messages import (
     AbortRequests,
@@ -105,7 +106,13 @@ class EngineCore:
         # Speculative decoding (n-gram drafts verified in the step); None: off.
         self.speculator = None
         if config.speculative_config is not None:
-            self.speculator = Speculator(config.speculative_config, self.loaded.step_seconds)
+            # Lookups follow re-indented copies where the vocabulary has
+            # indentation tokens (a model loaded without a tokenizer: none).
+            tokenizer = loaded.tokenizer
+            indents = None
+            if tokenizer is not None:
+                indents = IndentTokens.from_vocabulary(tokenizer.vocab_size, tokenizer.token_bytes)
+            self.speculator = Speculator(config.speculative_config, loaded.step_seconds, indents)
         self.scheduler = Scheduler(
             config.scheduler, self.kv, loaded.eos_token_ids, self.max_model_len, self.speculator
         )

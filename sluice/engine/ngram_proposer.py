@@ -15,6 +15,16 @@ they run into the suffix itself, the text is a loop: the proposal goes on
 round it). Nothing
 matches: nothing is proposed (an empty list, no work for the verifier).
 
+Given the vocabulary's indentation tokens (`indent_tokens.py`), the index
+matches a line break plus indentation by its line breaks and indent
+character, whatever the width, and shifts the widths of the proposal by
+the difference between the latest such token of the suffix and its match:
+a copy written at another depth (a model that re-indents the JSON it
+repeats) keeps matching across its lines. On the json task of
+benchmarks/speculative.py, whose answer sits two spaces shallower than its
+document, that halved the steps (39 to 19 for its 83 tokens); the other
+tasks were unchanged.
+
 The index depends on the tokens alone, so it stays valid across preemption
 (the request keeps its tokens); it never sees a rejected proposal, only the
 accepted text.
@@ -23,12 +33,19 @@ accepted text.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sluice.engine.indent_tokens import IndentTokens
 
 
 class NgramIndex:
-    def __init__(self, min_n: int, max_n: int) -> None:
+    def __init__(self, min_n: int, max_n: int, indents: IndentTokens | None = None) -> None:
         assert 1 <= min_n <= max_n, f"need 1 <= min_n <= max_n, got {min_n}, {max_n}"
         self.lengths = lookup_lengths(min_n, max_n)
+        self._indents = indents
+        # The text as the index matches it: each token, or its indentation kind.
+        self._keys: list[int] = []
         # n-gram -> index just past its most recent occurrence (an end < the
         # indexed length, so the text's own suffix never finds itself).
         self._end_by_ngram: dict[tuple[int, ...], int] = {}
@@ -39,29 +56,55 @@ class NgramIndex:
         """Up to `num_tokens` tokens that followed the longest earlier
         occurrence of the text's suffix; [] when none occurred."""
         length = len(token_ids)
-        assert length >= self._num_indexed, "the text only grows"
-        # 1. Index the n-grams that end before the suffix (its own end excluded).
-        self._index_until(token_ids, length - 1)
+        keys = self._keys
+        assert length >= len(keys), "the text only grows"
+        # 1. Key the new tokens; index the n-grams that end before the suffix
+        # (its own end excluded).
+        new_tokens = token_ids[len(keys) : length]
+        indents = self._indents
+        keys.extend(new_tokens if indents is None else map(indents.key, new_tokens))
+        self._index_until(length - 1)
         if num_tokens <= 0:
             return []
         # 2. The longest suffix seen before.
         for n in reversed(self.lengths):
             if n > length:
                 continue
-            end = self._end_by_ngram.get(tuple(token_ids[length - n :]))
+            end = self._end_by_ngram.get(tuple(keys[length - n :]))
             if end is not None:
-                return _continuation(token_ids, end, num_tokens)
+                proposal = _continuation(token_ids, end, num_tokens)
+                return self._reindented(proposal, token_ids, end, n)
         return []
 
-    def _index_until(self, token_ids: Sequence[int], last_end: int) -> None:
+    def _index_until(self, last_end: int) -> None:
         """Record every n-gram ending at indices (num_indexed, last_end]."""
-        end_by_ngram = self._end_by_ngram
+        end_by_ngram, keys = self._end_by_ngram, self._keys
         for end in range(self._num_indexed + 1, last_end + 1):
             for n in self.lengths:
                 if n > end:
                     break
-                end_by_ngram[tuple(token_ids[end - n : end])] = end
+                end_by_ngram[tuple(keys[end - n : end])] = end
         self._num_indexed = max(self._num_indexed, last_end)
+
+    def _reindented(
+        self, proposal: list[int], token_ids: Sequence[int], end: int, n: int
+    ) -> list[int]:
+        """The proposal with its indentation shifted by what the latest
+        indentation token of the matched n-gram differs from its match by."""
+        indents = self._indents
+        if indents is None:
+            return proposal
+        length = len(token_ids)
+        for back in range(1, n + 1):
+            shape = indents.shape(token_ids[length - back])
+            if shape is not None:
+                source = indents.shape(token_ids[end - back])
+                assert source is not None, "matched keys: both are indentation"
+                delta = shape.width - source.width
+                if delta == 0:
+                    return proposal
+                return indents.shifted(proposal, shape.character, delta)
+        return proposal
 
 
 def lookup_lengths(min_n: int, max_n: int) -> tuple[int, ...]:

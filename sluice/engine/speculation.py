@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sluice.config import SpeculativeConfig
+from sluice.engine.indent_tokens import IndentTokens
 from sluice.engine.ngram_proposer import NgramIndex
 from sluice.engine.sampled import SampledToken
 
@@ -152,12 +153,18 @@ class Speculator:
     (rows, seconds) of one int8 matmul) say verification pays (`pays_off`);
     every step where nothing was measured. Which requests draft in such a
     step: those whose drafts are accepted often enough to pay for their rows
-    at the price the engine's own steps measured (`StepCosts`)."""
+    at the price the engine's own steps measured (`StepCosts`). `indents`:
+    the vocabulary's indentation tokens, which the lookups match whatever
+    their width (`ngram_proposer.py`); None: tokens are matched as they are."""
 
     def __init__(
-        self, config: SpeculativeConfig, step_seconds: tuple[tuple[int, float], ...] = ()
+        self,
+        config: SpeculativeConfig,
+        step_seconds: tuple[tuple[int, float], ...] = (),
+        indents: IndentTokens | None = None,
     ) -> None:
         self.config = config
+        self.indents = indents
         self.counters = SpeculationCounters()
         self._step_seconds = step_seconds
         self._pays_off: dict[int, bool] = {}
@@ -185,7 +192,8 @@ class Speculator:
             return []
         index = request.ngram_index
         if index is None:
-            index = NgramIndex(self.config.prompt_lookup_min, self.config.prompt_lookup_max)
+            config = self.config
+            index = NgramIndex(config.prompt_lookup_min, config.prompt_lookup_max, self.indents)
             request.ngram_index = index
         longest = self.config.num_speculative_tokens
         length = request.draft_length or min(FIRST_DRAFT_LENGTH, longest)
