@@ -221,13 +221,14 @@ def write_png(path: Path, variants: list[Variant], tasks: list, levels: list) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.2), width_ratios=(3, 1))
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.8), width_ratios=(3, 1))
     task_names = list(dict.fromkeys(s.task for s in tasks))
     rates = {(s.variant, s.task): s.decode_tok_s for s in tasks}
     bars = [SimpleNamespace(server=v.name) for v in variants]
     _grouped_bars(axes[0], bars, task_names, lambda b, t: rates.get((b.server, t)))
     axes[0].set_title("single stream decode tok/s")
-    axes[0].legend(fontsize="small")
+    # Below the bars: inside, the legend covers the tallest.
+    axes[0].legend(fontsize="small", ncols=4, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     concurrencies = sorted({s.concurrency for s in levels})
     level_rates = {(s.variant, s.concurrency): s.output_tokens_per_s for s in levels}
     sluice_bars = [b for b in bars if b.server.startswith("sluice")]
