@@ -44,26 +44,27 @@ class NgramIndex:
         assert 1 <= min_n <= max_n, f"need 1 <= min_n <= max_n, got {min_n}, {max_n}"
         self.lengths = lookup_lengths(min_n, max_n)
         self._indents = indents
-        # The text as the index matches it: each token, or its indentation kind.
+        # The text as the index matches it (each token, or its indentation
+        # kind), as long as the text was at the last call: the occurrences
+        # ending before its last index are in the map.
         self._keys: list[int] = []
         # n-gram -> index just past its most recent occurrence (an end < the
         # indexed length, so the text's own suffix never finds itself).
         self._end_by_ngram: dict[tuple[int, ...], int] = {}
-        # Occurrences ending at or before this index are in the map.
-        self._num_indexed = 0
 
     def propose(self, token_ids: Sequence[int], num_tokens: int) -> list[int]:
         """Up to `num_tokens` tokens that followed the longest earlier
         occurrence of the text's suffix; [] when none occurred."""
         length = len(token_ids)
         keys = self._keys
-        assert length >= len(keys), "the text only grows"
+        num_keyed = len(keys)
+        assert length >= num_keyed, "the text only grows"
         # 1. Key the new tokens; index the n-grams that end before the suffix
         # (its own end excluded).
-        new_tokens = token_ids[len(keys) : length]
+        new_tokens = token_ids[num_keyed:length]
         indents = self._indents
         keys.extend(new_tokens if indents is None else map(indents.key, new_tokens))
-        self._index_until(length - 1)
+        self._index_ends(num_keyed, length - 1)
         if num_tokens <= 0:
             return []
         # 2. The longest suffix seen before.
@@ -76,15 +77,14 @@ class NgramIndex:
                 return self._reindented(proposal, token_ids, end, n)
         return []
 
-    def _index_until(self, last_end: int) -> None:
-        """Record every n-gram ending at indices (num_indexed, last_end]."""
+    def _index_ends(self, first_end: int, last_end: int) -> None:
+        """Record every n-gram ending at indices [first_end, last_end]."""
         end_by_ngram, keys = self._end_by_ngram, self._keys
-        for end in range(self._num_indexed + 1, last_end + 1):
+        for end in range(first_end, last_end + 1):
             for n in self.lengths:
                 if n > end:
                     break
                 end_by_ngram[tuple(keys[end - n : end])] = end
-        self._num_indexed = max(self._num_indexed, last_end)
 
     def _reindented(
         self, proposal: list[int], token_ids: Sequence[int], end: int, n: int
