@@ -3,11 +3,15 @@ broken file refused at startup with one line, and a key ring that keeps no key."
 
 from __future__ import annotations
 
+import logging
+
 import httpx2
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sluice.cli import build_parser, main, server_config_from
-from sluice.server.api_keys import KeyFileError, KeyLimits, KeyRing, parse_key_file
+from sluice.server.api_keys import KeyFileError, KeyLimits, KeyRing, digest_of, parse_key_file
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL
@@ -43,6 +47,91 @@ def test_a_bad_line_names_its_line_and_problem(line, problem):
     with pytest.raises(KeyFileError) as error:
         parse_key_file(line, "keys.txt")
     assert problem in str(error.value)
+
+
+def test_a_hash_inside_a_key_is_part_of_it_and_base64_padding_parses():
+    text = "sk-ab#9f83kd0s name=alice max_concurrent=2\nQUJDREVGR0g= name=b64  #padded\n#sk-off\n"
+    alice, padded = parse_key_file(text, "keys.txt")
+    assert alice.digest == digest_of("sk-ab#9f83kd0s") and alice.name == "alice"
+    assert alice.limits == KeyLimits(max_concurrent=2)
+    assert padded.digest == digest_of("QUJDREVGR0g=") and padded.name == "b64"
+
+
+def test_admin_true_marks_an_admin_key():
+    admin, plain = parse_key_file("sk-ops name=ops admin=true\nsk-b admin=false", "keys.txt")
+    assert admin.is_admin and not plain.is_admin
+    with pytest.raises(KeyFileError, match="admin must be true or false"):
+        parse_key_file("sk-c admin=yes", "keys.txt")
+
+
+# Lines a hurried operator writes, each holding a second secret that must not be echoed.
+_LEAKY_LINES = [
+    "sk-first-secret sk-second-secret name=two",
+    "sk-first-secret name=a c2stc2Vjb25kLXNlY3JldA==",
+    "sk-first-secret name=a sk-second-secret=",
+    "sk-first-secret rpm=sk-second-secret",
+    "sk-first-secret admin=sk-second-secret",
+    "sk-first-secret NAME=sk-second-secret",
+]
+
+
+@pytest.mark.parametrize("line", _LEAKY_LINES)
+def test_a_bad_line_never_shows_a_word_that_could_be_a_key(line):
+    with pytest.raises(KeyFileError) as error:
+        parse_key_file(f"sk-ok name=ok\n{line}", "keys.txt")
+    message = str(error.value)
+    assert message.startswith("keys.txt:2: ")
+    for word in line.split():
+        for piece in word.split("="):
+            assert len(piece) < 6 or piece in ("name", "admin") or piece not in message
+
+
+_KEY_CHARS = st.characters(codec="utf-8", exclude_categories=("Cc", "Cs", "Zs", "Zl", "Zp")).filter(
+    lambda char: not char.isspace()
+)
+_KEYS = st.text(_KEY_CHARS, min_size=1, max_size=40).filter(
+    lambda key: (
+        not key.startswith("#")
+        and key.partition("=")[0] not in ("name", "admin", "max_concurrent", "rpm", "tpm")
+    )
+)
+_NAMES = st.text(st.characters(codec="ascii", categories=("L", "N", "Pd")), min_size=1, max_size=12)
+_LIMITS = st.fixed_dictionaries(
+    {}, optional={f: st.integers(1, 10**9) for f in ("max_concurrent", "rpm", "tpm")}
+)
+_SPACES = st.text(" \t", min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    st.lists(st.tuples(_KEYS, _NAMES, _LIMITS, st.booleans(), _SPACES, st.booleans()),
+             max_size=5, unique_by=(lambda entry: entry[1], lambda entry: entry[0])),
+)  # fmt: skip
+def test_key_file_lines_parse_back_to_their_keys_names_and_limits(entries):
+    lines = []
+    for key, name, limits, is_admin, spaces, has_comment in entries:
+        words = [key, f"name={name}", *(f"{f}={v}" for f, v in limits.items())]
+        words += ["admin=true"] if is_admin else []
+        comment = f"{spaces}# {key} #x" if has_comment else ""
+        lines.append(spaces.join(words) + comment)
+    parsed = parse_key_file("\n".join(["# header", *lines, ""]), "keys.txt")
+    assert len(parsed) == len(entries)
+    for api_key, (key, name, limits, is_admin, *_rest) in zip(parsed, entries, strict=True):
+        assert (api_key.digest, api_key.name) == (digest_of(key), name)
+        assert (api_key.limits, api_key.is_admin) == (KeyLimits(**limits), is_admin)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(_KEYS, _KEYS, st.sampled_from(["{k} {s}", "{k} name=a {s}", "{k} {s}=", "{k} rpm={s}",
+                                      "{k} tpm=1 {s} name=b", "{k} x{s}=1", "{k} admin={s}"]))  # fmt: skip
+def test_no_error_about_a_line_contains_a_key_of_it(key, second, template):
+    line = template.format(k=key, s=second)
+    try:
+        parse_key_file(line, "keys.txt")
+    except KeyFileError as error:
+        message = str(error).removeprefix("keys.txt:1: ")
+        for secret in (key, second):
+            assert len(secret) < 3 or secret not in message, (line, message)
 
 
 def test_the_ring_matches_keys_and_keeps_only_their_digests(tmp_path):
@@ -88,6 +177,24 @@ def test_serve_with_a_broken_key_file_is_one_error_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("sluice: error: ") and "rpm must be a whole number" in err
     assert "sk-a" not in err
+
+
+def test_serve_and_reload_never_print_the_secret_of_a_bad_line(tmp_path, capsys, caplog):
+    path = tmp_path / "keys"
+    path.write_text("sk-first-1111 name=a\nsk-second-2222 sk-third-3333\n")
+    status = main(["serve", "--in-process", "--api-key-file", str(path), "--port", "0"])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "keys:2: word 2 is not an option" in err
+    assert "sk-" not in err.replace(str(tmp_path), "")
+    path.write_text("sk-first-1111 name=a\n")
+    ring = KeyRing((), path)
+    path.write_text("sk-first-1111 name=a\nsk-second-2222 name=b sk-third-3333=\n")
+    caplog.set_level(logging.INFO)
+    assert not ring.reload()
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "not reloaded" in logged and "word 3 is not an option" in logged
+    assert "sk-" not in logged.replace(str(tmp_path), "")
 
 
 def test_sighup_to_the_server_process_rereads_the_key_file(tmp_path):

@@ -6,17 +6,23 @@ position, no limits) and from `--api-key-file`, one key a line:
     # comments and blank lines are skipped
     sk-chat-3f9a  name=chat-page  max_concurrent=8
     sk-batch-77c1 name=batch  max_concurrent=64 rpm=600 tpm=2000000
-    sk-alice-0b2e                        # named key3 (its position), no limits
+    sk-ops-91d0   name=ops  admin=true
+    sk-alice-0b2e                        # named key4 (its position), no limits
 
 `name=` is what logs, metrics and the dashboard show (never the key);
 `max_concurrent`, `rpm` (requests per minute) and `tpm` (prompt and generated
 tokens per minute) are the key's limits (sluice/server/key_limits.py),
-unlimited when absent. `KeyRing.reload` reads the file again (SIGHUP): a file
+unlimited when absent; `admin=true` lets the key call the admin routes
+(`POST /reset_prefix_cache`), which other keys are refused (403).
+A comment starts at a `#` that begins a word (at the start of the line or
+after whitespace): a key may contain `#` and end in `=` (base64), but not
+begin with `#`. `KeyRing.reload` reads the file again (SIGHUP): a file
 that no longer parses is logged and the keys stay as they were.
 
-Invariants: a key is never logged or exposed, only its name; `match` takes
-the same time whichever key (or none) a client sent: every key's SHA-256
-digest is compared with `hmac.compare_digest`, with no early exit.
+Invariants: a key is never logged or exposed, only its name: an error about
+a line names the line and the option, never a word that could be a key;
+`match` takes the same time whichever key (or none) a client sent: every
+key's SHA-256 digest is compared with `hmac.compare_digest`, with no early exit.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +40,11 @@ from sluice.errors import SluiceError
 logger = logging.getLogger("sluice.server")
 
 _LIMIT_FIELDS = ("max_concurrent", "rpm", "tpm")
+_OPTIONS = ("name", "admin", *_LIMIT_FIELDS)
+# A comment: a `#` at the start of the line or after whitespace, to the line's end.
+_COMMENT = re.compile(r"(?:^|(?<=\s))#.*")
+# An option's name that is safe to quote in an error (a key never looks like this).
+_QUOTABLE_NAME = re.compile(r"[a-z_]{1,24}")
 
 
 class KeyFileError(SluiceError):
@@ -57,9 +69,11 @@ class ApiKey:
     # SHA-256 of the key: what is compared, and all that is kept of it.
     digest: bytes
     limits: KeyLimits = KeyLimits()
+    # May call the admin routes (`admin=true` in the key file).
+    is_admin: bool = False
 
     def __repr__(self) -> str:  # never the digest either: a name is enough
-        return f"ApiKey({self.name!r}, {self.limits!r})"
+        return f"ApiKey({self.name!r}, {self.limits!r}, is_admin={self.is_admin})"
 
 
 def digest_of(key: str | bytes) -> bytes:
@@ -74,7 +88,7 @@ def parse_key_file(text: str, source: str, first_index: int = 1) -> list[ApiKey]
     """The keys of a key file's `text`; `first_index`: the default name of its first key."""
     keys: list[ApiKey] = []
     for line_number, line in enumerate(text.splitlines(), start=1):
-        words = line.split("#", 1)[0].split()
+        words = _COMMENT.sub("", line).split()
         if words:
             default_name = f"key{first_index + len(keys)}"
             keys.append(_key_of_line(words, default_name, f"{source}:{line_number}"))
@@ -91,26 +105,41 @@ def _check_names(keys: Sequence[ApiKey], source: str) -> None:
 
 def _key_of_line(words: list[str], default_name: str, where: str) -> ApiKey:
     key, *options = words
-    if "=" in key:
+    if key.partition("=")[0] in _OPTIONS:
         raise KeyFileError(f"{where}: a line starts with the key, then name=... and limits")
     values: dict[str, str] = {}
-    for option in options:
+    for position, option in enumerate(options, start=2):
         name, is_pair, value = option.partition("=")
-        if not is_pair or name not in ("name", *_LIMIT_FIELDS) or not value:
-            raise KeyFileError(
-                f"{where}: unknown option {name!r}; known: name, {', '.join(_LIMIT_FIELDS)}"
-            )
+        if not is_pair or name not in _OPTIONS or not value:
+            raise KeyFileError(f"{where}: {_unknown(name, is_pair, position)}")
         values[name] = value
     limits = {
         name: _positive(values[name], name, where) for name in _LIMIT_FIELDS if name in values
     }
-    return ApiKey(values.get("name", default_name), digest_of(key), KeyLimits(**limits))
+    is_admin = _is_true(values.get("admin", "false"), where)
+    return ApiKey(values.get("name", default_name), digest_of(key), KeyLimits(**limits), is_admin)
+
+
+def _unknown(name: str, is_pair: str, position: int) -> str:
+    """What is wrong with the line's `position`th word; the word itself only
+    when it cannot be a key (a second key on the line, or a key's piece)."""
+    known = f"known: {', '.join(_OPTIONS)}, each as option=value"
+    if is_pair and _QUOTABLE_NAME.fullmatch(name):
+        return f"unknown option {name!r}; {known}"
+    return f"word {position} is not an option ({known}; a second key on the line?)"
 
 
 def _positive(text: str, name: str, where: str) -> int:
     if not text.isdigit() or int(text) < 1:
-        raise KeyFileError(f"{where}: {name} must be a whole number of at least 1, got {text!r}")
+        shown = f", got {text!r}" if text.isdigit() else ""
+        raise KeyFileError(f"{where}: {name} must be a whole number of at least 1{shown}")
     return int(text)
+
+
+def _is_true(text: str, where: str) -> bool:
+    if text not in ("true", "false"):
+        raise KeyFileError(f"{where}: admin must be true or false")
+    return text == "true"
 
 
 class KeyRing:
