@@ -190,6 +190,20 @@ def test_every_layer_runs_decode_steps_in_one_native_call(row_invariant):
     assert all(layer.fused_decode is not None for layer in row_invariant.model.layers)
 
 
+def test_fused_decode_follows_what_the_layer_class_declares(tiny_loaded, tiny_llama):
+    # fused_decode.fusable reads the layer class's declaration (a family with
+    # its own layer forward, Gemma's, says False), not the class's identity:
+    # a subclass that keeps the chain is fused too.
+    model = bf16_model(tiny_loaded, tiny_llama)
+    calibration.quantize_row_invariant(model, CALIBRATION_IDS)
+    layer_class = type(model.layers[0])
+    model.layers[0].__class__ = type("OwnForward", (layer_class,), {"supports_fused_decode": False})
+    model.layers[1].__class__ = type("SameChain", (layer_class,), {})
+    assert model.bind_fused_decode() == len(model.layers) - 1
+    assert model.layers[0].fused_decode is None
+    assert all(layer.fused_decode is not None for layer in model.layers[1:])
+
+
 def without_fused_layers(loaded: LoadedModel):
     """The layers' Python path for every step, until the context ends."""
     import contextlib

@@ -8,7 +8,7 @@ Which layers: those whose Python path for such a step is exactly that chain
 kernel, the native SwiGLU and RMSNorm), bfloat16, every matmul on the
 packed int8 kernel at every row count (the row-invariant default). Others,
 and steps with prefill rows, keep the Python path. Bound at load, by the
-row-invariant quantization (`LlamaForCausalLM.bind_fused_decode`): the
+row-invariant quantization (`bind_fused_decode`): the
 weights' pointers are fixed then; the kernel plan's AMX bands, set later,
 are read per call.
 """
@@ -75,15 +75,16 @@ def _every_row_packed(linear: Linear) -> bool:
     )
 
 
-def fusable(layer: nn.Module, llama_layer: type) -> bool:
-    """Whether the layer's Python path for a step of decode rows is the C chain
-    (`llama_layer`: llama.py's LlamaDecoderLayer, whose chain it is; not a
-    subclass with its own forward)."""
+def fusable(layer: nn.Module) -> bool:
+    """Whether the layer's Python path for a step of decode rows is the C chain:
+    its class declares its forward is that chain (`supports_fused_decode`,
+    llama.py's decoder layer; a family whose layer has its own forward says
+    no), and what it was built with is what the chain runs."""
     attend = layer.attend
     attend = attend.func if isinstance(attend, functools.partial) else attend
     linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
     return (
-        type(layer) is llama_layer
+        type(layer).supports_fused_decode
         and layer.input_layernorm.dtype == torch.bfloat16
         and layer.input_layernorm.device.type == "cpu"
         and not layer.batch_invariant
@@ -168,13 +169,13 @@ def _matrix(int8) -> _Int8Matrix:
     )  # fmt: skip
 
 
-def bind_fused_decode(layers: Iterable[nn.Module], llama_layer: type) -> int:
+def bind_fused_decode(layers: Iterable[nn.Module]) -> int:
     """Give every fusable layer its native call (`layer.fused_decode`); the number bound."""
     function = _decoder_layer_function()
     count = 0
     for layer in layers:
         layer.fused_decode = None
-        if function is not None and fusable(layer, llama_layer):
+        if function is not None and fusable(layer):
             layer.fused_decode = FusedDecode(layer, function)
             count += 1
     return count

@@ -2,7 +2,7 @@
 
 What differs from `LlamaForCausalLM`, and where each lives:
 - norms multiply by (1 + weight): the 1 is added to every norm weight as it
-  is loaded (`_WeightTarget.offset`, in float32), so the plain RMSNorm and its
+  is loaded (`WeightTarget.offset`, in float32), so the plain RMSNorm and its
   native kernel serve Gemma unchanged;
 - four norms per layer: before attention, on the attention's output, before
   the MLP and on its output (HF's `post_attention_layernorm` is the second);
@@ -21,6 +21,7 @@ What differs from `LlamaForCausalLM`, and where each lives:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -29,11 +30,15 @@ from torch import Tensor
 from sluice.models.attention import AttentionMetadata
 from sluice.models.config import SLIDING, LlamaConfig
 from sluice.models.linear import uninitialised_weight
-from sluice.models.llama import LlamaDecoderLayer, LlamaForCausalLM, _WeightTarget
+from sluice.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from sluice.models.rope_norm import Float32Angles, RMSNorm, RopeAngles, rope_cos_sin
+from sluice.models.weight_targets import WeightTarget
 
 
 class Gemma3DecoderLayer(LlamaDecoderLayer):
+    # Norms on the attention's and the MLP's outputs: not the fused chain.
+    supports_fused_decode: ClassVar[bool] = False
+
     def __init__(
         self, config: LlamaConfig, index: int, dtype: torch.dtype, device, batch_invariant: bool
     ):
@@ -110,12 +115,12 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     def _make_layer(self, index: int, dtype: torch.dtype, device) -> Gemma3DecoderLayer:
         return Gemma3DecoderLayer(self.config, index, dtype, device, self.batch_invariant)
 
-    def _weight_targets(self) -> dict[str, _WeightTarget]:
+    def _weight_targets(self) -> dict[str, WeightTarget]:
         targets = super()._weight_targets()
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
             for name in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
-                targets[f"{prefix}{name}.weight"] = _WeightTarget(getattr(layer, name))
+                targets[f"{prefix}{name}.weight"] = WeightTarget(getattr(layer, name))
         for name, target in targets.items():
             if name.endswith("norm.weight"):
                 target.offset = 1.0  # Gemma's (1 + weight)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -68,9 +68,14 @@ from sluice.models.native.rope import rope_write_kv_kernel
 from sluice.models.quantization import check_quantization
 from sluice.models.rope_norm import Float32Angles, RMSNorm, RopeAngles, rope_cos_sin
 from sluice.models.sliding_window import sliding_window_attention
+from sluice.models.weight_targets import WeightTarget
 
 
 class LlamaDecoderLayer(nn.Module):
+    # Its forward, for a step of decode rows, is native/decode_layer.c's chain
+    # (fused_decode.py); a subclass with another forward sets this False.
+    supports_fused_decode: ClassVar[bool] = True
+
     def __init__(
         self,
         config: LlamaConfig,
@@ -359,16 +364,16 @@ class LlamaForCausalLM(nn.Module):
     def bind_fused_decode(self) -> int:
         """Every layer that is one chain of native kernels runs decode steps in
         one call (fused_decode.py); the number of such layers."""
-        return bind_fused_decode(self.layers, LlamaDecoderLayer)
+        return bind_fused_decode(self.layers)
 
-    def _weight_targets(self) -> dict[str, _WeightTarget]:
+    def _weight_targets(self) -> dict[str, WeightTarget]:
         """HF tensor name -> where it goes (fused tensors take row slices)."""
         targets = {
-            "model.embed_tokens.weight": _WeightTarget(self.embed_tokens),
-            "model.norm.weight": _WeightTarget(self.norm),
+            "model.embed_tokens.weight": WeightTarget(self.embed_tokens),
+            "model.norm.weight": WeightTarget(self.norm),
         }
         if not self.config.tie_word_embeddings:
-            targets["lm_head.weight"] = _WeightTarget(self.lm_head.weight)
+            targets["lm_head.weight"] = WeightTarget(self.lm_head.weight)
         for i, layer in enumerate(self.layers):
             targets.update(
                 _layer_targets(f"model.layers.{i}.", layer, self.config.has_fused_checkpoint)
@@ -376,59 +381,40 @@ class LlamaForCausalLM(nn.Module):
         return targets
 
 
-@dataclass(slots=True)
-class _WeightTarget:
-    param: Tensor
-    # Rows [row_start, row_end) of `param` hold this tensor; None means all of it.
-    row_start: int | None = None
-    row_end: int | None = None
-    # Added to the values as they are copied in, in float32: Gemma's norms
-    # multiply by (1 + weight), which the plain RMSNorm then runs.
-    offset: float = 0.0
-
-    def copy_from(self, name: str, tensor: Tensor) -> None:
-        dest = self.param if self.row_start is None else self.param[self.row_start : self.row_end]
-        if dest.shape != tensor.shape:
-            raise ModelLoadError(
-                f"tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
-            )
-        dest.copy_(tensor.float() + self.offset if self.offset else tensor)
-
-
 def _layer_targets(
     prefix: str, layer: LlamaDecoderLayer, is_fused: bool = False
-) -> dict[str, _WeightTarget]:
+) -> dict[str, WeightTarget]:
     q_rows = layer.num_heads * layer.head_dim
     kv_rows = layer.num_kv_heads * layer.head_dim
     qkv_slices = {"q": (0, q_rows), "k": (q_rows, q_rows + kv_rows)}
     qkv_slices["v"] = (q_rows + kv_rows, q_rows + 2 * kv_rows)
     intermediate = layer.down_proj.weight.shape[1]
     targets = {
-        prefix + "input_layernorm.weight": _WeightTarget(layer.input_layernorm),
-        prefix + "post_attention_layernorm.weight": _WeightTarget(layer.post_attention_layernorm),
-        prefix + "self_attn.o_proj.weight": _WeightTarget(layer.o_proj.weight),
-        prefix + "mlp.gate_proj.weight": _WeightTarget(layer.gate_up_proj.weight, 0, intermediate),
-        prefix + "mlp.up_proj.weight": _WeightTarget(
+        prefix + "input_layernorm.weight": WeightTarget(layer.input_layernorm),
+        prefix + "post_attention_layernorm.weight": WeightTarget(layer.post_attention_layernorm),
+        prefix + "self_attn.o_proj.weight": WeightTarget(layer.o_proj.weight),
+        prefix + "mlp.gate_proj.weight": WeightTarget(layer.gate_up_proj.weight, 0, intermediate),
+        prefix + "mlp.up_proj.weight": WeightTarget(
             layer.gate_up_proj.weight, intermediate, 2 * intermediate
         ),
-        prefix + "mlp.down_proj.weight": _WeightTarget(layer.down_proj.weight),
+        prefix + "mlp.down_proj.weight": WeightTarget(layer.down_proj.weight),
     }
     for proj, (start, end) in qkv_slices.items():
         qkv = layer.qkv_proj
-        targets[f"{prefix}self_attn.{proj}_proj.weight"] = _WeightTarget(qkv.weight, start, end)
+        targets[f"{prefix}self_attn.{proj}_proj.weight"] = WeightTarget(qkv.weight, start, end)
         if qkv.bias is not None:
-            targets[f"{prefix}self_attn.{proj}_proj.bias"] = _WeightTarget(qkv.bias, start, end)
+            targets[f"{prefix}self_attn.{proj}_proj.bias"] = WeightTarget(qkv.bias, start, end)
     if layer.o_proj.bias is not None:
-        targets[prefix + "self_attn.o_proj.bias"] = _WeightTarget(layer.o_proj.bias)
+        targets[prefix + "self_attn.o_proj.bias"] = WeightTarget(layer.o_proj.bias)
     if is_fused:  # Phi-3 stores the fused matrices whole, in our row order
         for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                      "mlp.gate_proj", "mlp.up_proj"):  # fmt: skip
             targets.pop(f"{prefix}{name}.weight")
-        targets[prefix + "self_attn.qkv_proj.weight"] = _WeightTarget(layer.qkv_proj.weight)
-        targets[prefix + "mlp.gate_up_proj.weight"] = _WeightTarget(layer.gate_up_proj.weight)
+        targets[prefix + "self_attn.qkv_proj.weight"] = WeightTarget(layer.qkv_proj.weight)
+        targets[prefix + "mlp.gate_up_proj.weight"] = WeightTarget(layer.gate_up_proj.weight)
     if layer.q_norm is not None:
-        targets[prefix + "self_attn.q_norm.weight"] = _WeightTarget(layer.q_norm)
-        targets[prefix + "self_attn.k_norm.weight"] = _WeightTarget(layer.k_norm)
+        targets[prefix + "self_attn.q_norm.weight"] = WeightTarget(layer.q_norm)
+        targets[prefix + "self_attn.k_norm.weight"] = WeightTarget(layer.k_norm)
     return targets
 
 
