@@ -178,3 +178,55 @@ def test_the_amx_kernel_itself_gives_the_exact_sums_scaled(amx_gemm, rows):
     want = ((q.double() @ w.double().T).float() * scales[:, None] * col_scales).to(torch.bfloat16)
     assert status == 0 and torch.equal(out, want)
     assert torch.equal(amx_gemm.gemm(q, scales, packed, col_scales, None), want)
+
+
+# Runs in a fresh process (a read past the end is a SIGSEGV there, not a
+# failed test here): each width's compensation placed so that it ends exactly
+# where a PROT_NONE page begins, then the matmul at 1..7 rows: A8 against the
+# exact integer product, A13 against the same call on unguarded weights.
+_GUARDED = """
+import ctypes, dataclasses, mmap, sys, torch
+from sluice.models.native.int8 import int8_gemm_kernels
+gemm = int8_gemm_kernels()
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+for n in map(int, sys.argv[1:]):
+    page, k = mmap.PAGESIZE, 64
+    data = -(-4 * n // page) * page
+    region = mmap.mmap(-1, data + page)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    assert libc.mprotect(start + data, page, 0) == 0, ctypes.get_errno()  # PROT_NONE
+    generator = torch.Generator().manual_seed(n)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=generator)
+    q = torch.randint(-127, 128, (7, k), dtype=torch.int8, generator=generator)
+    x = torch.randn(7, k, generator=generator).to(torch.bfloat16)
+    scales, col_scales = torch.rand(7, generator=generator), torch.rand(n, generator=generator)
+    inv_smooth = torch.ones(k)
+    packed = gemm.pack(w)
+    guarded = torch.frombuffer(region, dtype=torch.int32, count=n, offset=data - 4 * n)
+    guarded.copy_(packed.compensation)
+    guarded = dataclasses.replace(packed, compensation=guarded)
+    for rows in range(1, 8):
+        exact = (q[:rows].double() @ w.double().T).float() * scales[:rows, None] * col_scales
+        got = gemm.gemm(q[:rows], scales[:rows], guarded, col_scales, None)
+        assert torch.equal(got, exact.to(torch.bfloat16)), (n, rows)
+        got = gemm.linear(x[:rows], inv_smooth, guarded, col_scales, None, True)
+        want = gemm.linear(x[:rows], inv_smooth, packed, col_scales, None, True)
+        assert torch.equal(got, want), (n, rows)
+    print("ok", n, flush=True)
+"""
+
+
+@requires_gemm
+def test_the_matmul_reads_no_compensation_past_the_last_column():
+    # Issue 40: exact_sums loaded whole 64-column tiles of the compensation,
+    # up to 252 bytes past its end for widths off a tile (32,001 and 32,016
+    # are real vocabularies, read on lm_head every step).
+    import subprocess
+    import sys
+
+    widths = ["65", "127", "32001", "32016", "1", "64"]
+    command = [sys.executable, "-c", _GUARDED, *widths]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-3000:])
+    assert done.stdout.split() == [word for n in widths for word in ("ok", n)]

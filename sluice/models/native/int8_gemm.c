@@ -79,11 +79,20 @@ int pack_int8_weights(const int8_t *w, int64_t n, int64_t k, int8_t *packed,
 
 /* One group of ROWS activation rows' accumulators: made exact (the
  * compensation taken off) into `sums` [ROWS][TILE_N], then scaled by the
- * shared epilogue (int8_epilogue.h). */
-static inline void exact_sums(const __m512i acc[4], const int32_t *comp, int32_t *sums) {
-    for (int j = 0; j < 4; j++)
-        _mm512_storeu_si512(sums + 16 * j,
-                            _mm512_sub_epi32(acc[j], _mm512_loadu_si512(comp + 16 * j)));
+ * shared epilogue (int8_epilogue.h). Only the tile's `valid` columns of
+ * `comp` are read: the caller's compensation has n entries, not whole tiles
+ * (a vocabulary of 32,001 ends 63 columns into its last tile); the sums of
+ * the columns past it are never stored. */
+static inline void exact_sums(const __m512i acc[4], const int32_t *comp, int64_t valid,
+                              int32_t *sums) {
+    for (int j = 0; j < 4; j++) {
+        const int64_t left = valid - 16 * j;
+        const __mmask16 mask = left >= 16 ? (__mmask16)0xffff
+                               : left > 0 ? (__mmask16)((1u << left) - 1)
+                                          : (__mmask16)0;
+        const __m512i c = _mm512_maskz_loadu_epi32(mask, comp + 16 * j);
+        _mm512_storeu_si512(sums + 16 * j, _mm512_sub_epi32(acc[j], c));
+    }
 }
 
 /* ROWS (1..6) activation rows times one packed weight tile. Each
@@ -102,7 +111,7 @@ static inline void exact_sums(const __m512i acc[4], const int32_t *comp, int32_t
 #define ROW_STORE(R)                                                                          \
     if (tile_rows > R) {                                                                         \
         const __m512i acc[4] = {c##R##0, c##R##1, c##R##2, c##R##3};                          \
-        exact_sums(acc, comp, sums + R * TILE_N);                                             \
+        exact_sums(acc, comp, valid, sums + R * TILE_N);                                      \
     }
 
 #define DEFINE_TILE(ROWS)                                                                     \
