@@ -104,6 +104,12 @@ class KVCacheManager:
     def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
         return self.num_missing_blocks(request, num_new_tokens) <= self.num_free_blocks
 
+    def num_allocatable_tokens(self, request: Request) -> int:
+        """The most new tokens `allocate_slots` could give the request now: the
+        empty slots of its blocks plus every free block's."""
+        num_slots = (len(request.block_ids) + self.num_free_blocks) * self.block_size_tokens
+        return num_slots - request.num_computed_tokens
+
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
         """Grow the request's block table so that num_computed_tokens +
         num_new_tokens fit. All or nothing: False leaves everything unchanged."""

@@ -31,11 +31,13 @@ below is then the rank order at the start of each step.
 
 With a `Speculator` (--speculative-config, sluice/engine/speculation.py), a
 decoding request may also verify drafted tokens: its step computes 1 + k
-tokens (k within the budget, max_tokens and the context, and only where the
-blocks are free: a draft never preempts). `update` keeps the draft's
-accepted prefix and one more token, appends them under the stop rules one by
-one, sets `num_computed_tokens` to the kept positions and frees the blocks
-past them, so the invariants below hold between steps as without it.
+tokens. Drafts come after every running request's own tokens are planned
+and allocated, so k is within the budget, max_tokens, the context and the
+blocks those leave: a draft is shortened or dropped, and never preempts.
+`update` keeps the draft's accepted prefix and one more token, appends them
+under the stop rules one by one, sets `num_computed_tokens` to the kept
+positions and frees the blocks past them, so the invariants below hold
+between steps as without it.
 
 With `enable_chunked_prefill=False` a prompt is only admitted whole. A prompt
 longer than the whole budget is then admitted alone, into an otherwise empty
@@ -250,40 +252,55 @@ class Scheduler:
     # -- schedule() helpers -------------------------------------------------
 
     def _schedule_running(self, plan: SchedulerPlan) -> None:
+        # 1. Each running request's own tokens, oldest first, preempting the newest if short.
+        num_preempted = len(plan.preempted_ids)
         index = 0
         while index < len(self._running) and self._budget_left(plan) > 0:
             request = self._running[index]
             assert request.num_uncomputed_tokens > 0, f"{request.request_id} has nothing to do"
             num_new_tokens = min(request.num_uncomputed_tokens, self._budget_left(plan))
-            draft = self._draft(request, plan, num_new_tokens)
-            if not self._allocate_or_preempt(request, num_new_tokens + len(draft), plan):
-                return  # it was the newest left: nothing after it remains
-            self._add_to_plan(plan, request, num_new_tokens, draft)
+            if not self._allocate_or_preempt(request, num_new_tokens, plan):
+                break  # it was the newest left: nothing after it remains
+            self._add_to_plan(plan, request, num_new_tokens)
             index += 1
+        # 2. Drafts, from the budget and blocks those leave; none where blocks ran short.
+        if self.speculator is not None and len(plan.preempted_ids) == num_preempted:
+            self._schedule_drafts(plan, self.speculator)
 
-    def _draft(self, request: Request, plan: SchedulerPlan, num_new_tokens: int) -> list[int]:
-        """Tokens a decoding request verifies this step, within the budget,
-        max_tokens and the context (none can overshoot them), and only where
-        the blocks they need are free (a draft never preempts anyone)."""
-        speculator = self.speculator
-        if (
-            speculator is None
-            or num_new_tokens != 1
-            or request.num_uncomputed_tokens != 1
-            or not speculator.is_on_for(len(self._running))
-        ):
-            return []
-        room = min(
-            self._budget_left(plan) - 1,
+    def _schedule_drafts(self, plan: SchedulerPlan, speculator: Speculator) -> None:
+        """Give the plan's decoding requests drafts to verify, oldest first. Every
+        running request already holds its own token's slot, so a draft only
+        takes what is left: it is shortened or dropped, and never preempts."""
+        if not speculator.is_on_for(len(self._running)):
+            return
+        for scheduled in plan.scheduled:
+            request = self._requests[scheduled.request_id]
+            room = self._draft_room(request, scheduled, plan)
+            draft = speculator.propose(request, room, len(self._running)) if room > 0 else []
+            if not draft:
+                continue
+            is_allocated = self.kv.allocate_slots(request, 1 + len(draft))
+            assert is_allocated, f"{request.request_id}'s draft outgrew its room"
+            scheduled.token_ids.extend(draft)
+            scheduled.num_new_tokens += len(draft)
+            scheduled.block_table = list(request.block_ids)
+            scheduled.draft_token_ids = draft
+            plan.num_batched_tokens += len(draft)
+
+    def _draft_room(
+        self, request: Request, scheduled: ScheduledRequest, plan: SchedulerPlan
+    ) -> int:
+        """How many tokens a planned request may draft: none mid-prefill; else
+        what the budget, max_tokens, the context and the free blocks leave
+        (none can overshoot them)."""
+        if scheduled.num_new_tokens != 1 or request.num_uncomputed_tokens != 1:
+            return 0
+        return min(
+            self._budget_left(plan),
             request.params.max_tokens - request.num_output_tokens - 1,
             self.max_model_len - request.num_tokens - 1,
+            self.kv.num_allocatable_tokens(request) - 1,
         )
-        if room <= 0:
-            return []
-        draft = speculator.propose(request, room, len(self._running))
-        if draft and not self.kv.can_allocate(request, 1 + len(draft)):
-            return []
-        return draft
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: SchedulerPlan) -> bool:
         """Get blocks for the request, preempting the newest running requests
@@ -373,21 +390,13 @@ class Scheduler:
     def _budget_left(self, plan: SchedulerPlan) -> int:
         return self.config.max_num_batched_tokens - plan.num_batched_tokens
 
-    def _add_to_plan(
-        self,
-        plan: SchedulerPlan,
-        request: Request,
-        num_new_tokens: int,
-        draft: list[int] | None = None,
-    ) -> None:
-        draft = draft or []
+    def _add_to_plan(self, plan: SchedulerPlan, request: Request, num_new_tokens: int) -> None:
         start = request.num_computed_tokens
         end = start + num_new_tokens
-        num_new_tokens += len(draft)
         plan.scheduled.append(
             ScheduledRequest(
                 request_id=request.request_id,
-                token_ids=request.all_token_ids[start:end] + draft,
+                token_ids=request.all_token_ids[start:end],
                 context_len=start,
                 num_new_tokens=num_new_tokens,
                 block_table=list(request.block_ids),
@@ -396,7 +405,6 @@ class Scheduler:
                 prompt_token_ids=request.prompt_token_ids,
                 output_token_ids=request.output_token_ids,
                 grammar=request.grammar,
-                draft_token_ids=draft,
             )
         )
         plan.num_batched_tokens += num_new_tokens
