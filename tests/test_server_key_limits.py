@@ -244,3 +244,28 @@ def test_retry_after_is_when_enough_tokens_leave_the_window():
     assert refused.value.retry_after_s == 40
     clock.now_s += 40
     limiter.admit(key)
+
+
+# -- the access log under hostile paths ----------------------------------------------
+
+
+FORGED = "/v1/models%0Aforged-id%20%22POST%20/v1/completions%22%20200%20prompt_tokens=99999%0D%1B%C2%85%E2%80%A8%20key=batch"
+
+
+def test_control_characters_in_a_path_never_forge_an_access_log_line(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="sluice.access")
+    clock = Clock()
+    with serve(tmp_path, clock) as live, httpx2.Client(base_url=live.url) as client:
+        assert client.get(FORGED).status_code == 401  # no key: refused, still logged
+        headers = {"Authorization": f"Bearer {SECRETS['chat']}"}
+        assert client.get(FORGED, headers=headers).status_code == 404
+        assert client.post(FORGED, headers=headers).status_code in (404, 405)
+    access = [r.getMessage() for r in caplog.records if r.name == "sluice.access"]
+    assert len(access) == 3
+    for line in access:
+        assert line.isprintable(), line
+        assert line.count('"') - line.count('\\"') == 2  # the request's own quotes only
+        assert '\\nforged-id \\"POST /v1/completions\\" 200' in line
+        assert "\\r\\x1b\\x85\\u2028 key=batch" in line
+    assert " 401 " in access[0] and access[0].rsplit(" ", 1)[1].startswith("total_ms=")
+    assert access[1].endswith(" key=chat")

@@ -9,7 +9,9 @@ limits (sluice/server/api_keys.py, key_limits.py).
 
 Invariants: every HTTP response carries `X-Request-Id` (the client's, or a
 fresh one); exactly one "sluice.access" log line per HTTP request, written
-when its last body byte is sent or it failed.
+when its last body byte is sent or it failed; what a client sent (the
+decoded path, the method) and the key's name are written `log_safe`, so no
+request can end a log line or forge a field of it.
 """
 
 from __future__ import annotations
@@ -70,12 +72,29 @@ class RequestLog:
         now_s = time.perf_counter()
         first_byte = "-" if self.first_byte_s is None else _ms(self.first_byte_s - self.start_s)
         return (
-            f'{self.request_id} "{self.method} {self.path}" {self.status or "-"} '
+            f'{self.request_id} "{log_safe(self.method)} {log_safe(self.path)}" '
+            f"{self.status or '-'} "
             f"prompt_tokens={_or_dash(self.num_prompt_tokens)} "
             f"completion_tokens={_or_dash(self.num_completion_tokens)} "
             f"first_byte_ms={first_byte} total_ms={_ms(now_s - self.start_s)}"
-            + ("" if self.key_name is None else f" key={self.key_name}")
+            + ("" if self.key_name is None else f" key={log_safe(self.key_name)}")
         )
+
+
+def log_safe(text: str) -> str:
+    """`text` with every character that is not printable (C0 and C1 controls,
+    DEL, line and paragraph separators, format characters), every backslash and
+    every double quote escaped as Python writes them: one line, fields intact."""
+    if text.isprintable() and '"' not in text and "\\" not in text:
+        return text
+    return "".join(_LOG_ESCAPES.get(char) or _escaped(char) for char in text)
+
+
+_LOG_ESCAPES = {"\\": "\\\\", '"': '\\"'}
+
+
+def _escaped(char: str) -> str:
+    return char if char.isprintable() else ascii(char)[1:-1]
 
 
 def _ms(seconds: float) -> str:
@@ -130,7 +149,7 @@ class RequestContextMiddleware:
         except Exception:
             # A bug, never client input: log it, answer 500 if nothing was sent yet.
             is_failed = True
-            logger.exception("unexpected error on %s %s", log.method, log.path)
+            logger.exception("unexpected error on %s %s", log_safe(log.method), log_safe(log.path))
             if log.status is None:
                 await internal_error_response(log.path)(scope, receive, send_with_id)
         finally:
