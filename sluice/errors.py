@@ -6,9 +6,11 @@
     │   ├── InvalidRequestError   400, names the offending `param`
     │   ├── RequestTooLargeError  413, the body is longer than the server reads
     │   ├── AuthenticationError   401
+    │   ├── PermissionDeniedError 403, the API key may not call an admin route
     │   ├── NotFoundError         404, a stored object (a response) that is not there
     │   │   └── ModelNotFoundError    the model asked for is not the one served
     │   ├── ContextLengthError    400, prompt + max_tokens beyond the context
+    │   ├── UnsupportedMediaTypeError 415, a body that is not declared JSON
     │   └── RateLimitError        429 with Retry-After, an API key's limit reached
     └── ServiceUnavailableError   503 (with Retry-After)
         ├── QueueFullError        the waiting queue is full
@@ -65,6 +67,11 @@ class AuthenticationError(RequestError):
     error_type = "authentication_error"
 
 
+class PermissionDeniedError(RequestError):
+    status_code = 403
+    error_type = "permission_error"
+
+
 class NotFoundError(RequestError):
     status_code = 404
     error_type = "not_found_error"
@@ -76,6 +83,10 @@ class ModelNotFoundError(NotFoundError):
 
 class ContextLengthError(RequestError):
     pass
+
+
+class UnsupportedMediaTypeError(RequestError):
+    status_code = 415
 
 
 class RateLimitError(RequestError):
@@ -131,6 +142,7 @@ ANTHROPIC_ERROR_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     503: "overloaded_error",
     529: "overloaded_error",

@@ -223,3 +223,21 @@ def test_sighup_to_the_server_process_rereads_the_key_file(tmp_path):
         assert status(server, "sk-new") == 429  # its limit came with it
         assert server.process.poll() is None  # SIGHUP did not stop it
         assert "sk-new" not in server.log() and "sk-old" not in server.log()
+
+
+def test_only_an_admin_key_may_reset_the_prefix_cache(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text("sk-ops-1 name=ops admin=true\nsk-user-2 name=user\n")
+    engine = LoopFakeEngine()
+    server = LiveServer(engine, ChatFakeTokenizer(), api_key=("sk-flag",), api_key_file=path)
+    with server as live, httpx2.Client(base_url=live.url) as client:
+        for key in ("sk-user-2", "sk-flag"):
+            refused = client.post("/reset_prefix_cache", headers={"x-api-key": key})
+            assert refused.status_code == 403, refused.text
+            error = refused.json()["error"]
+            assert error["type"] == "permission_error" and "admin" in error["message"]
+        assert engine.num_prefix_cache_resets == 0
+        admin = client.post("/reset_prefix_cache", headers={"Authorization": "Bearer sk-ops-1"})
+        assert admin.status_code == 200
+        assert engine.num_prefix_cache_resets == 1
+        assert client.post("/reset_prefix_cache").status_code == 401

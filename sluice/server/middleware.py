@@ -29,7 +29,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.config import ServerConfig
-from sluice.errors import RateLimitError
+from sluice.errors import PermissionDeniedError, RateLimitError
 from sluice.server.api_keys import ApiKey, KeyRing
 from sluice.server.errors import error_response, internal_error_response, request_error_response
 from sluice.server.key_limits import KeyLease, KeyLimiter
@@ -48,6 +48,9 @@ API_KEY_EXEMPT_PATHS = frozenset({"/health", "/metrics"})
 # The generation routes, where a key's limits apply and traces are made (on POST).
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses",
                            "/v1/messages"})  # fmt: skip
+# Routes that act on every tenant at once: with keys, only an admin key's
+# (`admin=true` in the key file); without keys, open as every route is.
+ADMIN_PATHS = frozenset({"/reset_prefix_cache"})
 # Status written to the access log when the client left before the response.
 CLIENT_CLOSED_STATUS = 499
 _MAX_REQUEST_ID_CHARS = 128
@@ -171,12 +174,14 @@ def _request_id(scope: Scope) -> str:
 
 class ApiKeyMiddleware:
     """`Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on
-    every path but probes and pages, 401 otherwise; then the key's limits on
-    the generation routes, 429 with Retry-After when one is reached.
+    every path but probes and pages, 401 otherwise; 403 on the admin routes
+    for a key that is not an admin's; then the key's limits on the generation
+    routes, 429 with Retry-After when one is reached.
 
-    The key's name (never the key) goes to the access log, and the request's
-    `KeyLease` to `scope["state"]["key_lease"]`, held until the response's
-    last byte is sent (routes charge its tokens through it).
+    The key's name (never the key) goes to the access log, the `ApiKey` to
+    `scope["state"]["api_key"]` (whose stored responses are whose), and the
+    request's `KeyLease` to `scope["state"]["key_lease"]`, held until the
+    response's last byte is sent (routes charge its tokens through it).
     """
 
     def __init__(self, app: ASGIApp, keys: KeyRing, limiter: KeyLimiter):
@@ -196,6 +201,15 @@ class ApiKeyMiddleware:
         log = request_log_of(scope)
         if log is not None:
             log.key_name = key.name
+        scope.setdefault("state", {})["api_key"] = key
+        if path in ADMIN_PATHS and not key.is_admin:
+            refusal = PermissionDeniedError(
+                f"key {key.name!r} may not call {path}: it needs an admin key "
+                "(admin=true in --api-key-file)",
+                code="admin_key_required",
+            )
+            await request_error_response(refusal, path)(scope, receive, send)
+            return
         if not (scope["method"] == "POST" and path in GENERATION_PATHS):
             await self.app(scope, receive, send)
             return
@@ -232,6 +246,11 @@ def _unauthorized(scope: Scope, path: str) -> Response:
         code="invalid_api_key",
         path=path,
     )
+
+
+def api_key_of(scope: Scope) -> ApiKey | None:
+    """The request's API key (routes use `request.state.api_key`); None without keys."""
+    return scope.get("state", {}).get("api_key")
 
 
 def key_lease_of(scope: Scope) -> KeyLease | None:
