@@ -14,7 +14,10 @@ Choices that differ from chat, for agents (docs/API.md):
 `ResponseStore` keeps the last `capacity` stored responses (`store`, default
 true) in memory, least recently used evicted first; a follow-up's prompt is
 the stored conversation (its input and output items, without its
-instructions), then its own instructions and input.
+instructions), then its own instructions and input. A stored response
+belongs to the API key that made it: for any other key it is not there (404
+on GET, DELETE, `previous_response_id`, `input_tokens`: the same answer as
+an id never stored, so ids cannot be probed); without keys, all are one owner's.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class StoredResponse:
     response: dict[str, Any]
     # The chat messages of its conversation before its output (no instructions).
     messages: tuple[dict[str, Any], ...]
+    # The digest of the API key that made it (None: a server without keys);
+    # only that key finds it.
+    owner: bytes | None = None
 
     def conversation(self) -> list[dict[str, Any]]:
         """Its input and its output, as the messages a follow-up continues."""
@@ -70,9 +76,13 @@ class ResponseStore:
         while len(self._responses) > self._capacity:
             self._responses.popitem(last=False)
 
-    def get(self, response_id: str, param: str | None = None) -> StoredResponse:
+    def get(
+        self, response_id: str, owner: bytes | None, param: str | None = None
+    ) -> StoredResponse:
+        """The response `response_id` of `owner`; NotFoundError if it is not
+        stored, or is another owner's (the same error: nothing to tell them apart)."""
         stored = self._responses.get(response_id)
-        if stored is None:
+        if stored is None or stored.owner != owner:
             raise NotFoundError(
                 f"No response with id {response_id[:100]!r} is stored (stored responses: "
                 f"the last {self._capacity}, in memory)",
@@ -81,8 +91,8 @@ class ResponseStore:
         self._responses.move_to_end(response_id)
         return stored
 
-    def delete(self, response_id: str) -> None:
-        self.get(response_id)
+    def delete(self, response_id: str, owner: bytes | None) -> None:
+        self.get(response_id, owner)
         del self._responses[response_id]
 
 

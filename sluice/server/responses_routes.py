@@ -9,7 +9,8 @@ Generation goes the way of chat (`app.Routes.respond`): the same admission,
 first-token deadline, disconnect abort, access log and metrics. The store is
 owned by the event loop: a follow-up's stored conversation is read here,
 before the body is converted (possibly in a worker thread), and a response is
-stored when its builder makes its final object.
+stored when its builder makes its final object. Every read, write and delete
+names the request's API key as the owner: a key sees only its own responses.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sluice.frontend.responses_events import ResponsesEvents
 from sluice.frontend.serving import Frontend, ResponseChunks
 from sluice.server import to_internal
 from sluice.server.body import BodyReader
+from sluice.server.middleware import api_key_of
 from sluice.server.responses_protocol import InputTokensRequest, ResponsesRequest
 from sluice.server.responses_request import (
     ResponsesPlan,
@@ -68,35 +70,36 @@ class ResponsesRoutes:
         routes = self._routes
         body = await routes.bodies.parse(request, ResponsesRequest)
         queue_timeout = routes.admit(request, 1)
-        plan = await self._plan(body.value, body)
+        owner = _owner(request)
+        plan = await self._plan(body.value, body, owner)
         generation = plan.request
 
         def on_response(response: dict[str, Any]) -> None:
             if plan.is_stored:
-                self._store.put(StoredResponse(response, plan.messages))
+                self._store.put(StoredResponse(response, plan.messages, owner))
 
         chunks = ResponsesEvents(generation, routes.frontend.strings, on_response)
         return await routes.respond(request, generation, queue_timeout, chunks)
 
-    async def retrieve(self, response_id: str) -> Response:
-        return _json(self._store.get(response_id).response)
+    async def retrieve(self, request: Request, response_id: str) -> Response:
+        return _json(self._store.get(response_id, _owner(request)).response)
 
-    async def delete(self, response_id: str) -> Response:
-        self._store.delete(response_id)
+    async def delete(self, request: Request, response_id: str) -> Response:
+        self._store.delete(response_id, _owner(request))
         return _json({"id": response_id, "object": "response.deleted", "deleted": True})
 
     async def input_tokens(self, request: Request) -> Response:
         body = await self._routes.bodies.parse(request, InputTokensRequest)
         fields = body.value.model_dump(by_alias=True, exclude_none=True)
         responses_body = ResponsesRequest.model_validate(fields)
-        plan = await self._plan(responses_body, body)
+        plan = await self._plan(responses_body, body, _owner(request))
         num_tokens = len(plan.request.prompts[0].token_ids)
         return _json({"object": "response.input_tokens", "input_tokens": num_tokens})
 
-    async def _plan(self, value: ResponsesRequest, body: Any) -> ResponsesPlan:
+    async def _plan(self, value: ResponsesRequest, body: Any, owner: bytes | None) -> ResponsesPlan:
         previous: list[dict[str, Any]] = []
         if value.previous_response_id is not None:
-            stored = self._store.get(value.previous_response_id, "previous_response_id")
+            stored = self._store.get(value.previous_response_id, owner, "previous_response_id")
             previous = stored.conversation()
 
         async def convert(
@@ -105,6 +108,12 @@ class ResponsesRoutes:
             return await responses_request(value, options, previous)
 
         return await self._routes.bodies.convert(_with_value(body, value), convert)
+
+
+def _owner(request: Request) -> bytes | None:
+    """Whose responses the request reads and writes: its API key's (None without keys)."""
+    key = api_key_of(request.scope)
+    return None if key is None else key.digest
 
 
 def _with_value(body: Any, value: ResponsesRequest) -> Any:
