@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from sluice.models.attention import AttentionMetadata, decode_attention_torch
-from sluice.models.native import _ARGTYPES, _DecodeAttention, decode_attention_kernel
+from sluice.models.native import _DecodeAttention, abi, decode_attention_kernel
 from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,13 @@ LAYERS = 30
 def old_decode_kernel(revision: str):
     """The decode kernel as it was at `revision`, built into a temporary library."""
     scratch = Path(tempfile.mkdtemp(prefix="sluice-old-kernel-"))
-    for name in ("paged_decode_attention.c", "bf16.h", "vector_exp.h"):
+    for name in (
+        "paged_decode_attention.c",
+        "sluice_abi.h",
+        "bf16.h",
+        "vector_exp.h",
+        "paged_tables.h",
+    ):
         try:
             source = subprocess.run(["git", "show", f"{revision}:{NATIVE}/{name}"], cwd=ROOT,
                                     check=True, capture_output=True).stdout  # fmt: skip
@@ -57,7 +63,8 @@ def old_decode_kernel(revision: str):
     )
     subprocess.run(["cc", "-shared", "-fopenmp", "-o", lib, obj, "-lm"], check=True)
     function = ctypes.CDLL(str(lib)).decode_attention_bf16
-    function.argtypes, function.restype = _ARGTYPES, ctypes.c_int
+    declared = abi.FUNCTIONS["decode_attention_bf16"]
+    function.argtypes, function.restype = declared.argtypes(), declared.restype()
     return _DecodeAttention(function)
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sluice.models.native import find_compiler
-from sluice.models.native.int8 import AMX_MIN_ROWS, _int8_library, int8_gemm_kernels
+from sluice.models.native import _library, find_compiler
+from sluice.models.native.int8 import AMX_MIN_ROWS, int8_gemm_kernels
 
 gemm = int8_gemm_kernels()
 requires_gemm = pytest.mark.skipif(gemm is None, reason="no AVX512-VNNI int8 kernel here")
@@ -163,7 +163,7 @@ def test_a_rows_bits_are_the_same_alone_and_among_others_with_amx(amx_gemm, pair
 @pytest.mark.parametrize("rows", [16, 33, 2049])
 def test_the_amx_kernel_itself_gives_the_exact_sums_scaled(amx_gemm, rows):
     """Called directly (the dispatch cannot hide a fall back to VNNI)."""
-    library = _int8_library()
+    library = _library()
     generator = torch.Generator().manual_seed(rows)
     w = torch.randint(-127, 128, (200, 1536), dtype=torch.int8, generator=generator)
     q = torch.randint(-127, 128, (rows, 1536), dtype=torch.int8, generator=generator)

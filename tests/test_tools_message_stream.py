@@ -149,7 +149,7 @@ def test_reasoning_then_calls_in_any_chunking(answer, data):
 
 def test_a_call_goes_out_with_its_id_and_name_then_argument_fragments():
     stream = MessageStream(HermesParser, None)
-    assert stream.push('Hi <tool_call>{"name": "f', False) == MessageDelta(content="Hi")
+    assert stream.push('Hi <tool_call>{"name": "f', False) == MessageDelta.of_content("Hi")
     first = stream.push('", "arguments": {"a": ', False)
     (call,) = first.tool_calls
     assert (call.index, call.name, call.arguments) == (0, "f", '{"a": ')
@@ -167,7 +167,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call_only():
 
 def test_without_parsers_the_text_is_the_content():
     stream = MessageStream(None, None)
-    assert stream.push("<tool_call>{}", False) == MessageDelta(content="<tool_call>{}")
+    assert stream.push("<tool_call>{}", False) == MessageDelta.of_content("<tool_call>{}")
 
 
 # -- each delta costs the time of its own text -------------------------------------

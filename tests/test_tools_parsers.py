@@ -315,3 +315,21 @@ def test_plain_text_is_content_unchanged(name, text):
     # The format's own ambiguity: in llama3_json, a leading brace starts a call.
     assume(name != "llama3_json" or not text.startswith("{"))
     assert parse_text(PARSERS[name], text, True) == ParsedText(text)
+
+
+@pytest.mark.parametrize(
+    ("parser", "head", "boundary_token"),
+    [
+        ("llama3_json", '{"name": "f", "parameters": {"a": "b', '"}}.'),
+        ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"a": "b', '"}}].'),
+        ("hermes", '<tool_call>{"name": "f", "arguments": {"a": "b', '"}}</tool_call>.'),
+    ],
+)
+def test_a_push_that_ends_a_call_and_begins_text_gives_them_in_the_texts_order(
+    parser, head, boundary_token
+):
+    reader = PARSERS[parser]()
+    reader.push(head, False)
+    piece = reader.push(boundary_token + " Done", True)
+    assert [type(part).__name__ for part in piece.parts] == ["CallPiece", "str"]
+    assert piece.parts[0].arguments == '"}' and piece.parts[1] == ". Done"

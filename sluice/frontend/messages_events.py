@@ -13,7 +13,9 @@ they never disagree. Invariants:
 - Which block a piece of text goes to depends on the tokens alone, never on
   how the deltas were cut (a lagging reader's are merged): with a tool-call
   parser, the text is pushed into the `MessageStream` token by token, so text
-  after a call lands in a block after it even when both come in one delta.
+  after a call lands in a block after it even when both come in one delta;
+  a token that ends a call and begins text (`"}}.`) is applied in the
+  text's order (`MessageDelta.parts`).
 - No empty delta, no text delta on a `tool_use` block; the deltas of a block
   concatenate to the block of the body (a `tool_use` block's `input_json_delta`
   pieces are the model's argument text, which the body carries parsed).
@@ -36,7 +38,7 @@ from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.text_pieces import token_pieces, whole_piece
 from sluice.frontend.usage import UsageCounter
-from sluice.tools.message_stream import MessageDelta
+from sluice.tools.message_stream import MessageDelta, ToolCallDelta
 
 TOOL_ID_PREFIX = "toolu_"
 
@@ -120,7 +122,7 @@ class MessagesEvents:
         self.usage.add(0, len(delta.token_ids), delta.num_cached_tokens)
         events: list[dict[str, Any]] = []
         if self._stream is None:
-            events += self._blocks.add(MessageDelta(content=delta.text))
+            events += self._blocks.add(MessageDelta.of_content(delta.text))
         else:
             pieces = token_pieces(delta) if self._is_cut_per_token else [whole_piece(delta)]
             for piece in pieces:
@@ -216,20 +218,26 @@ class _Blocks:
             events += self._extend(
                 "thinking", {"type": "thinking_delta", "thinking": delta.reasoning}
             )
-        if delta.content:
-            events += self._extend("text", {"type": "text_delta", "text": delta.content})
-        for call in delta.tool_calls:
-            if call.id is not None:
-                assert call.name is not None, "a call's first delta names it"
-                events += self._start(_tool_use_block(call.id, call.name))
-                self._call_blocks.append(self._open)  # type: ignore[arg-type]
-                self._arguments[self._open] = ""  # type: ignore[index]
-            if call.arguments:
-                block_index = self._call_blocks[call.index]
-                assert block_index == self._open, "a call's arguments grow while it is open"
-                self._arguments[block_index] += call.arguments
-                piece = {"type": "input_json_delta", "partial_json": call.arguments}
-                events.append(_delta_event(block_index, piece))
+        for part in delta.parts:  # in the text's order
+            if isinstance(part, str):
+                events += self._extend("text", {"type": "text_delta", "text": part})
+            else:
+                events += self._add_call(part)
+        return events
+
+    def _add_call(self, call: ToolCallDelta) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if call.id is not None:
+            assert call.name is not None, "a call's first delta names it"
+            events += self._start(_tool_use_block(call.id, call.name))
+            self._call_blocks.append(self._open)  # type: ignore[arg-type]
+            self._arguments[self._open] = ""  # type: ignore[index]
+        if call.arguments:
+            block_index = self._call_blocks[call.index]
+            assert block_index == self._open, "a call's arguments grow while it is open"
+            self._arguments[block_index] += call.arguments
+            piece = {"type": "input_json_delta", "partial_json": call.arguments}
+            events.append(_delta_event(block_index, piece))
         return events
 
     def close(self) -> list[dict[str, Any]]:

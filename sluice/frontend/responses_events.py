@@ -122,7 +122,7 @@ class ResponsesEvents:
         if self._request.logprobs is not None and delta.token_ids:
             entries = chat_logprobs(delta, self._strings)
         if self._parsed is None:
-            events = self._items.push(MessageDelta(content=delta.text), entries)
+            events = self._items.push(MessageDelta.of_content(delta.text), entries)
         else:
             events = self._parsed_events(delta, entries)
         if delta.is_finished:

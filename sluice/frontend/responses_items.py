@@ -10,8 +10,9 @@ deltas of each item concatenate to its `.done` value by construction.
 Items are sequential, as OpenAI sends them: at most one is open; a new kind
 of output closes it (its `.done` events go first) and opens the next.
 Within one message delta (which may hold many engine steps when the reader
-lags) the order is reasoning, then content, then tool calls: the order in
-which the reasoning parser and the tool-call parsers read a text.
+lags, or one token that ends a call and begins text, like `"}}.`) the order
+is reasoning, then content and tool calls in the text's order (`parts`): the
+order in which the reasoning parser and the tool-call parsers read a text.
 - reasoning text: a `reasoning` item with one `reasoning_text` part;
 - content: a `message` item with one `output_text` part (and its logprobs);
 - a function tool's call: a `function_call` item whose arguments stream;
@@ -81,10 +82,12 @@ class OutputItems:
         events: list[ItemEvent] = []
         if delta.reasoning:
             events += self._grow("reasoning", delta.reasoning)
-        if delta.content:
-            events += self._grow("message", delta.content, entries or [])
-        for call in delta.tool_calls:
-            events += self._grow_call(call)
+        for part in delta.parts:
+            if isinstance(part, str):
+                events += self._grow("message", part, entries or [])
+                entries = None  # all of them ride on the delta's first content
+            else:
+                events += self._grow_call(part)
         return events
 
     def close(self, status: str = "completed") -> list[ItemEvent]:

@@ -26,43 +26,17 @@ from torch import Tensor, nn
 
 from sluice.models.attention import AttentionMetadata, decodes_on_amx, paged_attention
 from sluice.models.native import _library, decode_attention_kernel, silu_mul_kernel
+from sluice.models.native.abi import DecoderLayer, Int8Matrix
 from sluice.models.rope_norm import Float32Angles
 
 if TYPE_CHECKING:
     from sluice.models.linear import Linear
 
-_int64, _pointer = ctypes.c_int64, ctypes.c_void_p
-
-
-class _Int8Matrix(ctypes.Structure):
-    _fields_ = [
-        ("packed", _pointer), ("compensation", _pointer), ("col_scales", _pointer),
-        ("inv_smooth", _pointer), ("bias", _pointer),
-        ("out_features", _int64), ("in_features", _int64), ("pairs", _int64),
-    ]  # fmt: skip
-
-
-class _DecoderLayer(ctypes.Structure):
-    _fields_ = [
-        ("attention_norm", _pointer), ("mlp_norm", _pointer),
-        ("qkv", _Int8Matrix), ("o", _Int8Matrix), ("gate_up", _Int8Matrix),
-        ("down", _Int8Matrix),
-        ("hidden_size", _int64), ("num_heads", _int64), ("num_kv_heads", _int64),
-        ("head_dim", _int64), ("intermediate_size", _int64),
-        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("decode_amx", _int64),
-    ]  # fmt: skip
-
 
 @functools.cache
 def _decoder_layer_function():
     library = _library()
-    if library is None:
-        return None
-    function = library.decoder_layer_rows_bf16
-    function.argtypes = [_pointer, _pointer, _int64, _pointer, _pointer, _pointer, _int64, _int64]
-    function.argtypes += [_pointer] * 2 + [_int64] + [_pointer] * 2
-    function.restype = ctypes.c_int
-    return function
+    return None if library is None else library.decoder_layer_rows_bf16
 
 
 def _every_row_packed(linear: Linear) -> bool:
@@ -112,12 +86,12 @@ class FusedDecode:
         norms = (layer.attention_norm.weight, layer.mlp_norm.weight)
         assert all(w.is_contiguous() for w in norms)
         qkv, o, gate_up, down = (_matrix(m) for m in self._int8)
-        self._layer = _DecoderLayer(
+        self._layer = DecoderLayer(
             norms[0].data_ptr(), norms[1].data_ptr(), qkv, o, gate_up, down,
             layer.input_layernorm.shape[0], layer.num_heads, layer.num_kv_heads, layer.head_dim,
             gate_up.out_features // 2, layer.eps, layer.scale, int(decodes_on_amx(layer.attend, layer.head_dim)),
         )  # fmt: skip
-        self._amx = (_int64 * 4)()
+        self._amx = (ctypes.c_int64 * 4)()
 
     def follow(self, attend: object) -> None:
         """Decode attention on the kernel the layer's Python path (`attend`,
@@ -159,10 +133,10 @@ class FusedDecode:
         )
 
 
-def _matrix(int8) -> _Int8Matrix:
+def _matrix(int8) -> Int8Matrix:
     packed = int8.packed
     bias = int8.bias
-    return _Int8Matrix(
+    return Int8Matrix(
         packed.packed.data_ptr(), packed.compensation.data_ptr(), int8.weight_scales.data_ptr(),
         int8.inv_smooth.data_ptr(), 0 if bias is None else bias.data_ptr(),
         packed.out_features, packed.in_features, int(int8.pairs),

@@ -59,13 +59,15 @@ class FakeTokenizer:
     backend = None
     chat_template_source: str | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, extra_pieces: Sequence[str] = ()) -> None:
+        """`extra_pieces`: more whole-text pieces, e.g. one that spans the end
+        of a tool call and the text after it (`"}}.`), as real vocabularies have."""
         names = list(SPECIAL_TOKENS)
         pieces: list[bytes] = [s.encode() for s in SPECIAL_TOKENS]
         for byte in range(NUM_BYTE_TOKENS):
             names.append(f"<0x{byte:02X}>")
             pieces.append(bytes([byte]))
-        for piece in TEXT_PIECES:
+        for piece in (*TEXT_PIECES, *extra_pieces):
             names.append(piece)
             pieces.append(piece.replace(WORD_START, " ").encode())
         for name, raw in PARTIAL_PIECES:
@@ -73,6 +75,7 @@ class FakeTokenizer:
             pieces.append(raw)
         self._names = names
         self._pieces = pieces
+        self._max_piece_chars = max([8, *map(len, extra_pieces)])
         self._ids_by_name = {name: i for i, name in enumerate(names)}
         self.vocab_size = len(names)
 
@@ -154,7 +157,7 @@ class FakeTokenizer:
         return tuple(text_units + byte_spelled + split_chars + specials)
 
     def _longest_piece_at(self, text: str, position: int) -> tuple[int | None, int]:
-        for size in range(min(8, len(text) - position), 0, -1):
+        for size in range(min(self._max_piece_chars, len(text) - position), 0, -1):
             candidate = text[position : position + size]
             name = WORD_START + candidate[1:] if candidate.startswith(" ") else candidate
             token_id = self._ids_by_name.get(name)

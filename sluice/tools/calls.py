@@ -3,8 +3,8 @@ format shares: the content between calls, the calls, and what of them is new.
 
 A parser is an object per choice that takes the text as it grows:
 `push(text, is_final) -> ParsedPiece` with only what the text decided since
-the last push: new content, a call's name once (with its first argument
-text), then argument text that extends what went out. It keeps where it
+the last push, in the text's order: new content, a call's name once (with its
+first argument text), then argument text that extends what went out. It keeps where it
 stopped, so a push costs about the time of its own text (amortized), however
 long the message already is. What it sends is never taken back: text that
 may still turn out to be a tag, or a call whose name is not known yet, is
@@ -56,10 +56,29 @@ class CallPiece:
 
 @dataclass(slots=True)
 class ParsedPiece:
-    """What one push decided: content and calls' pieces, in order."""
+    """What one push decided, in the text's order: content (a str) and calls'
+    pieces. One push may end a call and begin the content after it (a token
+    like `"}}.`), or hold content, a call and more content: a reader that
+    builds items in order applies the parts in this order."""
 
-    content: str = ""
-    calls: list[CallPiece] = field(default_factory=list)
+    parts: list[str | CallPiece] = field(default_factory=list)
+
+    @property
+    def content(self) -> str:
+        return "".join(part for part in self.parts if isinstance(part, str))
+
+    @property
+    def calls(self) -> list[CallPiece]:
+        return [part for part in self.parts if isinstance(part, CallPiece)]
+
+    def add_content(self, text: str) -> None:
+        """Append content, joined to content right before it (never empty)."""
+        if not text:
+            return
+        if self.parts and isinstance(self.parts[-1], str):
+            self.parts[-1] += text
+        else:
+            self.parts.append(text)
 
 
 class CallSource(Protocol):
@@ -75,7 +94,7 @@ class CallSource(Protocol):
 
 class ContentBuilder:
     """The content of a text with calls in it, trimmed next to calls, and the
-    calls; what of both went out.
+    calls, in the text's order; what of both went out.
 
     Content comes in pieces, in order, however the text was cut: whitespace
     before a call or at the very end is held until decided: dropped when a
@@ -86,7 +105,8 @@ class ContentBuilder:
 
     def __init__(self) -> None:
         self.calls: list[CallSource] = []
-        self._parts: list[str] = []
+        # Content pieces and calls as the text has them.
+        self._parts: list[str | CallSource] = []
         # Trailing whitespace of the content so far, not decided yet.
         self._pending = ""
         self._is_after_call = False
@@ -111,6 +131,7 @@ class ContentBuilder:
         self._pending = ""
         self._is_after_call = True
         self.calls.append(call)
+        self._parts.append(call)
 
     def close(self) -> None:
         """The text ended: held whitespace is content if no call came."""
@@ -119,21 +140,20 @@ class ContentBuilder:
             self._pending = ""
 
     def take(self, text: str, is_final: bool) -> ParsedPiece:
-        """What was added since the last take. Only the last call sent may
-        still grow: the calls before it ended before it began."""
-        piece = ParsedPiece("".join(self._parts[self._num_sent_parts :]))
-        self._num_sent_parts = len(self._parts)
-        for index in range(max(0, len(self._num_sent_chars) - 1), len(self.calls)):
-            call = self.calls[index]
-            if index == len(self._num_sent_chars):
-                arguments = call.arguments_from(text, is_final, 0)
-                piece.calls.append(CallPiece(index, call.name, arguments))
-                self._num_sent_chars.append(len(arguments))
+        """What was added since the last take, in the text's order. Only the
+        last call sent may still grow, and what was added since comes after
+        it: the calls before it ended before it began."""
+        piece = ParsedPiece()
+        if self._num_sent_chars:
+            self._take_arguments(piece, len(self._num_sent_chars) - 1, text, is_final)
+        for part in self._parts[self._num_sent_parts :]:
+            if isinstance(part, str):
+                piece.add_content(part)
                 continue
-            arguments = call.arguments_from(text, is_final, self._num_sent_chars[index])
-            if arguments:
-                piece.calls.append(CallPiece(index, None, arguments))
-                self._num_sent_chars[index] += len(arguments)
+            arguments = part.arguments_from(text, is_final, 0)
+            piece.parts.append(CallPiece(len(self._num_sent_chars), part.name, arguments))
+            self._num_sent_chars.append(len(arguments))
+        self._num_sent_parts = len(self._parts)
         return piece
 
     def parsed(self, text: str, is_final: bool) -> ParsedText:
@@ -143,7 +163,14 @@ class ContentBuilder:
             assert call.name is not None, "a call counts once named"
             arguments = call.arguments_from(text, is_final, 0)
             calls.append(ParsedCall(call.name, arguments, call.is_complete))
-        return ParsedText("".join(self._parts), tuple(calls))
+        content = "".join(part for part in self._parts if isinstance(part, str))
+        return ParsedText(content, tuple(calls))
+
+    def _take_arguments(self, piece: ParsedPiece, index: int, text: str, is_final: bool) -> None:
+        arguments = self.calls[index].arguments_from(text, is_final, self._num_sent_chars[index])
+        if arguments:
+            piece.parts.append(CallPiece(index, None, arguments))
+            self._num_sent_chars[index] += len(arguments)
 
 
 # A parser's state: reads from where the parser stopped; True when it needs

@@ -18,7 +18,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from sluice.tools.calls import ToolCallParser
+from sluice.tools.calls import CallPiece, ToolCallParser
 from sluice.tools.reasoning import ReasoningParser
 
 
@@ -38,13 +38,30 @@ class ToolCallDelta:
 
 @dataclass(slots=True)
 class MessageDelta:
+    """What one push adds: reasoning (which comes before everything else the
+    push decided), then content (a str) and calls' deltas in the text's
+    order. A projection that builds items or blocks in order (Responses,
+    Messages) applies `parts` in order: one token may end a call and begin
+    the text after it (`"}}.`)."""
+
     reasoning: str = ""
-    content: str = ""
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    parts: list[str | ToolCallDelta] = field(default_factory=list)
+
+    @classmethod
+    def of_content(cls, content: str) -> MessageDelta:
+        return cls(parts=[content] if content else [])
+
+    @property
+    def content(self) -> str:
+        return "".join(part for part in self.parts if isinstance(part, str))
+
+    @property
+    def tool_calls(self) -> list[ToolCallDelta]:
+        return [part for part in self.parts if isinstance(part, ToolCallDelta)]
 
     @property
     def is_empty(self) -> bool:
-        return not self.reasoning and not self.content and not self.tool_calls
+        return not self.reasoning and not self.parts
 
 
 class MessageStream:
@@ -76,20 +93,19 @@ class MessageStream:
             split = self._reasoning.push(text, is_final)
             delta.reasoning, content = split.reasoning, split.content
         if self._tool_calls is None:
-            delta.content = content
+            delta.parts = [content] if content else []
             return delta
         parsed = self._tool_calls.push(content, is_final)
-        delta.content = parsed.content
-        for call in parsed.calls:
-            if self._max_calls is not None and call.index >= self._max_calls:
-                continue
-            if call.name is None:
-                delta.tool_calls.append(ToolCallDelta(call.index, None, None, call.arguments))
-                continue
-            assert call.index == self._num_calls, "calls are announced in order, once"
-            self._num_calls += 1
-            tool_call_id = new_tool_call_id()
-            delta.tool_calls.append(
-                ToolCallDelta(call.index, tool_call_id, call.name, call.arguments)
-            )
+        for part in parsed.parts:
+            if isinstance(part, str):
+                delta.parts.append(part)
+            elif self._max_calls is None or part.index < self._max_calls:
+                delta.parts.append(self._call_delta(part))
         return delta
+
+    def _call_delta(self, call: CallPiece) -> ToolCallDelta:
+        if call.name is None:
+            return ToolCallDelta(call.index, None, None, call.arguments)
+        assert call.index == self._num_calls, "calls are announced in order, once"
+        self._num_calls += 1
+        return ToolCallDelta(call.index, new_tool_call_id(), call.name, call.arguments)

@@ -15,6 +15,9 @@ rows' argmax of greedy sampling (64 rows of 49,152 logits: 1.2 ms, against
 1.8-2.6 ms for torch's argmax). They are compiled once per CPU, compiler and source
 into the cache directory (`native_dir`; build.py), loaded with ctypes, and called with
 tensors' data pointers: no torch headers, so a build takes about a second.
+Every exported function and struct is declared once, in sluice_abi.h, which
+every .c file includes; abi.py is its one Python table, from which every
+ctypes binding is set at load (tests/test_native_abi.py holds the two equal).
 It is built with OpenMP and loaded after torch, so it shares torch's OpenMP
 runtime (and thread count) rather than starting a second pool.
 
@@ -37,6 +40,7 @@ from functools import cache
 import torch
 from torch import Tensor
 
+from sluice.models.native import abi
 from sluice.models.native.build import (
     NativeStatus,
     build_library,
@@ -51,7 +55,6 @@ logger = logging.getLogger(__name__)
 
 # The compiler's stderr logged when a build fails: its last errors.
 _STDERR_TAIL_CHARS = 2000
-_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_void_p]
 
 
 def native_status() -> NativeStatus:
@@ -82,7 +85,7 @@ def _loaded() -> tuple[ctypes.CDLL | None, NativeStatus]:
     except (OSError, subprocess.SubprocessError) as error:
         logger.warning("native kernels unavailable, using the torch path: %s", error)
         return None, NativeStatus(False, f"build failed: {error}")
-    _declare(library)
+    abi.declare(library)
     return library, NativeStatus(True)
 
 
@@ -90,28 +93,6 @@ def _first_error(stderr: str) -> str:
     """The compiler's first error line (its last lines only count them)."""
     lines = stderr.splitlines()
     return next((line for line in lines if "error" in line), lines[-1] if lines else "")
-
-
-def _declare(library: ctypes.CDLL) -> None:
-    for name in ("decode_attention_bf16", "decode_attention_f32", "decode_attention_amx_bf16"):
-        function = getattr(library, name)
-        function.argtypes = _ARGTYPES
-        function.restype = ctypes.c_int
-    for name in ("rms_norm_bf16", "rms_norm_f32"):
-        function = getattr(library, name)
-        function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
-        function.argtypes += [ctypes.c_float, ctypes.c_void_p]
-        function.restype = None
-    for name in ("silu_mul_bf16", "silu_mul_f32"):
-        function = getattr(library, name)
-        function.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
-        function.restype = None
-    library.decode_attention_amx_available.restype = ctypes.c_int
-    library.argmax_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    library.argmax_f32.restype = None
-    library.merge_attention_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-    library.merge_attention_bf16.argtypes += [ctypes.c_void_p]
-    library.merge_attention_bf16.restype = None
 
 
 @cache

@@ -38,6 +38,7 @@ _SOURCES = tuple(
 _HEADERS = tuple(
     Path(__file__).with_name(name)
     for name in (
+        "sluice_abi.h",
         "bf16.h",
         "vector_exp.h",
         "int8_epilogue.h",

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sluice_abi.h"
 #include "paged_tables.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && \

@@ -20,48 +20,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "sluice_abi.h" /* Int8Matrix, DecoderLayer and the other files' kernels */
 #include "bf16.h"
-
-typedef struct {
-    const int8_t *packed;
-    const int32_t *compensation;
-    const float *col_scales;
-    const float *inv_smooth;
-    const uint16_t *bias; /* NULL: none */
-    int64_t out_features, in_features, pairs;
-} Int8Matrix;
-
-typedef struct {
-    const uint16_t *attention_norm, *mlp_norm;
-    Int8Matrix qkv, o, gate_up, down;
-    int64_t hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size;
-    float eps, scale;
-    int64_t decode_amx; /* 1: decode attention on AMX tiles (the kernel plan's choice) */
-} DecoderLayer;
-
-/* The kernels of the other files of this library. */
-void rms_norm_bf16(const uint16_t *x, const uint16_t *w, int64_t rows, int64_t hidden,
-                   int64_t row_stride, float eps, uint16_t *out);
-int int8_linear_bf16(const uint16_t *x, int64_t rows, int64_t k, int64_t x_stride,
-                     const float *inv_smooth, const int8_t *packed, const int32_t *compensation,
-                     const float *col_scales, const uint16_t *bias, int64_t n, uint16_t *out,
-                     int pairs, int64_t amx_min_rows);
-int rope_write_kv_bf16(const uint16_t *qkv, int64_t tokens, int64_t token_stride,
-                       int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                       const float *cos, const float *sin, uint16_t *cache, int64_t num_slots,
-                       const int64_t *slot_mapping, uint16_t *q_out, uint16_t *k_out);
-int decode_attention_bf16(const uint16_t *q, const uint16_t *cache, const int64_t *block_ids,
-                          const int64_t *seq_lens, int64_t q_stride, int64_t num_seqs,
-                          int64_t blocks_per_seq, int64_t num_blocks, int64_t block_size,
-                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
-                          uint16_t *out);
-int decode_attention_amx_bf16(const uint16_t *q, const uint16_t *cache, const int64_t *block_ids,
-                              const int64_t *seq_lens, int64_t q_stride, int64_t num_seqs,
-                              int64_t blocks_per_seq, int64_t num_blocks, int64_t block_size,
-                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                              float scale, uint16_t *out);
-void silu_mul_bf16(const uint16_t *x, int64_t rows, int64_t inter, int64_t row_stride,
-                   uint16_t *out);
 
 static int matmul(const Int8Matrix *m, const uint16_t *x, int64_t rows, int64_t amx_min_rows,
                   uint16_t *out) {

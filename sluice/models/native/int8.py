@@ -11,7 +11,6 @@ path, which computes the same values (tests compare them).
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -33,42 +32,6 @@ AMX_MIN_ROWS = 8
 
 
 @cache
-def _int8_library() -> ctypes.CDLL | None:
-    """The kernel library, with int8_rows.c's and int8_gemm.c's argument types declared."""
-    library = _library()
-    if library is None:
-        return None
-    int64, pointer = ctypes.c_int64, ctypes.c_void_p
-    for name in ("quantize_rows_bf16", "quantize_rows_f32", "quantize_row_pairs_bf16"):
-        function = getattr(library, name)
-        function.argtypes = [pointer] + [int64] * 3 + [pointer] * 3
-        function.restype = ctypes.c_int
-    for name in ("dequantize_rows_bf16", "dequantize_rows_f32"):
-        function = getattr(library, name)
-        function.argtypes = [pointer, int64, int64]
-        function.argtypes += [pointer] * 4
-        function.restype = None
-    library.int8_gemm_available.argtypes = []
-    library.int8_gemm_available.restype = ctypes.c_int
-    library.int8_packed_bytes.argtypes = [int64, int64]
-    library.int8_packed_bytes.restype = int64
-    library.pack_int8_weights.argtypes = [pointer, int64, int64, pointer, pointer]
-    library.pack_int8_weights.restype = ctypes.c_int
-    library.int8_gemm_bf16.argtypes = [pointer, pointer, int64, int64] + [pointer] * 4
-    library.int8_gemm_bf16.argtypes += [int64, pointer, ctypes.c_int, int64]
-    library.int8_gemm_bf16.restype = None
-    library.int8_linear_bf16.argtypes = [pointer, int64, int64, int64] + [pointer] * 5
-    library.int8_linear_bf16.argtypes += [int64, pointer, ctypes.c_int, int64]
-    library.int8_amx_gemm_bf16.argtypes = [pointer, pointer, int64, int64] + [pointer] * 3
-    library.int8_amx_gemm_bf16.argtypes += [int64, pointer, ctypes.c_int]
-    library.int8_amx_gemm_bf16.restype = ctypes.c_int
-    library.int8_amx_available.argtypes = []
-    library.int8_amx_available.restype = ctypes.c_int
-    library.int8_linear_bf16.restype = ctypes.c_int
-    return library
-
-
-@cache
 def int8_row_kernels(dtype: torch.dtype):
     """(quantize, dequantize) for W8A8 matmuls on `dtype` rows; None: no kernel.
 
@@ -77,7 +40,7 @@ def int8_row_kernels(dtype: torch.dtype):
     """
     if dtype not in (torch.bfloat16, torch.float32):
         return None
-    library = _int8_library()
+    library = _library()
     if library is None:
         return None
     is_bf16 = dtype == torch.bfloat16
@@ -139,7 +102,7 @@ class Int8GemmKernels:
 @cache
 def int8_gemm_kernels() -> Int8GemmKernels | None:
     """The packed VNNI matmul; None where the CPU has no AVX512-VNNI or there are no kernels."""
-    library = _int8_library()
+    library = _library()
     if library is None or not library.int8_gemm_available():
         return None
 

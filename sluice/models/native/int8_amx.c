@@ -29,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sluice_abi.h"
+
 /* The epilogue must round exactly as torch does (int8_epilogue.h). */
 #pragma GCC optimize("no-fast-math")
 

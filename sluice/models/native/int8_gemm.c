@@ -32,6 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sluice_abi.h"
+
 /* The library is built with -ffast-math; the scaling here must round exactly
  * as torch does (product by product, in this order), so not in this file. */
 #pragma GCC optimize("no-fast-math")
@@ -43,12 +45,6 @@
 #include <immintrin.h>
 
 #include "int8_epilogue.h"
-
-/* int8_amx.c: the same matmul with AMX-INT8 tiles (stubs where there are none). */
-int int8_amx_available(void);
-int int8_amx_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int64_t k,
-                       const int8_t *packed, const float *col_scales, const uint16_t *bias,
-                       int64_t n, uint16_t *out, int pairs);
 
 int int8_gemm_available(void) { return 1; }
 
@@ -193,12 +189,6 @@ void int8_gemm_bf16(const int8_t *q, const float *row_scales, int64_t rows, int6
                      out + out_row * n + col, n, valid, pairs);
     }
 }
-
-/* int8_rows.c's passes, for the whole layer in one call below. */
-int quantize_rows_bf16(const uint16_t *x, int64_t rows, int64_t cols, int64_t row_stride,
-                       const float *inv_smooth, int8_t *q, float *scales);
-int quantize_row_pairs_bf16(const uint16_t *x, int64_t rows, int64_t cols, int64_t row_stride,
-                            const float *inv_smooth, int8_t *q, float *scales);
 
 /* The whole layer: quantize x [rows, k] (rows x_stride apart; A13 when
  * `pairs`), then the matmul above; one call from Python instead of two (each

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "sluice_abi.h"
 #include "bf16.h"
 
 /* The library is built with -ffast-math; these passes must round as the

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sluice_abi.h"
 #include "bf16.h"
 #include "paged_tables.h"
 #include "vector_exp.h"

@@ -9,7 +9,6 @@ flash attention. Which one serves which prompt lengths: kernel_plan.py.
 
 from __future__ import annotations
 
-import ctypes
 from functools import cache
 
 import torch
@@ -45,10 +44,6 @@ def _kernel(dtype: torch.dtype, name: str, available: str):
     if library is None or not getattr(library, available)():
         return None
     function = getattr(library, name)
-    int64, pointer = ctypes.c_int64, ctypes.c_void_p
-    function.argtypes = [pointer, int64, pointer, int64, pointer] + [int64] * 6
-    function.argtypes += [ctypes.c_float, pointer]
-    function.restype = ctypes.c_int
 
     def attention(q: Tensor, keys: Tensor, values: Tensor, scale: float) -> Tensor:
         num_queries, num_heads, head_dim = q.shape

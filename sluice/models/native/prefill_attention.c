@@ -31,6 +31,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "sluice_abi.h"
 #include "bf16.h"
 #include "vector_exp.h"
 

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "sluice_abi.h"
 #include "bf16.h"
 
 #define MIN_PARALLEL_ROWS 4

@@ -10,7 +10,6 @@ rounding at the end.
 
 from __future__ import annotations
 
-import ctypes
 from functools import cache
 
 import torch
@@ -30,9 +29,6 @@ def rope_write_kv_kernel(dtype: torch.dtype):
     if library is None:
         return None
     function = library.rope_write_kv_bf16
-    int64, pointer = ctypes.c_int64, ctypes.c_void_p
-    function.argtypes = [pointer] + [int64] * 5 + [pointer] * 3 + [int64] + [pointer] * 3
-    function.restype = ctypes.c_int
 
     def rope_write_kv(
         qkv: Tensor, num_heads: int, cos: Tensor, sin: Tensor, kv_cache: Tensor,

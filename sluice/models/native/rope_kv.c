@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "sluice_abi.h"
 #include "bf16.h"
 
 #define MIN_PARALLEL_TOKENS 16

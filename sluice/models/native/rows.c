@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "sluice_abi.h"
 #include "bf16.h"
 
 #include "vector_exp.h"
