@@ -170,9 +170,28 @@ def required(draw, out: Output) -> None:
     out.write("]")
 
 
-def parsing_of(tool_format: str, reasoning_parser: str | None) -> OutputParsing:
+def parsing_of(
+    tool_format: str, reasoning_parser: str | None, max_calls: int | None = None
+) -> OutputParsing:
     name = "mistral" if tool_format == "mistral_named" else tool_format
-    return OutputParsing(name, reasoning_parser=reasoning_parser)
+    return OutputParsing(name, reasoning_parser=reasoning_parser, max_calls=max_calls)
+
+
+def kept_parts(parts: list[tuple], max_calls: int | None) -> list[tuple]:
+    """The parts a client gets: calls past `max_calls` (parallel_tool_calls
+    false) are not read, and the texts around one become one."""
+    kept: list[tuple] = []
+    num_calls = 0
+    for part in parts:
+        if part[0] == "call":
+            num_calls += 1
+            if max_calls is not None and num_calls > max_calls:
+                continue
+        if part[0] == "text" and kept and kept[-1][0] == "text":
+            kept[-1] = ("text", kept[-1][1] + part[1])
+        else:
+            kept.append(part)
+    return kept
 
 
 # -- tokens and deltas -----------------------------------------------------------
@@ -302,15 +321,16 @@ def chat_expected(parts: list[tuple]) -> dict:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tool_format=st.sampled_from(FORMATS),
-       reasoning_parser=st.sampled_from([None, *REASONING_PARSERS]), data=st.data())  # fmt: skip
+       reasoning_parser=st.sampled_from([None, *REASONING_PARSERS]),
+       max_calls=st.sampled_from([None, 1]), data=st.data())  # fmt: skip
 def test_tokens_across_boundaries_give_the_written_parts_in_every_projection(
-    tool_format, reasoning_parser, data
+    tool_format, reasoning_parser, max_calls, data
 ):
     output = data.draw(outputs(tool_format, reasoning=reasoning_parser is not None))
     tokens = tokens_of(data.draw, output.text, output.boundaries)
     stream_deltas, fold_deltas = deltas_of(data.draw, tokens), deltas_of(data.draw, tokens)
-    parsing = parsing_of(tool_format, reasoning_parser)
-    expected = output.parts
+    parsing = parsing_of(tool_format, reasoning_parser, max_calls)
+    expected = kept_parts(output.parts, max_calls)
 
     assert responses_parts(parsing, stream_deltas, fold_deltas) == (expected, expected)
     as_input = [(*p[:2], json.loads(p[2])) if p[0] == "call" else p for p in expected]
