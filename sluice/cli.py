@@ -39,7 +39,8 @@ _SERVER_GROUPS = {
          "cors_allowed_origins"),
     "chat outputs": ("tool_call_parser", "reasoning_parser", "generation_defaults"),
     "reliability": ("max_connections", "send_timeout_s", "send_buffer_bytes",
-                    "queue_timeout_s", "drain_timeout_s", "on_engine_death"),
+                    "queue_timeout_s", "drain_timeout_s", "on_engine_death",
+                    "responses_store_bytes"),
 }  # fmt: skip
 
 

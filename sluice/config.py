@@ -446,6 +446,14 @@ class ServerConfig:
     cors_allowed_origins: tuple[str, ...] = setting(
         (), "comma-separated origins; empty disables CORS"
     )
+    # The Responses API's store (sluice/server/response_store.py) keeps at
+    # most this much of stored responses, as JSON; the least recently used go first.
+    responses_store_bytes: int = setting(
+        256 * 1024 * 1024,
+        "memory for stored Responses API responses, e.g. 256MiB (oldest evicted first)",
+        flag="--responses-store-memory",
+        at_least=1,
+    )
     engine: EngineConfig = field(default_factory=EngineConfig)
     limits: RequestLimits = field(default_factory=RequestLimits)
     # Sampling defaults for fields a request leaves unset (vLLM's flag and keys).

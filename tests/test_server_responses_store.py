@@ -1,6 +1,7 @@
 """The Responses store as tenants meet it, over HTTP: a stored response is its
 API key's alone (GET, DELETE, previous_response_id and input_tokens answer any
-other key as if it never existed)."""
+other key as if it never existed); metadata is bounded as OpenAI bounds it; the
+store is bounded in bytes, whatever a response echoes. Also the store alone."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import httpx2
 import orjson
 import pytest
 
+from sluice.errors import NotFoundError
+from sluice.server.response_store import ResponseStore, StoredResponse
 from sluice.testing import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer
@@ -81,3 +84,84 @@ def test_without_keys_every_client_shares_the_store(tmp_path):
         first = post(live, {}, {}).json()
         assert httpx2.get(f"{live.url}/v1/responses/{first['id']}").json() == first
         assert post(live, {}, {"previous_response_id": first["id"]}).status_code == 200
+
+
+# -- metadata and the store's bytes ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("metadata", "problem"),
+    [
+        ({f"k{i}": "v" for i in range(17)}, "at most 16 key-value pairs, got 17"),
+        ({"k" * 65: "v"}, "a key is at most 64 characters, got one of 65"),
+        ({"k": "v" * 513}, "a value is at most 512 characters, got one of 513"),
+        ({"k": 5}, "string"),
+    ],
+)
+def test_metadata_beyond_openais_bounds_is_a_400_naming_it(keyed, metadata, problem):
+    response = post(keyed, ALICE, {"metadata": metadata})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"].startswith("metadata") and problem in error["message"]
+    assert "k" * 65 not in error["message"]
+
+
+def test_metadata_at_openais_bounds_is_stored_and_echoed(keyed):
+    metadata = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
+    response = post(keyed, ALICE, {"metadata": metadata})
+    assert response.status_code == 200, response.text
+    stored = httpx2.get(f"{keyed.url}/v1/responses/{response.json()['id']}", headers=ALICE)
+    assert stored.json()["metadata"] == metadata
+
+
+def test_the_store_keeps_its_byte_bound_whatever_a_response_echoes(tmp_path):
+    bulky = {"user": "u" * 20_000, "tools": [{"type": "web_search", "note": "n" * 20_000}]}
+    with serve(tmp_path, responses_store_bytes=200_000) as live:
+        ids = []
+        for _ in range(8):  # ~40 KB each as JSON: the store holds the last four
+            response = post(live, ALICE, bulky)
+            assert response.status_code == 200, response.text
+            ids.append(response.json()["id"])
+        found = [httpx2.get(f"{live.url}/v1/responses/{i}", headers=ALICE).status_code for i in ids]
+    assert found[:3] == [404] * 3 and found[-4:] == [200] * 4
+
+
+def stored(response_id: str, num_chars: int, owner: bytes | None = None) -> StoredResponse:
+    response = {"id": response_id, "output": [], "user": "u" * num_chars}
+    return StoredResponse(response, ({"role": "user", "content": "hi"},), owner)
+
+
+def test_the_least_recently_used_go_first_until_the_bytes_fit():
+    size = stored("a", 1000).num_bytes()
+    store = ResponseStore(max_bytes=3 * size)
+    for response_id in "abc":
+        store.put(stored(response_id, 1000))
+    store.get("a", None)  # now the most recently used
+    store.put(stored("d", 1000))
+    assert store.num_bytes == 3 * size and len(store) == 3
+    for response_id in "acd":
+        assert store.get(response_id, None).response["id"] == response_id
+    with pytest.raises(NotFoundError):
+        store.get("b", None)
+    store.put(stored("e", 2000))  # twice the bytes: two leave
+    assert store.num_bytes <= 3 * size and len(store) == 2
+
+
+def test_a_response_larger_than_the_store_is_not_kept_and_evicts_nothing():
+    store = ResponseStore(max_bytes=stored("a", 100).num_bytes())
+    store.put(stored("a", 100))
+    store.put(stored("huge", 10_000))
+    assert len(store) == 1 and store.get("a", None) is not None
+    with pytest.raises(NotFoundError):
+        store.get("huge", None)
+
+
+def test_replacing_and_deleting_keep_the_byte_count():
+    store = ResponseStore(max_bytes=10**6)
+    store.put(stored("a", 100, b"k"))
+    store.put(stored("a", 300, b"k"))
+    assert store.num_bytes == stored("a", 300).num_bytes()
+    with pytest.raises(NotFoundError):
+        store.delete("a", b"other")
+    store.delete("a", b"k")
+    assert store.num_bytes == 0 and len(store) == 0

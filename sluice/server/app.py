@@ -68,7 +68,7 @@ from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middlewar
 from sluice.server.pages import add_pages
 from sluice.server.replicas import ReplicaCollector
 from sluice.server.request_spans import RequestTrace, TracedObserver
-from sluice.server.responses_request import ResponseStore
+from sluice.server.response_store import ResponseStore
 from sluice.server.responses_routes import ResponsesRoutes
 from sluice.server.served_model import ServedModel, ServedTokenizer
 from sluice.server.shutdown import GracefulShutdown
@@ -154,7 +154,7 @@ def create_app(
     app.add_api_route("/v1/messages", routes.messages, methods=["POST"])
     app.add_api_route("/v1/messages/count_tokens", routes.count_tokens, methods=["POST"])
     InfoRoutes(routes).add_to(app)
-    ResponsesRoutes(routes, ResponseStore()).add_to(app)
+    ResponsesRoutes(routes, ResponseStore(config.responses_store_bytes)).add_to(app)
     add_pages(app)  # the chat at / and the dashboard at /dashboard
     return app
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from sluice.server.protocol import (
     MAX_TOOLS,
@@ -28,6 +28,10 @@ from sluice.server.protocol import (
 
 # Items one request may carry (a long agent conversation has a few hundred).
 MAX_INPUT_ITEMS = 4096
+# OpenAI's bounds on `metadata`, which the store keeps with the response.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
 
 
 class TextFormat(OpenAIModel):
@@ -73,7 +77,7 @@ class ResponsesRequest(OpenAIModel):
     text: TextOptions | None = None
     reasoning: ReasoningOptions | None = None
     include: list[str] | None = None
-    # Echoed back, as OpenAI does.
+    # Echoed back, as OpenAI does; bounded as OpenAI bounds it.
     metadata: dict[str, str] | None = None
     user: str | None = None
     # Accepted and ignored: they steer OpenAI's own infrastructure.
@@ -81,6 +85,22 @@ class ResponsesRequest(OpenAIModel):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded_metadata(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        if metadata is None:
+            return None
+        if len(metadata) > MAX_METADATA_PAIRS:
+            raise ValueError(f"at most {MAX_METADATA_PAIRS} key-value pairs, got {len(metadata)}")
+        for key, value in metadata.items():
+            if len(key) > MAX_METADATA_KEY_CHARS:
+                raise ValueError(f"a key is at most {MAX_METADATA_KEY_CHARS} characters, "
+                                 f"got one of {len(key)}")  # fmt: skip
+            if len(value) > MAX_METADATA_VALUE_CHARS:
+                raise ValueError(f"a value is at most {MAX_METADATA_VALUE_CHARS} characters, "
+                                 f"got one of {len(value)}")  # fmt: skip
+        return metadata
 
 
 class InputTokensRequest(OpenAIModel):

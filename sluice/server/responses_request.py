@@ -1,5 +1,5 @@
 """A validated Responses API body -> the chat `GenerationRequest` that serves
-it (kind "responses"), and the store that `previous_response_id` reads.
+it (kind "responses"), and what the store keeps of it.
 
 The body becomes a chat request (`responses_input.py` reads items and tools)
 checked by the same `to_internal.chat_request` as /v1/chat/completions, so
@@ -11,32 +11,26 @@ Choices that differ from chat, for agents (docs/API.md):
   does not know (no `--tool-call-parser`, none guessed from the template)
   are dropped from the prompt: the model answers in text, never a 400.
 
-`ResponseStore` keeps the last `capacity` stored responses (`store`, default
-true) in memory, least recently used evicted first; a follow-up's prompt is
-the stored conversation (its input and output items, without its
-instructions), then its own instructions and input. A stored response
-belongs to the API key that made it: for any other key it is not there (404
-on GET, DELETE, `previous_response_id`, `input_tokens`: the same answer as
-an id never stored, so ids cannot be probed); without keys, all are one owner's.
+A follow-up's prompt is the stored conversation (sluice/server/response_store.py:
+its input and output items, without its instructions), then its own
+instructions and input.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
-from sluice.errors import InvalidRequestError, NotFoundError, RequestError
+from sluice.errors import InvalidRequestError, RequestError
 from sluice.frontend.request import GenerationRequest, ResponsesSettings
 from sluice.server import protocol, to_internal
 from sluice.server.responses_input import chat_tool_choice, chat_tools, input_messages
 from sluice.server.responses_protocol import ResponsesRequest
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-DEFAULT_STORE_CAPACITY = 1024
 # A chat field's name in an error -> the Responses field it came from.
 _FIELD_NAMES = (
     ("messages", "input"),
@@ -45,55 +39,6 @@ _FIELD_NAMES = (
     ("response_format", "text.format"),
     ("logprobs", "include"),
 )
-
-
-@dataclass(frozen=True, slots=True)
-class StoredResponse:
-    # The response object, as GET /v1/responses/{id} returns it.
-    response: dict[str, Any]
-    # The chat messages of its conversation before its output (no instructions).
-    messages: tuple[dict[str, Any], ...]
-    # The digest of the API key that made it (None: a server without keys);
-    # only that key finds it.
-    owner: bytes | None = None
-
-    def conversation(self) -> list[dict[str, Any]]:
-        """Its input and its output, as the messages a follow-up continues."""
-        return [*self.messages, *input_messages(self.response["output"])]
-
-
-class ResponseStore:
-    """Stored responses by id, on the event loop; bounded, LRU eviction."""
-
-    def __init__(self, capacity: int = DEFAULT_STORE_CAPACITY):
-        self._capacity = capacity
-        self._responses: OrderedDict[str, StoredResponse] = OrderedDict()
-
-    def put(self, stored: StoredResponse) -> None:
-        response_id = stored.response["id"]
-        self._responses[response_id] = stored
-        self._responses.move_to_end(response_id)
-        while len(self._responses) > self._capacity:
-            self._responses.popitem(last=False)
-
-    def get(
-        self, response_id: str, owner: bytes | None, param: str | None = None
-    ) -> StoredResponse:
-        """The response `response_id` of `owner`; NotFoundError if it is not
-        stored, or is another owner's (the same error: nothing to tell them apart)."""
-        stored = self._responses.get(response_id)
-        if stored is None or stored.owner != owner:
-            raise NotFoundError(
-                f"No response with id {response_id[:100]!r} is stored (stored responses: "
-                f"the last {self._capacity}, in memory)",
-                param=param,
-            )
-        self._responses.move_to_end(response_id)
-        return stored
-
-    def delete(self, response_id: str, owner: bytes | None) -> None:
-        self.get(response_id, owner)
-        del self._responses[response_id]
 
 
 @dataclass(frozen=True, slots=True)

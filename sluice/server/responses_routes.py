@@ -28,13 +28,9 @@ from sluice.frontend.serving import Frontend, ResponseChunks
 from sluice.server import to_internal
 from sluice.server.body import BodyReader
 from sluice.server.middleware import api_key_of
+from sluice.server.response_store import ResponseStore, StoredResponse
 from sluice.server.responses_protocol import InputTokensRequest, ResponsesRequest
-from sluice.server.responses_request import (
-    ResponsesPlan,
-    ResponseStore,
-    StoredResponse,
-    responses_request,
-)
+from sluice.server.responses_request import ResponsesPlan, responses_request
 
 
 class GenerationRoutes(Protocol):
