@@ -511,10 +511,13 @@ class ServerConfig:
     # Engine replicas on Ray (--data-parallel); None: one engine, no Ray.
     data_parallel: DataParallelConfig | None = None
     # How chat outputs are read into tool calls: "hermes", "llama3_json" or
-    # "mistral"; None: guessed from the model's chat template (and none when it
-    # shows no known format: then tool_choice "auto" is a 400).
+    # "mistral"; None: guessed from the model's chat template, else hermes,
+    # which the server then shows the model in the system prompt
+    # (sluice/tools/tool_format.py).
     tool_call_parser: str | None = setting(
-        None, "how tool calls are read from outputs (default: guessed from the chat template)"
+        None,
+        "how tool calls are read from outputs (default: guessed from the chat template, "
+        "else hermes, shown to the model in the system prompt)",
     )
     # "deepseek_r1" or "qwen3": <think>…</think> goes to reasoning_content;
     # "none": never split; None: guessed from the chat template

@@ -164,12 +164,13 @@ def test_a_tool_loop_turn_renders_the_call_and_its_result():
     assert "call it" not in prompt
 
 
-def test_tool_choice_auto_without_a_tool_call_parser_answers_in_text():
+def test_tool_choice_auto_on_a_default_server_shows_the_tools_and_answers_in_text():
     script = Recorded(ANSWER)
     with serve(script) as live:
         response = httpx2.post(live.url + "/v1/messages", json=body_of(tools=[WEATHER_TOOL]))
     assert response.status_code == 200, response.text
     assert response.json()["content"] == [{"type": "text", "text": ANSWER}]
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in script.prompts[0]
 
 
 @pytest.mark.parametrize(

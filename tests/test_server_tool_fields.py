@@ -12,6 +12,7 @@ from sluice.server.to_internal import RequestOptions, chat_request
 from sluice.server.tool_fields import tool_plan
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.tools.output_parsing import OutputParsing
+from sluice.tools.tool_format import ToolCallFormat
 
 TOKENIZER = ChatFakeTokenizer()
 TOOLS = [
@@ -33,8 +34,10 @@ def body(**fields) -> protocol.ChatCompletionRequest:
     )
 
 
-def converted(parser: str | None = "hermes", **fields):
-    options = RequestOptions("fake-model", Preprocessor(TOKENIZER, 4096), tool_call_parser=parser)
+def converted(parser: str = "hermes", **fields):
+    options = RequestOptions(
+        "fake-model", Preprocessor(TOKENIZER, 4096), tool_format=ToolCallFormat(parser)
+    )
     return asyncio.run(chat_request(body(**fields), options))
 
 
@@ -57,11 +60,11 @@ def test_none_keeps_tools_out_of_the_template_and_reads_nothing():
 
 
 def test_required_and_named_are_forced_by_a_schema_whatever_the_parser():
-    required = converted(None, tool_choice="required", parallel_tool_calls=False)
+    required = converted("mistral", tool_choice="required", parallel_tool_calls=False)
     assert required.output_parsing == OutputParsing("required", max_calls=1)
     schema = json.loads(required.params.structured_output.value)
     assert schema["maxItems"] == 1 and len(schema["items"]["anyOf"]) == 2
-    named = converted(None, tool_choice={"type": "function", "function": {"name": "get_time"}})
+    named = converted("mistral", tool_choice={"type": "function", "function": {"name": "get_time"}})
     assert named.output_parsing == OutputParsing("named", function_name="get_time")
     assert json.loads(named.params.structured_output.value) == {"properties": {}, "type": "object"}
 
@@ -73,7 +76,7 @@ def test_mistral_keeps_special_tokens_for_its_tag():
 
 def test_the_reasoning_parser_reads_every_request_but_forced_calls():
     async def plan(**fields):
-        return await tool_plan(body(**fields), "hermes", "deepseek_r1")
+        return await tool_plan(body(**fields), ToolCallFormat("hermes"), "deepseek_r1")
 
     assert asyncio.run(plan()).output_parsing == OutputParsing("hermes", None, "deepseek_r1")
     assert asyncio.run(plan(tool_choice="none")).output_parsing == OutputParsing(

@@ -15,8 +15,12 @@ from sluice.server.limits import MAX_JSON_DEPTH
 from sluice.testing import FakeEngine
 from sluice.testing.contract import parse_sse
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+from sluice.testing.grammar_script import GrammarChoice
 from sluice.testing.live_server import LiveServer
 from sluice.testing.slow_socket import read_slowly
+from tests.tool_apis import ANSWER_SCHEMA, APIS
+
+ANSWER_JSON = '{"answer": "sunny"}'
 
 TOKENIZER = ChatFakeTokenizer()
 WEATHER_TOOL = {
@@ -176,7 +180,6 @@ REFUSALS = [
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "4"}]},
      "messages[1].tool_call_id"),
     ({"functions": [{"name": "f"}]}, "functions"),
-    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
 ]  # fmt: skip
 
 
@@ -228,12 +231,21 @@ def test_bad_tool_fields_are_400s_naming_the_field(fields, param):
     assert response.json()["error"]["param"] == param
 
 
-def test_auto_without_a_parser_is_a_400_that_says_how_to_enable_it():
-    with serve("") as live:
-        response = httpx2.post(live.url + "/v1/chat/completions", json=chat_body())
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["param"] == "tool_choice" and "--tool-call-parser" in error["message"]
+@pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
+@pytest.mark.parametrize("tool_choice", ["required", "get_weather"])
+def test_a_forced_call_with_a_response_format_is_the_call(api, tool_choice):
+    """As OpenAI and vLLM: the forced call's grammar governs (a 400 before)."""
+    arguments = '{"city": "Oslo"}'
+    calls = f'[{{"name": "get_weather", "parameters": {arguments}}}]'
+    output = calls if tool_choice == "required" else arguments
+    script = GrammarChoice(TOKENIZER, [output, ANSWER_JSON])
+    engine = FakeEngine(script, tokens_per_step=3)
+    with LiveServer(engine, TOKENIZER) as live:
+        response = api.post(live.url, api.body(tool_choice, ANSWER_SCHEMA))
+    assert response.status_code == 200, response.text
+    assert api.calls(response.json()) == [("get_weather", {"city": "Oslo"})]
+    (spec,) = script.specs
+    assert spec.kind == "json_schema" and "answer" not in spec.value
 
 
 def test_json_within_the_depth_limit_is_served():

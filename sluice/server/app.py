@@ -72,8 +72,8 @@ from sluice.server.response_store import ResponseStore
 from sluice.server.responses_routes import ResponsesRoutes
 from sluice.server.served_model import ServedModel, ServedTokenizer
 from sluice.server.shutdown import GracefulShutdown
-from sluice.tools.parsers import guess_tool_call_parser
 from sluice.tools.reasoning import chosen_reasoning_parser
+from sluice.tools.tool_format import chosen_tool_call_format
 from sluice.tracing import otlp_tracer
 
 if TYPE_CHECKING:
@@ -184,8 +184,9 @@ class Routes:
             self.served_name,
             self.preprocessor,
             config.limits,
-            tool_call_parser=config.tool_call_parser
-            or guess_tool_call_parser(self.tokenizer.chat_template_source),
+            tool_format=chosen_tool_call_format(
+                config.tool_call_parser, self.tokenizer.chat_template_source
+            ),
             reasoning_parser=chosen_reasoning_parser(
                 config.reasoning_parser, self.tokenizer.chat_template_source
             ),

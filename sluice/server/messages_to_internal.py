@@ -9,8 +9,6 @@ same parsers and forced-choice grammars, then marks it "messages".
 What differs from chat, for what agents need (docs/API.md):
 - `max_tokens` beyond what the context leaves is lowered to fit, never a
   400: Claude Code asks for 32,000 or more whatever the model.
-- `tool_choice` "auto" when the server has no tool-call parser: the model
-  answers in text (a 400 would stop the agent, which sends tools every turn).
 - Any `model` name is served by the served model (agents pick their own).
 Errors still name the Anthropic field (`messages[1].content[0].type`).
 """
@@ -28,6 +26,7 @@ from sluice.errors import InvalidRequestError
 from sluice.frontend.request import GenerationRequest
 from sluice.server import limits, messages_protocol, protocol, tool_fields
 from sluice.server.to_internal import RequestOptions, chat_messages, chat_request
+from sluice.server.tool_prompt import template_inputs
 
 _CUSTOM_TOOL_TYPES = (None, "custom")
 
@@ -62,13 +61,13 @@ async def count_tokens(body: messages_protocol.CountTokensRequest, options: Requ
     options = _with_thinking(body.thinking, options)
     chat = _chat_body(body, options, stream=False)
     tools = await tool_fields.tool_plan(
-        chat, options.tool_call_parser, options.reasoning_parser, options.grammar_check
+        chat, options.tool_format, options.reasoning_parser, check=options.grammar_check
+    )
+    messages, template_tools = template_inputs(
+        chat_messages(chat.messages), tools.template_tools, options.tool_format
     )
     prompt = await options.preprocessor.chat_prompt(
-        chat_messages(chat.messages),
-        add_generation_prompt=True,
-        add_special_tokens=False,
-        tools=tools.template_tools,
+        messages, add_generation_prompt=True, add_special_tokens=False, tools=template_tools
     )
     return len(prompt.token_ids)
 
@@ -94,7 +93,7 @@ def _chat_body(
     body: messages_protocol.PromptFields, options: RequestOptions, **fields: Any
 ) -> protocol.ChatCompletionRequest:
     tools = _chat_tools(body.tools)
-    tool_choice, parallel = _tool_choice(body.tool_choice, tools, options)
+    tool_choice, parallel = _tool_choice(body.tool_choice, tools)
     messages = _system_messages(body.system)
     for index, message in enumerate(body.messages):
         messages += _chat_turn(message, index)
@@ -176,14 +175,12 @@ def _chat_tools(tools: list[messages_protocol.Tool] | None) -> list[protocol.Cha
 def _tool_choice(
     choice: messages_protocol.ToolChoice | None,
     tools: list[protocol.ChatTool],
-    options: RequestOptions,
 ) -> tuple[Any, bool | None]:
     """OpenAI's tool_choice and parallel_tool_calls for Anthropic's tool_choice."""
     parallel = None if choice is None or not choice.disable_parallel_tool_use else False
     kind = "auto" if choice is None else choice.type
     if kind == "auto":
-        # No parser to read calls: text answers rather than a 400 (module docstring).
-        return ("auto" if options.tool_call_parser else "none"), parallel
+        return "auto", parallel
     if kind == "any":
         return "required", parallel
     if kind == "none":

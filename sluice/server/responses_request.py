@@ -6,10 +6,7 @@ checked by the same `to_internal.chat_request` as /v1/chat/completions, so
 every limit, grammar and tool rule holds here too; an error it raises names
 the Responses field (`input`, `max_output_tokens`, `text.format`, ...).
 Choices that differ from chat, for agents (docs/API.md):
-- `max_output_tokens` beyond what the context leaves is cut to fit;
-- tools with tool_choice "auto" on a model whose tool-call format the server
-  does not know (no `--tool-call-parser`, none guessed from the template)
-  are dropped from the prompt: the model answers in text, never a 400.
+- `max_output_tokens` beyond what the context leaves is cut to fit.
 
 A follow-up's prompt is the stored conversation (sluice/server/response_store.py:
 its input and output items, without its instructions), then its own
@@ -61,8 +58,6 @@ async def responses_request(
     messages = [*previous, *input_messages(body.input)]
     tools, custom_tool_names = chat_tools(body.tools)
     tool_choice = chat_tool_choice(body.tool_choice, {t["function"]["name"] for t in tools})
-    if tool_choice in (None, "auto") and options.tool_call_parser is None:
-        tools, tool_choice = [], None  # no known call format: the model answers in text
     chat = _chat_fields(body, messages, tools, tool_choice)
     try:
         chat_body = protocol.validate_body(chat, protocol.ChatCompletionRequest)

@@ -26,7 +26,9 @@ from sluice.frontend.preprocess import ChatMessage, Preprocessor
 from sluice.frontend.request import GenerationRequest, PromptInput
 from sluice.server import limits, protocol, tool_fields
 from sluice.server.structured_fields import GrammarCheck, structured_output
+from sluice.server.tool_prompt import template_inputs
 from sluice.structured.spec import StructuredOutputSpec
+from sluice.tools.tool_format import ToolCallFormat
 
 T = TypeVar("T")
 RequestKind = Literal["completion", "chat"]
@@ -46,9 +48,9 @@ class RequestOptions:
     served_model_name: str
     preprocessor: Preprocessor
     limits: RequestLimits = field(default_factory=RequestLimits)
-    # Chat outputs: the tool-call parser (given, or guessed from the chat
-    # template; None: tool_choice "auto" is refused) and the reasoning parser.
-    tool_call_parser: str | None = None
+    # Chat outputs: the tool-call format (given, chosen from the chat template,
+    # or the default the server shows) and the reasoning parser.
+    tool_format: ToolCallFormat = field(default_factory=ToolCallFormat)
     reasoning_parser: str | None = None
     # How structured-output specs are compiled to check them.
     grammar_check: GrammarCheck = field(default_factory=GrammarCheck)
@@ -122,15 +124,17 @@ async def chat_request(
     # off: the parser would take the whole output for reasoning.
     reasoning_parser = None if structured is not None else options.reasoning_parser
     tools = await tool_fields.tool_plan(
-        body, options.tool_call_parser, reasoning_parser, options.grammar_check
+        body, options.tool_format, reasoning_parser, structured, options.grammar_check
     )
-    structured = tool_fields.structured_output_of(tools, structured)
-    messages = chat_messages(body.messages)
+    structured = tools.structured_output
+    messages, template_tools = template_inputs(
+        chat_messages(body.messages), tools.template_tools, options.tool_format
+    )
     prompt = await options.preprocessor.chat_prompt(
         messages,
         add_generation_prompt=_default(body.add_generation_prompt, True),
         add_special_tokens=_default(body.add_special_tokens, False),
-        tools=tools.template_tools,
+        tools=template_tools,
     )
     limits.check_prompts([prompt], options.limits, "messages")
     requested_max_tokens = (

@@ -2,25 +2,28 @@
 sampling and the reading of the output: one `ToolPlan`.
 
 - `tools` are checked (unique names, object parameter schemas nested at most
-  `limits.MAX_JSON_DEPTH` deep, `$defs` an object) and passed to the chat
-  template in the request's shape.
+  `limits.MAX_JSON_DEPTH` deep, `$defs` an object) and shown to the model in
+  the request's shape: by the chat template, or by the server in the system
+  prompt where the template shows no format it knows (`ToolCallFormat`,
+  `sluice/tools/tool_format.py`; `sluice/server/tool_prompt.py`).
 - `tool_choice` defaults to "auto" with tools, "none" without; any value
   without tools is a 400 (as OpenAI), and so is a named function not in them.
   - "auto": the output is read by the server's tool-call parser
-    (`--tool-call-parser`, or the one the chat template shows). With none,
-    it is a 400, as vLLM answers when auto tool choice is not enabled: the
-    calls would otherwise come back as prose with a 200.
+    (`--tool-call-parser`, the one the chat template shows, or the default
+    the server shows). With a response format, constrained decoding allows
+    either calls or the format's answer (`sluice/tools/call_grammar.py`).
   - "required" / a named function: constrained decoding forces the calls (a
     JSON schema from `sluice/tools/schema.py`), so even a small model answers
-    with valid ones; the output is read as that JSON whatever the parser.
-    It cannot be combined with another structured-output constraint. The
+    with valid ones; the output is read as that JSON whatever the parser. A
+    response format beside it is accepted, as OpenAI and vLLM do: the forced
+    call's grammar governs, and no text is left for the format. The
     reasoning parser is off for such a request: the grammar holds from the
     first token, so there is no reasoning to split (`to_internal` turns it
     off for response_format and structured outputs, for the same reason).
-  - "none": the template gets no tools and nothing is parsed (vLLM with
+  - "none": no tools are shown and nothing is parsed (vLLM with
     `--exclude-tools-when-tool-choice-none`): the model answers in prose.
-- `parallel_tool_calls: false`: at most one call (the schema's maxItems, or
-  the parser keeps the first).
+- `parallel_tool_calls: false`: at most one call (the schema's maxItems, the
+  grammar's one call, or the parser keeps the first).
 - An assistant message's `tool_calls` go to the template (their arguments
   parsed from JSON, as HF templates expect, so nested at most
   `limits.MAX_JSON_DEPTH` deep); a `tool` message needs its `tool_call_id`. OpenAI's deprecated `functions` / `function_call` are
@@ -37,18 +40,21 @@ from sluice.frontend.preprocess import MessageToolCall
 from sluice.server import limits, protocol
 from sluice.server.structured_fields import GrammarCheck, check_json_schema
 from sluice.structured.spec import StructuredOutputSpec
+from sluice.tools.call_grammar import calls_or_answer
 from sluice.tools.output_parsing import NAMED_FORMAT, REQUIRED_FORMAT, OutputParsing
 from sluice.tools.parsers import KEEPS_SPECIAL_TOKENS
 from sluice.tools.schema import FunctionTool, named_function_schema, required_schema
+from sluice.tools.tool_format import ToolCallFormat
 
 
 @dataclass(frozen=True, slots=True)
 class ToolPlan:
-    # What the chat template gets as `tools`; None: no tools.
+    # The tools shown to the model (by the template or the server); None: no tools.
     template_tools: list[dict[str, Any]] | None = None
     # How the choices' text is read; None: it is the content.
     output_parsing: OutputParsing | None = None
-    # What constrained decoding enforces (tool_choice required or named).
+    # The request's one constraint: the forced calls', the calls-or-answer
+    # union, or the response format's; None: free text.
     structured_output: StructuredOutputSpec | None = None
     # The parser reads special tokens: the detokenizer must keep them.
     keeps_special_tokens: bool = False
@@ -56,30 +62,28 @@ class ToolPlan:
 
 async def tool_plan(
     body: protocol.ChatCompletionRequest,
-    tool_call_parser: str | None,
+    tool_format: ToolCallFormat,
     reasoning_parser: str | None,
+    answer: StructuredOutputSpec | None = None,
     check: GrammarCheck = GrammarCheck(),
 ) -> ToolPlan:
+    """`answer`: the request's response format (already checked), if any."""
     _refuse_deprecated_fields(body)
     tools = _function_tools(body.tools)
     choice, function_name = _tool_choice(body.tool_choice, tools)
     reasoning_only = OutputParsing(reasoning_parser=reasoning_parser) if reasoning_parser else None
     if choice == "none":
-        return ToolPlan(output_parsing=reasoning_only)
+        return ToolPlan(output_parsing=reasoning_only, structured_output=answer)
     template_tools = [tool.as_template_dict() for tool in tools]
     is_parallel = body.parallel_tool_calls is not False
     max_calls = None if is_parallel else 1
     if choice == "auto":
-        if tool_call_parser is None:
-            raise InvalidRequestError(
-                'tool_choice "auto" needs a tool-call parser, and this model\'s chat template '
-                "shows no known tool-call format: start the server with --tool-call-parser, "
-                'or ask for tool_choice "required" or a named function',
-                param="tool_choice",
-            )
-        parsing = OutputParsing(tool_call_parser, None, reasoning_parser, max_calls)
-        keeps_special_tokens = tool_call_parser in KEEPS_SPECIAL_TOKENS
-        return ToolPlan(template_tools, parsing, None, keeps_special_tokens)
+        parser = tool_format.parser
+        parsing = OutputParsing(parser, None, reasoning_parser, max_calls)
+        union = None if answer is None else calls_or_answer(tools, parser, is_parallel, answer)
+        if union is not None:
+            await check(union, "tools", "tool parameters")
+        return ToolPlan(template_tools, parsing, union or answer, parser in KEEPS_SPECIAL_TOKENS)
     if choice == "required":
         schema = required_schema(tools, is_parallel)
         parsing = OutputParsing(REQUIRED_FORMAT, max_calls=max_calls)
@@ -87,6 +91,7 @@ async def tool_plan(
         (tool,) = [tool for tool in tools if tool.name == function_name]
         schema = named_function_schema(tool)
         parsing = OutputParsing(NAMED_FORMAT, function_name=tool.name)
+    # The forced calls' grammar governs: no text is left for a response format.
     spec = StructuredOutputSpec.json_schema(schema)
     await check(spec, "tools", "tool parameters")
     return ToolPlan(template_tools, parsing, spec)
@@ -168,18 +173,3 @@ def _tool_choice(
             param="tool_choice.function.name",
         )
     return "named", name
-
-
-def structured_output_of(
-    plan: ToolPlan, structured: StructuredOutputSpec | None
-) -> StructuredOutputSpec | None:
-    """The one constraint of a request: the tools' or the response format's."""
-    if plan.structured_output is None:
-        return structured
-    if structured is not None:
-        raise InvalidRequestError(
-            'tool_choice "required" or a named function is enforced by constrained decoding '
-            "and cannot be combined with response_format or structured outputs",
-            param="tool_choice",
-        )
-    return plan.structured_output

@@ -88,6 +88,8 @@ def grammar_text(spec: StructuredOutputSpec) -> str:
                 return llguidance.grammar_from("choice", spec.value)
             case "grammar":
                 return llguidance.grammar_from("grammar", spec.value)
+            case "llguidance":
+                return spec.value
     except ValueError as error:
         raise GrammarError(_short(str(error))) from None
     raise GrammarError(f"unknown structured output kind {spec.kind!r}")

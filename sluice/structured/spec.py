@@ -18,14 +18,18 @@ from typing import Any, Literal
 
 import msgspec
 
-StructuredOutputKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+StructuredOutputKind = Literal[
+    "json_schema", "json_object", "regex", "choice", "grammar", "llguidance"
+]
 
 
 class StructuredOutputSpec(msgspec.Struct, frozen=True):
     kind: StructuredOutputKind
     # json_schema: the schema as JSON text; regex: the pattern (whole output);
     # choice: a JSON array of the allowed strings; grammar: Lark or GBNF text
-    # as llguidance reads it; json_object: empty (any JSON object).
+    # as llguidance reads it; json_object: empty (any JSON object);
+    # llguidance: a top-level llguidance grammar as JSON, built by the server
+    # (`sluice/tools/call_grammar.py`), never taken from a client.
     value: str = ""
 
     @classmethod
@@ -52,6 +56,12 @@ class StructuredOutputSpec(msgspec.Struct, frozen=True):
     def grammar(cls, text: str) -> StructuredOutputSpec:
         """Output that the Lark (or GBNF) grammar `text` derives."""
         return cls("grammar", text)
+
+    @classmethod
+    def llguidance(cls, grammars: list[dict[str, Any]]) -> StructuredOutputSpec:
+        """Output that the first of `grammars` (llguidance's own form: each a
+        `lark_grammar` or `json_schema`, the others named for `@name`) derives."""
+        return cls("llguidance", _json({"grammars": grammars}))
 
 
 def _json(value: Any) -> str:

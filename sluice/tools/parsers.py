@@ -189,7 +189,8 @@ KEEPS_SPECIAL_TOKENS = frozenset({"mistral"})
 
 def guess_tool_call_parser(chat_template: str | None) -> str | None:
     """The parser a chat template's own tool-call format calls for; None when
-    the template shows none of the formats (then tool_choice "auto" is a 400)."""
+    the template shows none of the formats (then the server shows its default:
+    `sluice/tools/tool_format.py`)."""
     if not chat_template:
         return None
     if HERMES_START in chat_template:

@@ -12,6 +12,10 @@ function asks of constrained decoding (the same shapes as vLLM's).
   to point there: a reference means in the array what it meant in the tool,
   and two tools may define the same name differently. (vLLM hoists `$defs` to
   the root instead, which breaks every other local reference.)
+- one call object (`call_object_schema`, for tool_choice "auto" with a
+  response format: `sluice/tools/call_grammar.py`): `{"name": ...,
+  "arguments": {...}}` (or "parameters"), one `anyOf` branch per tool, each
+  tool's parameters moved to `#/anyOf/<i>/properties/<key>` as above.
 Pure functions of the tools: the inputs are never changed. Without recursion:
 the edge bounds a schema's depth, and so does nothing here.
 """
@@ -62,7 +66,10 @@ def required_schema(tools: Sequence[FunctionTool], parallel_tool_calls: bool) ->
         "minItems": 1,
         "items": {
             "type": "object",
-            "anyOf": [_call_schema(index, tool) for index, tool in enumerate(tools)],
+            "anyOf": [
+                _call_schema(tool, "parameters", f"#/items/anyOf/{index}/properties/parameters")
+                for index, tool in enumerate(tools)
+            ],
         },
     }
     if not parallel_tool_calls:
@@ -70,14 +77,23 @@ def required_schema(tools: Sequence[FunctionTool], parallel_tool_calls: bool) ->
     return schema
 
 
-def _call_schema(index: int, tool: FunctionTool) -> dict[str, Any]:
-    parameters = dict(EMPTY_PARAMETERS)
-    if tool.parameters:
-        parameters = relocated(tool.parameters, f"#/items/anyOf/{index}/properties/parameters")
+def call_object_schema(tools: Sequence[FunctionTool], arguments_key: str) -> dict[str, Any]:
+    """One call object of any of `tools`: `{"name": ..., <arguments_key>: {...}}`."""
+    assert tools, "a call is of one of the tools"
+    calls = [
+        _call_schema(tool, arguments_key, f"#/anyOf/{index}/properties/{arguments_key}")
+        for index, tool in enumerate(tools)
+    ]
+    return {"type": "object", "anyOf": calls}
+
+
+def _call_schema(tool: FunctionTool, arguments_key: str, pointer: str) -> dict[str, Any]:
+    """A call of `tool`, its parameters to sit at `pointer` of the whole schema."""
+    parameters = relocated(tool.parameters, pointer) if tool.parameters else dict(EMPTY_PARAMETERS)
     return {
         "type": "object",
-        "properties": {"name": {"type": "string", "enum": [tool.name]}, "parameters": parameters},
-        "required": ["name", "parameters"],
+        "properties": {"name": {"type": "string", "enum": [tool.name]}, arguments_key: parameters},
+        "required": ["name", arguments_key],
         "additionalProperties": False,
     }
 
