@@ -10,6 +10,7 @@
     │   ├── NotFoundError         404, a stored object (a response) that is not there
     │   │   └── ModelNotFoundError    the model asked for is not the one served
     │   ├── ContextLengthError    400, prompt + max_tokens beyond the context
+    │   │   └── PromptTooLongError    the prompt alone leaves no room (or passes the prompt limit)
     │   ├── UnsupportedMediaTypeError 415, a body that is not declared JSON
     │   └── RateLimitError        429 with Retry-After, an API key's limit reached
     └── ServiceUnavailableError   503 (with Retry-After)
@@ -83,6 +84,25 @@ class ModelNotFoundError(NotFoundError):
 
 class ContextLengthError(RequestError):
     pass
+
+
+class PromptTooLongError(ContextLengthError):
+    """The prompt alone is too long: it leaves no room to generate, or passes
+    the server's prompt limit. Anthropic's API says so in its own words,
+    which clients key on (Claude Code compacts its conversation)."""
+
+    def __init__(self, message: str, *, num_prompt_tokens: int, max_prompt_tokens: int, param: str):
+        super().__init__(message, param=param, code="context_length_exceeded")
+        self.num_prompt_tokens = num_prompt_tokens
+        # The most tokens a prompt may have.
+        self.max_prompt_tokens = max_prompt_tokens
+
+    @property
+    def anthropic_message(self) -> str:
+        return (
+            f"prompt is too long: {self.num_prompt_tokens} tokens > "
+            f"{self.max_prompt_tokens} maximum"
+        )
 
 
 class UnsupportedMediaTypeError(RequestError):
@@ -160,6 +180,8 @@ def anthropic_error(status_code: int, message: str, param: str | None = None) ->
 
 def anthropic_error_of(error: BaseException) -> dict[str, Any]:
     """`error` in Anthropic's shape, told as much as `openai_error_of` tells."""
+    if isinstance(error, PromptTooLongError):
+        return anthropic_error(error.status_code, error.anthropic_message)
     told = openai_error_of(error)["error"]
     if isinstance(error, (RequestError, ServiceUnavailableError)):
         return anthropic_error(error.status_code, told["message"], told["param"])

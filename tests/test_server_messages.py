@@ -267,7 +267,8 @@ def test_output_config_format_constrains_the_output_to_its_schema():
 def test_every_thinking_type_is_accepted(thinking):
     config = {"type": thinking, "budget_tokens": 1024, "display": "omitted"}
     with serve(Recorded(ANSWER)) as live:
-        response = httpx2.post(live.url + "/v1/messages", json=body_of(thinking=config))
+        body = body_of(thinking=config, max_tokens=2048)  # more than the budget
+        response = httpx2.post(live.url + "/v1/messages", json=body)
     assert response.status_code == 200, response.text
 
 
@@ -328,3 +329,64 @@ def test_thinking_streams_as_a_thinking_block_unless_disabled():
     assert without_ids(read_message_stream(raw).message) == without_ids(whole)
     assert b'"type":"thinking_delta"' in raw
     assert plain["content"] == [{"type": "text", "text": output}]
+
+
+def anthropic_error_of(response: httpx2.Response) -> str:
+    """The message of an Anthropic 400 invalid_request_error."""
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+    return body["error"]["message"]
+
+
+def test_a_prompt_over_the_context_is_anthropics_prompt_is_too_long():
+    # Claude Code compacts its conversation when it reads these words.
+    long_turn = [{"role": "user", "content": "x" * 5000}]  # a token per "x": past 4096
+    with serve(Recorded(ANSWER)) as live:
+        url = live.url + "/v1/messages"
+        num_tokens = httpx2.post(url + "/count_tokens", json=body_of(messages=long_turn)).json()
+        whole = httpx2.post(url, json=body_of(messages=long_turn))
+        streamed = httpx2.post(url, json=body_of(messages=long_turn, stream=True))
+        chat = httpx2.post(live.url + "/v1/chat/completions",
+                           json={"model": MODEL, "messages": long_turn})  # fmt: skip
+    expected = f"prompt is too long: {num_tokens['input_tokens']} tokens > 4095 maximum"
+    assert anthropic_error_of(whole) == expected
+    assert anthropic_error_of(streamed) == expected
+    # OpenAI's routes keep OpenAI's words.
+    assert chat.status_code == 400 and "maximum context length" in chat.json()["error"]["message"]
+
+
+def test_a_prompt_over_the_servers_prompt_limit_is_too_long_in_anthropics_words():
+    from sluice.config import RequestLimits
+
+    with serve(Recorded(ANSWER), limits=RequestLimits(max_prompt_tokens=40)) as live:
+        url = live.url + "/v1/messages"
+        long_turn = [{"role": "user", "content": "x" * 100}]
+        num_tokens = httpx2.post(url + "/count_tokens", json=body_of(messages=long_turn)).json()
+        response = httpx2.post(url, json=body_of(messages=long_turn))
+    expected = f"prompt is too long: {num_tokens['input_tokens']} tokens > 40 maximum"
+    assert anthropic_error_of(response) == expected
+
+
+@pytest.mark.parametrize("budget_tokens", [200, 201, 10**6])
+def test_a_thinking_budget_not_below_max_tokens_is_refused_as_anthropic_does(budget_tokens):
+    thinking = {"type": "enabled", "budget_tokens": budget_tokens}
+    with serve(Recorded(ANSWER)) as live:
+        response = httpx2.post(live.url + "/v1/messages",
+                               json=body_of(max_tokens=200, thinking=thinking))  # fmt: skip
+    assert anthropic_error_of(response) == (
+        "`max_tokens` must be greater than `thinking.budget_tokens`"
+    )
+
+
+def test_a_thinking_budget_below_anthropics_1024_minimum_is_served():
+    # Sluice does not enforce a budget (reasoning and answer share max_tokens),
+    # so Anthropic's product minimum is not refused (docs/API.md).
+    thinking = {"type": "enabled", "budget_tokens": 100}
+    with serve(Recorded(ANSWER)) as live:
+        response = httpx2.post(live.url + "/v1/messages",
+                               json=body_of(max_tokens=200, thinking=thinking))  # fmt: skip
+        counted = httpx2.post(live.url + "/v1/messages/count_tokens",
+                              json={**body_of(thinking=thinking | {"budget_tokens": 10**6})})  # fmt: skip
+    assert response.status_code == 200, response.text
+    assert counted.status_code == 200, counted.text

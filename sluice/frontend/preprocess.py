@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sluice.errors import ContextLengthError, InvalidRequestError
+from sluice.errors import ContextLengthError, InvalidRequestError, PromptTooLongError
 from sluice.frontend.request import PromptInput
 
 # Inputs longer than this (in characters) are processed off the event loop.
@@ -202,12 +202,13 @@ class Preprocessor:
         room = self.max_model_len - num_prompt_tokens
         if max_tokens is None:
             if room < 1:
-                raise ContextLengthError(
+                raise PromptTooLongError(
                     f"This model's maximum context length is {self.max_model_len} tokens, "
                     f"but the prompt has {num_prompt_tokens} tokens, leaving no room "
                     "to generate.",
+                    num_prompt_tokens=num_prompt_tokens,
+                    max_prompt_tokens=self.max_model_len - 1,
                     param=prompt_param,
-                    code="context_length_exceeded",
                 )
             return room
         if max_tokens > room:

@@ -46,6 +46,7 @@ from sluice.errors import (
     RequestError,
     ServiceUnavailableError,
     anthropic_error,
+    anthropic_error_of,
     openai_error,
     openai_error_of,
 )
@@ -78,6 +79,8 @@ def request_error_response(exc: RequestError, path: str = "") -> Response:
     headers = None
     if isinstance(exc, RateLimitError):
         headers = {"Retry-After": str(exc.retry_after_s)}
+    if is_anthropic_path(path):  # some errors have Anthropic's own words
+        return _json_response(exc.status_code, anthropic_error_of(exc), headers)
     return _response(exc.status_code, openai_error_of(exc), headers, path)
 
 
@@ -96,6 +99,12 @@ def _response(
 ) -> Response:
     if is_anthropic_path(path):
         error = anthropic_error(status_code, error["error"]["message"], error["error"]["param"])
+    return _json_response(status_code, error, headers)
+
+
+def _json_response(
+    status_code: int, error: dict[str, Any], headers: dict[str, str] | None
+) -> Response:
     return Response(
         orjson.dumps(error), status_code=status_code, headers=headers, media_type="application/json"
     )

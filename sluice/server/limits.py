@@ -24,7 +24,7 @@ from itertools import accumulate
 from typing import Any
 
 from sluice.config import RequestLimits
-from sluice.errors import InvalidRequestError
+from sluice.errors import InvalidRequestError, PromptTooLongError
 from sluice.frontend.request import PromptInput
 from sluice.server import protocol
 
@@ -99,7 +99,15 @@ def check_prompts(prompts: Sequence[PromptInput], limits: RequestLimits, param: 
     if limits.max_prompt_tokens is None:
         return
     for prompt in prompts:
-        _at_most(len(prompt.token_ids), limits.max_prompt_tokens, param, what="prompt tokens")
+        num_prompt_tokens = len(prompt.token_ids)
+        if num_prompt_tokens > limits.max_prompt_tokens:
+            raise PromptTooLongError(
+                f"prompt tokens: {num_prompt_tokens}, more than this server's limit of "
+                f"{limits.max_prompt_tokens}",
+                num_prompt_tokens=num_prompt_tokens,
+                max_prompt_tokens=limits.max_prompt_tokens,
+                param=param,
+            )
 
 
 def cap_max_tokens(max_tokens: int, limits: RequestLimits) -> int:

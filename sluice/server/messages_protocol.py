@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from sluice.server.protocol import INT64_MAX, MAX_STOP_STRINGS, MAX_TOOLS, OpenAIModel, Priority
 
@@ -73,7 +74,8 @@ class Thinking(OpenAIModel):
     # "between_tools", types newer than sluice): the reasoning parser reads
     # the output, if the server has one.
     type: str
-    # Accepted, not enforced: reasoning and answer share max_tokens.
+    # Accepted, not enforced: reasoning and answer share max_tokens. Below
+    # max_tokens (MessagesRequest checks), as Anthropic requires.
     budget_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
 
 
@@ -118,6 +120,21 @@ class MessagesRequest(PromptFields):
     # Accepted and ignored: nothing here depends on them.
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
+
+    @model_validator(mode="after")
+    def _budget_below_max_tokens(self) -> MessagesRequest:
+        """Anthropic's rule, in its words: the thinking budget is part of
+        max_tokens, so it must leave room for the answer. (Its other rule,
+        budget_tokens >= 1024, is a product minimum sluice does not copy:
+        the budget is not enforced here; docs/API.md.)"""
+        thinking = self.thinking
+        if thinking is None or thinking.type == "disabled" or thinking.budget_tokens is None:
+            return self
+        if thinking.budget_tokens >= self.max_tokens:
+            raise PydanticCustomError(
+                "thinking_budget", "`max_tokens` must be greater than `thinking.budget_tokens`"
+            )
+        return self
 
 
 class CountTokensRequest(PromptFields):
