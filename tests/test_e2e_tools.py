@@ -1,9 +1,11 @@
 """Tool calling end to end: the official openai SDK against the embedded model
 (in-process engine, float32, greedy), over a real socket.
 
-SmolLM2-135M's template knows no tools, so "auto" is refused there (a 400 the
-SDK raises); "required" and a named function hold because constrained decoding
-never lets the model write anything but the calls.
+SmolLM2-135M's template knows no tools, so the server shows them in the
+system prompt with the default hermes format and reads that format back;
+"required" and a named function hold because constrained decoding never lets
+the model write anything but the calls, with a response format too; "auto"
+with a response format lets it write calls or the format's JSON, nothing else.
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ pytestmark = pytest.mark.slow
 
 # The audit's `tools` scenario's two tools: one definition for both.
 QUESTION = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "maxLength": 40}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+ANSWER_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}}
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +104,36 @@ def test_a_follow_up_turn_sends_the_tool_result_back(sdk):
     assert answer.message.content
 
 
-def test_auto_without_a_known_tool_format_is_a_bad_request(sdk):
-    with pytest.raises(openai.BadRequestError, match="tool-call-parser"):
-        sdk.chat.completions.create(model=model_of(sdk), messages=QUESTION, tools=TOOLS)
+def test_auto_on_the_default_server_is_served(sdk):
+    """Before: a 400, "needs a tool-call parser" (LangChain, LiteLLM,
+    pydantic-ai and the agents SDK all send tools with "auto")."""
+    completion = sdk.chat.completions.create(
+        model=model_of(sdk), messages=QUESTION, tools=TOOLS, tool_choice="auto",
+        temperature=0, max_tokens=60,
+    )  # fmt: skip
+    choice = completion.choices[0]
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    if choice.message.tool_calls:
+        assert_valid_calls(choice.message.tool_calls)
+
+
+def test_a_forced_call_with_a_response_format_is_the_call(sdk):
+    completion = sdk.chat.completions.create(
+        model=model_of(sdk), messages=QUESTION, tools=TOOLS, tool_choice="required",
+        response_format=ANSWER_FORMAT, temperature=0, max_tokens=200,
+    )  # fmt: skip
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert_valid_calls(choice.message.tool_calls)
+
+
+def test_auto_with_a_response_format_is_a_valid_call_or_the_formats_json(sdk):
+    completion = sdk.chat.completions.create(
+        model=model_of(sdk), messages=QUESTION, tools=TOOLS, tool_choice="auto",
+        response_format=ANSWER_FORMAT, temperature=0, max_tokens=200,
+    )  # fmt: skip
+    message = completion.choices[0].message
+    if message.tool_calls:
+        assert_valid_calls(message.tool_calls)
+    else:
+        assert set(json.loads(message.content)) == {"answer"}
