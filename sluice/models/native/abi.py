@@ -235,6 +235,22 @@ FUNCTIONS: dict[str, Function] = {
         "const int64_t *slot_mapping, const int64_t *block_ids, int64_t blocks_per_seq, "
         "const int64_t *seq_lens, const int64_t *amx_min_rows",
     ),
+    # qblock_gemm.c: qblock.py
+    "qblock_gemm_available": Function("int", "void"),
+    "qblock_super_bytes": Function(
+        "int64_t", "int bits, int sub, int super_block, int has_scales, int has_min"
+    ),
+    "qblock_gemm": Function(
+        "int",
+        "const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *packed, int64_t n, "
+        "int bits, int sub, int super_block, int has_scales, int has_min, int offset, "
+        "void *out, int out_bf16, int64_t out_stride",
+    ),
+    "qblock_rows": Function(
+        "int",
+        "const uint8_t *packed, int64_t n, int64_t k, int bits, int sub, int super_block, "
+        "int has_scales, int has_min, int offset, const int64_t *ids, int64_t count, float *out",
+    ),
 }
 
 

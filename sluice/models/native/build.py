@@ -33,6 +33,7 @@ _SOURCES = tuple(
         "int8_gemm.c",
         "int8_amx.c",
         "decode_layer.c",
+        "qblock_gemm.c",
     )
 )
 _HEADERS = tuple(
@@ -135,7 +136,9 @@ def native_dir() -> Path:
     return default_cache_dir() / "native"
 
 
-def build_library(compiler: str, target: Path) -> None:
+def build_library(compiler: str, target: Path, extra_flags: tuple[str, ...] = ()) -> None:
+    """Compile and link the sources into `target`; `extra_flags` join both
+    steps (tests/test_native_sanitized.py builds with -fsanitize=address)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     # Built beside the target, then renamed: concurrent builders never
     # load a half-written library.
@@ -143,10 +146,10 @@ def build_library(compiler: str, target: Path) -> None:
         built = Path(scratch) / target.name
         objects = [str(Path(scratch) / f"{path.stem}.o") for path in _SOURCES]
         commands = [
-            [compiler, *_COMPILE_FLAGS, "-c", "-o", obj, str(path)]
+            [compiler, *_COMPILE_FLAGS, *extra_flags, "-c", "-o", obj, str(path)]
             for path, obj in zip(_SOURCES, objects, strict=True)
         ]
-        commands.append([compiler, *_LINK_FLAGS, "-o", str(built), *objects, "-lm"])
+        commands.append([compiler, *_LINK_FLAGS, *extra_flags, "-o", str(built), *objects, "-lm"])
         for command in commands:
             subprocess.run(command, check=True, capture_output=True, timeout=120)
         os.replace(built, target)

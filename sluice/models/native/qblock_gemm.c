@@ -39,6 +39,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sluice_abi.h"
+
 #pragma GCC optimize("no-fast-math")
 #pragma GCC optimize("fp-contract=off")
 
@@ -198,7 +200,7 @@ static inline __attribute__((always_inline)) void tile_rows(
 
 static inline __attribute__((always_inline)) void run_format(
     const uint8_t *packed, int64_t n, int64_t k, const qformat *f, const int8_t *xq,
-    const float *sx, const int32_t *xsum, int64_t rows, float *out) {
+    const float *sx, const int32_t *xsum, int64_t rows, float *out, int64_t out_stride) {
     const int64_t tiles = (n + TILE - 1) / TILE;
     const int64_t chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
     const int64_t tile_bytes = (k / f->super_block) *
@@ -218,12 +220,19 @@ static inline __attribute__((always_inline)) void run_format(
                 sxs[r] = sx + (r0 + r) * n_super;
                 xsums[r] = xsum + (r0 + r) * n_sub;
             }
-            __m512 acc[ROW_GROUP];
-            tile_rows(packed + t * tile_bytes, k, f, xqs, sxs, xsums, count, acc);
+            __m512 acc[ROW_GROUP] = {0};
+            const uint8_t *tile = packed + t * tile_bytes;
+            /* A constant row count unrolls the row loops into registers. */
+            switch (count) {
+            case 4: tile_rows(tile, k, f, xqs, sxs, xsums, 4, acc); break;
+            case 3: tile_rows(tile, k, f, xqs, sxs, xsums, 3, acc); break;
+            case 2: tile_rows(tile, k, f, xqs, sxs, xsums, 2, acc); break;
+            default: tile_rows(tile, k, f, xqs, sxs, xsums, 1, acc); break;
+            }
             const int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE;
             const __mmask16 keep = (__mmask16)((1u << width) - 1u);
             for (int r = 0; r < count; r++)
-                _mm512_mask_storeu_ps(out + (r0 + r) * n + t * TILE, keep, acc[r]);
+                _mm512_mask_storeu_ps(out + (r0 + r) * out_stride + t * TILE, keep, acc[r]);
         }
     }
 }
@@ -232,12 +241,13 @@ static inline __attribute__((always_inline)) void run_format(
     if (f.bits == B && f.sub == SUB && f.super_block == SUPER && f.has_scales == SC &&  \
         f.has_min == MIN && f.offset == OFF) {                                           \
         const qformat c = {B, SUB, SUPER, SC, MIN, OFF};                                 \
-        run_format(packed, n, k, &c, xq, sx, xsum, rows, out);                           \
+        run_format(packed, n, k, &c, xq, sx, xsum, rows, out, out_stride);                           \
         return 0;                                                                        \
     }
 
 static int dispatch(const uint8_t *packed, int64_t n, int64_t k, qformat f, const int8_t *xq,
-                    const float *sx, const int32_t *xsum, int64_t rows, float *out) {
+                    const float *sx, const int32_t *xsum, int64_t rows, float *out,
+                    int64_t out_stride) {
     FORMAT_CASE(4, 32, 256, 1, 1, 0)  /* Q4_K */
     FORMAT_CASE(5, 32, 256, 1, 1, 0)  /* Q5_K */
     FORMAT_CASE(6, 16, 256, 1, 0, 32) /* Q6_K */
@@ -249,17 +259,19 @@ static int dispatch(const uint8_t *packed, int64_t n, int64_t k, qformat f, cons
     return -1;
 }
 
-/* out[rows, n] = x[rows, k] W^T. x and out are float32, or bfloat16 where the
+/* out[rows, n] = x[rows, k] W^T, out's rows `out_stride` elements apart (a
+ * slice of a wider output). x and out are float32, or bfloat16 where the
  * flags say so. Returns 0, or -1 for a format it has no kernel for. */
 int qblock_gemm(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *packed,
                 int64_t n, int bits, int sub, int super_block, int has_scales, int has_min,
-                int offset, void *out, int out_bf16) {
+                int offset, void *out, int out_bf16, int64_t out_stride) {
     qformat f = {bits, sub, super_block, has_scales, has_min, offset};
     int8_t *xq = malloc((size_t)(rows * k));
     float *sx = malloc(sizeof(float) * (size_t)(rows * (k / super_block) + 1));
     int32_t *xsum = malloc(sizeof(int32_t) * (size_t)(rows * (k / sub) + 1));
     float *row = malloc(sizeof(float) * (size_t)k);
     float *result = out_bf16 ? malloc(sizeof(float) * (size_t)(rows * n)) : (float *)out;
+    const int64_t result_stride = out_bf16 ? n : out_stride;
     int status = -1;
     if (xq && sx && xsum && row && result) {
         for (int64_t t = 0; t < rows; t++) {
@@ -271,9 +283,11 @@ int qblock_gemm(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_
             quantize_row(source, k, &f, xq + t * k, sx + t * (k / super_block),
                          xsum + t * (k / sub));
         }
-        status = dispatch(packed, n, k, f, xq, sx, xsum, rows, result);
+        status = dispatch(packed, n, k, f, xq, sx, xsum, rows, result, result_stride);
         if (status == 0 && out_bf16)
-            for (int64_t i = 0; i < rows * n; i++) ((uint16_t *)out)[i] = f32_to_bf16(result[i]);
+            for (int64_t t = 0; t < rows; t++)
+                for (int64_t i = 0; i < n; i++)
+                    ((uint16_t *)out)[t * out_stride + i] = f32_to_bf16(result[t * n + i]);
     }
     if (out_bf16) free(result);
     free(row);
@@ -283,15 +297,77 @@ int qblock_gemm(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_
     return status;
 }
 
+/* The float32 values of weight rows `ids[0..count)` (the embedding lookup of
+ * a tied or quantized table), exactly as llama.cpp dequantizes them:
+ * (D * SC) * (q - OFFSET) - M * MN, one rounding. */
+static int code_at(const uint8_t *codes, const qformat *f, int lane, int i) {
+    if (f->bits == 8) return codes[64 * (i / 4) + lane * 4 + i % 4];
+    const int g = i / 8, h = (i % 8) / 4, byte = lane * 4 + i % 4;
+    int q = (codes[64 * g + byte] >> (4 * h)) & 15;
+    const uint8_t *high = codes + (int64_t)TILE * f->sub / 2;
+    if (f->bits == 5) q |= ((high[64 * (g / 4) + byte] >> (2 * (g % 4) + h)) & 1) << 4;
+    if (f->bits == 6) q |= ((high[64 * (g / 2) + byte] >> (2 * (2 * (g % 2) + h))) & 3) << 4;
+    return q;
+}
+
+static float half_to_f32(const uint8_t *p) {
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(p[0] | (p[1] << 8))));
+}
+
+int qblock_rows(const uint8_t *packed, int64_t n, int64_t k, int bits, int sub, int super_block,
+                int has_scales, int has_min, int offset, const int64_t *ids, int64_t count,
+                float *out) {
+    const qformat f = {bits, sub, super_block, has_scales, has_min, offset};
+    const int64_t super_bytes = qblock_super_bytes(bits, sub, super_block, has_scales, has_min);
+    const int64_t tile_bytes = (k / super_block) * super_bytes, sb = sub_bytes(&f);
+    for (int64_t r = 0; r < count; r++) {
+        if (ids[r] < 0 || ids[r] >= n) return -1;
+        const int lane = (int)(ids[r] % TILE);
+        const uint8_t *p = packed + (ids[r] / TILE) * tile_bytes;
+        for (int64_t s = 0; s < k / super_block; s++, p += super_bytes) {
+            const float d = half_to_f32(p + 2 * lane);
+            const float m = has_min ? half_to_f32(p + 2 * TILE + 2 * lane) : 0.0f;
+            const uint8_t *sub_block = p + 2 * TILE * (has_min ? 2 : 1);
+            for (int j = 0; j < super_block / sub; j++, sub_block += sb) {
+                const uint8_t *codes = sub_block;
+                float scale = d, low = m;
+                if (has_scales) {
+                    scale = d * (float)(int8_t)codes[lane];
+                    codes += TILE;
+                    if (has_min) {
+                        low = m * (float)(int8_t)codes[lane];
+                        codes += TILE;
+                    }
+                }
+                float *row = out + r * k + s * super_block + j * sub;
+                for (int i = 0; i < sub; i++) {
+                    float v = scale * (float)(code_at(codes, &f, lane, i) - offset);
+                    row[i] = has_min ? v - low : v;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
 #else
 
 int qblock_gemm_available(void) { return 0; }
 
 int qblock_gemm(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *packed,
                 int64_t n, int bits, int sub, int super_block, int has_scales, int has_min,
-                int offset, void *out, int out_bf16) {
+                int offset, void *out, int out_bf16, int64_t out_stride) {
+    (void)out_stride;
     (void)x; (void)x_bf16; (void)rows; (void)k; (void)packed; (void)n; (void)bits; (void)sub;
     (void)super_block; (void)has_scales; (void)has_min; (void)offset; (void)out; (void)out_bf16;
+    return -1;
+}
+
+int qblock_rows(const uint8_t *packed, int64_t n, int64_t k, int bits, int sub, int super_block,
+                int has_scales, int has_min, int offset, const int64_t *ids, int64_t count,
+                float *out) {
+    (void)packed; (void)n; (void)k; (void)bits; (void)sub; (void)super_block; (void)has_scales;
+    (void)has_min; (void)offset; (void)ids; (void)count; (void)out;
     return -1;
 }
 

@@ -136,4 +136,14 @@ int decoder_layer_rows_bf16(const DecoderLayer *layer, uint16_t *hidden, int64_t
                             const int64_t *block_ids, int64_t blocks_per_seq,
                             const int64_t *seq_lens, const int64_t *amx_min_rows);
 
+/* qblock_gemm.c (qblock.py): int8 activations times GGUF block codes */
+int qblock_gemm_available(void);
+int64_t qblock_super_bytes(int bits, int sub, int super_block, int has_scales, int has_min);
+int qblock_gemm(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *packed,
+                int64_t n, int bits, int sub, int super_block, int has_scales, int has_min,
+                int offset, void *out, int out_bf16, int64_t out_stride);
+int qblock_rows(const uint8_t *packed, int64_t n, int64_t k, int bits, int sub, int super_block,
+                int has_scales, int has_min, int offset, const int64_t *ids, int64_t count,
+                float *out);
+
 #endif

@@ -1,0 +1,96 @@
+"""GGUF-block matrices on the native kernel of qblock_gemm.c.
+
+A `QBlockMatrix` is one weight [out, in] packed by `models/qblock_pack.py`
+from the file's block codes: about the file's size, never a float copy.
+`qblock_matmul` multiplies rows by it (activations quantized to int8 per
+super-block inside the kernel, exact integer sums, one float step per
+super-block: a row's bits never depend on the rows beside it);
+`qblock_rows` reads whole weight rows back as float32, exactly the file's
+values (the embedding lookup of a quantized or tied table).
+
+Unlike the other kernels here, these have no torch twin: a GGUF kept in 4
+bits needs the kernel (AVX512-VNNI and a C compiler). `qblock_available`
+says whether it runs; the loader refuses the 4-bit path where it does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sluice.loader.gguf_blocks import BlockCodes, BlockFormat
+from sluice.models.native import _library
+from sluice.models.qblock_pack import pack_codes
+
+
+@dataclass(frozen=True, slots=True)
+class QBlockMatrix:
+    """W [out_features, in_features] as packed block codes."""
+
+    packed: Tensor  # uint8, qblock_pack's layout
+    format: BlockFormat
+    out_features: int
+    in_features: int
+
+    @classmethod
+    def from_codes(cls, codes: BlockCodes) -> QBlockMatrix:
+        rows, cols = codes.q.shape
+        return cls(torch.from_numpy(pack_codes(codes)), codes.format, rows, cols)
+
+    def _format_args(self) -> tuple[int, int, int, int, int, int]:
+        fmt = self.format
+        return (fmt.bits, fmt.sub_block, fmt.super_block, int(fmt.has_scales),
+                int(fmt.has_min), fmt.offset)  # fmt: skip
+
+
+def qblock_available() -> bool:
+    """Whether the kernel runs here (a built library on an AVX512-VNNI CPU)."""
+    library = _library()
+    return library is not None and bool(library.qblock_gemm_available())
+
+
+def qblock_matmul(x: Tensor, matrix: QBlockMatrix, out: Tensor | None = None) -> Tensor:
+    """x [T, in] (bfloat16 or float32) @ W^T -> [T, out] in x's dtype.
+
+    `out`, when given, is written instead: a [T, out_features] view whose rows
+    may be strided (a column slice of a wider output), x's dtype.
+    """
+    library = _library()
+    assert library is not None, "qblock_matmul needs the native library"
+    assert x.dtype in (torch.bfloat16, torch.float32), f"no qblock kernel for {x.dtype}"
+    x = x.contiguous()
+    rows = x.shape[0]
+    if out is None:
+        out = torch.empty((rows, matrix.out_features), dtype=x.dtype)
+    assert out.dtype == x.dtype and out.stride(1) == 1, "out: x's dtype, contiguous rows"
+    assert x.shape[1] == matrix.in_features and out.shape == (rows, matrix.out_features)
+    is_bf16 = int(x.dtype == torch.bfloat16)
+    status = library.qblock_gemm(
+        x.data_ptr(), is_bf16, rows, matrix.in_features, matrix.packed.data_ptr(),
+        matrix.out_features, *matrix._format_args(), out.data_ptr(), is_bf16, out.stride(0),
+    )  # fmt: skip
+    assert status == 0, f"qblock_gemm refused {matrix.format.name}"
+    return out
+
+
+def qblock_rows(matrix: QBlockMatrix, ids: Tensor) -> Tensor:
+    """The float32 weight rows `ids` [N] -> [N, in_features], the file's exact values."""
+    library = _library()
+    assert library is not None, "qblock_rows needs the native library"
+    ids = ids.to(torch.int64).contiguous()
+    out = torch.empty((ids.numel(), matrix.in_features), dtype=torch.float32)
+    status = library.qblock_rows(
+        matrix.packed.data_ptr(), matrix.out_features, matrix.in_features,
+        *matrix._format_args(), ids.data_ptr(), ids.numel(), out.data_ptr(),
+    )  # fmt: skip
+    if status != 0:
+        raise IndexError(f"a row id outside [0, {matrix.out_features})")
+    return out
+
+
+def unpacked_values(matrix: QBlockMatrix) -> np.ndarray:
+    """Every weight as float32 [out, in] (tests and the quality reference)."""
+    return qblock_rows(matrix, torch.arange(matrix.out_features)).numpy()
