@@ -237,13 +237,13 @@ def test_an_unknown_model_is_a_404(http):
     assert error_of(response)["param"] == "model"
 
 
-def test_malformed_json_and_wrong_content_type_are_400_never_422(http):
+def test_malformed_json_is_400_and_a_wrong_content_type_415_never_422(http):
     bad_json = http.post(
         "/v1/completions", content=b"{", headers={"Content-Type": "application/json"}
     )
     assert bad_json.status_code == 400 and error_of(bad_json)["type"] == "invalid_request_error"
     form = http.post("/v1/completions", data={"prompt": "hi"})
-    assert form.status_code == 400 and "Content-Type" in error_of(form)["message"]
+    assert form.status_code == 415 and "Content-Type" in error_of(form)["message"]
     array = http.post("/v1/chat/completions", json=[1, 2])
     assert array.status_code == 400
 

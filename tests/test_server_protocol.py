@@ -8,7 +8,7 @@ import re
 import orjson
 import pytest
 
-from sluice.errors import InvalidRequestError
+from sluice.errors import InvalidRequestError, UnsupportedMediaTypeError
 from sluice.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -145,12 +145,12 @@ def test_malformed_json_or_a_non_object_body_is_a_400(raw):
         parse_body(raw, JSON, CompletionRequest)
 
 
-def test_a_non_json_content_type_is_refused_and_a_missing_one_tolerated():
+def test_a_non_json_or_missing_content_type_is_a_415():
     raw = orjson.dumps({"prompt": "hi"})
-    with pytest.raises(InvalidRequestError) as error:
-        parse_body(raw, "application/x-www-form-urlencoded", CompletionRequest)
-    assert "Content-Type" in error.value.message
-    assert parse_body(raw, None, CompletionRequest).prompt == "hi"
+    for content_type in ("application/x-www-form-urlencoded", None):
+        with pytest.raises(UnsupportedMediaTypeError) as error:
+            parse_body(raw, content_type, CompletionRequest)
+        assert error.value.status_code == 415 and "Content-Type" in error.value.message
     assert parse_body(raw, "application/json; charset=utf-8", CompletionRequest).prompt == "hi"
 
 

@@ -5,8 +5,8 @@ turns these into a frozen `GenerationRequest`. Rules every model follows:
 unknown fields are ignored, `null` is accepted for every optional field and
 means "the default", NaN and infinities are refused, and every numeric range
 the API documents is checked here so the error names the field.
-`parse_body` is the one way a body becomes a model: bad JSON, a wrong
-Content-Type and invalid fields all become a 400 `InvalidRequestError`. Its
+`parse_body` is the one way a body becomes a model: bad JSON and invalid
+fields become a 400 `InvalidRequestError`, a body not declared JSON a 415. Its
 steps (`check_content_type`, `json_object`, `validate_body`) are public for
 `sluice.server.body`, which runs them off the event loop, in pieces, for large
 bodies.
@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sluice.errors import InvalidRequestError
+from sluice.errors import InvalidRequestError, UnsupportedMediaTypeError
 from sluice.server.errors import validation_error
 
 # Limits a client cannot exceed (OpenAI documents the same ranges).
@@ -275,9 +275,16 @@ def parse_body(raw: bytes, content_type: str | None, model: type[Body]) -> Body:
 
 
 def check_content_type(content_type: str | None) -> None:
-    if content_type is not None and not _is_json_media_type(content_type):
-        raise InvalidRequestError(
-            f"Content-Type must be application/json, got {content_type[:80]!r}"
+    """A body must be declared JSON (application/json or application/*+json,
+    parameters such as charset allowed), else 415. Missing is refused too: a
+    web page can make a browser POST across origins, with no preflight, only
+    as a form, as text/plain or with no type, so none of these reaches a
+    local keyless server's generation routes."""
+    if content_type is None or not _is_json_media_type(content_type):
+        got = "none" if content_type is None else repr(content_type[:80])
+        raise UnsupportedMediaTypeError(
+            f"Content-Type must be application/json (or application/*+json), got {got}",
+            code="unsupported_media_type",
         )
 
 

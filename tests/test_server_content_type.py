@@ -1,0 +1,68 @@
+"""Every route that reads a JSON body refuses one not declared JSON (none
+included) with a 415 in its API's own error shape, so a web page cannot make a
+browser POST generations to a local keyless server; JSON with parameters and
+application/*+json are JSON. Over a real socket."""
+
+from __future__ import annotations
+
+import httpx2
+import orjson
+import pytest
+
+from sluice.testing import FakeEngine
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+from sluice.testing.live_server import LiveServer
+
+MODEL = "fake-model"
+MESSAGES = [{"role": "user", "content": "hi"}]
+BODIES = {
+    "/v1/completions": {"model": MODEL, "prompt": "hi", "max_tokens": 2},
+    "/v1/chat/completions": {"model": MODEL, "messages": MESSAGES, "max_tokens": 2},
+    "/v1/responses": {"model": MODEL, "input": "hi", "max_output_tokens": 2},
+    "/v1/responses/input_tokens": {"model": MODEL, "input": "hi"},
+    "/v1/messages": {"model": MODEL, "messages": MESSAGES, "max_tokens": 2},
+    "/v1/messages/count_tokens": {"model": MODEL, "messages": MESSAGES},
+    "/tokenize": {"prompt": "hi"},
+}
+# What a page can send cross-origin without a preflight, and other non-JSON types.
+NOT_JSON = [None, "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x", "application/jsonp", "text/json"]  # fmt: skip
+JSON = ["application/json", "application/json; charset=utf-8", "Application/JSON",
+        "application/vnd.api+json", "application/merge-patch+json; charset=UTF-8"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def http():
+    with (
+        LiveServer(FakeEngine(), ChatFakeTokenizer()) as live,
+        httpx2.Client(base_url=live.url, timeout=30) as client,
+    ):
+        yield client
+
+
+def post(http: httpx2.Client, path: str, content_type: str | None) -> httpx2.Response:
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    return http.post(path, content=orjson.dumps(BODIES[path]), headers=headers)
+
+
+@pytest.mark.parametrize("content_type", NOT_JSON)
+@pytest.mark.parametrize("path", list(BODIES))
+def test_a_body_not_declared_json_is_a_415_in_the_apis_shape(http, path, content_type):
+    response = post(http, path, content_type)
+    assert response.status_code == 415, response.text
+    body = response.json()
+    if path.startswith("/v1/messages"):
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        message = body["error"]["message"]
+    else:
+        assert body["error"]["type"] == "invalid_request_error"
+        assert body["error"]["code"] == "unsupported_media_type"
+        message = body["error"]["message"]
+    assert "Content-Type must be application/json" in message
+
+
+@pytest.mark.parametrize("content_type", JSON)
+@pytest.mark.parametrize("path", list(BODIES))
+def test_json_with_parameters_and_json_suffixes_are_accepted(http, path, content_type):
+    response = post(http, path, content_type)
+    assert response.status_code == 200, response.text
