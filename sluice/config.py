@@ -513,11 +513,11 @@ class ServerConfig:
     # How chat outputs are read into tool calls: "hermes", "llama3_json" or
     # "mistral"; None: guessed from the model's chat template, else hermes,
     # which the server then shows the model in the system prompt
-    # (sluice/tools/tool_format.py).
+    # (sluice/tools/tool_format.py); "none": tool_choice "auto" is served as "none".
     tool_call_parser: str | None = setting(
         None,
         "how tool calls are read from outputs (default: guessed from the chat template, "
-        "else hermes, shown to the model in the system prompt)",
+        "else hermes, shown to the model in the system prompt; none: auto is served as none)",
     )
     # "deepseek_r1" or "qwen3": <think>…</think> goes to reasoning_content;
     # "none": never split; None: guessed from the chat template

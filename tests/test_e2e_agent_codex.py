@@ -34,6 +34,10 @@ DEFAULTS = '{"temperature": 0, "stop_strings": ["."]}'
 # quantization (the default's bfloat16 and int8 activations are chosen by
 # timing at load, and their numerics change with the batch: issue 28).
 DETERMINISTIC = ("--dtype", "float32", "--quantization", "none")
+# Codex's tool definitions take ~6,000 of the embedded model's 8,192 tokens
+# once shown to it (12,400 with its prompt): its tools are left out, as a
+# user of this model would.
+NO_TOOLS = ("--tool-call-parser", "none")
 # Prefill of the agent's prompt and a reply of up to the rest of the context.
 TASK_TIMEOUT_S = 900
 
@@ -43,7 +47,7 @@ def server_url(embedded_model_config, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     cache_dir = str(embedded_model_config.cache_dir)
     with sluice_serve("--cache-dir", cache_dir, "--override-generation-config", DEFAULTS,
-                      *DETERMINISTIC, log_path=log_path) as url:  # fmt: skip
+                      *DETERMINISTIC, *NO_TOOLS, log_path=log_path) as url:  # fmt: skip
         yield url
 
 

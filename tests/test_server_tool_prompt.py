@@ -124,3 +124,16 @@ def test_a_follow_up_turn_shows_the_call_and_its_result_as_text():
     (prompt,) = script.prompts
     assert f"assistant: {HERMES_CALL}\n" in prompt
     assert "user: <tool_response>\n12 degrees\n</tool_response>" in prompt
+
+
+@pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
+def test_tool_call_parser_none_serves_auto_as_none_and_still_forces_required(api):
+    script = GrammarChoice(NoToolsTemplateTokenizer(), [HERMES_CALL, '{"city": "Oslo"}'])
+    engine = FakeEngine(script, tokens_per_step=3)
+    with LiveServer(engine, script.tokenizer, tool_call_parser="none") as live:
+        auto = api.post(live.url, api.body("auto"))
+        forced = api.post(live.url, api.body("get_weather"))
+    assert auto.status_code == forced.status_code == 200, auto.text + forced.text
+    assert api.calls(auto.json()) == [] and HERMES_CALL in api.text(auto.json())
+    assert api.calls(forced.json()) == [("get_weather", {"city": "Oslo"})]
+    assert "<tools>" not in script.prompts[0] and "<tools>" in script.prompts[1]

@@ -30,3 +30,8 @@ def test_a_named_parser_is_shown_by_the_server_where_the_template_drops_tools():
     assert chosen_tool_call_format("hermes", UNKNOWN_SYNTAX) == ToolCallFormat("hermes", False)
     assert chosen_tool_call_format("hermes", None) == ToolCallFormat("hermes", False)
     assert chosen_tool_call_format(None, None) == ToolCallFormat("hermes", True)
+
+
+def test_none_turns_tool_calling_off_whatever_the_template():
+    assert chosen_tool_call_format("none", QWEN3_TEMPLATE) == ToolCallFormat(None, False)
+    assert chosen_tool_call_format("none", CHATML) == ToolCallFormat(None, True)

@@ -22,6 +22,7 @@ sampling and the reading of the output: one `ToolPlan`.
     off for response_format and structured outputs, for the same reason).
   - "none": no tools are shown and nothing is parsed (vLLM with
     `--exclude-tools-when-tool-choice-none`): the model answers in prose.
+    So is "auto" on a server started with `--tool-call-parser none`.
 - `parallel_tool_calls: false`: at most one call (the schema's maxItems, the
   grammar's one call, or the parser keeps the first).
 - An assistant message's `tool_calls` go to the template (their arguments
@@ -71,6 +72,8 @@ async def tool_plan(
     _refuse_deprecated_fields(body)
     tools = _function_tools(body.tools)
     choice, function_name = _tool_choice(body.tool_choice, tools)
+    if choice == "auto" and tool_format.parser is None:
+        choice = "none"  # --tool-call-parser none
     reasoning_only = OutputParsing(reasoning_parser=reasoning_parser) if reasoning_parser else None
     if choice == "none":
         return ToolPlan(output_parsing=reasoning_only, structured_output=answer)
@@ -79,6 +82,7 @@ async def tool_plan(
     max_calls = None if is_parallel else 1
     if choice == "auto":
         parser = tool_format.parser
+        assert parser is not None, "auto without a parser is served as none"
         parsing = OutputParsing(parser, None, reasoning_parser, max_calls)
         union = None if answer is None else calls_or_answer(tools, parser, is_parallel, answer)
         if union is not None:

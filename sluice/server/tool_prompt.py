@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sluice.frontend.preprocess import ChatMessage, MessageToolCall
-from sluice.tools.tool_format import ToolCallFormat
+from sluice.tools.tool_format import DEFAULT_TOOL_CALL_PARSER, ToolCallFormat
 
 # How to write calls, in each parser's format.
 _CALL_FORMATS = {
@@ -47,7 +47,8 @@ def template_inputs(
     and calls written in (and no tools)."""
     if not tool_format.is_shown_by_server:
         return messages, tools
-    return shown_tools_messages(messages, tools, tool_format.parser), None
+    parser = tool_format.parser or DEFAULT_TOOL_CALL_PARSER
+    return shown_tools_messages(messages, tools, parser), None
 
 
 def shown_tools_messages(

@@ -14,6 +14,11 @@ Tools work with no flags on every model:
   `--tool-call-parser` names), and writes earlier calls and their results as
   text in that format (`sluice/server/tool_prompt.py`). The model is shown
   exactly one format, and it is the one parsed.
+`--tool-call-parser none` turns tool calling off where it cannot work (a
+model too small to call tools, a context too small for an agent's tool
+definitions): tool_choice "auto" is served as "none", the tools are not
+shown and nothing is parsed; "required" and a named function are still
+forced by their grammars.
 """
 
 from __future__ import annotations
@@ -25,29 +30,34 @@ from sluice.tools.parsers import TOOL_CALL_PARSERS, guess_tool_call_parser
 
 # The format the server shows a model whose template shows none it knows.
 DEFAULT_TOOL_CALL_PARSER = "hermes"
+# `--tool-call-parser none`: tool_choice "auto" is served as "none".
+NO_TOOL_CALL_PARSER = "none"
 # A template that uses the `tools` variable renders the request's tools.
 _RENDERS_TOOLS = re.compile(r"\btools\b")
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCallFormat:
-    # The parser that reads "auto" outputs: a name of TOOL_CALL_PARSERS.
-    parser: str = DEFAULT_TOOL_CALL_PARSER
+    # The parser that reads "auto" outputs: a name of TOOL_CALL_PARSERS;
+    # None: "auto" is served as "none" (--tool-call-parser none).
+    parser: str | None = DEFAULT_TOOL_CALL_PARSER
     # True: the server writes the tools, the call format and earlier calls
     # into the prompt (the template is given no `tools`); False: the template does.
     is_shown_by_server: bool = False
 
     def __post_init__(self) -> None:
-        assert self.parser in TOOL_CALL_PARSERS, f"unknown parser {self.parser!r}"
+        assert self.parser in {*TOOL_CALL_PARSERS, None}, f"unknown parser {self.parser!r}"
 
 
 def chosen_tool_call_format(setting: str | None, chat_template: str | None) -> ToolCallFormat:
     """The format a server reads: `setting` (--tool-call-parser), else the
     template's guess, else the default; shown by the server unless the template
-    renders the tools in a format known to be that one."""
-    known = setting or guess_tool_call_parser(chat_template)
+    renders the tools in a format known to be that one; "none": no tool calls."""
     # A template whose text is unknown (a tokenizer that renders in code) is
     # trusted to render the tools of the format named.
     renders_tools = chat_template is None or _RENDERS_TOOLS.search(chat_template) is not None
+    if setting == NO_TOOL_CALL_PARSER:  # forced calls still show their tools
+        return ToolCallFormat(None, not renders_tools)
+    known = setting or guess_tool_call_parser(chat_template)
     is_shown_by_template = known is not None and renders_tools
     return ToolCallFormat(known or DEFAULT_TOOL_CALL_PARSER, not is_shown_by_template)
