@@ -1,0 +1,253 @@
+"""Every exported native kernel, called through its wrapper at awkward sizes
+(widths off every tile and vector, single rows and columns, odd lengths):
+run as a script by tests/test_native_sanitized.py, in a process whose
+library was built with AddressSanitizer, so a read or write past any
+buffer aborts the process with ASan's report.
+
+Prints one JSON line: the library it loaded, the table's functions this
+process called, and which `*_available` gates said no (their kernels cannot
+run on this CPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+
+import numpy as np
+import torch
+
+from sluice.loader.gguf_blocks import FORMATS, BlockCodes
+from sluice.models import native
+from sluice.models.native import abi
+from sluice.models.native.int8 import int8_gemm_kernels, int8_row_kernels
+from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
+from sluice.models.native.qblock import QBlockMatrix, qblock_available, qblock_matmul, qblock_rows
+from sluice.models.native.rope import rope_write_kv_kernel
+from sluice.models.qblock_pack import super_block_bytes
+
+BF16, F32 = torch.bfloat16, torch.float32
+generator = torch.Generator().manual_seed(0)
+rng = np.random.default_rng(0)
+
+
+def randn(*shape: int, dtype=F32) -> torch.Tensor:
+    return torch.randn(*shape, generator=generator).to(dtype)
+
+
+class Counted:
+    """A library function that records its calls (a test-owned proxy)."""
+
+    def __init__(self, function, name: str, called: set[str]) -> None:
+        self._function, self._name, self._called = function, name, called
+
+    def __call__(self, *args):
+        self._called.add(self._name)
+        return self._function(*args)
+
+
+def cache_and_tables(lengths: list[int], kv_heads: int, head_dim: int, dtype, block_size=16):
+    """A random paged cache and each sequence's block table (scattered blocks)."""
+    per_seq = max(-(-n // block_size) for n in lengths)
+    num_blocks = per_seq * len(lengths) + 3
+    cache = randn(2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype)
+    order = torch.randperm(num_blocks, generator=generator)
+    block_ids = order[: per_seq * len(lengths)].view(len(lengths), per_seq).contiguous()
+    return cache, block_ids, torch.tensor(lengths, dtype=torch.int64)
+
+
+def decode_attention() -> None:
+    kernels = [(native.decode_attention_kernel(dtype), dtype) for dtype in (BF16, F32)]
+    kernels.append((native.decode_attention_amx_kernel(BF16), BF16))
+    for kernel, dtype in kernels:
+        if kernel is None:
+            continue
+        for (heads, kv_heads), head_dim in (
+            ((9, 3), 64),
+            ((8, 1), 128),
+            ((3, 3), 96),
+            ((2, 1), 32),
+        ):
+            for lengths in ([1], [17], [5, 33, 16, 1], [1, 2, 3, 4, 5, 6, 7, 200]):
+                cache, block_ids, seq_lens = cache_and_tables(lengths, kv_heads, head_dim, dtype)
+                q = randn(len(lengths), heads, head_dim, dtype=dtype)
+                kernel(q, cache, block_ids, seq_lens, 0.125)
+
+
+def prefill_attention() -> None:
+    for kernel in (prefill_attention_kernel(BF16), prefill_attention_amx_kernel(BF16)):
+        if kernel is None:
+            continue
+        for (heads, kv_heads), head_dim in (((9, 3), 64), ((4, 1), 128)):
+            for queries, keys in ((1, 1), (1, 17), (17, 17), (33, 70), (5, 100)):
+                q = randn(queries, heads, head_dim, dtype=BF16)
+                k = randn(keys, kv_heads, head_dim, dtype=BF16)
+                v = randn(keys, kv_heads, head_dim, dtype=BF16)
+                kernel(q, k, v, 0.125)
+
+
+def rows() -> None:
+    for dtype in (BF16, F32):
+        rms_norm, silu_mul = native.rms_norm_kernel(dtype), native.silu_mul_kernel(dtype)
+        for count in (1, 5):
+            for width in (1, 33, 577):
+                rms_norm(randn(count, width, dtype=dtype), randn(width, dtype=dtype), 1e-6)
+                silu_mul(randn(count, 2 * width, dtype=dtype))
+    argmax = native.argmax_kernel()
+    for count, width in ((1, 1), (5, 17), (3, 49153)):
+        argmax(randn(count, width))
+    merge = native.merge_attention_kernel()
+    for tokens, heads, dim in ((1, 1, 1), (3, 2, 65), (5, 9, 64)):
+        x, y = randn(tokens, heads, dim, dtype=BF16), randn(tokens, heads, dim, dtype=BF16)
+        out = torch.empty(tokens, heads, dim, dtype=BF16)
+        merge(x, randn(tokens, heads), y, randn(tokens, heads), out)
+
+
+def rope() -> None:
+    kernel = rope_write_kv_kernel(BF16)
+    for tokens, heads, kv_heads, head_dim in ((1, 1, 1, 2), (17, 9, 3, 64), (5, 4, 2, 128)):
+        qkv = randn(tokens, heads + 2 * kv_heads, head_dim, dtype=BF16)
+        cos, sin = randn(tokens, head_dim // 2), randn(tokens, head_dim // 2)
+        cache = torch.zeros(2, 3, 16, kv_heads, head_dim, dtype=BF16)
+        slots = torch.randperm(3 * 16, generator=generator)[:tokens]
+        kernel(qkv, heads, cos, sin, cache, slots)
+
+
+def int8_rows() -> None:
+    for dtype in (BF16, F32):
+        quantize, dequantize = int8_row_kernels(dtype)
+        for count, width in ((1, 1), (5, 17), (3, 2048)):
+            q, scales = quantize(randn(count, width, dtype=dtype), torch.rand(width) + 0.5)
+            if dtype == BF16:  # A13's pass, which only int8_linear_bf16 calls in C
+                x = randn(count, width, dtype=dtype)
+                codes, scales = torch.empty(2 * count, width, dtype=torch.int8), torch.empty(count)
+                inv_smooth = torch.rand(width) + 0.5
+                native._library().quantize_row_pairs_bf16(
+                    x.data_ptr(), count, width, width, inv_smooth.data_ptr(),
+                    codes.data_ptr(), scales.data_ptr(),
+                )  # fmt: skip
+            acc = torch.randint(-1000, 1000, (count, width), dtype=torch.int32)
+            for bias in (None, randn(width, dtype=dtype)):
+                dequantize(acc, scales, torch.rand(width), bias)
+
+
+def int8_gemm() -> None:
+    gemm = int8_gemm_kernels()
+    if gemm is None:
+        return
+    for n, k in ((1, 4), (65, 68), (127, 64), (32001, 64), (200, 1536)):
+        packed = gemm.pack(torch.randint(-127, 128, (n, k), dtype=torch.int8))
+        col_scales = torch.rand(n)
+        for count in (1, 7, 13):
+            x, inv_smooth = randn(count, k, dtype=BF16), torch.rand(k) + 0.5
+            q = torch.randint(-127, 128, (count, k), dtype=torch.int8)
+            for bias in (None, randn(n, dtype=BF16)):
+                gemm.gemm(q, torch.rand(count), packed, col_scales, bias)
+                for pairs in (False, True):
+                    gemm.linear(x, inv_smooth, packed, col_scales, bias, pairs)
+                    gemm.linear(x, inv_smooth, packed, col_scales, bias, pairs, amx_min_rows=1)
+            if gemm.has_amx and k % 64 == 0:  # called directly: the dispatch may keep VNNI
+                out, row_scales = torch.empty(count, n, dtype=BF16), torch.rand(count)
+                status = native._library().int8_amx_gemm_bf16(
+                    q.data_ptr(), row_scales.data_ptr(), count, k, packed.packed.data_ptr(),
+                    col_scales.data_ptr(), None, n, out.data_ptr(), 0,
+                )  # fmt: skip
+                assert status == 0, status
+
+
+def matrix(gemm, out_features: int, in_features: int) -> tuple[abi.Int8Matrix, list]:
+    """An Int8Matrix of random weights, and the tensors it points at (kept alive)."""
+    packed = gemm.pack(torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8))
+    col_scales, inv_smooth = torch.rand(out_features) * 1e-2, torch.rand(in_features) + 0.5
+    struct = abi.Int8Matrix(
+        packed.packed.data_ptr(), packed.compensation.data_ptr(), col_scales.data_ptr(),
+        inv_smooth.data_ptr(), None, out_features, in_features, 1,
+    )  # fmt: skip
+    return struct, [packed, col_scales, inv_smooth]
+
+
+def decoder_layer() -> None:
+    """decode_layer.c with a hand-built DecoderLayer: hidden 68, 3 heads of 32
+    over 1 KV head, intermediate 100, three decode rows of odd lengths."""
+    gemm = int8_gemm_kernels()
+    if gemm is None:
+        return
+    hidden, heads, kv_heads, head_dim, inter = 68, 3, 1, 32, 100
+    qkv, keep_qkv = matrix(gemm, (heads + 2 * kv_heads) * head_dim, hidden)
+    o, keep_o = matrix(gemm, hidden, heads * head_dim)
+    gate_up, keep_gate_up = matrix(gemm, 2 * inter, hidden)
+    down, keep_down = matrix(gemm, hidden, inter)
+    norms = randn(hidden, dtype=BF16), randn(hidden, dtype=BF16)
+    for amx in (0, 1) if native.decode_attention_amx_kernel(BF16) else (0,):
+        layer = abi.DecoderLayer(
+            norms[0].data_ptr(), norms[1].data_ptr(), qkv, o, gate_up, down,
+            hidden, heads, kv_heads, head_dim, inter, 1e-6, head_dim**-0.5, amx,
+        )  # fmt: skip
+        lengths = [1, 17, 5]
+        cache, block_ids, seq_lens = cache_and_tables(lengths, kv_heads, head_dim, BF16)
+        slots = torch.stack([block_ids[i, (n - 1) // 16] * 16 + (n - 1) % 16
+                             for i, n in enumerate(lengths)])  # fmt: skip
+        states = randn(len(lengths), hidden, dtype=BF16)
+        cos, sin = randn(len(lengths), head_dim // 2), randn(len(lengths), head_dim // 2)
+        amx_min_rows = (ctypes.c_int64 * 4)()
+        status = native._library().decoder_layer_rows_bf16(
+            ctypes.byref(layer), states.data_ptr(), len(lengths), cos.data_ptr(), sin.data_ptr(),
+            cache.data_ptr(), cache.shape[1], 16, slots.data_ptr(), block_ids.data_ptr(),
+            block_ids.shape[1], seq_lens.data_ptr(), amx_min_rows,
+        )  # fmt: skip
+        assert status == 0 and states.isfinite().all(), status
+    del keep_qkv, keep_o, keep_gate_up, keep_down
+
+
+def random_codes(fmt, n: int, k: int) -> BlockCodes:
+    subs, supers = k // fmt.sub_block, k // fmt.super_block
+    return BlockCodes(
+        fmt,
+        rng.integers(0, 2**fmt.bits, (n, k), dtype=np.uint8),
+        rng.integers(0, 64, (n, subs), dtype=np.int8) if fmt.has_scales else None,
+        rng.integers(0, 64, (n, subs), dtype=np.int8) if fmt.has_scales and fmt.has_min else None,
+        rng.random((n, supers)).astype(np.float16),
+        rng.random((n, supers)).astype(np.float16) if fmt.has_min else None,
+    )
+
+
+def qblock() -> None:
+    """qblock_gemm.c: every block format, widths off its 16-column tiles,
+    outputs written into a column slice of a wider tensor."""
+    if not qblock_available():
+        return
+    library = native._library()
+    for fmt in FORMATS.values():
+        size = library.qblock_super_bytes(fmt.bits, fmt.sub_block, fmt.super_block,
+                                          int(fmt.has_scales), int(fmt.has_min))  # fmt: skip
+        assert size == super_block_bytes(fmt), fmt.name
+        for n, supers in ((1, 1), (17, 2), (33, 1)):
+            k = supers * fmt.super_block
+            matrix = QBlockMatrix.from_codes(random_codes(fmt, n, k))
+            for dtype in (BF16, F32):
+                for count in (1, 5):
+                    qblock_matmul(randn(count, k, dtype=dtype), matrix)
+                wide = torch.empty(3, n + 7, dtype=dtype)
+                qblock_matmul(randn(3, k, dtype=dtype), matrix, wide[:, 2 : 2 + n])
+            qblock_rows(matrix, torch.tensor([n - 1, 0]))
+
+
+def main() -> None:
+    library = native._library()
+    assert library is not None, native.native_status().describe()
+    called: set[str] = set()
+    for name in abi.FUNCTIONS:
+        setattr(library, name, Counted(getattr(library, name), name, called))
+    drives = (decode_attention, prefill_attention, rows, rope, int8_rows, int8_gemm,
+              decoder_layer, qblock)  # fmt: skip
+    for drive in drives:
+        drive()
+        print(f"{drive.__name__}: done", file=sys.stderr, flush=True)
+    gated_off = [name for name in abi.FUNCTIONS if name.endswith("_available")
+                 and not getattr(library, name)()]  # fmt: skip
+    print(json.dumps({"library": library._name, "called": sorted(called), "gated_off": gated_off}))
+
+
+if __name__ == "__main__":
+    main()
