@@ -52,7 +52,7 @@ def write_model(name: str, out: Path, tokenizer_from: Path) -> Path:
     config_class, model_class, shape = FAMILIES[name]
     folder = out / name
     torch.manual_seed(0)
-    model = model_class._from_config(config_class(**shape, **COMMON), dtype=torch.bfloat16)
+    model = model_class._from_config(config_class(**{**COMMON, **shape}), dtype=torch.bfloat16)
     for parameter in model.parameters():
         torch.nn.init.normal_(parameter, std=0.02)
     model.save_pretrained(folder)

@@ -103,3 +103,16 @@ def _f16(values: np.ndarray) -> np.ndarray:
 
 def _f16_bytes(values: np.ndarray) -> np.ndarray:  # [n] float32 -> [n, 2] uint8
     return values.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+
+K_QUANT_WRITERS = {"Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k}
+
+
+def quantized(name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Raw GGUF blocks of a random [rows, cols] matrix in `name`."""
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    if name in K_QUANT_WRITERS:
+        return K_QUANT_WRITERS[name](values)[0]
+    from gguf import GGMLQuantizationType, quants
+
+    return quants.quantize(values, getattr(GGMLQuantizationType, name))

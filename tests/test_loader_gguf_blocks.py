@@ -8,21 +8,7 @@ from gguf import GGMLQuantizationType, quants
 
 from sluice.loader.gguf_blocks import FORMATS, decode_blocks
 from sluice.models.qblock_pack import pack_codes, packed_bytes, super_block_bytes
-from tests import gguf_quants
-
-K_QUANT_WRITERS = {
-    "Q4_K": gguf_quants.quantize_q4_k,
-    "Q5_K": gguf_quants.quantize_q5_k,
-    "Q6_K": gguf_quants.quantize_q6_k,
-}
-
-
-def quantized(name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """Raw GGUF blocks of a random [rows, cols] matrix in `name`."""
-    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
-    if name in K_QUANT_WRITERS:
-        return K_QUANT_WRITERS[name](values)[0]
-    return quants.quantize(values, getattr(GGMLQuantizationType, name))
+from tests.gguf_quants import quantized
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))

@@ -17,7 +17,7 @@ from sluice.models.native.qblock import (
     qblock_rows,
     unpacked_values,
 )
-from tests.test_loader_gguf_blocks import quantized
+from tests.gguf_quants import quantized
 
 
 def _has_vnni() -> bool:
