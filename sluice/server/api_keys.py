@@ -43,8 +43,6 @@ _LIMIT_FIELDS = ("max_concurrent", "rpm", "tpm")
 _OPTIONS = ("name", "admin", *_LIMIT_FIELDS)
 # A comment: a `#` at the start of the line or after whitespace, to the line's end.
 _COMMENT = re.compile(r"(?:^|(?<=\s))#.*")
-# An option's name that is safe to quote in an error (a key never looks like this).
-_QUOTABLE_NAME = re.compile(r"[a-z_]{1,24}")
 
 
 class KeyFileError(SluiceError):
@@ -121,12 +119,11 @@ def _key_of_line(words: list[str], default_name: str, where: str) -> ApiKey:
 
 
 def _unknown(name: str, is_pair: str, position: int) -> str:
-    """What is wrong with the line's `position`th word; the word itself only
-    when it cannot be a key (a second key on the line, or a key's piece)."""
-    known = f"known: {', '.join(_OPTIONS)}, each as option=value"
-    if is_pair and _QUOTABLE_NAME.fullmatch(name):
-        return f"unknown option {name!r}; {known}"
-    return f"word {position} is not an option ({known}; a second key on the line?)"
+    """What is wrong with the line's `position`th word, without the word: it
+    may be a second key pasted onto the line, or a piece of one."""
+    if is_pair and name in _OPTIONS:
+        return f"{name}= needs a value"
+    return f"word {position} is not a known option ({', '.join(_OPTIONS)}, each as option=value)"
 
 
 def _positive(text: str, name: str, where: str) -> int:
