@@ -1,0 +1,78 @@
+"""A GGUF's tensors under HF names, read from the file itself (memory-mapped).
+
+`gguf_weights` yields each tensor as the model loads it: a matrix in a block
+type the native kernel keeps (loader/gguf_blocks.py: Q4_0/1, Q5_0/1, Q8_0,
+Q4_K, Q5_K, Q6_K) as its `BlockCodes`, everything else (norms, biases,
+float matrices, block types without a kernel) dequantized to float32, in
+HF's layout and orientation either way. Nothing is written to disk: the
+file is the weights' only copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+
+from sluice.loader.gguf_blocks import FORMATS, BlockCodes, decode_blocks
+from sluice.loader.gguf_llama import (
+    _CONFIG_TENSORS,
+    _dequantize,
+    family,
+    hf_tensor_name,
+    unpermute_rope_rows,
+)
+
+Weight = torch.Tensor | BlockCodes
+
+
+def gguf_weights(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, Weight]]:
+    """(HF name, float32 tensor or block codes) for every tensor of the GGUF."""
+    gguf = family(reader).gguf
+    for tensor in reader.tensors:
+        if tensor.name in _CONFIG_TENSORS:
+            continue  # in the config's rope_parameters
+        name = hf_tensor_name(tensor.name, gguf)
+        heads = None
+        if gguf.permutes_qk and ".attn_q." in tensor.name:
+            heads = config["num_attention_heads"]
+        elif gguf.permutes_qk and ".attn_k." in tensor.name:
+            heads = config["num_key_value_heads"]
+        if keeps_blocks(tensor, name):
+            codes = decode_blocks(tensor.data, tensor.tensor_type.name, int(tensor.shape[0]))
+            yield name, codes if heads is None else permuted_rows(codes, heads)
+            continue
+        # GGUF dims are fastest-first; HF (row-major) lists them slowest-first.
+        weights = _dequantize(tensor).reshape(tuple(reversed([int(n) for n in tensor.shape])))
+        if heads is not None:
+            weights = unpermute_rope_rows(weights, heads)
+        if gguf.norm_shift and name.endswith("norm.weight"):
+            weights = weights - np.float32(gguf.norm_shift)
+        yield name, torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
+
+
+def keeps_blocks(tensor: Any, hf_name: str) -> bool:
+    """Whether a tensor loads as block codes: a 2-D weight in a kept block type."""
+    return (
+        tensor.tensor_type.name in FORMATS
+        and len(tensor.shape) == 2
+        and hf_name.endswith(".weight")
+        and not hf_name.endswith("norm.weight")
+    )
+
+
+def permuted_rows(codes: BlockCodes, num_heads: int) -> BlockCodes:
+    """`codes` with llama.cpp's q/k row permutation undone (rows move whole)."""
+    rows = codes.q.shape[0]
+    order = unpermute_rope_rows(np.arange(rows)[:, None], num_heads)[:, 0]
+
+    def take(a):
+        return None if a is None else np.ascontiguousarray(a[order])
+
+    return BlockCodes(
+        codes.format, take(codes.q), take(codes.scales), take(codes.mins), take(codes.d),
+        take(codes.m),
+    )  # fmt: skip
