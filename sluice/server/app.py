@@ -228,6 +228,9 @@ class Routes:
         if not self.gate.is_alive:
             raise EngineDeadError("the engine is not running; retry later")
         self.gate.check_open(n)
+        lease = _key_lease(request)
+        if lease is not None:  # a choice is a request to the key's limits
+            lease.seat_choices(n)
         return None if timeout_s is None else QueueTimeout(timeout_s)
 
     async def respond(
@@ -241,8 +244,13 @@ class Routes:
         builder the route made (default: the one its kind names)."""
         if len(generation.prompts) > 1:  # n was checked; n times the prompts may not fit
             self.gate.check_open(generation.num_choices)
-        log = _request_log(request)
         num_prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
+        lease = _key_lease(request)
+        if lease is not None:  # before any engine work: the key's seats and tokens
+            lease.seat_choices(generation.num_choices)
+            num_max_new_tokens = generation.num_choices * generation.params.max_tokens
+            lease.reserve(num_prompt_tokens, num_max_new_tokens)
+        log = _request_log(request)
         if log is not None:
             log.num_prompt_tokens = num_prompt_tokens
         run = _Run(request, generation, queue_timeout, log, chunks, self._observer_of(request))
@@ -251,9 +259,6 @@ class Routes:
             trace.received(generation.response_id, generation.model_name, num_prompt_tokens)
             observer = TracedObserver(run.observer or self.metrics, trace)
             run = dataclasses.replace(run, observer=observer, trace_context=trace.traceparent)
-        lease = _key_lease(request)
-        if lease is not None:  # its generated tokens are charged as they are delivered
-            lease.charge(num_prompt_tokens)
         if generation.stream:
             return await self._stream(run)
         return await self._complete(run)

@@ -2,17 +2,24 @@
 
 `KeyLimiter.admit(key)` either refuses with a `RateLimitError` (429 with
 Retry-After: the seconds until the limit that refused frees up) or returns a
-`KeyLease`, which the request holds until its response is sent. Windows are
-sliding: a minute is the 60 seconds before now by the limiter's clock
-(injected, so tests move time by hand).
+`KeyLease`, which the request holds until its response is sent. The route
+then tells the lease what the request asks for, before any engine work:
+`seat_choices` (its choices: `n` times its prompts) and `reserve` (its
+tokens); either may refuse too. Windows are sliding: a minute is the 60
+seconds before now by the limiter's clock (injected, so tests move time by hand).
 
 What counts:
-- max_concurrent: leases not yet released (streams hold theirs to the last byte);
-- rpm: requests admitted in the window (refused ones do not count);
-- tpm: the prompt tokens of each request when it is admitted to the engine,
-  then its generated tokens as they are delivered. A request is refused once
-  the window already holds `tpm` tokens; the one that crosses the limit runs
-  to its end (its size is not known before it runs, as with OpenAI's limits).
+- max_concurrent: choices in flight (a request of `n` choices holds `n`
+  seats; streams hold theirs to the last byte). A request whose choices would
+  pass the limit is refused whole, its message naming the limit;
+- rpm: choices admitted in the window (refused requests do not count);
+- tpm: a request reserves its prompt tokens plus `max_tokens` for each
+  choice once it is tokenized, before it runs, and is refunded what it did not
+  generate when it ends; generated tokens beyond a reservation (none, while
+  max_tokens holds) are charged as they are delivered. A request is refused
+  once the window already holds `tpm` tokens, reservations included, so
+  requests running at once cannot pass the limit by more than the one that
+  crosses it (its size is known only once it is tokenized).
 
 Usage is kept per key name, so a reload that changes a key's limits keeps
 what the key used; the state lives on the event loop (no locks).
@@ -27,50 +34,127 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sluice.errors import RateLimitError
-from sluice.server.api_keys import ApiKey
+from sluice.server.api_keys import ApiKey, KeyLimits
 
 WINDOW_S = 60.0
 
 
 @dataclass(slots=True)
+class TokenCharge:
+    """Tokens counted against a key at one time; a reservation shrinks when refunded."""
+
+    time_s: float
+    num_tokens: int
+    # Left the window (its tokens no longer counted): a refund then changes nothing.
+    is_expired: bool = False
+
+
+@dataclass(slots=True)
 class KeyUsage:
-    """What one key used: in flight now, and starts and tokens in the window."""
+    """What one key used: seats in flight now, and starts and tokens in the window."""
 
     num_in_flight: int = 0
-    # Admission times, oldest first.
+    # Admission times (one per choice), oldest first.
     request_times_s: deque[float] = field(default_factory=deque)
-    # (time, tokens) charges, oldest first, and their sum.
-    token_charges: deque[tuple[float, int]] = field(default_factory=deque)
+    # Token charges, oldest first, and their sum.
+    token_charges: deque[TokenCharge] = field(default_factory=deque)
     num_window_tokens: int = 0
 
     def forget_before(self, start_s: float) -> None:
         while self.request_times_s and self.request_times_s[0] <= start_s:
             self.request_times_s.popleft()
-        while self.token_charges and self.token_charges[0][0] <= start_s:
-            self.num_window_tokens -= self.token_charges.popleft()[1]
+        while self.token_charges and self.token_charges[0].time_s <= start_s:
+            charge = self.token_charges.popleft()
+            charge.is_expired = True
+            self.num_window_tokens -= charge.num_tokens
+
+    def add_charge(self, time_s: float, num_tokens: int) -> TokenCharge:
+        charge = TokenCharge(time_s, num_tokens)
+        self.token_charges.append(charge)
+        self.num_window_tokens += num_tokens
+        return charge
 
 
 class KeyLease:
-    """One admitted request of a key: charges its tokens, released once."""
+    """One admitted request of a key: its seats, its reservation, released once."""
 
-    __slots__ = ("key_name", "_usage", "_clock", "_is_released")
+    __slots__ = ("key_name", "_limits", "_usage", "_clock", "_start_times_s", "_num_seats",
+                 "_reservation", "_num_reserved_left", "_is_released")  # fmt: skip
 
-    def __init__(self, key_name: str, usage: KeyUsage, clock: Callable[[], float]):
-        self.key_name = key_name
+    def __init__(self, key: ApiKey, usage: KeyUsage, clock: Callable[[], float], admitted_s: float):
+        self.key_name = key.name
+        self._limits: KeyLimits = key.limits
         self._usage = usage
         self._clock = clock
+        # When each of its seats started (what rpm counted for it).
+        self._start_times_s = [admitted_s]
+        self._num_seats = 1
+        self._reservation: TokenCharge | None = None
+        # Reserved tokens not yet used (generated tokens draw on them first).
+        self._num_reserved_left = 0
         self._is_released = False
 
+    def seat_choices(self, num_choices: int) -> None:
+        """Hold one seat (and one start per minute) for each of `num_choices`
+        choices; RateLimitError, the request withdrawn, if that passes a limit."""
+        num_extra = num_choices - self._num_seats
+        if num_extra <= 0:
+            return
+        usage, limits = self._usage, self._limits
+        now_s = self._clock()
+        usage.forget_before(now_s - WINDOW_S)
+        try:
+            _check_seats(self.key_name, limits, usage, num_choices, num_extra)
+            _check_starts(self.key_name, limits, usage, num_choices, num_extra, now_s)
+        except RateLimitError:
+            self._withdraw()
+            raise
+        usage.request_times_s.extend([now_s] * num_extra)
+        self._start_times_s += [now_s] * num_extra
+        usage.num_in_flight += num_extra
+        self._num_seats = num_choices
+
+    def reserve(self, num_prompt_tokens: int, num_max_new_tokens: int) -> None:
+        """Count the prompt and reserve `num_max_new_tokens` against tokens per
+        minute; RateLimitError, the request withdrawn, if the window is full."""
+        assert self._reservation is None, "a request reserves its tokens once"
+        now_s = self._clock()
+        self._usage.forget_before(now_s - WINDOW_S)
+        try:
+            _check_tokens(self.key_name, self._limits, self._usage, now_s)
+        except RateLimitError:
+            self._withdraw()
+            raise
+        total = num_prompt_tokens + num_max_new_tokens
+        self._reservation = self._usage.add_charge(now_s, total)
+        self._num_reserved_left = num_max_new_tokens
+
     def charge(self, num_tokens: int) -> None:
-        """Count `num_tokens` against the key's tokens per minute."""
-        if num_tokens > 0:
-            self._usage.token_charges.append((self._clock(), num_tokens))
-            self._usage.num_window_tokens += num_tokens
+        """Count `num_tokens` delivered: from the reservation first, then anew."""
+        from_reservation = min(num_tokens, self._num_reserved_left)
+        self._num_reserved_left -= from_reservation
+        if num_tokens > from_reservation:
+            self._usage.add_charge(self._clock(), num_tokens - from_reservation)
 
     def release(self) -> None:
-        if not self._is_released:
-            self._is_released = True
-            self._usage.num_in_flight -= 1
+        """Free the seats and refund the unused reservation; once only."""
+        if self._is_released:
+            return
+        self._is_released = True
+        self._usage.num_in_flight -= self._num_seats
+        reservation, unused = self._reservation, self._num_reserved_left
+        self._num_reserved_left = 0
+        if reservation is not None and unused and not reservation.is_expired:
+            reservation.num_tokens -= unused
+            self._usage.num_window_tokens -= unused
+
+    def _withdraw(self) -> None:
+        """A refused request does not count against requests per minute."""
+        times = self._usage.request_times_s
+        for start_s in self._start_times_s:
+            if start_s in times:  # else it already left the window
+                times.remove(start_s)
+        self._start_times_s = []
 
 
 class KeyLimiter:
@@ -84,41 +168,78 @@ class KeyLimiter:
         return self._usage.setdefault(key_name, KeyUsage())
 
     def admit(self, key: ApiKey) -> KeyLease:
-        """A lease for one request of `key`; RateLimitError if a limit is reached."""
+        """A lease for one request of `key` (one seat); RateLimitError if a limit is reached."""
         now_s = self._clock()
         usage = self.usage(key.name)
         usage.forget_before(now_s - WINDOW_S)
-        limits = key.limits
-        if limits.max_concurrent is not None and usage.num_in_flight >= limits.max_concurrent:
-            raise RateLimitError(
-                f"key {key.name!r} has {usage.num_in_flight} requests in flight, its limit "
-                f"(max_concurrent {limits.max_concurrent}); retry when one finishes",
-                retry_after_s=1,
-            )
-        if limits.rpm is not None and len(usage.request_times_s) >= limits.rpm:
-            oldest_s = usage.request_times_s[-limits.rpm]
-            raise RateLimitError(
-                f"key {key.name!r} reached its limit of {limits.rpm} requests per minute",
-                retry_after_s=_seconds_until(oldest_s + WINDOW_S, now_s),
-            )
-        if limits.tpm is not None and usage.num_window_tokens >= limits.tpm:
-            raise RateLimitError(
-                f"key {key.name!r} used {usage.num_window_tokens} tokens in the last minute, "
-                f"its limit is {limits.tpm} tokens per minute",
-                retry_after_s=_seconds_until(_tokens_free_at(usage, limits.tpm), now_s),
-            )
+        _check_seats(key.name, key.limits, usage, 1, 1)
+        _check_starts(key.name, key.limits, usage, 1, 1, now_s)
+        _check_tokens(key.name, key.limits, usage, now_s)
         usage.request_times_s.append(now_s)
         usage.num_in_flight += 1
-        return KeyLease(key.name, usage, self._clock)
+        return KeyLease(key, usage, self._clock, now_s)
+
+
+def _check_seats(
+    name: str, limits: KeyLimits, usage: KeyUsage, num_choices: int, num_extra: int
+) -> None:
+    limit = limits.max_concurrent
+    if limit is None or usage.num_in_flight + num_extra <= limit:
+        return
+    if num_choices > limit:
+        raise RateLimitError(
+            f"the request asks for {num_choices} choices at once (n times the prompts), more "
+            f"than key {name!r} may have in flight (max_concurrent {limit})",
+            retry_after_s=1,
+        )
+    num_others = usage.num_in_flight - (num_choices - num_extra)  # without this request's
+    raise RateLimitError(
+        f"key {name!r} has {num_others} requests in flight (choices counted), "
+        + (f"and this one's {num_choices} choices pass " if num_choices > 1 else "")
+        + f"its limit (max_concurrent {limit}); retry when one finishes",
+        retry_after_s=1,
+    )
+
+
+def _check_starts(
+    name: str, limits: KeyLimits, usage: KeyUsage, num_choices: int, num_extra: int, now_s: float
+) -> None:
+    limit = limits.rpm
+    num_started = len(usage.request_times_s)
+    if limit is None or num_started + num_extra <= limit:
+        return
+    what = f"its limit of {limit} requests per minute"
+    if num_choices > 1:
+        what += f" (choices counted: this request has {num_choices})"
+    if num_choices > limit:
+        raise RateLimitError(
+            f"key {name!r}: {what}", retry_after_s=_seconds_until(now_s + WINDOW_S, now_s)
+        )
+    # Enough of the oldest starts must leave the window for num_extra more to fit.
+    oldest_s = usage.request_times_s[num_started + num_extra - limit - 1]
+    raise RateLimitError(
+        f"key {name!r} reached {what}",
+        retry_after_s=_seconds_until(oldest_s + WINDOW_S, now_s),
+    )
+
+
+def _check_tokens(name: str, limits: KeyLimits, usage: KeyUsage, now_s: float) -> None:
+    if limits.tpm is None or usage.num_window_tokens < limits.tpm:
+        return
+    raise RateLimitError(
+        f"key {name!r} used {usage.num_window_tokens} tokens in the last minute (running "
+        f"requests' reservations included), its limit is {limits.tpm} tokens per minute",
+        retry_after_s=_seconds_until(_tokens_free_at(usage, limits.tpm), now_s),
+    )
 
 
 def _tokens_free_at(usage: KeyUsage, tpm: int) -> float:
     """When enough charges leave the window to bring it under `tpm` (their time + a minute)."""
     remaining = usage.num_window_tokens
-    for charged_s, num_tokens in usage.token_charges:
-        remaining -= num_tokens
+    for charge in usage.token_charges:
+        remaining -= charge.num_tokens
         if remaining < tpm:
-            return charged_s + WINDOW_S
+            return charge.time_s + WINDOW_S
     raise AssertionError("the window holds at least tpm tokens, so some charge frees it")
 
 
