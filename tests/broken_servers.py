@@ -9,7 +9,9 @@ every answer is deterministic and streamed == non-streamed. A simulated GPU
 makes each token cost `token_delay_s` times the number of running requests.
 
 With `Defect.NONE` it follows STREAMING_CONTRACT.md; every other `Defect`
-breaks exactly one rule, the way real servers have broken it.
+breaks exactly one rule, the way real servers have broken it. Every server
+coalesces as sluice does: while a stream's client is behind (its socket
+backs up), the steps generated meanwhile wait and go out as one chunk.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class Defect(enum.Enum):
     # token carries the alternatives of the token before it: the seed's own
     # failure, invisible to fast readers and to one-token chunks.
     LOGPROBS_SHIFTED_WHEN_BACKED_UP = "logprobs_shifted_when_backed_up"
+    # The same, but each token of a merged chunk carries the first token's
+    # alternatives (its own token and logprob kept).
+    LOGPROBS_TOP_COPIED_WHEN_BACKED_UP = "logprobs_top_copied_when_backed_up"
     # Multi-prompt completions streams open with `data: null` (llama-server).
     DATA_NULL = "data_null"
     DISCONNECT_KEEPS_GENERATING = "disconnect_keeps_generating"
@@ -68,10 +73,16 @@ class Defect(enum.Enum):
     MESSAGES_TEXT_DELTA_ON_TOOL_USE = "messages_text_delta_on_tool_use"
 
 
+# Defects seen only in the chunks merged while a client is behind: one token
+# per chunk while it keeps up, so that nothing else shows them.
+_WHEN_BACKED_UP = frozenset(
+    {Defect.LOGPROBS_SHIFTED_WHEN_BACKED_UP, Defect.LOGPROBS_TOP_COPIED_WHEN_BACKED_UP}
+)
 MODEL = "script-model"
 SMALL_SEND_BUFFER_BYTES = 4096
-# Bytes in the kernel's send queue that mean a backlog, not one event in flight.
-BACKLOG_BYTES = 1024
+# Bytes in the kernel's send queue that mean a backlog, not a few events in
+# flight to a client that keeps up.
+BACKLOG_BYTES = 2048
 CHUNK_SIZES = (1, 2, 3, 1, 4)  # tokens per chunk, cycling: multi-token chunks
 _PIECES = (
     ("Once", " upon", " a", " time", ",", " a", " fox"),
@@ -188,7 +199,7 @@ def plan_choice(
         script_tokens(prompt, max_tokens), stops, include
     )
     groups, position = [], 0
-    sizes = (1,) if defect is Defect.LOGPROBS_SHIFTED_WHEN_BACKED_UP else CHUNK_SIZES
+    sizes = (1,) if defect in _WHEN_BACKED_UP else CHUNK_SIZES
     while position < len(generated):
         size = sizes[len(groups) % len(sizes)]
         groups.append(generated[position : position + size])
@@ -376,6 +387,8 @@ class ScriptServer:
         ignores: frozenset[str] = frozenset(),
         answers_any_model: bool = False,
         serves_agent_apis: bool = True,
+        exports_gauge: bool = True,
+        coalesces: bool = True,
     ):
         self.defect = defect
         # False: /v1/responses and /v1/messages are not routed (404), as on
@@ -387,6 +400,10 @@ class ScriptServer:
         # min_tokens, prompt_logprobs, and stop_reason (an output field).
         self.ignores = ignores
         self.answers_any_model = answers_any_model
+        # False: /metrics has no running-requests gauge (abort not verifiable).
+        self.exports_gauge = exports_gauge
+        # False: every step is written as it comes, however far behind the client is.
+        self.coalesces = coalesces
         self.running = 0  # requests generating now: the simulated GPU's load
         self._calls = 0
         self._runner: web.AppRunner | None = None
@@ -422,7 +439,8 @@ class ScriptServer:
         return await self._json({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return await self._plain(f"script_num_requests_running {self.running}\n")
+        gauge = f"script_num_requests_running {self.running}\n" if self.exports_gauge else ""
+        return await self._plain(f"script_requests_total {self._calls}\n{gauge}")
 
     async def _plain(self, text: str) -> web.Response:
         return web.Response(text=text)
@@ -596,11 +614,7 @@ class ScriptServer:
         await response.prepare(request)
         self.running += 1
         try:
-            is_backed_up = (
-                _backlog_probe(request)
-                if self.defect is Defect.LOGPROBS_SHIFTED_WHEN_BACKED_UP
-                else lambda: False
-            )
+            is_backed_up = _backlog_probe(request)
             for num_tokens, payload in self._events(call, is_backed_up):
                 await self._gpu(num_tokens)
                 if payload is None:
@@ -644,12 +658,11 @@ class ScriptServer:
             for index, steps in enumerate(plans):
                 if round_number < len(steps):
                     step = steps[round_number]
-                    if self.defect is Defect.LOGPROBS_SHIFTED_WHEN_BACKED_UP:
-                        held[index].append(step)
-                        if is_backed_up() and round_number < len(steps) - 1:
-                            yield len(step.tokens), None
-                            continue
-                        step, held[index] = _merged_shifted(held[index]), []
+                    held[index].append(step)
+                    if self.coalesces and is_backed_up() and round_number < len(steps) - 1:
+                        yield len(step.tokens), None
+                        continue
+                    step, held[index] = _merged(held[index], self.defect), []
                     choice = self._stream_choice(call, index, step, sent_bytes[index])
                     sent_bytes[index] += b"".join(token.data for token in step.tokens)
                     yield (
@@ -749,18 +762,26 @@ def _backlog_probe(request: web.Request) -> Callable[[], bool]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_SEND_BUFFER_BYTES)
 
     def is_backed_up() -> bool:
+        if transport.is_closing() or sock.fileno() < 0:
+            return False  # the client left
         queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
         return transport.get_write_buffer_size() > 0 or queued > BACKLOG_BYTES
 
     return is_backed_up
 
 
-def _merged_shifted(steps: list[Step]) -> Step:
-    """Held steps as one chunk, each token after the first showing its predecessor's
-    alternatives (LOGPROBS_SHIFTED_WHEN_BACKED_UP)."""
+def _merged(steps: list[Step], defect: Defect) -> Step:
+    """Held steps as one chunk. LOGPROBS_SHIFTED_WHEN_BACKED_UP: each token after
+    the first shows its predecessor's alternatives; LOGPROBS_TOP_COPIED_WHEN_BACKED_UP:
+    the first token's."""
+    if len(steps) == 1:
+        return steps[0]
     tokens = [token for step in steps for token in step.tokens]
     for previous, token in zip(tokens, tokens[1:], strict=False):
-        token.top_source = previous
+        if defect is Defect.LOGPROBS_SHIFTED_WHEN_BACKED_UP:
+            token.top_source = previous
+        elif defect is Defect.LOGPROBS_TOP_COPIED_WHEN_BACKED_UP:
+            token.top_source = tokens[0]
     text = "".join(step.text for step in steps)
     return Step(tokens, text, steps[-1].finish, steps[-1].completion_tokens)
 

@@ -96,8 +96,17 @@ def _script(request_id, prompt, params):
     return TOKENIZER.encode('{"city": "Zürich 😀", "unit": "celsius"}')
 
 
+def _greedy_logprobs(position: int, token_id: int, k: int):
+    """As a greedy engine scores: the sampled token heads its k alternatives
+    (the audit checks each Responses token's entry against its alternatives)."""
+    logprob = -(1 + position) / 64
+    others = tuple(i for i in range(k + 1) if i != token_id)[: max(k - 1, 0)]
+    alternatives = (token_id, *others)[:k]
+    return logprob, alternatives, tuple(logprob - j for j in range(len(alternatives)))
+
+
 def test_sluice_on_a_fake_engine_with_merged_deltas_passes_both_groups():
-    engine = LoopFakeEngine(script=_script, tokens_per_step=(1, 5))
+    engine = LoopFakeEngine(script=_script, tokens_per_step=(1, 5), logprobs_fn=_greedy_logprobs)
     with LiveServer(engine, TOKENIZER) as live:
         result = audit(live.url, DEFAULT_MODEL_NAME)
     assert result.findings == [], [f.message for f in result.findings]

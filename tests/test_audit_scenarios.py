@@ -8,11 +8,12 @@ import asyncio
 
 import pytest
 
-from sluice.audit.options import PROFILE_SCENARIOS, QUICK, AuditOptions, with_overrides
+from sluice.audit.options import PROFILE_SCENARIOS, QUICK, AuditOptions, Sizes, with_overrides
 from sluice.audit.records import AuditResult, Target
 from sluice.audit.runner import run_audit
 from sluice.audit.scenarios.disconnect import _running_lines, is_slowdown_a_finding
 from sluice.audit.scenarios.stops import choose_stop_cases
+from sluice.audit.summary import EXIT_UNVERIFIED, exit_status_of, summarize_audit
 from tests.broken_servers import MODEL, Defect, serving
 
 # Small sizes: the scripted server is fast, the checks are what is tested.
@@ -21,15 +22,21 @@ SIZES = with_overrides(
     {
         "lag": {"streams": 6, "long_prompts": 1, "long_prompt_words": 200, "max_tokens": 24},
         "disconnect": {"streams": 4, "max_tokens": 3000, "probe_tokens": 32},
+        "backpressure": {"max_tokens": 128, "pause_s": 2.0},
     },
 )
 
 
 def audit(
-    defect: Defect, scenarios: tuple[str, ...], *, vllm_extensions: str = "auto"
+    defect: Defect,
+    scenarios: tuple[str, ...],
+    *,
+    vllm_extensions: str = "auto",
+    sizes: Sizes = SIZES,
+    **server: bool,
 ) -> AuditResult:
-    options = AuditOptions(scenarios=scenarios, sizes=SIZES, vllm_extensions=vllm_extensions)
-    with serving(defect) as url:
+    options = AuditOptions(scenarios=scenarios, sizes=sizes, vllm_extensions=vllm_extensions)
+    with serving(defect, **server) as url:
         return asyncio.run(run_audit([Target("server", url, MODEL)], options))
 
 
@@ -213,3 +220,52 @@ def test_a_slower_probe_is_no_finding_when_the_running_gauge_fell_to_zero():
     assert is_slowdown_a_finding(0.122, 0.248, 2.0, None)  # no gauge: the probe decides
     assert is_slowdown_a_finding(0.122, 0.248, 2.0, ["llamacpp:requests_processing 4"])
     assert not is_slowdown_a_finding(0.122, 0.130, 2.0, None)
+
+
+def test_a_correct_server_merges_under_backpressure_on_every_api_whose_answers_are_long():
+    """Chat and completions answers outgrow the paused readers' buffers and
+    merge; the script's agent answers (ten tokens) cannot."""
+    result = audit(Defect.NONE, ("backpressure",))
+    assert result.findings == []
+    figures = result.results[0].figures
+    assert figures["merged_chat"] == figures["merged_completions"] == 1
+    assert figures["merged_streams"] == 2 and figures["paused_streams"] == 4
+    line = summarize_audit(result).merging["server"]
+    assert line.startswith("merging achieved on 2 of 4 streams (completions 1/1, chat 1/1")
+
+
+def test_a_server_that_never_merges_leaves_backpressure_not_exercised_which_is_no_pass():
+    result = audit(Defect.NONE, ("backpressure",), coalesces=False)
+    (finding,) = result.findings
+    assert finding.check_id == "backpressure_not_exercised"
+    assert "merging achieved on 0 of 4 streams" in finding.message
+    assert not result.has_broken_invariant
+    assert exit_status_of(result) == EXIT_UNVERIFIED
+
+
+def test_top_logprobs_copied_within_merged_chunks_are_caught_only_by_the_backpressure():
+    """One token per chunk while the reader keeps up: nothing to copy. The
+    paused readers make chunks merge, and each token's entry no longer heads
+    its alternatives (or repeats another position's)."""
+    calm = audit(Defect.LOGPROBS_TOP_COPIED_WHEN_BACKED_UP, ("logprobs",))
+    assert calm.findings == []
+    result = audit(Defect.LOGPROBS_TOP_COPIED_WHEN_BACKED_UP, ("backpressure",))
+    ids = flagged(result)
+    assert ids & {"logprob_greedy_head", "logprob_copied"}
+    assert ids <= {"logprob_greedy_head", "logprob_copied"}
+    assert all(f.case.endswith("paused") for f in result.findings if f.is_failure)
+
+
+def test_generating_after_a_disconnect_is_caught_by_the_gauge_at_quick_sizes():
+    correct = audit(Defect.NONE, ("disconnect",), sizes=QUICK)
+    assert correct.findings == []
+    result = audit(Defect.DISCONNECT_KEEPS_GENERATING, ("disconnect",), sizes=QUICK)
+    gauge = [f for f in result.findings if f.evidence]
+    assert gauge and gauge[0].check_id == "disconnect_keeps_generating"
+    assert "script_num_requests_running" in gauge[0].evidence[0]
+
+
+def test_without_a_running_gauge_abort_is_not_verifiable_rather_than_passed():
+    result = audit(Defect.NONE, ("disconnect",), sizes=QUICK, exports_gauge=False)
+    assert [f.check_id for f in result.findings] == ["abort_not_verifiable"]
+    assert exit_status_of(result) == EXIT_UNVERIFIED

@@ -1,6 +1,7 @@
 """`sluice audit`: check any OpenAI-compatible server for broken streams, and
 measure it. Exit status: 0 when every invariant held, 1 when one broke, 2 for
-a usage error or an unreachable server.
+a usage error or an unreachable server, 3 when none broke but a check could
+not be exercised (no stream merged under backpressure, abort not verifiable).
 
     sluice audit --base-url http://127.0.0.1:8000 --model NAME [--profile quick|full]
         [--scenarios lag,stops,...] [--<scenario>-<size> N ...] [--json out.json]

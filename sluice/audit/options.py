@@ -29,6 +29,17 @@ class LagSize:
 
 
 @dataclass(frozen=True, slots=True)
+class BackpressureSize:
+    streams: int = _size(1, "paused streams per API, each beside the same request read at once")
+    max_tokens: int = _size(512, "max_tokens of each stream (ignore_eos where supported)")
+    top: int = _size(20, "top_logprobs asked for (bytes per token: buffers fill sooner)")
+    n: int = _size(2, "choices per chat and completions stream (bytes per step)")
+    pause_s: float = _size(
+        25.0, "longest a paused reader reads nothing (it resumes when its control ends)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class LogprobsSize:
     requests: int = _size(1, "requests per API (completions and chat)")
     top: int = _size(3, "top alternatives asked for")
@@ -128,6 +139,7 @@ class AgentApiSize:
 @dataclass(frozen=True, slots=True)
 class Sizes:
     lag: LagSize = LagSize()
+    backpressure: BackpressureSize = BackpressureSize()
     logprobs: LogprobsSize = LogprobsSize()
     determinism: DeterminismSize = DeterminismSize()
     choices: ChoicesSize = ChoicesSize()
@@ -148,6 +160,7 @@ SCENARIO_NAMES = tuple(f.name for f in fields(Sizes))
 QUICK = Sizes()
 FULL = Sizes(
     lag=LagSize(streams=48, max_tokens=128, long_prompts=8, long_prompt_words=3000),
+    backpressure=BackpressureSize(streams=2, max_tokens=1024, n=4),
     logprobs=LogprobsSize(requests=4, top=5, max_tokens=64),
     determinism=DeterminismSize(probes=2, crowd=16, top=5, max_tokens=64),
     choices=ChoicesSize(n=3, prompts=3, max_tokens=48),

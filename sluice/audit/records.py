@@ -14,15 +14,19 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ReaderKind = Literal["normal", "slow", "abandon"]
+ReaderKind = Literal["normal", "slow", "abandon", "pause"]
 # "break": the OpenAI API's contract broke; "extension": a vLLM extension the
 # server supports (its preflight probe passed) broke; "strict": a rule sluice
-# holds itself to beyond the API (reported with --strict only); "note":
-# reported, never failed. Every severity but "note" fails the audit (exit 1).
-Severity = Literal["break", "extension", "strict", "note"]
+# holds itself to beyond the API (reported with --strict only); "unverified":
+# a check the audit could not exercise on this server (no stream merged, no
+# running-requests gauge): never a pass, nor a broken invariant (exit 3);
+# "note": reported, never failed. "break", "extension" and "strict" fail the
+# audit (exit 1).
+Severity = Literal["break", "extension", "strict", "unverified", "note"]
 FAILING_SEVERITIES = frozenset({"break", "extension", "strict"})
 
 COMPLETIONS = "/v1/completions"
@@ -56,6 +60,12 @@ class Reader:
     interval_s: float = 0.05
     # abandon: close the connection after this many SSE events arrived.
     abandon_after_events: int = 4
+    # pause: after this many SSE events, read nothing (the server's writes
+    # back up) until `resume` is set or `pause_s` passed, then read as fast
+    # as the bytes come.
+    pause_after_events: int = 1
+    pause_s: float = 0.0
+    resume: asyncio.Event | None = None
 
 
 # Weak references let `stream_view.view_of` remember each exchange's view
@@ -92,7 +102,9 @@ class Exchange:
     # Sent again on a fresh connection: the pooled one it went out on was dead
     # (closed by the server after its previous response) before any byte came.
     is_retried: bool = False
-    # The same request sent with `stream: false`, for I1 and for counting tokens.
+    # The same request sent with `stream: false`, for I1 and for counting
+    # tokens; in the backpressure scenario, the same request streamed to a
+    # reader that kept up (the paused stream's reference, chunk by chunk).
     twin: Exchange | None = None
     # Stops scenario: the greedy text of the same prompt without stop strings, per index.
     unstopped_texts: dict[int, str] | None = None
@@ -171,6 +183,11 @@ class AuditResult:
     @property
     def has_broken_invariant(self) -> bool:
         return any(finding.is_failure for finding in self.findings)
+
+    @property
+    def unverified(self) -> list[Finding]:
+        """Checks the audit could not exercise: the verdict cannot be a pass."""
+        return [finding for finding in self.findings if finding.severity == "unverified"]
 
     def results_for(self, target: str) -> list[ScenarioResult]:
         return [result for result in self.results if result.target == target]

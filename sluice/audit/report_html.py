@@ -17,7 +17,7 @@ from sluice.audit.metrics import (
     tokens_per_chunk_counts,
 )
 from sluice.audit.records import AuditResult, Finding, ScenarioResult
-from sluice.audit.summary import Summary
+from sluice.audit.summary import EXIT_PASS, EXIT_UNVERIFIED, Summary
 from sluice.audit.svg import PALETTE, Band, Series, bar_chart, line_chart
 
 MAX_CDF_POINTS = 300
@@ -33,7 +33,7 @@ table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; } th { background: #f4f4f4; }
 td:first-child, th:first-child { text-align: left; }
 tr.ratio td { color: #555; font-style: italic; }
-.break, .extension { color: #c62828; font-weight: bold; } .strict { color: #6a1b9a; } .note { color: #8a6d00; }
+.break, .extension { color: #c62828; font-weight: bold; } .strict { color: #6a1b9a; } .unverified { color: #b35900; } .note { color: #8a6d00; }
 pre { background: #f7f7f7; padding: 6px; white-space: pre-wrap; word-break: break-all; font-size: 12px; }
 .plots { display: flex; flex-wrap: wrap; gap: 12px; } .plots svg { border: 1px solid #eee; }
 details { margin: 4px 0; } summary { cursor: pointer; }
@@ -62,8 +62,11 @@ def write_html(result: AuditResult, summary: Summary, path: Path) -> None:
 
 
 def _header(result: AuditResult, summary: Summary) -> str:
-    is_pass = summary.exit_status == 0
-    verdict = "PASS: no invariant broken" if is_pass else "FAIL: invariants broken"
+    is_pass = summary.exit_status == EXIT_PASS
+    verdict = {
+        EXIT_PASS: "PASS: no invariant broken",
+        EXIT_UNVERIFIED: "UNVERIFIED: no invariant broken, not every check exercised",
+    }.get(summary.exit_status, "FAIL: invariants broken")
     targets = "".join(
         f"<li><b>{escape(t.label)}</b>: {escape(t.base_url)} · model <code>{escape(t.model)}</code></li>"
         for t in result.targets

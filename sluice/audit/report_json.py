@@ -5,7 +5,8 @@ scenarios, targets, exit_status, invariants_broken, findings (every finding
 with its evidence, cause and severity: break / extension / strict / note),
 findings_by_check, causes (grouped by check and cause, with every distinct
 message and the requests affected per target), coverage (responses each
-check could read), metrics (target -> scenario|"all" ->
+check could read), merging (target -> the backpressure scenario's "merging
+achieved on N of M streams" line), metrics (target -> scenario|"all" ->
 figures), ratios (compare mode: scenario -> metric -> B/A), determinism,
 figures (scenario-level measurements), timeline and tokens_per_chunk.
 """
@@ -51,6 +52,7 @@ def report_document(result: AuditResult, summary: Summary) -> dict[str, Any]:
             for cause in summary.causes
         ],
         "coverage": asdict(summary.coverage),
+        "merging": summary.merging,
         "metrics": {
             label: {scenario: asdict(row[label]) for scenario, row in summary.metrics.items()}
             for label in labels

@@ -157,6 +157,7 @@ def _coverage(summary: Summary) -> list[str]:
         )
         idle = "  (nothing to check)" if not any(counts.values()) else ""
         lines.append(f"  {check_id}: {cells}{idle}")
+    lines += [f"  [{label}] backpressure: {line}" for label, line in summary.merging.items()]
     return lines
 
 
@@ -184,6 +185,9 @@ def _figures(summary: Summary) -> list[str]:
 
 def _verdict(result: AuditResult, summary: Summary) -> str:
     broken = [f for f in result.findings if f.is_failure]
+    if not broken and result.unverified:
+        checks = ", ".join(sorted({f.check_id for f in result.unverified}))
+        return f"UNVERIFIED: no invariant broken, but not every check was exercised: {checks}."
     if not broken:
         return "PASS: no invariant broken."
     checks = sorted({f.check_id for f in broken})

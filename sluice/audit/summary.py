@@ -16,8 +16,13 @@ from sluice.audit.checks.exchange import ensure_view
 from sluice.audit.compare import ratios
 from sluice.audit.metrics import ScenarioMetrics, summarize
 from sluice.audit.records import AGENT_ENDPOINTS, AuditResult, Exchange, Finding, Severity
+from sluice.audit.scenarios.backpressure import NAME as BACKPRESSURE
+from sluice.audit.scenarios.backpressure import merging_line
 
-SEVERITY_ORDER: tuple[Severity, ...] = ("break", "extension", "strict", "note")
+SEVERITY_ORDER: tuple[Severity, ...] = ("break", "extension", "strict", "unverified", "note")
+# Exit statuses: every invariant held; one broke; none broke but a check could
+# not be exercised (no stream merged, abort not verifiable): not a pass.
+EXIT_PASS, EXIT_BROKEN, EXIT_UNVERIFIED = 0, 1, 3
 
 
 @dataclass(slots=True)
@@ -88,6 +93,9 @@ class Summary:
     # target label -> scenario -> figure name -> value.
     figures: dict[str, dict[str, dict[str, float]]]
     exit_status: int
+    # target label -> "merging achieved on N of M streams (per API)", where
+    # the backpressure scenario ran.
+    merging: dict[str, str] = field(default_factory=dict)
 
 
 def summarize_audit(result: AuditResult) -> Summary:
@@ -120,8 +128,20 @@ def summarize_audit(result: AuditResult) -> Summary:
             label: {r.scenario: r.figures for r in result.results_for(label) if r.figures}
             for label in labels
         },
-        exit_status=1 if result.has_broken_invariant else 0,
+        exit_status=exit_status_of(result),
+        merging={
+            label: merging_line(r.figures)
+            for label in labels
+            for r in result.results_for(label)
+            if r.scenario == BACKPRESSURE and "paused_streams" in r.figures
+        },
     )
+
+
+def exit_status_of(result: AuditResult) -> int:
+    if result.has_broken_invariant:
+        return EXIT_BROKEN
+    return EXIT_UNVERIFIED if result.unverified else EXIT_PASS
 
 
 def _determinism(result: AuditResult, label: str) -> Determinism:
@@ -179,7 +199,7 @@ def group_causes(findings: list[Finding], labels: list[str]) -> list[Cause]:
 
 def failing_headline(causes: list[Cause], findings: list[Finding]) -> str:
     """ "N causes in M checks (K requests)" over the failing findings."""
-    failing = [cause for cause in causes if cause.severity != "note"]
+    failing = [cause for cause in causes if cause.severity not in ("note", "unverified")]
     checks = {cause.check_id for cause in failing}
     responses = {(f.target, f.response_id or id(f)) for f in findings if f.is_failure}
     return f"{len(failing)} causes in {len(checks)} checks ({len(responses)} requests)"

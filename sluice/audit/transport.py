@@ -6,7 +6,11 @@ every piece of the body with its arrival time. Three readers:
 - slow: take a few hundred bytes from the socket, sleep, repeat. Slow readers
   use their own connections with a small receive buffer and a small read
   buffer, so the server's writes back up instead of landing in our memory;
-- abandon: close the connection after a few events (a client that goes away).
+- abandon: close the connection after a few events (a client that goes away);
+- pause: read the first event(s), then nothing until told to resume (or a
+  while passed), then everything as it comes: on a small-buffer connection,
+  a server's writes back up for the whole pause, and a server that merges
+  deltas must merge them then.
 
 Transport failures never raise: they are recorded in `transport_error`.
 A request that fails on a reused pooled connection before any byte of an
@@ -19,6 +23,7 @@ and the server's habit is reported once, as a note (`closed_connection_note`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -31,9 +36,12 @@ from sluice.audit.checks.evidence import scenario_finding
 from sluice.audit.progress import Progress
 from sluice.audit.records import Exchange, Finding, Reader, Target
 
+# Set before connect, so the window the server sees is small from the start.
 SLOW_RECEIVE_BUFFER_BYTES = 4096
 SLOW_READ_BUFFER_BYTES = 1024
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+# Readers whose connections have a small receive buffer and a small read buffer.
+_SMALL_BUFFER_READERS = frozenset({"slow", "pause"})
 
 
 @dataclass(slots=True)
@@ -76,6 +84,15 @@ async def _mark_reused(session: Any, context: Any, params: Any) -> None:
 def _never_answered(exchange: Exchange) -> bool:
     """Failed before any byte of an answer: the server never took the request."""
     return exchange.transport_error is not None and exchange.status is None and not exchange.raw
+
+
+async def _pause(reader: Reader) -> None:
+    """Until the reader's `resume` is set, at most `pause_s`."""
+    if reader.resume is None:
+        await asyncio.sleep(reader.pause_s)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(reader.resume.wait(), reader.pause_s)
 
 
 class Client:
@@ -168,7 +185,7 @@ class Client:
         self, exchange: Exchange, reader: Reader, data: bytes, *, is_fresh: bool
     ) -> bool:
         """One attempt; whether it went out on a reused pooled connection."""
-        session = self._sessions[(reader.kind == "slow", is_fresh)]
+        session = self._sessions[(reader.kind in _SMALL_BUFFER_READERS, is_fresh)]
         attempt = _Attempt()
         try:
             url = self.target.base_url + exchange.endpoint
@@ -200,7 +217,7 @@ class Client:
         reader: Reader,
         pieces: list[bytes],
     ) -> None:
-        received, separators, last_byte = 0, 0, b""
+        received, separators, last_byte, has_paused = 0, 0, b"", False
         stream = response.content
         while piece := await (
             stream.read(reader.read_bytes) if reader.kind == "slow" else stream.readany()
@@ -211,12 +228,19 @@ class Client:
             exchange.arrival_times_s.append(self.now_s())
             if reader.kind == "slow":
                 await asyncio.sleep(reader.interval_s)
-            elif reader.kind == "abandon":
-                separators += (last_byte + piece).count(b"\n\n")
-                last_byte = piece[-1:]
-                if separators >= reader.abandon_after_events:
-                    response.close()  # drops the connection: the server sees a disconnect
-                    return
+                continue
+            separators += (last_byte + piece).count(b"\n\n")
+            last_byte = piece[-1:]
+            if reader.kind == "abandon" and separators >= reader.abandon_after_events:
+                response.close()  # drops the connection: the server sees a disconnect
+                return
+            if (
+                reader.kind == "pause"
+                and not has_paused
+                and separators >= reader.pause_after_events
+            ):
+                has_paused = True
+                await _pause(reader)
 
     async def get(self, path: str) -> Probe:
         assert self._sessions, "use Client inside `async with`"

@@ -1,11 +1,13 @@
 """Every check id the audit can report, with its severity and one line saying
 what broke. Ids are stable: tools parse them from the JSON report.
 
-Four classes (`records.Severity`): "break", the OpenAI API's contract;
+Five classes (`records.Severity`): "break", the OpenAI API's contract;
 "extension", a vLLM extension the server supports (preflight probed it) that
 misbehaved; "strict", rules sluice holds itself to beyond the API (reported
-with --strict only); "note", reported but never failed: a correct server may
-produce them. All but notes make the audit exit with status 1.
+with --strict only); "unverified", a check the audit could not exercise on
+this server (exit 3 when nothing broke: not a pass); "note", reported but
+never failed: a correct server may produce them. Breaks, extensions and
+strict rules make the audit exit with status 1.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ _BREAK = {
     "logprob_nonfinite": "a logprob is NaN, Infinity or not a number",
     "logprob_greedy_head": "under greedy decoding a sampled token does not head its own "
     "top_logprobs with its own logprob",
+    "logprob_own_entry": "a token listed among its own top_logprobs at another logprob than "
+    "its own (any sampling; under greedy reported as logprob_greedy_head)",
     "logprob_text_offset": "completions text_offset does not continue across chunks",
     # Structured outputs (the structured scenario).
     "structured_invalid_json": "a json_schema answer that finished with stop is not JSON",
@@ -138,6 +142,13 @@ _STRICT = {
     "error_param_missing": "an error object without the `param` key",
 }
 
+_UNVERIFIED = {
+    "backpressure_not_exercised": "no paused stream merged deltas beyond the same request read "
+    "at once: the checks of merged chunks read nothing",
+    "abort_not_verifiable": "whether abandoned streams stopped could not be seen (no "
+    "running-requests gauge in /metrics, or the streams would have ended by then anyway)",
+}
+
 _NOTE = {
     "extension_unsupported": "a vLLM extension the server does not support (no scenario sends it)",
     "model_name_ignored": "the server answers any model name, so the unknown-model case is skipped",
@@ -165,6 +176,7 @@ CHECKS: dict[str, CheckInfo] = {
     **{check_id: CheckInfo("break", summary) for check_id, summary in _BREAK.items()},
     **{check_id: CheckInfo("extension", summary) for check_id, summary in _EXTENSION.items()},
     **{check_id: CheckInfo("strict", summary) for check_id, summary in _STRICT.items()},
+    **{check_id: CheckInfo("unverified", summary) for check_id, summary in _UNVERIFIED.items()},
     **{check_id: CheckInfo("note", summary) for check_id, summary in _NOTE.items()},
 }
 
@@ -180,7 +192,8 @@ SUBSUMED_BY: dict[str, frozenset[str]] = {
     "usage_continuous_missing": _ENDED_BY_ERROR,
     "finish_reason_count": _ENDED_BY_ERROR,
     "index_missing": _ENDED_BY_ERROR,
-    "logprob_alignment": frozenset({"duplicate_delta", "skipped_delta"}),
+    # Responses deltas whose entries went missing no longer spell their text.
+    "logprob_alignment": frozenset({"duplicate_delta", "skipped_delta", "responses_logprobs"}),
     # Alternatives copied from another position do not head the token they sit on.
     "logprob_greedy_head": frozenset({"logprob_copied"}),
     # message_start without input_tokens leaves the message's usage without them.

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sluice.audit.checks.responses_final import wants_logprobs
+from sluice.audit.checks.responses_tokens import delta_chunks
 from sluice.audit.records import AGENT_ENDPOINTS, MESSAGES, RESPONSES, Exchange
 from sluice.audit.stream_view import StreamView, view_of
 
@@ -52,6 +53,22 @@ def _has_greedy_alternatives(exchange: Exchange, view: StreamView) -> bool:
     return (
         view.request.is_greedy and bool(view.request.top_logprobs) and _has_entries(exchange, view)
     )
+
+
+def _has_responses_entries(exchange: Exchange, view: StreamView) -> bool:
+    """A Responses stream whose text deltas carry logprob entries (responses_tokens.py)."""
+    body = exchange.body or {}
+    return (
+        exchange.endpoint == RESPONSES
+        and exchange.is_ok
+        and view.sse is not None
+        and wants_logprobs(body)
+        and any(chunk.logprobs for chunk in delta_chunks(exchange))
+    )
+
+
+def _either(*predicates: Applies) -> Applies:
+    return lambda exchange, view: any(applies(exchange, view) for applies in predicates)
 
 
 def _has_twin(exchange: Exchange, view: StreamView) -> bool:
@@ -129,8 +146,8 @@ COVERAGE: dict[str, Applies] = {
     "usage_placement": _has_usage_asked,
     "usage_continuous_inexact": _has_continuous_usage,
     "logprob_count": _has_entries,
-    "logprob_alignment": _has_exact_entries,
-    "logprob_greedy_head": _has_greedy_alternatives,
+    "logprob_alignment": _either(_has_exact_entries, _has_responses_entries),
+    "logprob_greedy_head": _either(_has_greedy_alternatives, _has_responses_entries),
     "logprob_text_offset": _has_offsets_to_compare,
     "replacement_char": _is_stream,
     "stop_leak": _has_stops,

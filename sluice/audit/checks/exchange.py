@@ -17,6 +17,7 @@ from sluice.audit.checks.messages import check_messages_stream
 from sluice.audit.checks.messages_final import check_messages_final, check_messages_status
 from sluice.audit.checks.responses import check_responses_stream
 from sluice.audit.checks.responses_final import check_responses_final, check_responses_twin
+from sluice.audit.checks.responses_tokens import check_responses_tokens
 from sluice.audit.checks.shape import check_shape
 from sluice.audit.checks.text import check_text
 from sluice.audit.checks.usage import check_usage
@@ -35,7 +36,13 @@ RESPONSE_CHECKS: tuple[Check, ...] = (
     check_text,
 )
 CHECKS_BY_ENDPOINT: dict[str, tuple[Check, ...]] = {
-    RESPONSES: (check_status, check_responses_stream, check_responses_final, check_responses_twin),
+    RESPONSES: (
+        check_status,
+        check_responses_stream,
+        check_responses_final,
+        check_responses_twin,
+        check_responses_tokens,
+    ),
     MESSAGES: (check_messages_status, check_messages_stream, check_messages_final),
 }
 

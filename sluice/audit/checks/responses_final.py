@@ -204,8 +204,11 @@ def check_responses_twin(exchange: Exchange, view: StreamView) -> list[Finding]:
         return []
     problems = _streamed_entries(exchange, streamed)
     whole = final_response(exchange.twin)[0] if exchange.twin is not None else None
+    twin_body = (exchange.twin.body if exchange.twin is not None else None) or {}
     if whole is not None and whole.get("status") != "failed":
-        problems += _twin_problems(streamed, whole, wants_logprobs(exchange.body or {}))
+        # A twin without logprobs (the backpressure scenario's control) has no tokens to compare.
+        has_logprobs = wants_logprobs(exchange.body or {}) and wants_logprobs(twin_body)
+        problems += _twin_problems(streamed, whole, has_logprobs)
     return [finding(check_id, exchange, message, numbers, view=view)
             for check_id, message in problems]  # fmt: skip
 

@@ -55,11 +55,18 @@ def _check_replacement(
     twin_chunks: list[ChoiceChunk] | None,
 ) -> list[Finding]:
     allowed = _text(twin_chunks).count("\ufffd") if twin_chunks is not None else 0
+    if twin_chunks is None and _is_cut_mid_character(chunks):
+        allowed = 1  # max_tokens cut a character: its bytes decode as one U+FFFD at the end
     if _text(chunks).count("\ufffd") <= allowed:
         return []
     numbers = [chunk.number for chunk in chunks if "\ufffd" in chunk.text]
     message = f"U+FFFD in {len(numbers)} deltas; the non-streamed text has {allowed}"
     return [finding("replacement_char", exchange, message, numbers, view=view)]
+
+
+def _is_cut_mid_character(chunks: list[ChoiceChunk]) -> bool:
+    last = chunks[-1]
+    return last.finish_reason == "length" and _text(chunks).endswith("\ufffd")
 
 
 def _check_stop_leak(

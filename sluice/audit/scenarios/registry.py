@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from sluice.audit.records import ScenarioResult
+from sluice.audit.scenarios.backpressure import run_backpressure
 from sluice.audit.scenarios.bad_inputs import run_bad_inputs
 from sluice.audit.scenarios.base import ScenarioContext
 from sluice.audit.scenarios.choices import run_choices
@@ -25,6 +26,7 @@ Scenario = Callable[[ScenarioContext], Awaitable[ScenarioResult]]
 
 SCENARIOS: dict[str, Scenario] = {
     "lag": run_lag,
+    "backpressure": run_backpressure,
     "logprobs": run_logprobs,
     "determinism": run_determinism,
     "choices": run_choices,
