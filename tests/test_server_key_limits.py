@@ -260,8 +260,12 @@ def test_control_characters_in_a_path_never_forge_an_access_log_line(tmp_path, c
         headers = {"Authorization": f"Bearer {SECRETS['chat']}"}
         assert client.get(FORGED, headers=headers).status_code == 404
         assert client.post(FORGED, headers=headers).status_code in (404, 405)
+        forged_id = {"X-Request-Id": 'r1 "POST /v1/completions" 200 prompt_tokens=9'}
+        response = client.get("/v1/models", headers=forged_id | headers)
+        assert response.headers["x-request-id"] != forged_id["X-Request-Id"]
     access = [r.getMessage() for r in caplog.records if r.name == "sluice.access"]
-    assert len(access) == 3
+    assert access[3].startswith(response.headers["x-request-id"] + ' "GET /v1/models" 200 ')
+    access = access[:3]
     for line in access:
         assert line.isprintable(), line
         assert line.count('"') - line.count('\\"') == 2  # the request's own quotes only

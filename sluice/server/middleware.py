@@ -166,10 +166,14 @@ def _request_id(scope: Scope) -> str:
     for name, value in scope["headers"]:
         if name == REQUEST_ID_HEADER:
             text = value.decode("latin-1").strip()
-            # Echo only what is safe in a header and a log line.
-            if text and len(text) <= _MAX_REQUEST_ID_CHARS and text.isprintable():
+            # Echo only what is safe in a header and one field of a log line.
+            if text and len(text) <= _MAX_REQUEST_ID_CHARS and _is_one_field(text):
                 return text
     return uuid.uuid4().hex
+
+
+def _is_one_field(text: str) -> bool:
+    return text.isprintable() and not any(c.isspace() or c in '"\\' for c in text)
 
 
 class ApiKeyMiddleware:
