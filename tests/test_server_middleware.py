@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import logging
+import re
 
 import httpx2
 import orjson
 from fastapi import FastAPI, Request
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.responses import Response, StreamingResponse
 
 from sluice.config import ServerConfig
-from sluice.server.middleware import middleware_stack
+from sluice.server.middleware import RequestLog, log_safe, middleware_stack
 
 
 def tiny_app(config: ServerConfig) -> FastAPI:
@@ -122,3 +126,16 @@ def test_cors_is_off_unless_origins_are_configured():
     # The preflight carries no key and still succeeds: CORS sits outside the key check.
     assert preflight.status_code == 200
     assert preflight.headers["access-control-allow-origin"] == "http://ui.example"
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(st.text(), st.text(st.characters(codec="utf-8")))
+def test_whatever_a_path_holds_its_log_line_is_one_line_with_its_own_quotes(path, name):
+    line = RequestLog("id", "GET", path, status=200, key_name=name).line()
+    assert line.isprintable()  # no line break, separator or control character
+    quoted = line.split(" ", 1)[1]
+    assert quoted.startswith('"GET ')
+    # The request's closing quote is the first unescaped quote after the opening one.
+    end = re.search(r'(?<!\\)(?:\\\\)*"', quoted[1:])
+    assert quoted[1 : 1 + end.end()] == f"GET {log_safe(path)}" + '"'
+    assert ast.literal_eval(f'"{log_safe(path)}"') == path  # the escapes read back

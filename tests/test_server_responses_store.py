@@ -1,13 +1,16 @@
 """The Responses store as tenants meet it, over HTTP: a stored response is its
 API key's alone (GET, DELETE, previous_response_id and input_tokens answer any
 other key as if it never existed); metadata is bounded as OpenAI bounds it; the
-store is bounded in bytes, whatever a response echoes. Also the store alone."""
+store is bounded in bytes, whatever a response echoes. Also the store alone,
+under random puts, gets and deletes by several owners (hypothesis)."""
 
 from __future__ import annotations
 
 import httpx2
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sluice.errors import NotFoundError
 from sluice.server.response_store import ResponseStore, StoredResponse
@@ -165,3 +168,39 @@ def test_replacing_and_deleting_keep_the_byte_count():
         store.delete("a", b"other")
     store.delete("a", b"k")
     assert store.num_bytes == 0 and len(store) == 0
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["put", "get", "delete"]), st.sampled_from("xyz"),
+                  st.sampled_from([None, b"alice", b"bob"]), st.integers(0, 300)),
+        max_size=40,
+    )
+)  # fmt: skip
+def test_a_response_is_found_by_its_owner_only_and_the_bytes_stay_bounded(operations):
+    max_bytes = 3 * stored("x", 150).num_bytes()
+    store = ResponseStore(max_bytes=max_bytes)
+    owners: dict[str, bytes | None] = {}  # who last stored each id (it may be evicted since)
+    for operation, response_id, owner, num_chars in operations:
+        if operation == "put":
+            store.put(stored(response_id, num_chars, owner))
+            owners[response_id] = owner
+        elif response_id not in owners or owners[response_id] != owner:
+            with pytest.raises(NotFoundError):
+                getattr(store, operation)(response_id, owner)
+        elif _is_kept(store, response_id, owner) and operation == "delete":
+            store.delete(response_id, owner)
+            del owners[response_id]
+        assert store.num_bytes <= max_bytes
+    kept = [i for i, owner in owners.items() if _is_kept(store, i, owner)]
+    assert len(store) == len(kept)
+    assert store.num_bytes == sum(store.get(i, owners[i]).num_bytes() for i in kept)
+
+
+def _is_kept(store: ResponseStore, response_id: str, owner: bytes | None) -> bool:
+    try:
+        store.get(response_id, owner)
+    except NotFoundError:
+        return False
+    return True
