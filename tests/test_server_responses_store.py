@@ -204,3 +204,13 @@ def _is_kept(store: ResponseStore, response_id: str, owner: bytes | None) -> boo
     except NotFoundError:
         return False
     return True
+
+
+def test_the_store_bound_is_a_size_flag():
+    from sluice.cli import build_parser, server_config_from
+
+    args = build_parser().parse_args(["serve", "--responses-store-memory", "64MiB"])
+    assert server_config_from(args).responses_store_bytes == 64 << 20
+    assert server_config_from(build_parser().parse_args(["serve"])).responses_store_bytes == (
+        256 << 20
+    )
