@@ -22,7 +22,8 @@ import torch
 import transformers
 
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
-from sluice.models.config import LlamaConfig
+from sluice.models.decoder_config import DecoderConfig
+from sluice.models.families.registry import parse_hf_config
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.quantization import QUANTIZATION_MODES
 
@@ -54,7 +55,7 @@ def random_hf_model() -> transformers.LlamaForCausalLM:
 
 
 def load_ours(
-    config: LlamaConfig, dtype: torch.dtype, hf_model: transformers.PreTrainedModel, mode: str
+    config: DecoderConfig, dtype: torch.dtype, hf_model: transformers.PreTrainedModel, mode: str
 ) -> LlamaForCausalLM:
     model = LlamaForCausalLM(config, dtype, "cpu")
     model.load_weights(hf_model.state_dict().items())
@@ -148,7 +149,7 @@ def main() -> None:
         parser.error("--clock thread measures one thread: use --threads 1")
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
     torch.set_num_threads(args.threads)
-    config = LlamaConfig.from_hf_dict(SMOLLM2_135M)
+    config = parse_hf_config(SMOLLM2_135M)
     hf_model = random_hf_model()
     for dtype_name in args.dtypes:
         dtype = DTYPES[dtype_name]

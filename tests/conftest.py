@@ -74,10 +74,10 @@ def tiny_loaded(tiny_llama: TinyModel) -> LoadedModel:
 
     from sluice.loader.choices import ModelChoices
     from sluice.loader.loaded_model import LoadedModel
-    from sluice.models.config import LlamaConfig
+    from sluice.models.families.registry import parse_hf_config
     from sluice.models.llama import LlamaForCausalLM
 
-    model_config = LlamaConfig.from_hf_dict(tiny_llama.config_dict)
+    model_config = parse_hf_config(tiny_llama.config_dict)
     model = LlamaForCausalLM(model_config, torch.float32, torch.device("cpu"))
     model.load_weights(tiny_llama.weights())
     return LoadedModel(

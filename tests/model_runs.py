@@ -18,8 +18,7 @@ from sluice.engine.sampling_params import SamplingParams
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
-from sluice.models.config import LlamaConfig
-from sluice.models.families import build_model
+from sluice.models.families.registry import build_model, parse_hf_config
 from sluice.models.llama import LlamaForCausalLM
 from tests.model_factory import TinyModel
 
@@ -64,7 +63,7 @@ class PagedRunner:
 
 def loaded_float32(tiny: TinyModel) -> LoadedModel:
     """`tiny` built by its family's class in float32 and loaded, as the engine gets a model."""
-    config = LlamaConfig.from_hf_dict(tiny.config_dict)
+    config = parse_hf_config(tiny.config_dict)
     model = build_model(config, torch.float32, torch.device("cpu"), False)
     model.load_weights(tiny.weights())
     return LoadedModel(

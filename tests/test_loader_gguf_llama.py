@@ -12,6 +12,7 @@ from gguf.quants import quantize
 from sluice.errors import ModelLoadError
 from sluice.loader import gguf_llama
 from sluice.loader.sources import embedded_gguf_path
+from sluice.models.families.registry import gguf_family
 
 
 def llama_cpp_permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
@@ -210,7 +211,7 @@ def test_untied_head_and_q_bias_show_in_the_config(tmp_path):
     ],
 )  # fmt: skip
 def test_each_family_maps_llama_cpps_names_onto_its_hf_modules(arch, gguf_name, hf_name):
-    assert gguf_llama.hf_tensor_name(gguf_name, gguf_llama.FAMILIES[arch]) == hf_name
+    assert gguf_llama.hf_tensor_name(gguf_name, gguf_family(arch).gguf) == hf_name
 
 
 def test_a_llama_gguf_has_no_post_norms():
@@ -237,9 +238,9 @@ def test_gemma3_metadata_becomes_hf_gemma3_with_llama_cpps_fixed_choices(tmp_pat
 def test_gemma3s_linear_rope_scaling_applies_to_its_global_layers(tmp_path):
     metadata = GEMMA3_METADATA | {"rope.scaling.type": "linear", "rope.scaling.factor": 8.0}
     config = gguf_llama.hf_config(write_gguf(tmp_path / "g.gguf", "gemma3", metadata, {}))
-    from sluice.models.config import LlamaConfig
+    from sluice.models.families.registry import parse_hf_config
 
-    parsed = LlamaConfig.from_hf_dict(config)
+    parsed = parse_hf_config(config)
     assert parsed.rope_scaling == {"rope_type": "linear", "factor": 8.0}
     assert parsed.rope_local_theta == 10000.0
 

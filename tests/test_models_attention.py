@@ -22,7 +22,8 @@ from sluice.models.attention import (
     kv_cache_bytes_per_block,
     paged_attention,
 )
-from sluice.models.config import LlamaConfig
+from sluice.models.decoder_config import DecoderConfig
+from sluice.models.families.registry import parse_hf_config
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 6, 2, 8
 BLOCK_SIZE = 4
@@ -218,8 +219,8 @@ def test_build_refuses_a_block_table_too_short_for_its_sequence():
         AttentionMetadata.build([3], [4], [[1]], BLOCK_SIZE, "cpu")
 
 
-def tiny_config(num_layers: int = 3) -> LlamaConfig:
-    return LlamaConfig.from_hf_dict(
+def tiny_config(num_layers: int = 3) -> DecoderConfig:
+    return parse_hf_config(
         {
             "architectures": ["LlamaForCausalLM"],
             "vocab_size": 32,

@@ -1,4 +1,4 @@
-"""Parsing HF config.json dicts into LlamaConfig, in both transformers layouts."""
+"""Parsing HF config.json dicts into DecoderConfig, in both transformers layouts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import math
 import pytest
 
 from sluice.errors import ModelLoadError
-from sluice.models.config import LlamaConfig, UnsupportedRopeScalingError
+from sluice.models.decoder_config import UnsupportedRopeScalingError
+from sluice.models.families.registry import parse_hf_config
 from sluice.models.rope_norm import rope_inv_freq
 
 # Abridged from the published config.json files of real checkpoints.
@@ -106,7 +107,7 @@ def transformers5_layout(d: dict) -> dict:
 
 
 def test_llama_3_2_parses_llama3_rope_scaling():
-    config = LlamaConfig.from_hf_dict(LLAMA_3_2_1B)
+    config = parse_hf_config(LLAMA_3_2_1B)
     assert config.architecture == "LlamaForCausalLM"
     assert config.rope_theta == 500000.0
     assert config.rope_scaling == {
@@ -123,48 +124,48 @@ def test_llama_3_2_parses_llama3_rope_scaling():
 
 @pytest.mark.parametrize("raw", [LLAMA_3_2_1B, QWEN2_5_0_5B, MISTRAL_7B_V0_3, SMOLLM2_135M])
 def test_transformers5_rope_parameters_layout_parses_to_the_same_config(raw):
-    assert LlamaConfig.from_hf_dict(transformers5_layout(raw)) == LlamaConfig.from_hf_dict(raw)
+    assert parse_hf_config(transformers5_layout(raw)) == parse_hf_config(raw)
 
 
 def test_smollm2_derives_head_dim_and_has_plain_rope():
-    config = LlamaConfig.from_hf_dict(SMOLLM2_135M)
+    config = parse_hf_config(SMOLLM2_135M)
     assert config.head_dim == 64
     assert config.rope_scaling is None
     assert config.rope_theta == 100000.0
 
 
 def test_qwen2_has_qkv_bias_without_o_bias_and_ignores_its_disabled_window():
-    config = LlamaConfig.from_hf_dict(QWEN2_5_0_5B)
+    config = parse_hf_config(QWEN2_5_0_5B)
     assert config.attention_bias and not config.o_proj_bias
     assert config.sliding_window is None
     assert config.num_key_value_heads == 2
 
 
 def test_llama_attention_bias_puts_a_bias_on_all_four_projections():
-    config = LlamaConfig.from_hf_dict(LLAMA_3_2_1B | {"attention_bias": True})
+    config = parse_hf_config(LLAMA_3_2_1B | {"attention_bias": True})
     assert config.attention_bias and config.o_proj_bias
 
 
 def test_mistral_without_a_window_parses():
-    config = LlamaConfig.from_hf_dict(MISTRAL_7B_V0_3)
+    config = parse_hf_config(MISTRAL_7B_V0_3)
     assert config.architecture == "MistralForCausalLM"
     assert config.sliding_window is None
     assert not config.tie_word_embeddings
 
 
 def test_a_window_as_long_as_the_context_is_accepted_and_ignored():
-    config = LlamaConfig.from_hf_dict(MISTRAL_7B_V0_3 | {"sliding_window": 32768})
+    config = parse_hf_config(MISTRAL_7B_V0_3 | {"sliding_window": 32768})
     assert config.sliding_window == 32768
 
 
 def test_a_window_shorter_than_the_context_is_refused():
     with pytest.raises(ModelLoadError, match="sliding window attention is unsupported"):
-        LlamaConfig.from_hf_dict(MISTRAL_7B_V0_3 | {"sliding_window": 4096})
+        parse_hf_config(MISTRAL_7B_V0_3 | {"sliding_window": 4096})
 
 
 def test_unsupported_architecture_names_itself_and_the_supported_list():
     with pytest.raises(ModelLoadError) as excinfo:
-        LlamaConfig.from_hf_dict(SMOLLM2_135M | {"architectures": ["GPT2LMHeadModel"]})
+        parse_hf_config(SMOLLM2_135M | {"architectures": ["GPT2LMHeadModel"]})
     message = str(excinfo.value)
     assert "GPT2LMHeadModel" in message and "Qwen2ForCausalLM" in message
     assert "\n" not in message
@@ -172,64 +173,62 @@ def test_unsupported_architecture_names_itself_and_the_supported_list():
 
 def test_model_type_stands_in_for_missing_architectures():
     raw = {k: v for k, v in QWEN2_5_0_5B.items() if k != "architectures"}
-    assert LlamaConfig.from_hf_dict(raw).architecture == "Qwen2ForCausalLM"
+    assert parse_hf_config(raw).architecture == "Qwen2ForCausalLM"
 
 
 def test_legacy_type_key_selects_linear_scaling():
-    config = LlamaConfig.from_hf_dict(
-        SMOLLM2_135M | {"rope_scaling": {"type": "linear", "factor": 2.0}}
-    )
+    config = parse_hf_config(SMOLLM2_135M | {"rope_scaling": {"type": "linear", "factor": 2.0}})
     assert config.rope_scaling == {"rope_type": "linear", "factor": 2.0}
 
 
 def test_default_rope_type_means_no_scaling():
-    config = LlamaConfig.from_hf_dict(SMOLLM2_135M | {"rope_scaling": {"rope_type": "default"}})
+    config = parse_hf_config(SMOLLM2_135M | {"rope_scaling": {"rope_type": "default"}})
     assert config.rope_scaling is None
 
 
 def test_dynamic_rope_scaling_is_refused_as_a_value_error():
     raw = SMOLLM2_135M | {"rope_scaling": {"type": "dynamic", "factor": 2.0}}
     with pytest.raises(ValueError, match="'dynamic'"):
-        LlamaConfig.from_hf_dict(raw)
+        parse_hf_config(raw)
 
 
 def test_unknown_rope_type_is_refused_naming_the_type():
     raw = transformers5_layout(SMOLLM2_135M | {"rope_scaling": {"rope_type": "yarn", "factor": 4}})
     with pytest.raises(UnsupportedRopeScalingError, match="'yarn'") as excinfo:
-        LlamaConfig.from_hf_dict(raw)
+        parse_hf_config(raw)
     assert isinstance(excinfo.value, ModelLoadError)
 
 
 def test_llama3_scaling_without_its_frequency_factors_is_refused():
     raw = SMOLLM2_135M | {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
     with pytest.raises(ModelLoadError, match="low_freq_factor"):
-        LlamaConfig.from_hf_dict(raw)
+        parse_hf_config(raw)
 
 
 def test_missing_required_key_is_named():
     raw = {k: v for k, v in SMOLLM2_135M.items() if k != "intermediate_size"}
     with pytest.raises(ModelLoadError, match="intermediate_size"):
-        LlamaConfig.from_hf_dict(raw)
+        parse_hf_config(raw)
 
 
 def test_non_silu_activation_is_refused():
     with pytest.raises(ModelLoadError, match="gelu"):
-        LlamaConfig.from_hf_dict(SMOLLM2_135M | {"hidden_act": "gelu"})
+        parse_hf_config(SMOLLM2_135M | {"hidden_act": "gelu"})
 
 
 def test_query_heads_must_be_a_multiple_of_kv_heads():
     with pytest.raises(ModelLoadError, match="multiple"):
-        LlamaConfig.from_hf_dict(SMOLLM2_135M | {"num_key_value_heads": 2})
+        parse_hf_config(SMOLLM2_135M | {"num_key_value_heads": 2})
 
 
 def test_missing_kv_heads_means_multi_head_attention():
     raw = {k: v for k, v in SMOLLM2_135M.items() if k != "num_key_value_heads"}
-    config = LlamaConfig.from_hf_dict(raw)
+    config = parse_hf_config(raw)
     assert config.num_key_value_heads == 9
 
 
 def test_config_is_frozen():
-    config = LlamaConfig.from_hf_dict(SMOLLM2_135M)
+    config = parse_hf_config(SMOLLM2_135M)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.vocab_size = 1  # type: ignore[misc]
 
@@ -287,15 +286,16 @@ GEMMA_3_270M = {
 
 
 def test_qwen3_gets_q_k_norms_its_head_dim_and_no_bias():
-    config = LlamaConfig.from_hf_dict(QWEN3_0_6B)
-    assert config.has_qk_norm and not config.attention_bias and not config.o_proj_bias
+    config = parse_hf_config(QWEN3_0_6B)
+    assert config.qk_norm and not config.attention_bias and not config.o_proj_bias
     assert (config.head_dim, config.rope_theta, config.tie_word_embeddings) == (128, 1e6, True)
     assert config.attention_scale == 128**-0.5 and config.layer_types == ()
 
 
 def test_gemma3_keeps_its_window_pattern_local_rope_base_and_tied_head():
-    config = LlamaConfig.from_hf_dict(GEMMA_3_270M)
-    assert config.is_gemma3 and config.has_qk_norm and config.tie_word_embeddings
+    config = parse_hf_config(GEMMA_3_270M)
+    assert config.qk_norm and config.tie_word_embeddings
+    assert (config.norm_offset, config.embedding_scale) == (1.0, 640**0.5)
     assert config.sliding_window == 512
     assert [i for i, t in enumerate(config.layer_types) if t == "full_attention"] == [5, 11, 17]
     assert (config.rope_theta, config.rope_local_theta) == (1e6, 10000.0)
@@ -304,13 +304,13 @@ def test_gemma3_keeps_its_window_pattern_local_rope_base_and_tied_head():
 
 def test_gemma3_without_layer_types_takes_one_global_layer_in_six():
     d = {k: v for k, v in GEMMA_3_270M.items() if k != "layer_types"}
-    config = LlamaConfig.from_hf_dict(d | {"sliding_window_pattern": 3, "num_hidden_layers": 6})
+    config = parse_hf_config(d | {"sliding_window_pattern": 3, "num_hidden_layers": 6})
     assert config.layer_types == ("sliding_attention", "sliding_attention", "full_attention") * 2
 
 
 def test_gemma3_with_capped_attention_scores_is_refused():
     with pytest.raises(ModelLoadError, match="attn_logit_softcapping"):
-        LlamaConfig.from_hf_dict(GEMMA_3_270M | {"attn_logit_softcapping": 50.0})
+        parse_hf_config(GEMMA_3_270M | {"attn_logit_softcapping": 50.0})
 
 
 PHI_3_MINI_4K = {
@@ -334,8 +334,8 @@ PHI_3_MINI_4K = {
 
 
 def test_phi3_mini_4k_attends_within_its_window_on_every_layer():
-    config = LlamaConfig.from_hf_dict(PHI_3_MINI_4K)
-    assert config.has_fused_checkpoint and config.sliding_window == 2047
+    config = parse_hf_config(PHI_3_MINI_4K)
+    assert config.fused_checkpoint and config.sliding_window == 2047
     assert config.layer_types == ("sliding_attention",) * 32
     assert config.head_dim == 96
 
@@ -353,7 +353,7 @@ PHI_3_5_MINI = PHI_3_MINI_4K | {
 
 
 def test_phi3_5_longrope_reads_its_lists_original_length_and_attention_factor():
-    scaling = LlamaConfig.from_hf_dict(PHI_3_5_MINI).rope_scaling
+    scaling = parse_hf_config(PHI_3_5_MINI).rope_scaling
     assert scaling["rope_type"] == "longrope"
     assert scaling["original_max_position_embeddings"] == 4096
     assert scaling["attention_factor"] == pytest.approx(
@@ -368,20 +368,20 @@ def test_longrope_under_its_old_name_su_and_in_the_transformers_5_layout():
     new["rope_parameters"] = PHI_3_5_MINI["rope_scaling"] | {
         "rope_theta": 10000.0, "original_max_position_embeddings": 4096, "partial_rotary_factor": 1.0,
     }  # fmt: skip
-    expected = LlamaConfig.from_hf_dict(PHI_3_5_MINI)
-    assert LlamaConfig.from_hf_dict(old) == expected == LlamaConfig.from_hf_dict(new)
+    expected = parse_hf_config(PHI_3_5_MINI)
+    assert parse_hf_config(old) == expected == parse_hf_config(new)
 
 
 def test_longrope_with_a_given_attention_factor_keeps_it():
     scaling = PHI_3_5_MINI["rope_scaling"] | {"attention_factor": 1.25}
-    config = LlamaConfig.from_hf_dict(PHI_3_5_MINI | {"rope_scaling": scaling})
+    config = parse_hf_config(PHI_3_5_MINI | {"rope_scaling": scaling})
     assert config.rope_scaling["attention_factor"] == 1.25
 
 
 def test_longrope_without_both_lists_is_refused():
     scaling = {"type": "longrope", "short_factor": [1.0] * 48}
     with pytest.raises(ModelLoadError, match="'long_factor'"):
-        LlamaConfig.from_hf_dict(PHI_3_5_MINI | {"rope_scaling": scaling})
+        parse_hf_config(PHI_3_5_MINI | {"rope_scaling": scaling})
 
 
 # Phi-4-mini-instruct's shape: 24 heads of 128 dims, RoPE on the first 96.
@@ -395,7 +395,7 @@ PHI_4_MINI = PHI_3_5_MINI | {
 
 
 def test_phi4_mini_rotates_96_of_128_dims_at_top_level_and_in_rope_parameters():
-    config = LlamaConfig.from_hf_dict(PHI_4_MINI)
+    config = parse_hf_config(PHI_4_MINI)
     assert (config.head_dim, config.rotary_dim, config.has_partial_rotary) == (128, 96, True)
     assert rope_inv_freq(config).shape == (48,)  # one per LongRoPE factor
     new = {k: v for k, v in PHI_4_MINI.items()
@@ -403,11 +403,11 @@ def test_phi4_mini_rotates_96_of_128_dims_at_top_level_and_in_rope_parameters():
     new["rope_parameters"] = PHI_4_MINI["rope_scaling"] | {
         "rope_theta": 10000.0, "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
     }  # fmt: skip
-    assert LlamaConfig.from_hf_dict(new) == config
-    assert not LlamaConfig.from_hf_dict(PHI_3_5_MINI).has_partial_rotary
+    assert parse_hf_config(new) == config
+    assert not parse_hf_config(PHI_3_5_MINI).has_partial_rotary
 
 
 def test_partial_rotary_outside_phi3_is_refused():
     llama = PHI_3_MINI_4K | {"architectures": ["LlamaForCausalLM"], "partial_rotary_factor": 0.5}
     with pytest.raises(ModelLoadError, match="partial_rotary_factor 0.5 for LlamaForCausalLM"):
-        LlamaConfig.from_hf_dict(llama)
+        parse_hf_config(llama)

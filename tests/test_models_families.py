@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from sluice.loader.loaded_model import LoadedModel
-from sluice.models.config import LlamaConfig
-from sluice.models.families import build_model, describe_family
+from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.gemma3 import Gemma3ForCausalLM
 from sluice.models.llama import LlamaForCausalLM
 from tests.model_factory import GEMMA2_KIND, GEMMA3_KIND, TinyModel, build_tiny_model, make_core
@@ -107,7 +106,7 @@ def test_qwen3_with_heads_of_128_runs_bfloat16_native_kernels_near_float32(tmp_p
     from tests.model_runs import PagedRunner, assert_close_to_scale, hf_logits
 
     tiny = build_tiny_model("qwen3_untied", tmp_path, head_dim=128)
-    config = LlamaConfig.from_hf_dict(tiny.config_dict)
+    config = parse_hf_config(tiny.config_dict)
     model = build_model(config, torch.bfloat16, torch.device("cpu"), False)
     model.load_weights(tiny.weights())
     prompt = random_prompts(1, seed=5)[0]

@@ -16,7 +16,7 @@ import dataclasses
 import pytest
 import torch
 
-from sluice.models.config import LlamaConfig
+from sluice.models.families.registry import parse_hf_config
 from sluice.models.gemma3 import Gemma3ForCausalLM
 from tests.model_factory import (
     GEMMA2_KIND,
@@ -37,15 +37,16 @@ def tiny(tmp_path_factory) -> TinyModel:
 
 
 def load_ours(tiny: TinyModel, dtype=torch.float32, batch_invariant=False) -> Gemma3ForCausalLM:
-    config = LlamaConfig.from_hf_dict(tiny.config_dict)
+    config = parse_hf_config(tiny.config_dict)
     model = Gemma3ForCausalLM(config, dtype, "cpu", batch_invariant)
     model.load_weights(tiny.weights())
     return model
 
 
 def test_the_config_keeps_gemmas_window_layers_scalar_and_cap(tiny):
-    config = LlamaConfig.from_hf_dict(tiny.config_dict)
-    assert config.is_gemma3 and config.has_qk_norm
+    config = parse_hf_config(tiny.config_dict)
+    assert config.qk_norm and config.norm_offset == 1.0
+    assert config.embedding_scale == config.hidden_size**0.5
     assert config.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
     assert config.sliding_window == GEMMA3_SLIDING_WINDOW
     assert (config.rope_theta, config.rope_local_theta) == (1e6, 10000.0)
@@ -82,7 +83,7 @@ def test_greedy_continuation_past_the_window_matches_transformers_generate(tiny)
 
 def test_without_the_window_the_logits_would_differ(tiny):
     """The parity above sees the window: attending to everything moves the logits."""
-    config = dataclasses.replace(LlamaConfig.from_hf_dict(tiny.config_dict), sliding_window=10_000)
+    config = dataclasses.replace(parse_hf_config(tiny.config_dict), sliding_window=10_000)
     model = Gemma3ForCausalLM(config, torch.float32, "cpu")
     model.load_weights(tiny.weights())
     logits = PagedRunner(model).step([PROMPT], [0], [[]])[0]
@@ -133,8 +134,8 @@ def tiny_gemma2(tmp_path_factory) -> TinyModel:
 def test_gemma2_prompt_logits_match_transformers_and_need_the_attention_cap(tiny_gemma2):
     """Gemma 2: no q/k norms, sliding and global layers in turn, scores capped
     at 1.0 before the softmax on both kinds of layer."""
-    config = LlamaConfig.from_hf_dict(tiny_gemma2.config_dict)
-    assert not config.has_qk_norm and config.attn_logit_softcapping == 1.0
+    config = parse_hf_config(tiny_gemma2.config_dict)
+    assert not config.qk_norm and config.attn_logit_softcapping == 1.0
     assert config.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
     reference = hf_logits(tiny_gemma2, PROMPT)
     for cap, should_match in ((1.0, True), (None, False)):

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from sluice.models import kernel_plan
-from sluice.models.config import LlamaConfig
+from sluice.models.decoder_config import DecoderConfig
+from sluice.models.families.registry import parse_hf_config
 from sluice.models.kernel_plan import NATIVE, TORCH, KernelPlan, measure_prefill, parse_bands
 
 AMX_KERNEL = kernel_plan.AMX
@@ -143,8 +144,8 @@ def test_the_kept_file_round_trips_and_a_damaged_one_is_none(tmp_path):
     )  # fmt: skip
 
 
-def config(heads: int = 9, kv_heads: int = 3) -> LlamaConfig:
-    return LlamaConfig.from_hf_dict({
+def config(heads: int = 9, kv_heads: int = 3) -> DecoderConfig:
+    return parse_hf_config({
         "architectures": ["LlamaForCausalLM"], "hidden_size": 64 * heads,
         "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": heads,
         "num_key_value_heads": kv_heads, "vocab_size": 512, "max_position_embeddings": 8192,

@@ -132,10 +132,10 @@ def test_the_flag_is_derived_from_the_config_field():
 
 @native_prefill_here
 def test_the_real_measurement_runs_and_keeps_a_plan(wide_heads_folder, tmp_path):
-    from sluice.models.config import LlamaConfig
+    from sluice.models.families.registry import parse_hf_config
     from sluice.models.kernel_plan import parse_bands
 
-    config = LlamaConfig.from_hf_dict(json.loads((wide_heads_folder / "config.json").read_text()))
+    config = parse_hf_config(json.loads((wide_heads_folder / "config.json").read_text()))
     plan = kernel_race.plan_kernels("measure", config, torch.bfloat16, tmp_path, 300)
     # Which kernel wins depends on this CPU; that the plan is measured and kept does not.
     assert plan.source == "measured at load" and plan.prefill_attention in (

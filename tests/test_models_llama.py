@@ -18,7 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from sluice.errors import ModelLoadError
 from sluice.models import llama as llama_module
 from sluice.models.attention import AttentionMetadata
-from sluice.models.config import LlamaConfig
+from sluice.models.families.registry import parse_hf_config
 from sluice.models.linear import can_prepack
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.rope_norm import rope_cos_sin, rope_inv_freq
@@ -35,7 +35,7 @@ def tiny(request, tmp_path_factory) -> TinyModel:
 
 
 def load_ours(tiny: TinyModel, dtype=torch.float32) -> LlamaForCausalLM:
-    model = LlamaForCausalLM(LlamaConfig.from_hf_dict(tiny.config_dict), dtype, "cpu")
+    model = LlamaForCausalLM(parse_hf_config(tiny.config_dict), dtype, "cpu")
     model.load_weights(tiny.weights())
     return model
 
@@ -96,7 +96,7 @@ def test_bfloat16_model_runs_and_stays_near_float32(tiny):
 @pytest.mark.parametrize("kind", ["llama_tied", "llama3_untied"])
 def test_rope_tables_match_transformers_rotary_embedding(kind):
     hf_config = tiny_hf_config(kind)
-    config = LlamaConfig.from_hf_dict(hf_config.to_dict() | {"architectures": ["LlamaForCausalLM"]})
+    config = parse_hf_config(hf_config.to_dict() | {"architectures": ["LlamaForCausalLM"]})
     cos, sin = rope_cos_sin(config, torch.float32, "cpu")
 
     positions = torch.arange(config.max_position_embeddings)[None]
@@ -110,22 +110,22 @@ def test_linear_rope_scaling_divides_the_frequencies_by_the_factor():
     base = {"architectures": ["LlamaForCausalLM"], "vocab_size": 8, "hidden_size": 32}
     base |= {"intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2}
     base |= {"max_position_embeddings": 64}
-    plain = rope_inv_freq(LlamaConfig.from_hf_dict(base))
+    plain = rope_inv_freq(parse_hf_config(base))
     linear = rope_inv_freq(
-        LlamaConfig.from_hf_dict(base | {"rope_scaling": {"type": "linear", "factor": 4.0}})
+        parse_hf_config(base | {"rope_scaling": {"type": "linear", "factor": 4.0}})
     )
     torch.testing.assert_close(linear, plain / 4.0)
 
 
 def test_load_weights_names_a_missing_tensor(tiny):
-    model = LlamaForCausalLM(LlamaConfig.from_hf_dict(tiny.config_dict), torch.float32, "cpu")
+    model = LlamaForCausalLM(parse_hf_config(tiny.config_dict), torch.float32, "cpu")
     weights = [(n, t) for n, t in tiny.weights() if n != "model.layers.1.mlp.down_proj.weight"]
     with pytest.raises(ModelLoadError, match=r"missing model\.layers\.1\.mlp\.down_proj\.weight"):
         model.load_weights(weights)
 
 
 def test_load_weights_names_an_unexpected_tensor_and_ignores_rotary_buffers(tiny):
-    model = LlamaForCausalLM(LlamaConfig.from_hf_dict(tiny.config_dict), torch.float32, "cpu")
+    model = LlamaForCausalLM(parse_hf_config(tiny.config_dict), torch.float32, "cpu")
     extra = [
         ("model.layers.0.self_attn.rotary_emb.inv_freq", torch.zeros(8)),
         ("model.layers.0.mlp.extra.weight", torch.zeros(2)),
@@ -137,7 +137,7 @@ def test_load_weights_names_an_unexpected_tensor_and_ignores_rotary_buffers(tiny
 
 
 def test_load_weights_refuses_a_tensor_of_the_wrong_shape(tiny):
-    model = LlamaForCausalLM(LlamaConfig.from_hf_dict(tiny.config_dict), torch.float32, "cpu")
+    model = LlamaForCausalLM(parse_hf_config(tiny.config_dict), torch.float32, "cpu")
     weights = dict(tiny.weights())
     weights["model.norm.weight"] = torch.ones(3)
     with pytest.raises(ModelLoadError, match=r"model\.norm\.weight has shape \(3,\)"):

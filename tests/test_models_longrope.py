@@ -21,7 +21,7 @@ from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 from sluice.config import ModelConfig
 from sluice.loader.loaded_model import load_model
 from sluice.models import longrope
-from sluice.models.config import LlamaConfig
+from sluice.models.families.registry import parse_hf_config
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.rope_norm import rope_cos_sin
 from tests.model_factory import (
@@ -49,7 +49,7 @@ def tiny(tmp_path_factory) -> TinyModel:
 
 
 def load_ours(tiny: TinyModel, max_model_len: int) -> LlamaForCausalLM:
-    config = LlamaConfig.from_hf_dict(tiny.config_dict)
+    config = parse_hf_config(tiny.config_dict)
     fitted = longrope.fit_to_context(config.rope_scaling, max_model_len)
     model = LlamaForCausalLM(dataclasses.replace(config, rope_scaling=fitted), torch.float32, "cpu")
     model.load_weights(tiny.weights())
@@ -57,7 +57,7 @@ def load_ours(tiny: TinyModel, max_model_len: int) -> LlamaForCausalLM:
 
 
 def test_the_config_reads_both_lists_and_transformers_attention_factor(tiny):
-    scaling = LlamaConfig.from_hf_dict(tiny.config_dict).rope_scaling
+    scaling = parse_hf_config(tiny.config_dict).rope_scaling
     assert scaling["original_max_position_embeddings"] == PHI3_LONGROPE_ORIGINAL
     # factor 256 / 16: sqrt(1 + ln 16 / ln 16), what transformers computed.
     assert scaling["attention_factor"] == pytest.approx(math.sqrt(2.0))
@@ -70,7 +70,7 @@ def test_the_config_reads_both_lists_and_transformers_attention_factor(tiny):
 
 @pytest.mark.parametrize("served_len", [PHI3_LONGROPE_ORIGINAL, 256])
 def test_rope_tables_equal_transformers_phi3_rotary_embedding(tiny, served_len):
-    config = LlamaConfig.from_hf_dict(tiny.config_dict)
+    config = parse_hf_config(tiny.config_dict)
     fitted = longrope.fit_to_context(config.rope_scaling, served_len)
     cos, sin = rope_cos_sin(dataclasses.replace(config, rope_scaling=fitted), torch.float32, "cpu")
     # transformers picks the list by the longest position it is given.
@@ -92,7 +92,7 @@ def test_a_long_context_uses_the_long_factors_as_transformers_does_on_a_long_pro
 
 
 def test_bfloat16_stays_near_transformers_past_the_original_length(tiny):
-    config = LlamaConfig.from_hf_dict(tiny.config_dict)
+    config = parse_hf_config(tiny.config_dict)
     model = LlamaForCausalLM(config, torch.bfloat16, "cpu")  # the long list: context 256
     model.load_weights(tiny.weights())
     # bfloat16's 8 mantissa bits over two layers: a few percent of the logit scale

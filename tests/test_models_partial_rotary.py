@@ -20,8 +20,7 @@ from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
 from sluice.errors import ModelLoadError
 from sluice.loader.loaded_model import LoadedModel
-from sluice.models.config import LlamaConfig
-from sluice.models.families import describe_family
+from sluice.models.families.registry import describe_family, parse_hf_config
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native.rope import rope_write_kv_kernel
 from sluice.models.rope_norm import RopeAngles, rope_cos_sin
@@ -56,7 +55,7 @@ def tiny(request, tmp_path_factory) -> TinyModel:
 
 def load_ours(tiny: TinyModel, dtype=torch.float32, **changes) -> LlamaForCausalLM:
     """The model at its own context (256: LongRoPE's long list), `changes` to its config."""
-    config = dataclasses.replace(LlamaConfig.from_hf_dict(tiny.config_dict), **changes)
+    config = dataclasses.replace(parse_hf_config(tiny.config_dict), **changes)
     model = LlamaForCausalLM(config, dtype, "cpu")
     model.load_weights(tiny.weights())
     return model
@@ -64,7 +63,7 @@ def load_ours(tiny: TinyModel, dtype=torch.float32, **changes) -> LlamaForCausal
 
 def test_the_config_reads_the_factor_wherever_the_file_puts_it(tiny):
     d = tiny.config_dict
-    assert LlamaConfig.from_hf_dict(d).rotary_dim == ROTARY_DIM
+    assert parse_hf_config(d).rotary_dim == ROTARY_DIM
     only_top = d | {"rope_parameters": {k: v for k, v in d["rope_parameters"].items()
                                         if k != "partial_rotary_factor"}}  # fmt: skip
     only_inside = {k: v for k, v in d.items() if k != "partial_rotary_factor"}
@@ -73,7 +72,7 @@ def test_the_config_reads_the_factor_wherever_the_file_puts_it(tiny):
     old_layout |= {"rope_theta": 10000.0, "rope_scaling": d["rope_parameters"]}
     del old_layout["partial_rotary_factor"]
     for variant in (only_top, only_inside, old_layout):
-        config = LlamaConfig.from_hf_dict(variant)
+        config = parse_hf_config(variant)
         assert (config.head_dim, config.rotary_dim) == (HEAD_DIM, ROTARY_DIM)
         assert config.has_partial_rotary
 
@@ -88,18 +87,18 @@ def test_the_config_refuses_what_it_cannot_rotate(tiny):
         }
 
     with pytest.raises(ModelLoadError, match="even number"):
-        LlamaConfig.from_hf_dict(with_factor(0.5625))  # 9 of 16 dims
+        parse_hf_config(with_factor(0.5625))  # 9 of 16 dims
     with pytest.raises(ModelLoadError, match="even number"):
-        LlamaConfig.from_hf_dict(with_factor(1.5))
+        parse_hf_config(with_factor(1.5))
     with pytest.raises(ModelLoadError, match="must be a number"):
-        LlamaConfig.from_hf_dict(with_factor("3/4"))
+        parse_hf_config(with_factor("3/4"))
     llama = d | {"architectures": ["LlamaForCausalLM"], "rope_parameters": {"rope_theta": 1e4}}
     with pytest.raises(ModelLoadError, match="only Phi-3"):
-        LlamaConfig.from_hf_dict(llama)
+        parse_hf_config(llama)
 
 
 def test_rope_tables_cover_the_rotated_dims_as_transformers_does(tiny):
-    config = LlamaConfig.from_hf_dict(tiny.config_dict)
+    config = parse_hf_config(tiny.config_dict)
     cos, sin = rope_cos_sin(config, torch.float32, "cpu")
     assert cos.shape == (config.max_position_embeddings, ROTARY_DIM // 2)
     positions = torch.arange(config.max_position_embeddings)[None]
@@ -162,7 +161,7 @@ def test_bfloat16_takes_the_torch_rotation_and_stays_near_transformers(tiny):
 
 
 def test_the_startup_note_says_rope_runs_on_the_torch_path(tiny):
-    note = describe_family(LlamaConfig.from_hf_dict(tiny.config_dict))
+    note = describe_family(parse_hf_config(tiny.config_dict))
     assert note == (
         "architecture Phi3ForCausalLM: partial rotary (RoPE on 12 of 16 dims per head) "
         "rotates q and k on the torch path, not the native RoPE + K/V-write kernel"

@@ -29,7 +29,7 @@ from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import ModelLoadError
 from sluice.loader import load_model
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
-from sluice.models.config import LlamaConfig
+from sluice.models.families.registry import parse_hf_config
 from sluice.models.linear import Linear
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.quantization import (
@@ -149,7 +149,7 @@ def tiny(request, tmp_path_factory) -> TinyModel:
 
 
 def load_tiny(tiny: TinyModel, dtype=torch.float32) -> LlamaForCausalLM:
-    model = LlamaForCausalLM(LlamaConfig.from_hf_dict(tiny.config_dict), dtype, "cpu")
+    model = LlamaForCausalLM(parse_hf_config(tiny.config_dict), dtype, "cpu")
     model.load_weights(tiny.weights())
     return model
 
@@ -225,7 +225,7 @@ def test_decoder_matrices_get_a_quantized_copy_and_the_head_and_embedding_do_not
 
 
 def test_quantizing_needs_loaded_weights_and_happens_once(tiny):
-    empty = LlamaForCausalLM(LlamaConfig.from_hf_dict(tiny.config_dict), torch.float32, "cpu")
+    empty = LlamaForCausalLM(parse_hf_config(tiny.config_dict), torch.float32, "cpu")
     with pytest.raises(ModelLoadError, match="weights loaded first"):
         empty.quantize("int8")
     model = load_tiny(tiny)

@@ -76,10 +76,10 @@ def test_argmax_is_torch_argmax(cols):
 @requires_kernel
 def test_the_model_and_the_sampler_take_the_kernels():
     from sluice.engine.sampler import Sampler
-    from sluice.models.config import LlamaConfig
+    from sluice.models.families.registry import parse_hf_config
     from sluice.models.llama import LlamaDecoderLayer
 
-    config = LlamaConfig.from_hf_dict(
+    config = parse_hf_config(
         {"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 64,
          "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4,
          "num_key_value_heads": 2, "max_position_embeddings": 64}

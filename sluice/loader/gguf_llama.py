@@ -3,7 +3,7 @@
 Architectures (`general.architecture`): llama (Llama, SmolLM2, Mistral as
 llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3, gemma2, gemma3 and phi3 (Phi-3; LongRoPE's
 rope_factors_long/short tensors become the config's "longrope" scaling), each with llama.cpp's tensor names
-and metadata keys (`GgufFamily`). Read with `gguf.GGUFReader`
+and metadata keys (each family's `GgufFamily`, sluice/models/families/). Read with `gguf.GGUFReader`
 (memory-mapped, fast); no transformers here.
 
 Invariants of what this module yields:
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,8 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from sluice.errors import ModelLoadError
+from sluice.models.families.family import Family, GgufFamily
+from sluice.models.families.registry import gguf_family
 
 # GGUF per-layer tensor stem -> HF module path under model.layers.N.
 _LAYER_NAMES = {
@@ -47,56 +48,12 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_QK_NORM_NAMES = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
     "output": "lm_head",
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-# llama.cpp's Gemma 3: the local layers' RoPE base, one global layer in six,
-# and the layer count of the 27B, whose query scalar is hidden / heads.
-_GEMMA3_LOCAL_ROPE_THETA = 10000.0
-_GEMMA3_SLIDING_PATTERN = 6
-_GEMMA3_27B_LAYERS = 62
-_GEMMA2_27B_LAYERS = 46
-
-
-@dataclass(frozen=True, slots=True)
-class GgufFamily:
-    """How one llama.cpp architecture maps onto its HF model."""
-
-    hf_architecture: str
-    model_type: str
-    # llama.cpp interleaved the rotary halves of q/k rows (llama's rotation only).
-    permutes_qk: bool
-    # llama.cpp's converter added this to every norm weight (Gemma's 1 + weight).
-    norm_shift: float = 0.0
-    # Per-layer stems beyond (or instead of) `_LAYER_NAMES`.
-    layer_names: dict[str, str] = field(default_factory=dict)
-
-
-FAMILIES = {
-    "llama": GgufFamily("LlamaForCausalLM", "llama", permutes_qk=True),
-    "qwen2": GgufFamily("Qwen2ForCausalLM", "qwen2", permutes_qk=False),
-    # llama.cpp keeps Phi-3's fused matrices: attn_qkv, and ffn_up as gate then up.
-    "phi3": GgufFamily("Phi3ForCausalLM", "phi3", permutes_qk=False,
-                       layer_names={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
-    "qwen3": GgufFamily("Qwen3ForCausalLM", "qwen3", permutes_qk=False,
-                        layer_names=_QK_NORM_NAMES),
-    "gemma3": GgufFamily("Gemma3ForCausalLM", "gemma3_text", permutes_qk=False, norm_shift=1.0,
-                         layer_names=_QK_NORM_NAMES | {
-                             "ffn_norm": "pre_feedforward_layernorm",
-                             "post_attention_norm": "post_attention_layernorm",
-                             "post_ffw_norm": "post_feedforward_layernorm",
-                         }),
-}  # fmt: skip
-# llama.cpp's gemma2: Gemma 3's tensors without the q/k norms, the same + 1 on norms.
-FAMILIES["gemma2"] = GgufFamily(
-    "Gemma2ForCausalLM", "gemma2", permutes_qk=False, norm_shift=1.0,
-    layer_names={k: v for k, v in FAMILIES["gemma3"].layer_names.items() if k not in _QK_NORM_NAMES},
-)  # fmt: skip
-SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 ROPE_FREQS = "rope_freqs.weight"
 # LongRoPE's factor lists (Phi-3-128k, Phi-3.5), as llama.cpp's converter stores them.
 LONGROPE_FACTORS = {
@@ -112,19 +69,17 @@ def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
-def architecture(reader: GGUFReader) -> str:
-    arch = field_value(reader, "general.architecture")
-    if arch not in FAMILIES:
-        raise ModelLoadError(
-            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(FAMILIES)}"
-        )
-    return arch
+def family(reader: GGUFReader) -> Family:
+    """The family the GGUF's `general.architecture` names (ModelLoadError if none)."""
+    return gguf_family(field_value(reader, "general.architecture"))
 
 
 def hf_config(reader: GGUFReader) -> dict[str, Any]:
     """An HF `config.json` dict for a supported GGUF, from its metadata."""
-    arch = architecture(reader)
-    family = FAMILIES[arch]
+    hf_family = family(reader)
+    gguf = hf_family.gguf
+    assert gguf is not None, "the registry finds only families with a GGUF layout"
+    arch = gguf.architecture
 
     def meta(key: str, default: Any = None) -> Any:
         return field_value(reader, f"{arch}.{key}", default)
@@ -133,13 +88,13 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
     hidden_size = meta("embedding_length")
     head_dim = meta("attention.key_length", hidden_size // num_heads)
     rope_dim = meta("rope.dimension_count", head_dim)
-    rope_scaling = _rope_scaling(reader, arch) | _partial_rotary(arch, rope_dim, head_dim)
+    rope_scaling = _rope_scaling(reader, arch) | _partial_rotary(hf_family, rope_dim, head_dim)
     tensor_names = {tensor.name for tensor in reader.tensors}
     rope_theta = float(meta("rope.freq_base", 10000.0))
     vocab_size = meta("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
     config = {
-        "architectures": [family.hf_architecture],
-        "model_type": family.model_type,
+        "architectures": [hf_family.architecture],
+        "model_type": hf_family.model_type,
         "hidden_size": hidden_size,
         "intermediate_size": meta("feed_forward_length"),
         "num_hidden_layers": meta("block_count"),
@@ -159,12 +114,8 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "torch_dtype": "float32",
     }
-    if arch == "gemma3":
-        config |= _gemma3_config(config, meta("attention.sliding_window"))
-    elif arch == "gemma2":
-        config |= _gemma2_config(config, meta)
-    elif arch == "phi3":
-        config["sliding_window"] = meta("attention.sliding_window")
+    if gguf.config_entries is not None:
+        config |= gguf.config_entries(config, meta)
     for key in ("original_max_position_embeddings", "partial_rotary_factor"):
         if key in rope_scaling:  # Phi3Config reads them at top level too
             config[key] = rope_scaling[key]
@@ -175,67 +126,14 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
     return config
 
 
-def _gemma3_config(config: dict[str, Any], window: int | None) -> dict[str, Any]:
-    """What llama.cpp's gemma3 fixes in code rather than metadata, as HF's config says it."""
-    num_layers = config["num_hidden_layers"]
-    scalar = config["head_dim"]
-    if num_layers == _GEMMA3_27B_LAYERS:
-        scalar = config["hidden_size"] // config["num_attention_heads"]
-    layer_types = [
-        "sliding_attention" if (i + 1) % _GEMMA3_SLIDING_PATTERN else "full_attention"
-        for i in range(num_layers)
-    ]
-    local = {"rope_type": "default", "rope_theta": _GEMMA3_LOCAL_ROPE_THETA}
-    return {
-        "hidden_activation": "gelu_pytorch_tanh",
-        "hidden_act": "gelu_pytorch_tanh",
-        "query_pre_attn_scalar": scalar,
-        "sliding_window": window,
-        "layer_types": layer_types if window else ["full_attention"] * num_layers,
-        "rope_local_base_freq": _GEMMA3_LOCAL_ROPE_THETA,
-        "rope_parameters": {
-            "full_attention": config["rope_parameters"],
-            "sliding_attention": local,
-        },
-        "final_logit_softcapping": None,
-        "attn_logit_softcapping": None,
-    }
-
-
-def _gemma2_config(config: dict[str, Any], meta: Any) -> dict[str, Any]:
-    """Gemma 2 as llama.cpp runs it: Gemma 3's fixed choices with one sliding
-    layer in two, one RoPE base, and the caps its metadata holds."""
-    num_layers = config["num_hidden_layers"]
-    gemma = _gemma3_config(config, meta("attention.sliding_window"))
-    sliding = [i % 2 == 0 for i in range(num_layers)]  # layer 0 slides
-    gemma["query_pre_attn_scalar"] = (
-        config["hidden_size"] // config["num_attention_heads"]
-        if num_layers == _GEMMA2_27B_LAYERS
-        else config["head_dim"]
-    )
-    caps = {key: meta(key) for key in ("attn_logit_softcapping", "final_logit_softcapping")}
-    return (
-        gemma
-        | caps
-        | {
-            "layer_types": [
-                "sliding_attention" if is_sliding and gemma["sliding_window"] else "full_attention"
-                for is_sliding in sliding
-            ],
-            "rope_parameters": config["rope_parameters"],
-            "rope_local_base_freq": config["rope_theta"],
-        }
-    )
-
-
-def _partial_rotary(arch: str, rope_dim: int, head_dim: int) -> dict[str, Any]:
+def _partial_rotary(hf_family: Family, rope_dim: int, head_dim: int) -> dict[str, Any]:
     """Phi-4-mini's partial rotary as rope_parameters say it: llama.cpp writes
     the rotated dims (`rope.dimension_count`), transformers reads
     rotary_dim = int(head_dim * partial_rotary_factor); {} for whole heads."""
     if rope_dim == head_dim:
         return {}
     factor = rope_dim / head_dim
-    if arch != "phi3" or int(head_dim * factor) != rope_dim:
+    if not hf_family.partial_rotary or int(head_dim * factor) != rope_dim:
         raise ModelLoadError(f"unsupported GGUF: partial rotary ({rope_dim} of {head_dim} dims)")
     return {"partial_rotary_factor": factor}
 
@@ -287,36 +185,38 @@ def _longrope(reader: GGUFReader, arch: str) -> dict[str, Any]:
 
 def hf_tensors(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, float32 array in HF shape) for every tensor of the GGUF."""
-    family = FAMILIES[architecture(reader)]
+    gguf = family(reader).gguf
     for tensor in reader.tensors:
         if tensor.name in _CONFIG_TENSORS:
             continue  # in the config's rope_parameters (`_rope_scaling`)
-        name = hf_tensor_name(tensor.name, family)
+        name = hf_tensor_name(tensor.name, gguf)
         weights = _dequantize(tensor)
         # GGUF dims are fastest-first; HF (row-major) lists them slowest-first.
         weights = weights.reshape(tuple(reversed([int(n) for n in tensor.shape])))
-        if family.permutes_qk and ".attn_q." in tensor.name:
+        if gguf.permutes_qk and ".attn_q." in tensor.name:
             weights = unpermute_rope_rows(weights, config["num_attention_heads"])
-        elif family.permutes_qk and ".attn_k." in tensor.name:
+        elif gguf.permutes_qk and ".attn_k." in tensor.name:
             weights = unpermute_rope_rows(weights, config["num_key_value_heads"])
-        if family.norm_shift and name.endswith("norm.weight"):
-            weights = weights - np.float32(family.norm_shift)
+        if gguf.norm_shift and name.endswith("norm.weight"):
+            weights = weights - np.float32(gguf.norm_shift)
         yield name, np.ascontiguousarray(weights, dtype=np.float32)
 
 
-def hf_tensor_name(gguf_name: str, family: GgufFamily = FAMILIES["llama"]) -> str:
-    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+def hf_tensor_name(gguf_name: str, family: GgufFamily | None = None) -> str:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; a
+    family's own stems (`family.layer_names`) on top of llama's."""
     match = _LAYER_TENSOR.fullmatch(gguf_name)
     if match is not None:
         layer, stem, kind = match.groups()
-        names = _LAYER_NAMES | family.layer_names
+        names = _LAYER_NAMES | (family.layer_names if family is not None else {})
         if stem in names:
             return f"model.layers.{layer}.{names[stem]}.{kind}"
     stem, _, kind = gguf_name.rpartition(".")
     if stem in _GLOBAL_NAMES and kind in ("weight", "bias"):
         return f"{_GLOBAL_NAMES[stem]}.{kind}"
     raise ModelLoadError(
-        f"unsupported GGUF tensor {gguf_name!r} (not part of a {family.model_type} model)"
+        f"unsupported GGUF tensor {gguf_name!r} "
+        f"(not part of a {family.architecture if family is not None else 'llama'} model)"
     )
 
 

@@ -31,8 +31,8 @@ from sluice.loader.gguf_convert import cache_folder_for, converted_folder, sourc
 from sluice.loader.sources import ModelSource, resolve_source
 from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models import calibration, longrope
-from sluice.models.config import LlamaConfig
-from sluice.models.families import build_model, describe_family
+from sluice.models.decoder_config import DecoderConfig
+from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.kernel_plan import KernelPlan
 from sluice.models.kernel_race import int8_candidates, plan_kernels
 from sluice.models.llama import LlamaForCausalLM
@@ -49,7 +49,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class LoadedModel:
     model: LlamaForCausalLM
     tokenizer: Tokenizer
-    model_config: LlamaConfig
+    model_config: DecoderConfig
     # Cap on prompt + generated tokens: the user's value, else the model's limit.
     max_model_len: int
     # Display name: "SmolLM2-135M-Instruct" for embedded, else the folder/file name.
@@ -76,7 +76,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     source = resolve_source(config.model)
     folder = _hf_folder(source, config.cache_dir)
     # 2. Everything that can be checked without allocating the model.
-    model_config = LlamaConfig.from_hf_dict(read_config_json(folder))
+    model_config = parse_hf_config(read_config_json(folder))
     max_model_len = resolve_max_model_len(config.max_model_len, model_config)
     # LongRoPE's factor list follows the served context (sluice/models/longrope.py).
     model_config = dataclasses.replace(
@@ -161,7 +161,7 @@ def _describe_load(model: LlamaForCausalLM, load_s: float) -> str:
     return f"weights {model.weight_bytes() / 2**20:.0f} MiB in memory, loaded in {load_s:.1f} s"
 
 
-def resolve_max_model_len(requested: int | None, model_config: LlamaConfig) -> int:
+def resolve_max_model_len(requested: int | None, model_config: DecoderConfig) -> int:
     """The user's cap (positive: ModelConfig checks it), or the model's own
     limit; a cap above that limit is refused."""
     limit = model_config.max_position_embeddings
@@ -217,7 +217,7 @@ def _device(name: str) -> torch.device:
     return device
 
 
-def _check_vocab(tokenizer: Tokenizer, model_config: LlamaConfig) -> None:
+def _check_vocab(tokenizer: Tokenizer, model_config: DecoderConfig) -> None:
     # A model may pad its embedding beyond the tokenizer, never the reverse.
     if tokenizer.vocab_size > model_config.vocab_size:
         raise ModelLoadError(

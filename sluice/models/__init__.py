@@ -1,4 +1,4 @@
-"""Our Llama-family model code and paged attention.
+"""Our decoder model code, its families and paged attention.
 
 Re-exports lazily (`sluice.lazy_exports`): the model modules import each
 other, never this package's names.
@@ -15,12 +15,12 @@ if TYPE_CHECKING:
         kv_cache_bytes_per_block,
         paged_attention,
     )
-    from sluice.models.config import LlamaConfig, UnsupportedRopeScalingError
+    from sluice.models.decoder_config import DecoderConfig, UnsupportedRopeScalingError
     from sluice.models.llama import LlamaForCausalLM
 
 __all__ = [
     "AttentionMetadata",
-    "LlamaConfig",
+    "DecoderConfig",
     "LlamaForCausalLM",
     "UnsupportedRopeScalingError",
     "allocate_kv_caches",
@@ -34,8 +34,8 @@ __getattr__ = lazy_exports(
         "allocate_kv_caches": "sluice.models.attention",
         "kv_cache_bytes_per_block": "sluice.models.attention",
         "paged_attention": "sluice.models.attention",
-        "LlamaConfig": "sluice.models.config",
-        "UnsupportedRopeScalingError": "sluice.models.config",
+        "DecoderConfig": "sluice.models.decoder_config",
+        "UnsupportedRopeScalingError": "sluice.models.decoder_config",
         "LlamaForCausalLM": "sluice.models.llama",
     },
 )

@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sluice.models.config import LlamaConfig
+from sluice.models.decoder_config import DecoderConfig
 from sluice.models.kernel_plan import AMX, NATIVE, KernelPlan
 from sluice.models.native import (
     decode_attention_amx_kernel,
@@ -275,14 +275,14 @@ def _plan_prefills(meta: AttentionMetadata) -> list[PrefillPlan]:
 
 
 def allocate_kv_caches(
-    config: LlamaConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device
+    config: DecoderConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device
 ) -> list[Tensor]:
     """One zeroed `[2, num_blocks, block_size, num_kv_heads, head_dim]` pool per layer."""
     shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
 
 
-def kv_cache_bytes_per_block(config: LlamaConfig, block_size: int, dtype: torch.dtype) -> int:
+def kv_cache_bytes_per_block(config: DecoderConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one block index costs summed over all layers (K and V)."""
     per_layer = 2 * block_size * config.num_key_value_heads * config.head_dim
     return per_layer * config.num_hidden_layers * dtype.itemsize

@@ -62,7 +62,7 @@ from pathlib import Path
 import torch
 
 from sluice.errors import ModelLoadError
-from sluice.models.config import LlamaConfig
+from sluice.models.decoder_config import DecoderConfig
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ def parse_bands(value: object, key: str = "prefill_attention") -> Bands | None:
 
 
 def plan_file(
-    cache_dir: Path, config: LlamaConfig, dtype: torch.dtype, lengths: Sequence[int],
+    cache_dir: Path, config: DecoderConfig, dtype: torch.dtype, lengths: Sequence[int],
     int8_shape: str = "",
 ) -> Path:  # fmt: skip
     """Where the plan of this CPU, these kernels and versions, these head

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from sluice.models.attention import prefill_attention_torch
-from sluice.models.config import LlamaConfig
+from sluice.models.decoder_config import DecoderConfig
 from sluice.models.kernel_plan import (
     AUTO,
     DECODE_KEYS,
@@ -84,7 +84,7 @@ class Int8Candidates:
 
 
 def plan_kernels(
-    setting: str, config: LlamaConfig, dtype: torch.dtype, cache_dir: Path, max_model_len: int,
+    setting: str, config: DecoderConfig, dtype: torch.dtype, cache_dir: Path, max_model_len: int,
     int8: Int8Candidates | None = None,
 ) -> KernelPlan:  # fmt: skip
     """The plan `setting` (auto, measure, or a file's path) gives this model;
@@ -112,7 +112,7 @@ def plan_kernels(
     return plan
 
 
-def prefill_candidates(config: LlamaConfig, dtype: torch.dtype) -> PrefillCandidates | str:
+def prefill_candidates(config: DecoderConfig, dtype: torch.dtype) -> PrefillCandidates | str:
     """The kernels that run causal attention over n tokens on the model's
     head shapes; or why there is no native candidate."""
     if config.head_dim not in HEAD_DIMS or dtype != torch.bfloat16:
@@ -157,7 +157,7 @@ def _gap(kernel: Candidate, other: Candidate, n: int = min(PREFILL_LENGTHS)) -> 
 
 
 def decode_candidates(
-    config: LlamaConfig, dtype: torch.dtype
+    config: DecoderConfig, dtype: torch.dtype
 ) -> tuple[Candidate, Candidate | None] | None:
     """Decode attention over the paged cache on the model's head shapes, n rows
     of one sequence of DECODE_KEYS keys: (native, AMX or None where the CPU

@@ -1,6 +1,9 @@
-"""Our Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache.
+"""Our decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3, Phi-3) over a paged KV cache.
 
-Gemma 3 is this decoder with its own norms and embedding (sluice/models/gemma3.py).
+Gemma 2 and 3 are this decoder with their own layer (sluice/models/gemma3.py).
+What differs between families is read from `DecoderConfig` (q/k norms, norm
+offsets, the embedding's scale, soft caps, sliding layers and their RoPE
+base), set by each family's parser (sluice/models/families/).
 
 The model sees a flat batch: `input_ids` and `positions` are `[num_tokens]`
 over every sequence of the step, and `AttentionMetadata` says which tokens
@@ -39,6 +42,7 @@ Parameters are created uninitialised: a model is usable only after
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterable
 from typing import ClassVar
@@ -53,7 +57,7 @@ from sluice.models.attention import (
     batch_invariant_attention,
     paged_attention,
 )
-from sluice.models.config import SLIDING, LlamaConfig
+from sluice.models.decoder_config import SLIDING, DecoderConfig
 from sluice.models.fused_decode import FusedDecode, bind_fused_decode
 from sluice.models.kernel_plan import KernelPlan
 from sluice.models.linear import (
@@ -78,7 +82,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def __init__(
         self,
-        config: LlamaConfig,
+        config: DecoderConfig,
         dtype: torch.dtype,
         device,
         batch_invariant: bool = False,
@@ -118,7 +122,7 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = uninitialised_weight(hidden, dtype=dtype, device=device)
         # Per-head RMSNorm weights of q and k (Qwen3, Gemma 3), else None.
         self.q_norm = self.k_norm = None
-        if config.has_qk_norm:
+        if config.qk_norm:
             self.q_norm = uninitialised_weight(head_dim, dtype=dtype, device=device)
             self.k_norm = uninitialised_weight(head_dim, dtype=dtype, device=device)
         # Rows: gate, then up.
@@ -210,9 +214,12 @@ def _swiglu(gate_up: Tensor) -> Tensor:  # [T, 2 I] (gate, then up) -> [T, I]
 
 
 class LlamaForCausalLM(nn.Module):
+    # The decoder layer every layer is (a family's own subclass where it differs).
+    layer_class: ClassVar[type[LlamaDecoderLayer]] = LlamaDecoderLayer
+
     def __init__(
         self,
-        config: LlamaConfig,
+        config: DecoderConfig,
         dtype: torch.dtype,
         device: torch.device | str,
         batch_invariant: bool = False,
@@ -238,12 +245,29 @@ class LlamaForCausalLM(nn.Module):
         self.quantization: str | None = None
         # "int8" once calibration.quantize_activations gave the decoder W8A8.
         self.activation_quantization: str | None = None
+        # The embedding's scale in the model dtype, as transformers rounds it (Gemma).
+        self.embed_scale = None
+        if config.embedding_scale is not None:
+            self.embed_scale = torch.tensor(config.embedding_scale, dtype=dtype, device=device)
         # Where every layer has the native RoPE kernel, it reads float32
         # angles; the torch path reads them in the model's dtype.
         self.native_rope = all(layer.rope_write_kv is not None for layer in self.layers)
-        cos, sin = rope_cos_sin(config, torch.float32 if self.native_rope else dtype, device)
+        self._register_rope_tables(torch.float32 if self.native_rope else dtype, device)
+
+    def _register_rope_tables(self, dtype: torch.dtype, device) -> None:
+        """cos/sin of every position; the sliding layers' own, unscaled, where
+        their RoPE base differs (Gemma 3's local base; Gemma 2 sets the global one)."""
+        cos, sin = rope_cos_sin(self.config, dtype, device)
         self.register_buffer("rope_cos", cos, persistent=False)  # [max_pos, rotary_dim // 2]
         self.register_buffer("rope_sin", sin, persistent=False)  # [max_pos, rotary_dim // 2]
+        local_cos = local_sin = None
+        if self.config.rope_local_theta is not None:
+            local = dataclasses.replace(
+                self.config, rope_theta=self.config.rope_local_theta, rope_scaling=None
+            )
+            local_cos, local_sin = rope_cos_sin(local, dtype, device)
+        self.register_buffer("rope_local_cos", local_cos, persistent=False)  # same, or None
+        self.register_buffer("rope_local_sin", local_sin, persistent=False)
 
     def forward(
         self,
@@ -253,13 +277,22 @@ class LlamaForCausalLM(nn.Module):
         attn: AttentionMetadata,
     ) -> Tensor:  # [num_tokens, hidden], after the final norm
         hidden = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
+        if self.embed_scale is not None:
+            hidden.mul_(self.embed_scale)
         rope = self._rope_at(self.rope_cos, self.rope_sin, positions)
+        local_rope = rope
+        if self.rope_local_cos is not None:
+            local_rope = self._rope_at(self.rope_local_cos, self.rope_local_sin, positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, rope, kv_cache, attn)
+            hidden = layer(hidden, local_rope if layer.is_sliding else rope, kv_cache, attn)
         return self.final_norm(hidden)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:  # [n, hidden] -> [n, vocab] float32
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        cap = self.config.final_logit_softcapping
+        if cap is None:
+            return logits
+        return logits.div_(cap).tanh_().mul_(cap)  # cap * tanh(logits / cap) (Gemma)
 
     def weight_bytes(self) -> int:
         """Bytes the model's tensors hold (each storage once: a tied head counts
@@ -279,7 +312,7 @@ class LlamaForCausalLM(nn.Module):
 
     def _make_layer(self, index: int, dtype: torch.dtype, device) -> LlamaDecoderLayer:
         is_sliding = bool(self.config.layer_types) and self.config.layer_types[index] == SLIDING
-        return LlamaDecoderLayer(self.config, dtype, device, self.batch_invariant, is_sliding)
+        return self.layer_class(self.config, dtype, device, self.batch_invariant, is_sliding)
 
     def _rope_at(
         self, cos: Tensor, sin: Tensor, positions: Tensor
@@ -297,7 +330,7 @@ class LlamaForCausalLM(nn.Module):
         """
         if self.is_loaded:
             raise ModelLoadError("weights were already loaded into this model")
-        targets = self._weight_targets()
+        targets = _with_norm_offset(self._weight_targets(), self.config.norm_offset)
         loaded: set[str] = set()
         unexpected: list[str] = []
         for name, tensor in weights:
@@ -376,7 +409,7 @@ class LlamaForCausalLM(nn.Module):
             targets["lm_head.weight"] = WeightTarget(self.lm_head.weight)
         for i, layer in enumerate(self.layers):
             targets.update(
-                _layer_targets(f"model.layers.{i}.", layer, self.config.has_fused_checkpoint)
+                _layer_targets(f"model.layers.{i}.", layer, self.config.fused_checkpoint)
             )
         return targets
 
@@ -415,6 +448,15 @@ def _layer_targets(
     if layer.q_norm is not None:
         targets[prefix + "self_attn.q_norm.weight"] = WeightTarget(layer.q_norm)
         targets[prefix + "self_attn.k_norm.weight"] = WeightTarget(layer.k_norm)
+    return targets
+
+
+def _with_norm_offset(targets: dict[str, WeightTarget], offset: float) -> dict[str, WeightTarget]:
+    """Every norm weight loads plus `offset` (Gemma's 1 + weight; 0 elsewhere)."""
+    if offset:
+        for name, target in targets.items():
+            if name.endswith("norm.weight"):
+                target.offset = offset
     return targets
 
 

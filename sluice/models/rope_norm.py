@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sluice.models.config import LlamaConfig, UnsupportedRopeScalingError
+from sluice.models.decoder_config import DecoderConfig, UnsupportedRopeScalingError
 from sluice.models.longrope import LONGROPE, longrope_inv_freq, rope_attention_factor
 from sluice.models.native import rms_norm_kernel
 
@@ -42,7 +42,7 @@ from sluice.models.native import rms_norm_kernel
 FEW_TOKENS = 8
 
 
-def rope_inv_freq(config: LlamaConfig) -> Tensor:  # [rotary_dim // 2] float32
+def rope_inv_freq(config: DecoderConfig) -> Tensor:  # [rotary_dim // 2] float32
     """Inverse frequencies of the rotary embedding, scaled as the config says;
     over the rotated dims only (`rotary_dim`, as transformers' partial rotary)."""
     dim = config.rotary_dim
@@ -82,7 +82,7 @@ def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
     return torch.where(is_medium, blended, stretched)
 
 
-def rope_cos_sin(config: LlamaConfig, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(config: DecoderConfig, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
     """cos and sin tables, each [max_position_embeddings, rotary_dim // 2]
     (times LongRoPE's attention factor, as transformers scales them)."""
     positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)

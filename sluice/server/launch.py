@@ -267,7 +267,7 @@ def describe_model(config: ModelConfig) -> ServedModel:
     from sluice.loader import resolve_max_model_len, resolve_source
     from sluice.loader.gguf_convert import converted_folder
     from sluice.loader.loaded_model import read_config_json
-    from sluice.models.config import LlamaConfig
+    from sluice.models.families.registry import parse_hf_config
 
     source = resolve_source(config.model)
     folder = (
@@ -275,7 +275,7 @@ def describe_model(config: ModelConfig) -> ServedModel:
         if source.kind == "hf_folder"
         else converted_folder(source.path, config.cache_dir)
     )
-    model_config = LlamaConfig.from_hf_dict(read_config_json(folder))
+    model_config = parse_hf_config(read_config_json(folder))
     return ServedModel(
         name=source.name,
         tokenizer=Tokenizer.from_folder(folder),

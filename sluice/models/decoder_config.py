@@ -1,0 +1,110 @@
+"""The shape and numerics of a decoder, as the layers read them: `DecoderConfig`.
+
+One decoder serves every family (sluice/models/families/): RMSNorm, a gated
+MLP, grouped-query attention and rotary embeddings over a paged KV cache.
+What differs between families is data here, set once by the family's parser
+(`families/<family>.py`), never a test of the family's name in layer code:
+q/k norms, an offset folded into norm weights, a scaled embedding, soft caps,
+sliding-window layers with their own RoPE base, partial rotary, fused
+checkpoint tensors. Invariants of a parsed config:
+
+- `rope_scaling` is None (plain RoPE) or a dict whose "rope_type" is one of
+  `families.hf_fields.SUPPORTED_ROPE_TYPES`, with `rope_theta` kept apart in
+  its own field, the same whichever layout config.json used;
+- attention is full attention, except "sliding_attention" layers
+  (`layer_types`), which see the last `sliding_window` positions;
+- `rotary_dim` (even, at most `head_dim`) is how many leading dims of each
+  q/k head RoPE rotates; the rest pass through (Phi-4-mini: 3/4 of the head);
+- `num_attention_heads` is a multiple of `num_key_value_heads`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.errors import ModelLoadError
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+class UnsupportedRopeScalingError(ModelLoadError, ValueError):
+    """A `rope_scaling` type the model code does not implement.
+
+    A ValueError too, so callers validating configs can catch it as one.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderConfig:
+    # The HF architecture name ("Qwen3ForCausalLM"), for messages and the
+    # registry's lookup; layers never compare it.
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    # Width of the gated MLP (gate and up projections).
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    # Fewer than num_attention_heads means grouped-query attention.
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    # None for plain RoPE, else {"rope_type": one of SUPPORTED_ROPE_TYPES, ...parameters}.
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    # lm_head shares the embedding matrix (no lm_head.weight in the checkpoint).
+    tie_word_embeddings: bool
+    # q/k/v projections carry a bias (Qwen2 always; Llama when attention_bias).
+    attention_bias: bool
+    # o_proj carries a bias (Llama with attention_bias; never Qwen2 or Mistral).
+    o_proj_bias: bool
+    # The window of "sliding_attention" layers; elsewhere the declared
+    # window, kept for reference, always >= max_position_embeddings.
+    sliding_window: int | None
+    bos_token_id: int | None
+    # q and k get a per-head RMSNorm (weights [head_dim]) before RoPE (Qwen3, Gemma 3).
+    qk_norm: bool = False
+    # The gate's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU, Gemma).
+    hidden_act: str = "silu"
+    # Attention scores scale by query_pre_attn_scalar ** -0.5 (Gemma); None: head_dim.
+    query_pre_attn_scalar: float | None = None
+    # Per layer, "sliding_attention" or "full_attention"; empty: all full.
+    layer_types: tuple[str, ...] = ()
+    # RoPE base of the sliding layers (Gemma 3's local base; no scaling
+    # there); None: the sliding layers rotate as the others do.
+    rope_local_theta: float | None = None
+    # Logits become cap * tanh(logits / cap) (Gemma); None: no cap.
+    final_logit_softcapping: float | None = None
+    # Attention scores capped the same way before the softmax (Gemma 2); None: no cap.
+    attn_logit_softcapping: float | None = None
+    # RoPE rotates the first rotary_dim dims of each q/k head and passes the
+    # rest through (Phi-4-mini: partial_rotary_factor 0.75); None: head_dim.
+    rotary_dim: int | None = None
+    # Added to every norm weight as it is loaded, in float32 (Gemma's norms
+    # multiply by 1 + weight; the plain RMSNorm then serves them).
+    norm_offset: float = 0.0
+    # The embedding is multiplied by this, rounded to the model dtype first
+    # (Gemma: sqrt(hidden_size)); None: not scaled.
+    embedding_scale: float | None = None
+    # The checkpoint holds qkv_proj and gate_up_proj whole, in our row order (Phi-3).
+    fused_checkpoint: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rotary_dim is None:
+            object.__setattr__(self, "rotary_dim", self.head_dim)
+
+    @property
+    def has_partial_rotary(self) -> bool:
+        """RoPE leaves some dims of each head unrotated (Phi-4-mini)."""
+        return self.rotary_dim != self.head_dim
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def num_query_groups(self) -> int:
+        """Query heads that share one KV head."""
+        return self.num_attention_heads // self.num_key_value_heads

@@ -1,0 +1,67 @@
+"""What the engine knows of one model family: `Family` and its `GgufFamily`.
+
+A family module (`families/llama.py`, `qwen.py`, `phi3.py`, `gemma.py`)
+declares one `Family` per HF architecture it runs; `families/registry.py`
+collects them. Everything that differs between families is a field here or
+a field of the `DecoderConfig` its parser returns, so no other module asks
+which family a model is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sluice.models.decoder_config import DecoderConfig
+
+if TYPE_CHECKING:
+    from sluice.models.llama import LlamaForCausalLM
+
+# One metadata value of the GGUF's architecture: meta("attention.sliding_window").
+GgufMeta = Callable[..., Any]
+# llama.cpp's per-head q/k norm stems, as Qwen3 and Gemma 3 store them.
+QK_NORM_NAMES = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+
+
+@dataclass(frozen=True, slots=True)
+class GgufFamily:
+    """How one llama.cpp architecture maps onto its family's HF model
+    (sluice/loader/gguf_llama.py reads it)."""
+
+    # llama.cpp's name: the GGUF's `general.architecture` ("qwen3").
+    architecture: str
+    # llama.cpp interleaved the rotary halves of q/k rows (llama's rotation only).
+    permutes_qk: bool
+    # llama.cpp's converter added this to every norm weight (Gemma's 1 + weight).
+    norm_shift: float = 0.0
+    # Per-layer tensor stems beyond (or instead of) llama's.
+    layer_names: dict[str, str] = field(default_factory=dict)
+    # The config.json entries llama.cpp fixes in code rather than metadata:
+    # (the config read so far, meta) -> entries to add; None: nothing more.
+    config_entries: Callable[[dict[str, Any], GgufMeta], dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One HF architecture: how to read its config, which class runs it, how
+    its GGUF is named, and which engine paths it may take."""
+
+    # The HF name in config.json's "architectures" ("Qwen3ForCausalLM").
+    architecture: str
+    # config.json's "model_type", which older files name their family by.
+    model_type: str
+    # An HF config.json dict (this architecture's) -> the decoder's config;
+    # ModelLoadError on what the model code cannot run.
+    parse_config: Callable[[dict[str, Any]], DecoderConfig]
+    # The model class that runs it (llama.py's decoder or a subclass).
+    model_class: type[LlamaForCausalLM]
+    # llama.cpp's names for it; None: no GGUF is read as this family.
+    gguf: GgufFamily | None = None
+    # RoPE may rotate part of each head (Phi-4-mini's partial_rotary_factor).
+    partial_rotary: bool = False
+
+    @property
+    def supports_fused_decode(self) -> bool:
+        """Its layers may run decode steps in one native call (fused_decode.py)."""
+        return self.model_class.layer_class.supports_fused_decode

@@ -1,0 +1,91 @@
+"""Every family the engine runs, by HF architecture and by GGUF architecture.
+
+The one place that maps a model's name to its `Family`: `parse_hf_config`
+reads config.json with the family's parser, `build_model` makes its model
+class, `gguf_family` names its llama.cpp layout, `describe_family` says which
+engine paths it cannot take. A name no family claims is one `ModelLoadError`
+line naming it and every supported one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sluice.errors import ModelLoadError
+from sluice.models.decoder_config import SLIDING, DecoderConfig
+from sluice.models.families import gemma, llama, phi3, qwen
+from sluice.models.families.family import Family
+from sluice.models.families.hf_fields import check_heads
+from sluice.models.llama import LlamaForCausalLM
+
+FAMILIES: tuple[Family, ...] = (*llama.FAMILIES, *qwen.FAMILIES, *phi3.FAMILIES, *gemma.FAMILIES)
+_BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
+_BY_MODEL_TYPE = {family.model_type: family for family in FAMILIES}
+_BY_GGUF = {family.gguf.architecture: family for family in FAMILIES if family.gguf is not None}
+SUPPORTED_ARCHITECTURES = tuple(_BY_ARCHITECTURE)
+SUPPORTED_GGUF_ARCHITECTURES = tuple(_BY_GGUF)
+
+
+def parse_hf_config(d: dict[str, Any]) -> DecoderConfig:
+    """An HF config.json dict -> its family's `DecoderConfig`; ModelLoadError
+    (one line) on an architecture no family runs or a config it cannot run."""
+    return check_heads(_family_of_hf_config(d).parse_config(d))
+
+
+def family_of(config: DecoderConfig) -> Family:
+    """The family a parsed config came from."""
+    return _BY_ARCHITECTURE[config.architecture]
+
+
+def gguf_family(gguf_architecture: Any) -> Family:
+    """The family a GGUF's `general.architecture` names."""
+    family = _BY_GGUF.get(gguf_architecture)
+    if family is None:
+        raise ModelLoadError(
+            f"unsupported GGUF architecture {gguf_architecture!r}; "
+            f"supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
+        )
+    return family
+
+
+def build_model(
+    config: DecoderConfig, dtype: torch.dtype, device: torch.device | str, batch_invariant: bool
+) -> LlamaForCausalLM:
+    """An unloaded model of `config`'s family (weights come from `load_weights`)."""
+    return family_of(config).model_class(config, dtype, device, batch_invariant)
+
+
+def describe_family(config: DecoderConfig) -> str:
+    """The architecture, and which engine paths it cannot use, for the startup line."""
+    limits = []
+    if config.attn_logit_softcapping is not None:
+        limits.append(
+            "attention soft-capping runs every layer's attention on the torch path, not the "
+            "native attention kernels; its sliding-window layers keep all their KV blocks"
+        )
+    elif SLIDING in config.layer_types:
+        limits.append(
+            f"its sliding-window layers (window {config.sliding_window}) attend on the torch "
+            "path, not the native attention kernels, and keep all their KV blocks"
+        )
+    if config.has_partial_rotary:
+        limits.append(
+            f"partial rotary (RoPE on {config.rotary_dim} of {config.head_dim} dims per head) "
+            "rotates q and k on the torch path, not the native RoPE + K/V-write kernel"
+        )
+    return f"architecture {config.architecture}: {'; '.join(limits) or 'every engine path'}"
+
+
+def _family_of_hf_config(d: dict[str, Any]) -> Family:
+    names = d.get("architectures") or []
+    if not names and d.get("model_type") in _BY_MODEL_TYPE:
+        return _BY_MODEL_TYPE[d["model_type"]]
+    for name in names:
+        if name in _BY_ARCHITECTURE:
+            return _BY_ARCHITECTURE[name]
+    shown = ", ".join(names) or f"model_type {d.get('model_type')!r}"
+    raise ModelLoadError(
+        f"unsupported architecture {shown}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
