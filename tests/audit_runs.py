@@ -18,6 +18,11 @@ from sluice.audit.cli import main as audit_main
 
 # The quick profile's shape, smaller numbers: a few streams, 4-12 tokens each.
 CI_SIZES: dict[str, dict[str, float]] = {
+    # Long enough that every paused stream but Messages' outgrows sluice's
+    # buffers (about 200 KB: a 64 KiB SO_SNDBUF, doubled, and the transport's
+    # 64 KiB); the paused readers wait for their controls to end, however
+    # loaded the machine (the server's --send-timeout is raised to match).
+    "backpressure": {"max_tokens": 192, "n": 2, "top": 20, "pause_s": 240},
     "lag": {"streams": 4, "slow_share": 0.5, "max_tokens": 10, "long_prompts": 1,
             "long_prompt_words": 300},
     "logprobs": {"requests": 1, "top": 2, "max_tokens": 6},
@@ -33,6 +38,11 @@ CI_SIZES: dict[str, dict[str, float]] = {
     "responses": {"max_tokens": 8, "truncated_tokens": 3, "tool_max_tokens": 48},
     "messages": {"max_tokens": 8, "truncated_tokens": 3, "tool_max_tokens": 48},
 }  # fmt: skip
+
+
+# `sluice serve` flags for an audited server: a paused reader is not cut
+# before its control stream ends (the default --send-timeout is 30 s).
+PATIENT_SERVE_FLAGS = ("--send-timeout", "300")
 
 
 @dataclass(frozen=True, slots=True)
