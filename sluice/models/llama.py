@@ -72,7 +72,12 @@ from sluice.models.native.rope import rope_write_kv_kernel
 from sluice.models.quantization import check_quantization
 from sluice.models.rope_norm import Float32Angles, RMSNorm, RopeAngles, rope_cos_sin
 from sluice.models.sliding_window import sliding_window_attention
-from sluice.models.weight_targets import WeightTarget
+from sluice.models.weight_targets import (
+    WeightTarget,
+    decoder_layer_targets,
+    few_names,
+    with_norm_offset,
+)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -330,7 +335,7 @@ class LlamaForCausalLM(nn.Module):
         """
         if self.is_loaded:
             raise ModelLoadError("weights were already loaded into this model")
-        targets = _with_norm_offset(self._weight_targets(), self.config.norm_offset)
+        targets = with_norm_offset(self._weight_targets(), self.config.norm_offset)
         loaded: set[str] = set()
         unexpected: list[str] = []
         for name, tensor in weights:
@@ -348,7 +353,7 @@ class LlamaForCausalLM(nn.Module):
         if missing or unexpected:
             raise ModelLoadError(
                 f"checkpoint does not match {self.config.architecture}: "
-                f"missing {_few(missing)}; unexpected {_few(unexpected)}"
+                f"missing {few_names(missing)}; unexpected {few_names(unexpected)}"
             )
         self.is_loaded = True
         for layer in self.layers:
@@ -409,59 +414,6 @@ class LlamaForCausalLM(nn.Module):
             targets["lm_head.weight"] = WeightTarget(self.lm_head.weight)
         for i, layer in enumerate(self.layers):
             targets.update(
-                _layer_targets(f"model.layers.{i}.", layer, self.config.fused_checkpoint)
+                decoder_layer_targets(f"model.layers.{i}.", layer, self.config.fused_checkpoint)
             )
         return targets
-
-
-def _layer_targets(
-    prefix: str, layer: LlamaDecoderLayer, is_fused: bool = False
-) -> dict[str, WeightTarget]:
-    q_rows = layer.num_heads * layer.head_dim
-    kv_rows = layer.num_kv_heads * layer.head_dim
-    qkv_slices = {"q": (0, q_rows), "k": (q_rows, q_rows + kv_rows)}
-    qkv_slices["v"] = (q_rows + kv_rows, q_rows + 2 * kv_rows)
-    intermediate = layer.down_proj.weight.shape[1]
-    targets = {
-        prefix + "input_layernorm.weight": WeightTarget(layer.input_layernorm),
-        prefix + "post_attention_layernorm.weight": WeightTarget(layer.post_attention_layernorm),
-        prefix + "self_attn.o_proj.weight": WeightTarget(layer.o_proj.weight),
-        prefix + "mlp.gate_proj.weight": WeightTarget(layer.gate_up_proj.weight, 0, intermediate),
-        prefix + "mlp.up_proj.weight": WeightTarget(
-            layer.gate_up_proj.weight, intermediate, 2 * intermediate
-        ),
-        prefix + "mlp.down_proj.weight": WeightTarget(layer.down_proj.weight),
-    }
-    for proj, (start, end) in qkv_slices.items():
-        qkv = layer.qkv_proj
-        targets[f"{prefix}self_attn.{proj}_proj.weight"] = WeightTarget(qkv.weight, start, end)
-        if qkv.bias is not None:
-            targets[f"{prefix}self_attn.{proj}_proj.bias"] = WeightTarget(qkv.bias, start, end)
-    if layer.o_proj.bias is not None:
-        targets[prefix + "self_attn.o_proj.bias"] = WeightTarget(layer.o_proj.bias)
-    if is_fused:  # Phi-3 stores the fused matrices whole, in our row order
-        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                     "mlp.gate_proj", "mlp.up_proj"):  # fmt: skip
-            targets.pop(f"{prefix}{name}.weight")
-        targets[prefix + "self_attn.qkv_proj.weight"] = WeightTarget(layer.qkv_proj.weight)
-        targets[prefix + "mlp.gate_up_proj.weight"] = WeightTarget(layer.gate_up_proj.weight)
-    if layer.q_norm is not None:
-        targets[prefix + "self_attn.q_norm.weight"] = WeightTarget(layer.q_norm)
-        targets[prefix + "self_attn.k_norm.weight"] = WeightTarget(layer.k_norm)
-    return targets
-
-
-def _with_norm_offset(targets: dict[str, WeightTarget], offset: float) -> dict[str, WeightTarget]:
-    """Every norm weight loads plus `offset` (Gemma's 1 + weight; 0 elsewhere)."""
-    if offset:
-        for name, target in targets.items():
-            if name.endswith("norm.weight"):
-                target.offset = offset
-    return targets
-
-
-def _few(names: list[str], limit: int = 5) -> str:
-    if not names:
-        return "none"
-    shown = ", ".join(names[:limit])
-    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
