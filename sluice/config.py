@@ -275,7 +275,8 @@ class EngineConfig:
         None, "send OpenTelemetry traces here, OTLP over HTTP, e.g. http://localhost:4318"
     )
     # Speculative decoding (n-gram prompt lookup); None: off. On by default:
-    # greedy output is bitwise the same with it (row-invariant default), a
+    # greedy output is bitwise the same with it (the engine speculates only
+    # where rows are invariant: engine/startup.py `speculation_blocker`), a
     # request with no match drafts nothing, and a step speculates only where
     # the step times measured at load say verifying pays (speculation.py);
     # measured in benchmarks/speculative.py.

@@ -30,6 +30,19 @@ from sluice.tokenizer import Tokenizer
 from tests.speculation_runs import GREEDY, make_core, ngram, repeating_prompt, run
 
 
+@pytest.fixture(scope="module")
+def tiny_loaded(tiny_loaded, tiny_llama):
+    """The engine's tiny model in batch-invariant mode: the engine speculates
+    only where a row's bits ignore its step's row count (engine/startup.py
+    `speculation_blocker`), which float32's dense kernels do not."""
+    from sluice.models.llama import LlamaForCausalLM
+
+    config = tiny_loaded.model_config
+    model = LlamaForCausalLM(config, torch.float32, torch.device("cpu"), True)
+    model.load_weights(tiny_llama.weights())
+    return replace(tiny_loaded, model=model)
+
+
 def greedy(**fields) -> SamplingParams:
     return msgspec.structs.replace(GREEDY, **fields)
 

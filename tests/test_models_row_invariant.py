@@ -11,7 +11,7 @@ int8 weights at every step, exact integer sums, one epilogue.
   steps, W8A8 above) gives another answer in a crowd;
 - with n-gram speculation on, greedy tokens and logprobs are bitwise those
   without (each verified token runs as a decode row); the previous default
-  gave other bits;
+  (`--quantization int4`) gave other bits, so it no longer speculates;
 - the scheme stays close to the float32 model.
 
 Not covered here, and not invariant yet: a prompt prefilled in other chunks
@@ -143,7 +143,7 @@ def speculation_runs(loaded: LoadedModel, seed: int):
     # speculation on (prefill attention is not chunk-invariant: module docstring).
     plain = run_speculation(make_speculation_core(loaded, None, budget=512), prompts, params)
     core = make_speculation_core(loaded, ngram(k=6), budget=512)
-    return plain, run_speculation(core, prompts, params), core.speculator.counters
+    return plain, run_speculation(core, prompts, params), core.speculator
 
 
 def test_greedy_tokens_and_logprobs_are_bitwise_the_same_with_speculation(row_invariant):
@@ -154,18 +154,24 @@ def test_greedy_tokens_and_logprobs_are_bitwise_the_same_with_speculation(row_in
 
 def assert_speculation_keeps_greedy_bits(loaded: LoadedModel) -> None:
     for seed in (1, 2):
-        plain, speculated, counters = speculation_runs(loaded, seed)
-        assert counters.num_accepted_tokens > 0
+        plain, speculated, speculator = speculation_runs(loaded, seed)
+        assert speculator.counters.num_accepted_tokens > 0
         for i in plain:
             assert speculated[i][:3] == plain[i][:3], f"seed {seed}, request {i}"
 
 
-def test_the_previous_default_answers_differently_with_speculation(previous_default):
-    differs = []
+def test_the_int4_configuration_gives_its_greedy_output_with_speculation_asked(
+    previous_default,
+):
+    """`--quantization int4` (the previous default): int4 weights for a plain
+    decode's one row, W8A8 for a verification's 1 + k, so verifying drafts
+    changed greedy output (issue 40: at token 13). The engine does not
+    speculate where rows are not invariant (engine/startup.py)."""
     for seed in (1, 2):
-        plain, speculated, _ = speculation_runs(previous_default, seed)
-        differs += [speculated[i][:3] != plain[i][:3] for i in plain]
-    assert any(differs)
+        plain, speculated, speculator = speculation_runs(previous_default, seed)
+        for i in plain:
+            assert speculated[i][:3] == plain[i][:3], f"seed {seed}, request {i}"
+        assert speculator is None
 
 
 def test_the_longest_draft_allowed_verifies_as_decode_rows_at_any_position():

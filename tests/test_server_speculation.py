@@ -47,8 +47,11 @@ def serve(folder: Path, speculative: SpeculativeConfig | None) -> Iterator[LiveS
     from sluice.engine.inproc_client import InProcessEngineClient
 
     config = EngineConfig(
+        # Batch-invariant: the engine speculates only where a row's bits
+        # ignore its step's row count (engine/startup.py `speculation_blocker`).
         model=ModelConfig(model=str(folder), dtype="float32", quantization=None,
-                          activation_quantization=None, max_model_len=256),
+                          activation_quantization=None, max_model_len=256,
+                          batch_invariant=True),
         cache=CacheConfig(kv_cache_memory_bytes=8 << 20),
         multiprocess=False,
         speculative_config=speculative,

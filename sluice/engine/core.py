@@ -42,7 +42,7 @@ from sluice.engine.runner import ModelRunner
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.scheduler import Scheduler
 from sluice.engine.speculation import Speculator, speculation_stats
-from sluice.engine.startup import cache_salt, num_kv_blocks, startup_line
+from sluice.engine.startup import cache_salt, num_kv_blocks, speculation_blocker, startup_line
 from sluice.loader import LoadedModel, load_model
 from sluice.loader.loaded_model import torch_dtype
 from sluice.structured.grammar_cache import GrammarCache
@@ -103,9 +103,10 @@ class EngineCore:
             enable_prefix_caching=config.cache.enable_prefix_caching,
             cache_salt=cache_salt(loaded, dtype),
         )
-        # Speculative decoding (n-gram drafts verified in the step); None: off.
+        # Speculative decoding (n-gram drafts verified in the step); None: off,
+        # as asked or where verifying would change outputs (startup.py).
         self.speculator = None
-        if config.speculative_config is not None:
+        if config.speculative_config is not None and speculation_blocker(loaded) is None:
             # Lookups follow re-indented copies where the vocabulary has
             # indentation tokens (a model loaded without a tokenizer: none).
             tokenizer = loaded.tokenizer

@@ -13,8 +13,11 @@ token after a fully accepted draft).
 
 Why the output is exact: each kept token is exactly the token the request
 would have sampled at that position without speculation, from the same
-logits (up to the rounding of a multi-token step, as with chunked prefill)
-and the same randomness. Greedy: the longest prefix where the argmax equals
+logits and the same randomness. The same logits: the engine speculates only
+where a row's bits ignore how many rows share its step (the row-invariant
+scheme, --batch-invariant; engine/startup.py `speculation_blocker`), and a
+verified token attends as a decode row (models/attention.py); elsewhere a
+verification's 1 + k rows would take other kernels than a decode's one. Greedy: the longest prefix where the argmax equals
 the draft, plus one. Sampled: with the draft as a point mass q = delta(t),
 standard rejection sampling accepts t with probability min(1, p(t)/q(t)) =
 p(t), else draws from the residual norm(max(p - q, 0)) = p without t. Drawing

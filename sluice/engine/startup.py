@@ -1,6 +1,7 @@
 """What the engine core decides once, from the config and the loaded model,
 before it builds its parts: how many KV blocks the pool has, what salts the
-prefix cache's block names, and the startup line that says what was chosen.
+prefix cache's block names, whether the model may speculate, and the startup
+line that says what was chosen.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from sluice.engine.speculation import pays_off
 from sluice.errors import ModelLoadError
 from sluice.loader import LoadedModel
 from sluice.models.attention import kv_cache_bytes_per_block
+from sluice.models.linear import row_dependence
 
 # Without a budget, the CPU pool takes this much memory (about 1,450 blocks of
 # 16 tokens for the embedded model in float32).
@@ -60,23 +62,48 @@ def startup_line(
     weights = f" + {choices.quantization}" if choices.quantization else ""
     activations = f" + {choices.activations} activations" if choices.activations else ""
     block_size = config.cache.block_size_tokens
+    blocker = speculation_blocker(loaded)
     return (
         f"engine ready: model {loaded.name}, {choices.dtype}{weights}{activations} on {device} "
         f"with {torch.get_num_threads()} threads ({choices.reason}), max_model_len "
         f"{loaded.max_model_len}, {num_blocks} KV blocks of {block_size} tokens "
         f"({num_blocks * block_size} tokens), max_num_batched_tokens "
         f"{config.scheduler.max_num_batched_tokens}, max_num_seqs {config.scheduler.max_num_seqs}, "
-        f"{describe_speculation(config.speculative_config, loaded.step_seconds)}"
+        f"{describe_speculation(config.speculative_config, loaded.step_seconds, blocker)}"
+    )
+
+
+def speculation_blocker(loaded: LoadedModel) -> str | None:
+    """Why this model never speculates, whatever --speculative-config says;
+    None where it may. A verification computes 1 + k rows of a request where
+    a plain decode step computes one, so its tokens are those without
+    speculation only where a row's bits ignore how many rows share its step:
+    the row-invariant scheme (the default where the VNNI kernel runs) and
+    --batch-invariant. Elsewhere the kernel, or its blocking, follows the row
+    count, and greedy output would change (issue 40: int4 weights for one
+    row, W8A8 for a verification's four)."""
+    how = row_dependence(loaded.model)
+    if how is None:
+        return None
+    return (
+        f"no speculation: a row's bits follow its step's row count here ({how}), so "
+        "verifying drafts would change greedy outputs; it runs with the row-invariant "
+        "default or --batch-invariant"
     )
 
 
 def describe_speculation(
-    speculative: SpeculativeConfig | None, step_seconds: tuple[tuple[int, float], ...]
+    speculative: SpeculativeConfig | None,
+    step_seconds: tuple[tuple[int, float], ...],
+    blocker: str | None = None,
 ) -> str:
     """ "n-gram speculation (k=4, n 2..4) in steps of up to 16 running requests
-    (measured at load)", or "no speculation"."""
+    (measured at load)", or "no speculation" and why (`blocker`: the model's
+    reason, `speculation_blocker`)."""
     if speculative is None:
         return "no speculation (--speculative-config none)"
+    if blocker is not None:
+        return blocker
     k = speculative.num_speculative_tokens
     what = f"n-gram speculation (k={k}, n {speculative.prompt_lookup_min}.."
     what += f"{speculative.prompt_lookup_max})"

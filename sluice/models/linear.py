@@ -34,6 +34,8 @@ from sluice.models.quantization import MAX_QUANTIZED_TOKENS, quantize_weight
 # Row counts W8A8 serves: half-open ranges, ascending, never adjacent; the
 # last may run to sys.maxsize (every larger step). Empty: W8A8 serves none.
 RowBands = tuple[range, ...]
+# W8A8 at every row count: the row-invariant scheme (`quantize_activations`' `every_row`).
+EVERY_ROW: RowBands = (range(1, sys.maxsize),)
 # Rows per matmul in batch-invariant mode: small enough that a one-row decode
 # step wastes little, large enough that big steps keep efficient kernels.
 BATCH_INVARIANT_ROW_TILE = 8
@@ -144,6 +146,27 @@ class Linear(nn.Module):
             return self._small_matmul(x)
         return self._dense_matmul(x)
 
+    @property
+    def row_dependence(self) -> str | None:
+        """How a row's result depends on the number of rows in its step; None
+        where it does not: row tiles (batch-invariant mode), or W8A8 at every
+        row count (exact integer sums, one epilogue). Elsewhere the path
+        changes with the row count, and so does a dense kernel's blocking."""
+        if self.row_tile is not None or self.int8_row_bands == EVERY_ROW:
+            return None
+        paths = []
+        num_small_rows = 0
+        if self.quantized is not None:
+            num_small_rows = min(self.max_quantized_tokens, self.min_large_rows - 1)
+            paths.append(f"weight-only up to {num_small_rows} rows")
+        bands = self.int8_row_bands
+        if bands:
+            paths.append(f"int8 activations from {self.min_large_rows} rows")
+        is_w8a8_above = len(bands) == 1 and bands[0].stop == sys.maxsize
+        if not (is_w8a8_above and num_small_rows == self.min_large_rows - 1):
+            paths.append("dense elsewhere, blocked by the row count")
+        return ", ".join(paths)
+
     def _plain_matmul(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)
 
@@ -223,7 +246,7 @@ class Linear(nn.Module):
             self.dense_weight(), self.bias, input_absmax, self.weight.dtype, pairs, alpha
         )
         if every_row:
-            self._raced_bands = (range(1, sys.maxsize),)
+            self._raced_bands = EVERY_ROW
         self._bind()
 
     @torch.no_grad()
@@ -246,3 +269,13 @@ class Linear(nn.Module):
             self.prepack()
         else:
             self._bind()
+
+
+def row_dependence(model: nn.Module) -> str | None:
+    """How a row's bits depend on the number of rows in its step, for the
+    first of `model`'s matmuls where they do ("layers.0.qkv_proj: weight-only
+    up to 3 rows, ..."); None where no matmul's do."""
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and (how := module.row_dependence) is not None:
+            return f"{name}: {how}"
+    return None
