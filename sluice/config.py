@@ -70,8 +70,9 @@ class ModelConfig:
         "auto",
         "weight-only quantization of the decoder matrices (CPU; giving it leaves the "
         "row-invariant default); auto: none where the row-invariant int8 matmuls run, else "
-        "int4 when the weights came in 4 bits, else none",
-        choices=("auto", "int8", "int4"),
+        "int4 when the weights came in 4 bits, else none; gguf: a GGUF's matrices stay in "
+        "the file's 4-8 bit blocks (no copy in other bits; AVX512-VNNI)",
+        choices=("auto", "int8", "int4", "gguf"),
         none_as="none",
     )
     # Int8 activations times int8 weights (W8A8), calibrated at load

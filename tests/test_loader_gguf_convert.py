@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import os
-import string
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from gguf import GGUFWriter
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -25,112 +20,9 @@ from sluice.loader import gguf_convert, load_model
 from sluice.loader.gguf_convert import cache_folder_for, converted_folder
 from sluice.loader.sources import embedded_gguf_path
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
-from sluice.tokenizer import Tokenizer, _unicode_to_byte
+from sluice.tokenizer import Tokenizer
+from tests.gguf_files import write_tiny_gguf
 from tests.model_factory import TinyModel, build_tiny_model
-
-_LAYER_STEMS = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-_GLOBAL = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-TINY_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-
-
-def llama_cpp_permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
-    half = weights.shape[0] // num_heads // 2
-    return (
-        weights.reshape(num_heads, 2, half, *weights.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weights.shape)
-    )
-
-
-def gguf_name(hf_name: str) -> str:
-    if hf_name in _GLOBAL:
-        return _GLOBAL[hf_name]
-    _, _, layer, *stem, kind = hf_name.split(".")
-    return f"blk.{layer}.{_LAYER_STEMS['.'.join(stem)]}.{kind}"
-
-
-def llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
-    """llama.cpp's convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors):
-    llama3 scaling as per-dimension divisors of the frequencies."""
-    freqs = 1.0 / (rope["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
-    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
-    old = rope["original_max_position_embeddings"]
-    factors = []
-    for freq in freqs:
-        wavelen = 2 * math.pi / freq
-        if wavelen < old / high:
-            factors.append(1.0)
-        elif wavelen > old / low:
-            factors.append(factor)
-        else:
-            smooth = (old / wavelen - low) / (high - low)
-            factors.append(1 / ((1 - smooth) / factor + smooth))
-    return np.array(factors, dtype=np.float32)
-
-
-def write_tiny_gguf(tiny: TinyModel, path: Path) -> Path:
-    """The tiny HF model as llama.cpp's converter would write it (q/k permuted,
-    llama3 rope scaling as a rope_freqs tensor)."""
-    config = tiny.config_dict
-    writer = GGUFWriter(str(path), "llama")
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_vocab_size(config["vocab_size"])
-    _add_tiny_vocab(writer, config["vocab_size"])
-    rope = config["rope_parameters"]
-    if rope.get("rope_type") == "llama3":
-        head_dim = config["hidden_size"] // config["num_attention_heads"]
-        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, head_dim))
-    for name, tensor in tiny.weights():
-        array = tensor.numpy()
-        if ".q_proj." in name:
-            array = llama_cpp_permute(array, config["num_attention_heads"])
-        elif ".k_proj." in name:
-            array = llama_cpp_permute(array, config["num_key_value_heads"])
-        writer.add_tensor(gguf_name(name), np.ascontiguousarray(array))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-def _add_tiny_vocab(writer: GGUFWriter, vocab_size: int) -> None:
-    # A byte-level BPE vocabulary: 3 specials, the 256 byte symbols, then letter pairs.
-    specials = ["<|endoftext|>", "<s>", "</s>"]
-    table = _unicode_to_byte()
-    byte_symbols = sorted(table, key=table.__getitem__)
-    num_merges = vocab_size - len(specials) - len(byte_symbols)
-    pairs = list(itertools.islice(itertools.product(string.ascii_lowercase, repeat=2), num_merges))
-    tokens = specials + byte_symbols + [a + b for a, b in pairs]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3] * len(specials) + [1] * (len(tokens) - len(specials)))
-    writer.add_token_merges([f"{a} {b}" for a, b in pairs])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_chat_template(TINY_TEMPLATE)
 
 
 @pytest.fixture(scope="module", params=["llama_tied", "mistral", "llama3_untied"])
@@ -254,7 +146,7 @@ def test_a_conversion_finished_first_by_another_process_is_reused(tiny_gguf, tmp
     cache_dir = tmp_path / "cache"
     real_write = gguf_convert.write_hf_folder
 
-    def racing_write(gguf_path, temp):
+    def racing_write(gguf_path, temp, with_weights=True):
         # The other process publishes its complete folder while we are still writing.
         other = cache_folder_for(gguf_path, cache_dir)
         other.mkdir()
@@ -290,7 +182,7 @@ import sys, time
 from pathlib import Path
 from sluice.loader import gguf_convert
 
-def endless_write(gguf_path, folder):
+def endless_write(gguf_path, folder, with_weights=True):
     (folder / "model.safetensors").write_bytes(b"x" * 4096)
     print("writing", flush=True)
     time.sleep(600)

@@ -10,16 +10,8 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
 from sluice.loader.gguf_blocks import BlockCodes
 from sluice.loader.gguf_tensors import gguf_weights
+from tests.gguf_files import llama_cpp_permute
 from tests.gguf_quants import quantize_q4_k, quantize_q6_k
-
-
-def llama_cpp_permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
-    half = weights.shape[0] // num_heads // 2
-    return (
-        weights.reshape(num_heads, 2, half, *weights.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weights.shape)
-    )
 
 
 def write(path: Path, tensors: dict[str, tuple[np.ndarray, GGMLQuantizationType | None]]):

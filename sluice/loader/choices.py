@@ -47,6 +47,12 @@ from sluice.models.linear import RowBands
 from sluice.models.native.int8 import int8_gemm_kernels
 
 AUTO = "auto"
+# `--quantization gguf`: a GGUF's matrices stay in the file's blocks (loader/gguf_tensors.py).
+GGUF_BLOCKS = "gguf"
+_GGUF_BLOCKS = (
+    "GGUF blocks kept as the file has them: int8 activations times the blocks' codes at "
+    "every step, exact integer sums per block (llama.cpp's arithmetic; row-invariant)"
+)
 # GGUF tensor types by the bits per weight of their values' grid.
 _GGUF_TYPE_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5,
                    "Q6_K": 6, "Q8_0": 8, "Q8_K": 8, "F16": 16, "BF16": 16, "F32": 32}  # fmt: skip
@@ -118,6 +124,9 @@ def choose(
         else:
             dtype = "float32"
             reasons.append("float32: no native bfloat16 matmul on this hardware")
+    if quantization == GGUF_BLOCKS:
+        reasons.append(_GGUF_BLOCKS)
+        return ModelChoices(dtype, GGUF_BLOCKS, "; ".join(reasons), None)
     if quantization == AUTO and activations == AUTO and device.type == "cpu":
         if int8_gemm is None:
             int8_gemm = int8_gemm_kernels() is not None

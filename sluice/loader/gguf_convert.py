@@ -59,12 +59,18 @@ SHARD_BYTES = 1024 * 1024 * 1024
 STALE_TEMP_AGE_S = 24 * 3600
 # `.<stem>-<key>.<host>-<pid>.<mkdtemp's 8 characters>`; no owner part before
 # owners were named.
-_TEMP_NAME = re.compile(r"\.[^/]+-[0-9a-f]{16}\.(?:(?P<host>[\w-]+)-(?P<pid>\d+)\.)?[a-z0-9_]{8}")
+_TEMP_NAME = re.compile(
+    r"\.[^/]+-[0-9a-f]{16}(?:-meta)?\.(?:(?P<host>[\w-]+)-(?P<pid>\d+)\.)?[a-z0-9_]{8}"
+)
 
 
-def converted_folder(gguf_path: Path, cache_dir: Path) -> Path:
-    """The cached HF folder for `gguf_path`, converting it first if needed."""
-    folder = cache_folder_for(gguf_path, cache_dir)
+def converted_folder(gguf_path: Path, cache_dir: Path, with_weights: bool = True) -> Path:
+    """The cached HF folder for `gguf_path`, converting it first if needed.
+
+    `with_weights=False`: config and tokenizer only (a folder of its own, a
+    few MB), for loads that read the weights from the GGUF itself
+    (`--quantization gguf`: loader/gguf_tensors.py)."""
+    folder = cache_folder_for(gguf_path, cache_dir, with_weights)
     if folder.is_dir():
         remove_stale_temps(cache_dir)
         return folder
@@ -77,20 +83,21 @@ def converted_folder(gguf_path: Path, cache_dir: Path) -> Path:
     temp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{owner}.", dir=cache_dir))
     try:
         temp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
-        write_hf_folder(gguf_path, temp)
+        write_hf_folder(gguf_path, temp, with_weights=with_weights)
         _publish(temp, folder)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
     return folder
 
 
-def cache_folder_for(gguf_path: Path, cache_dir: Path) -> Path:
-    """`<cache_dir>/<stem>-<key>`: key = hash of path, size, mtime, format version."""
+def cache_folder_for(gguf_path: Path, cache_dir: Path, with_weights: bool = True) -> Path:
+    """`<cache_dir>/<stem>-<key>`: key = hash of path, size, mtime, format
+    version (and "-meta" for a folder without weights)."""
     path = gguf_path.resolve()
     stat = path.stat()
     identity = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{CONVERSION_VERSION}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    return cache_dir / f"{path.stem}-{key}"
+    return cache_dir / f"{path.stem}-{key}{'' if with_weights else '-meta'}"
 
 
 def remove_stale_temps(cache_dir: Path) -> None:
@@ -130,12 +137,14 @@ def _is_running(pid: int) -> bool:
     return True
 
 
-def write_hf_folder(gguf_path: Path, folder: Path) -> None:
-    """Write the whole HF folder for `gguf_path` into the existing `folder`."""
+def write_hf_folder(gguf_path: Path, folder: Path, with_weights: bool = True) -> None:
+    """Write the HF folder for `gguf_path` into the existing `folder`."""
     # 1. Metadata and tensors, straight from the memory-mapped GGUF.
     reader = _open_reader(gguf_path)
     config = _guarded(gguf_path, lambda: gguf_llama.hf_config(reader))
-    _guarded(gguf_path, lambda: _save_in_shards(gguf_llama.hf_tensors(reader, config), folder))
+    if with_weights:
+        tensors = gguf_llama.hf_tensors(reader, config)
+        _guarded(gguf_path, lambda: _save_in_shards(tensors, folder))
     _write_json(folder / "config.json", config)
     _write_json(folder / "generation_config.json", _generation_config(config))
     # 2. The tokenizer: transformers' GGUF converter (the slow step).

@@ -51,7 +51,10 @@ def gguf_weights(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[s
             weights = unpermute_rope_rows(weights, heads)
         if gguf.norm_shift and name.endswith("norm.weight"):
             weights = weights - np.float32(gguf.norm_shift)
-        yield name, torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
+        yield (
+            name,
+            torch.from_numpy(np.array(weights, dtype=np.float32)),
+        )  # a copy: the map is read-only
 
 
 def keeps_blocks(tensor: Any, hf_name: str) -> bool:

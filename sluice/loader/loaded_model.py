@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gguf import GGUFReader
 
 from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
 from sluice.loader import choices
 from sluice.loader.gguf_convert import cache_folder_for, converted_folder, source_tensor_types
+from sluice.loader.gguf_tensors import gguf_weights
 from sluice.loader.sources import ModelSource, resolve_source
 from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models import calibration, longrope
@@ -37,6 +39,7 @@ from sluice.models.kernel_plan import KernelPlan
 from sluice.models.kernel_race import int8_candidates, plan_kernels
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native import native_status
+from sluice.models.native.qblock import qblock_available
 from sluice.models.quantization import check_quantization
 from sluice.tokenizer import Tokenizer
 
@@ -74,7 +77,10 @@ def load_model(config: ModelConfig) -> LoadedModel:
     # 1. Where the HF folder is (converting a GGUF on first use).
     start = time.perf_counter()
     source = resolve_source(config.model)
-    folder = _hf_folder(source, config.cache_dir)
+    keep_blocks = config.quantization == choices.GGUF_BLOCKS
+    if keep_blocks:
+        _check_block_source(source)
+    folder = _hf_folder(source, config.cache_dir, with_weights=not keep_blocks)
     # 2. Everything that can be checked without allocating the model.
     model_config = parse_hf_config(read_config_json(folder))
     max_model_len = resolve_max_model_len(config.max_model_len, model_config)
@@ -91,15 +97,19 @@ def load_model(config: ModelConfig) -> LoadedModel:
         activations=None if config.batch_invariant else config.activation_quantization,
     )
     dtype = torch_dtype(chosen.dtype)
-    check_quantization(chosen.quantization, device)
+    if not keep_blocks:
+        check_quantization(chosen.quantization, device)
     calibration.check_activation_quantization(chosen.activations, device)
-    files = checkpoint_files(folder)
+    files = [] if keep_blocks else checkpoint_files(folder)
     tokenizer = Tokenizer.from_folder(folder)
     _check_vocab(tokenizer, model_config)
     # 3. Build and fill the model.
     model = build_model(model_config, dtype, device, config.batch_invariant)
-    model.load_weights(iter_weights(files))
-    if chosen.quantization is not None:
+    if keep_blocks:
+        model.load_weights(gguf_weights(GGUFReader(source.path), read_config_json(folder)))
+    else:
+        model.load_weights(iter_weights(files))
+    if chosen.quantization is not None and not keep_blocks:
         model.quantize(chosen.quantization)
     if chosen.activations == "int8":
         text = calibration.calibration_text()
@@ -174,14 +184,25 @@ def resolve_max_model_len(requested: int | None, model_config: DecoderConfig) ->
     return requested
 
 
-def _hf_folder(source: ModelSource, cache_dir: Path) -> Path:
+def _check_block_source(source: ModelSource) -> None:
+    """`--quantization gguf` needs a GGUF file and the kernel that reads its blocks."""
+    if source.kind == "hf_folder":
+        raise ModelLoadError("--quantization gguf keeps a GGUF file's blocks; this is an HF folder")
+    if not qblock_available():
+        raise ModelLoadError(
+            "--quantization gguf needs the native kernels on an AVX512-VNNI CPU "
+            f"({native_status().describe()})"
+        )
+
+
+def _hf_folder(source: ModelSource, cache_dir: Path, with_weights: bool = True) -> Path:
     if source.kind == "hf_folder":
         return source.path
-    if cache_folder_for(source.path, cache_dir).is_dir():
-        return converted_folder(source.path, cache_dir)
+    if cache_folder_for(source.path, cache_dir, with_weights).is_dir():
+        return converted_folder(source.path, cache_dir, with_weights)
     logger.info("converting %s into %s (once; later loads reuse it)", source.path, cache_dir)
     start = time.perf_counter()
-    folder = converted_folder(source.path, cache_dir)
+    folder = converted_folder(source.path, cache_dir, with_weights)
     logger.info("converted %s in %.1f s", source.name, time.perf_counter() - start)
     return folder
 

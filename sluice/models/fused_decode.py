@@ -40,7 +40,7 @@ def _decoder_layer_function():
 
 
 def _every_row_packed(linear: Linear) -> bool:
-    int8 = linear.int8_activations
+    int8 = getattr(linear, "int8_activations", None)  # a QBlockLinear has none
     return (
         int8 is not None
         and int8.packed is not None

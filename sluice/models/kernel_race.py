@@ -191,7 +191,7 @@ def int8_candidates(model: LlamaForCausalLM) -> Int8Candidates | None:
     matrix, where the model runs the row-invariant scheme; else None."""
     gemm = int8_gemm_kernels()
     linear = model.layers[len(model.layers) // 2].gate_up_proj
-    layer = linear.int8_activations
+    layer = getattr(linear, "int8_activations", None)  # a QBlockLinear has none
     if gemm is None or layer is None or layer.packed is None or linear.min_large_rows != 1:
         return None
     weights = layer.packed

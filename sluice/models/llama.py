@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sluice.errors import ModelLoadError
+from sluice.loader.gguf_blocks import BlockCodes
 from sluice.models.attention import (
     AttentionMetadata,
     batch_invariant_attention,
@@ -68,7 +69,9 @@ from sluice.models.linear import (
     uninitialised_weight,
 )
 from sluice.models.native import silu_mul_kernel
+from sluice.models.native.qblock import QBlockMatrix
 from sluice.models.native.rope import rope_write_kv_kernel
+from sluice.models.qblock_linear import adopt_block_codes
 from sluice.models.quantization import check_quantization
 from sluice.models.rope_norm import Float32Angles, RMSNorm, RopeAngles, rope_cos_sin
 from sluice.models.sliding_window import sliding_window_attention
@@ -246,6 +249,8 @@ class LlamaForCausalLM(nn.Module):
             # Shared until prepacking, which gives lm_head its own packed copy.
             self.lm_head.weight = self.embed_tokens
         self.is_loaded = False
+        # The embedding lookup of a table kept in GGUF blocks (qblock_linear.py), else None.
+        self.token_embedding: nn.Module | None = None
         # The weight-only mode `quantize` applied ("int8", "int4"), or None.
         self.quantization: str | None = None
         # "int8" once calibration.quantize_activations gave the decoder W8A8.
@@ -281,7 +286,10 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[Tensor],  # per layer [2, num_blocks, block_size, Hkv, head_dim]
         attn: AttentionMetadata,
     ) -> Tensor:  # [num_tokens, hidden], after the final norm
-        hidden = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
+        if self.token_embedding is None:
+            hidden = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
+        else:
+            hidden = self.token_embedding(input_ids)  # a table kept in its GGUF blocks
         if self.embed_scale is not None:
             hidden.mul_(self.embed_scale)
         rope = self._rope_at(self.rope_cos, self.rope_sin, positions)
@@ -327,7 +335,7 @@ class LlamaForCausalLM(nn.Module):
         return RopeAngles.at(cos, sin, positions, self.batch_invariant)
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, Tensor | BlockCodes]]) -> None:
         """Copy HF-named tensors in (converting dtype); refuse missing or unexpected ones.
 
         Called once per model: on success the matrices may be prepacked, after
@@ -338,6 +346,8 @@ class LlamaForCausalLM(nn.Module):
         targets = with_norm_offset(self._weight_targets(), self.config.norm_offset)
         loaded: set[str] = set()
         unexpected: list[str] = []
+        # Matrices that stay in their GGUF blocks (loader/gguf_tensors.py).
+        block_codes: list[tuple[str, WeightTarget, QBlockMatrix]] = []
         for name, tensor in weights:
             if name.endswith("rotary_emb.inv_freq"):
                 continue
@@ -347,7 +357,10 @@ class LlamaForCausalLM(nn.Module):
             if target is None:
                 unexpected.append(name)
                 continue
-            target.copy_from(name, tensor)
+            if isinstance(tensor, BlockCodes):
+                block_codes.append((name, target, QBlockMatrix.from_codes(tensor)))
+            else:
+                target.copy_from(name, tensor)
             loaded.add(name)
         missing = sorted(set(targets) - loaded)
         if missing or unexpected:
@@ -356,6 +369,8 @@ class LlamaForCausalLM(nn.Module):
                 f"missing {few_names(missing)}; unexpected {few_names(unexpected)}"
             )
         self.is_loaded = True
+        if block_codes:
+            adopt_block_codes(self, block_codes)
         for layer in self.layers:
             layer.finish_loading()
         self.final_norm = RMSNorm(self.norm, self.config.rms_norm_eps, self.batch_invariant)

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from sluice.errors import ModelLoadError
-from sluice.loader.gguf_blocks import BlockCodes
 from sluice.models.native.qblock import QBlockMatrix, qblock_matmul, qblock_rows
+from sluice.models.weight_targets import WeightTarget
 
 
 class QBlockLinear(nn.Module):
@@ -36,6 +36,8 @@ class QBlockLinear(nn.Module):
     def __init__(self, parts: list[QBlockMatrix], bias: Tensor | None) -> None:
         super().__init__()
         self.parts = parts
+        for index, part in enumerate(parts):  # buffers: the model's weight_bytes counts them
+            self.register_buffer(f"packed_{index}", part.packed, persistent=False)
         self.in_features = parts[0].in_features
         self.out_features = sum(part.out_features for part in parts)
         assert all(part.in_features == self.in_features for part in parts), "parts' widths"
@@ -61,6 +63,7 @@ class QBlockEmbedding(nn.Module):
     def __init__(self, matrix: QBlockMatrix, dtype: torch.dtype) -> None:
         super().__init__()
         self.matrix = matrix
+        self.register_buffer("packed", matrix.packed, persistent=False)
         self.dtype = dtype
 
     def forward(self, input_ids: Tensor) -> Tensor:  # [T] -> [T, hidden]
@@ -69,11 +72,12 @@ class QBlockEmbedding(nn.Module):
 
 @dataclass(slots=True)
 class CodesFor:
-    """Block codes that arrived for rows [row_start, row_end) of one parameter."""
+    """A matrix that arrived as block codes (packed on arrival, so a load holds
+    packed bytes, never every matrix's codes) for rows [row_start, row_end)."""
 
     row_start: int
     row_end: int
-    codes: BlockCodes
+    matrix: QBlockMatrix
 
 
 def qblock_linear(
@@ -88,4 +92,66 @@ def qblock_linear(
         covered = part.row_end
     if covered != out_features:
         raise ModelLoadError(f"{name}: {covered} of {out_features} rows came as blocks")
-    return QBlockLinear([QBlockMatrix.from_codes(part.codes) for part in parts], bias)
+    return QBlockLinear([part.matrix for part in parts], bias)
+
+
+def adopt_block_codes(
+    model: nn.Module, arrived: list[tuple[str, WeightTarget, QBlockMatrix]]
+) -> int:
+    """Swap in QBlock modules for every matrix that came as block codes.
+
+    `arrived`: (HF name, its target, its packed codes) from `load_weights`. Each
+    `Linear` whose weight is a target becomes a `QBlockLinear` in its parent;
+    the embedding table (`model.embed_tokens`) gets `model.token_embedding`,
+    and a tied lm_head shares its packed matrix. A projection whose rows came
+    partly as codes and partly as floats is refused. Returns the packed bytes.
+    """
+    owners = _linear_owners(model)
+    parts: dict[int, list[CodesFor]] = {}
+    names: dict[int, str] = {}
+    for name, target, matrix in arrived:
+        key = id(target.param)
+        rows = target.param.shape[0]
+        start = 0 if target.row_start is None else target.row_start
+        end = rows if target.row_end is None else target.row_end
+        parts.setdefault(key, []).append(CodesFor(start, end, matrix))
+        names.setdefault(key, name)
+    total = 0
+    for key, pieces in parts.items():
+        param_is_embedding = key == id(model.embed_tokens)
+        linears = owners.get(key, [])
+        if not linears and not param_is_embedding:
+            raise ModelLoadError(f"{names[key]} came as blocks but is no projection")
+        for parent, attribute, linear in linears:
+            swapped = qblock_linear(pieces, linear.weight.shape[0], linear.bias, names[key])
+            setattr(parent, attribute, swapped)
+            total += swapped.weight_bytes()
+        if param_is_embedding:
+            matrix = (
+                getattr(model.lm_head, "parts", [None])[0]
+                if linears and isinstance(model.lm_head, QBlockLinear)
+                else pieces[0].matrix
+            )
+            model.token_embedding = QBlockEmbedding(matrix, model.dtype)
+            if not linears:
+                total += matrix.packed.numel()
+        _release(model, key)
+    return total
+
+
+def _linear_owners(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, nn.Module]]]:
+    """id(weight parameter) -> every (parent, attribute, Linear) holding it."""
+    from sluice.models.linear import Linear
+
+    owners: dict[int, list[tuple[nn.Module, str, nn.Module]]] = {}
+    for parent in model.modules():
+        for attribute, child in parent.named_children():
+            if isinstance(child, Linear):
+                owners.setdefault(id(child.weight), []).append((parent, attribute, child))
+    return owners
+
+
+def _release(model: nn.Module, key: int) -> None:
+    """Drop the never-written float parameter the codes replaced."""
+    if key == id(model.embed_tokens):
+        model.embed_tokens = nn.Parameter(torch.empty(0, dtype=model.dtype), requires_grad=False)
