@@ -21,19 +21,28 @@
 OpenAI error object, the one place that object's shape is spelled: the HTTP
 edge (`sluice.server.errors`) sends it with the error's status, a stream that
 already started sends it as its last event (`sluice.frontend.serving`).
-`anthropic_error` spells Anthropic's (the Messages API's routes).
+`anthropic_error` spells Anthropic's (the Messages API's routes); which an
+API speaks is its `ErrorShape` (its entry in `sluice.apis.surface`).
 Cancellation is not an error: it is `asyncio.CancelledError` and the normal
 abort path.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 # What a client learns of an error sluice did not raise on purpose (a bug):
 # nothing of its cause, which the server logs.
 INTERNAL_ERROR_MESSAGE = "internal server error; the server logged the details"
 INTERNAL_ERROR_TYPE = "internal_server_error"
+
+
+class ErrorShape(enum.Enum):
+    """Which error object an API answers with: OpenAI's or Anthropic's."""
+
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
 
 
 class SluiceError(Exception):

@@ -9,6 +9,7 @@ import httpx2
 import orjson
 import pytest
 
+from sluice.apis.surface import API_TABLE
 from sluice.testing import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer
@@ -29,6 +30,11 @@ NOT_JSON = [None, "text/plain;charset=UTF-8", "application/x-www-form-urlencoded
             "multipart/form-data; boundary=x", "application/jsonp", "text/json"]  # fmt: skip
 JSON = ["application/json", "application/json; charset=utf-8", "Application/JSON",
         "application/vnd.api+json", "application/merge-patch+json; charset=UTF-8"]  # fmt: skip
+
+
+def test_every_route_of_the_api_table_that_reads_a_body_is_checked_here():
+    body_routes = {r.path for r in API_TABLE.routes() if r.request_model is not None}
+    assert body_routes <= set(BODIES)
 
 
 @pytest.fixture(scope="module")

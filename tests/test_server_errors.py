@@ -11,10 +11,12 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
+from sluice.apis.surface import API_TABLE
 from sluice.errors import (
     AuthenticationError,
     ContextLengthError,
     EngineDeadError,
+    ErrorShape,
     InvalidRequestError,
     ModelNotFoundError,
     QueueFullError,
@@ -106,7 +108,7 @@ def call_handler(app: FastAPI, exc: Exception, path: str = "/v1/completions"):
 
 def test_fastapi_validation_errors_become_400_never_422():
     app = FastAPI()
-    install_error_handlers(app)
+    install_error_handlers(app, API_TABLE.error_shape_of)
     exc = RequestValidationError([{"loc": ("query", "limit"), "msg": "bad", "type": "int"}])
     response = call_handler(app, exc)
     assert response.status_code == 400
@@ -115,7 +117,7 @@ def test_fastapi_validation_errors_become_400_never_422():
 
 def test_http_exceptions_keep_their_status_in_the_openai_shape():
     app = FastAPI()
-    install_error_handlers(app)
+    install_error_handlers(app, API_TABLE.error_shape_of)
     response = call_handler(app, HTTPException(405, "Method Not Allowed"))
     assert response.status_code == 405
     assert error_of(response)["message"] == "Method Not Allowed"
@@ -134,7 +136,7 @@ def test_http_exceptions_keep_their_status_in_the_openai_shape():
 )
 def test_messages_routes_answer_in_anthropics_shape_with_the_same_status(error, status, error_type):
     app = FastAPI()
-    install_error_handlers(app)
+    install_error_handlers(app, API_TABLE.error_shape_of)
     response = call_handler(app, error, path="/v1/messages")
     assert response.status_code == status
     body = orjson.loads(response.body)
@@ -146,6 +148,6 @@ def test_messages_routes_answer_in_anthropics_shape_with_the_same_status(error, 
         assert response.headers["Retry-After"] == "1"
 
 
-def test_an_internal_error_on_a_messages_route_is_an_api_error():
-    body = orjson.loads(internal_error_response("/v1/messages/count_tokens").body)
+def test_an_internal_error_in_anthropics_shape_is_an_api_error():
+    body = orjson.loads(internal_error_response(ErrorShape.ANTHROPIC).body)
     assert body["error"]["type"] == "api_error" and "logged" in body["error"]["message"]

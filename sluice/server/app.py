@@ -6,6 +6,10 @@
     GET  /v1/models, /version, /health, /metrics and POST /tokenize, /detokenize,
     /reset_prefix_cache                          everything but generation (info_routes.py)
 
+The APIs' routes are registered from the API table (sluice/apis/surface.py),
+each with the handler that serves it; the middleware and the error handlers
+read the same table.
+
 Each generation route: parse the body (body, protocol) -> check it and
 tokenize (to_internal, preprocess) -> hand the frozen `GenerationRequest` to
 the `Frontend`; a large body is parsed and converted off the loop (body.py).
@@ -30,7 +34,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -40,6 +44,15 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 from starlette.types import Receive
 
+from sluice.apis.surface import (
+    API_TABLE,
+    CHAT_CREATE,
+    COMPLETIONS_CREATE,
+    MESSAGES_COUNT_TOKENS,
+    MESSAGES_CREATE,
+    ApiRoute,
+    ApiTable,
+)
 from sluice.config import ServerConfig
 from sluice.engine.client_base import EngineClient, QueueTimeout
 from sluice.engine.supervisor import EngineSupervisor
@@ -80,6 +93,8 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
 T = TypeVar("T")
+# An API route's handler (the route's path parameters as keyword arguments).
+Handler = Callable[..., Awaitable[Response]]
 
 
 def create_app(
@@ -88,10 +103,12 @@ def create_app(
     model: ServedModel,
     clock: Callable[[], float] = time.monotonic,
     tracer: Tracer | None = None,
+    apis: ApiTable = API_TABLE,
 ) -> FastAPI:
     """The app serving `engine` as `model.name` (ServerConfig.served_model_name wins);
     `clock`: the seconds the API keys' rate windows are measured in; `tracer`:
-    where request spans go (default: the OTLP endpoint of the config, if any)."""
+    where request spans go (default: the OTLP endpoint of the config, if any);
+    `apis`: the APIs served, whose routes, keys, traces and error shapes it reads."""
     endpoint = config.engine.otlp_traces_endpoint
     if tracer is None and endpoint is not None:
         tracer = otlp_tracer(endpoint, "sluice-server")
@@ -141,22 +158,27 @@ def create_app(
         title="sluice",
         version=sluice_version(),
         lifespan=lifespan,
-        middleware=middleware_stack(config, keys, KeyLimiter(clock), tracer),
+        middleware=middleware_stack(config, keys, KeyLimiter(clock), tracer, apis),
     )
-    install_error_handlers(app)
+    install_error_handlers(app, apis.error_shape_of)
     app.state.routes = routes
     # The server (launch.make_server) reloads them on SIGHUP.
     app.state.api_keys = keys
     # The server (launch.make_server) runs this on SIGTERM.
     app.state.shutdown = shutdown
-    app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
-    app.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
-    app.add_api_route("/v1/messages", routes.messages, methods=["POST"])
-    app.add_api_route("/v1/messages/count_tokens", routes.count_tokens, methods=["POST"])
+    responses = ResponsesRoutes(routes, ResponseStore(config.responses_store_bytes))
+    add_api_routes(app, apis, {**routes.handlers(), **responses.handlers()})
     InfoRoutes(routes).add_to(app)
-    ResponsesRoutes(routes, ResponseStore(config.responses_store_bytes)).add_to(app)
     add_pages(app)  # the chat at / and the dashboard at /dashboard
     return app
+
+
+def add_api_routes(app: FastAPI, apis: ApiTable, handlers: Mapping[ApiRoute, Handler]) -> None:
+    """Every route of `apis`, served by its handler (each route must have one)."""
+    for route in apis.routes():
+        handler = handlers.get(route)
+        assert handler is not None, f"no handler serves {route.method} {route.path}"
+        app.add_api_route(route.path, handler, methods=[route.method])
 
 
 class Routes:
@@ -194,6 +216,15 @@ class Routes:
             generation_defaults=config.generation_defaults or to_internal.API_DEFAULTS,
         )
         self.bodies = BodyReader(config.limits, self.options)
+
+    def handlers(self) -> dict[ApiRoute, Handler]:
+        """The API routes served here."""
+        return {
+            COMPLETIONS_CREATE: self.completions,
+            CHAT_CREATE: self.chat_completions,
+            MESSAGES_CREATE: self.messages,
+            MESSAGES_COUNT_TOKENS: self.count_tokens,
+        }
 
     # -- generation ------------------------------------------------------------
 

@@ -19,17 +19,19 @@ raised from the frontend's first read, before any header is sent, and lands
 here like any other; after the first event it can only be an error event in
 the stream (`sluice.frontend.serving`), carrying the same object.
 
-The Messages API's routes (`/v1/messages`, `/v1/messages/...`) answer with
-the same statuses in Anthropic's shape instead, `{"type": "error", "error":
-{"type", "message"}}` (`sluice.errors.anthropic_error`): every function here
-takes the request's `path` and picks the shape from it, here and nowhere else.
+An API whose `ErrorShape` is Anthropic's (the Messages API's, its entry in
+`sluice.apis.surface`) answers with the same statuses in Anthropic's shape
+instead, `{"type": "error", "error": {"type", "message"}}`
+(`sluice.errors.anthropic_error`): every function here takes the shape, and
+the app's handlers take it from the API table the app was built with
+(`install_error_handlers`), for every path under the API's root.
 
 Invariant: a client can reach the 500 branch only through a bug, never by what it sends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -41,6 +43,7 @@ from starlette.responses import Response
 from sluice.errors import (
     INTERNAL_ERROR_MESSAGE,
     INTERNAL_ERROR_TYPE,
+    ErrorShape,
     InvalidRequestError,
     RateLimitError,
     RequestError,
@@ -54,12 +57,9 @@ from sluice.errors import (
 # Pydantic names union branches and wrappers in error locations ("str",
 # "list[int]", "function-after[...]"); they are not part of the client's JSON path.
 _PYDANTIC_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
-# The routes whose errors take Anthropic's shape.
-ANTHROPIC_PATH = "/v1/messages"
 
-
-def is_anthropic_path(path: str) -> bool:
-    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+# A request's path -> the shape of its errors (`ApiTable.error_shape_of`).
+ErrorShapeOf = Callable[[str], ErrorShape]
 
 
 def error_response(
@@ -69,35 +69,40 @@ def error_response(
     param: str | None = None,
     code: str | int | None = None,
     headers: dict[str, str] | None = None,
-    path: str = "",
+    shape: ErrorShape = ErrorShape.OPENAI,
 ) -> Response:
     error = openai_error(message, error_type, param, code)
-    return _response(status_code, error, headers, path)
+    return _response(status_code, error, headers, shape)
 
 
-def request_error_response(exc: RequestError, path: str = "") -> Response:
+def request_error_response(exc: RequestError, shape: ErrorShape = ErrorShape.OPENAI) -> Response:
     headers = None
     if isinstance(exc, RateLimitError):
         headers = {"Retry-After": str(exc.retry_after_s)}
-    if is_anthropic_path(path):  # some errors have Anthropic's own words
+    if shape is ErrorShape.ANTHROPIC:  # some errors have Anthropic's own words
         return _json_response(exc.status_code, anthropic_error_of(exc), headers)
-    return _response(exc.status_code, openai_error_of(exc), headers, path)
+    return _response(exc.status_code, openai_error_of(exc), headers, shape)
 
 
-def unavailable_response(exc: ServiceUnavailableError, path: str = "") -> Response:
+def unavailable_response(
+    exc: ServiceUnavailableError, shape: ErrorShape = ErrorShape.OPENAI
+) -> Response:
     headers = {"Retry-After": str(exc.retry_after_s)}
-    return _response(exc.status_code, openai_error_of(exc), headers, path)
+    return _response(exc.status_code, openai_error_of(exc), headers, shape)
 
 
-def internal_error_response(path: str = "") -> Response:
+def internal_error_response(shape: ErrorShape = ErrorShape.OPENAI) -> Response:
     error = openai_error(INTERNAL_ERROR_MESSAGE, INTERNAL_ERROR_TYPE)
-    return _response(500, error, path=path)
+    return _response(500, error, shape=shape)
 
 
 def _response(
-    status_code: int, error: dict[str, Any], headers: dict[str, str] | None = None, path: str = ""
+    status_code: int,
+    error: dict[str, Any],
+    headers: dict[str, str] | None = None,
+    shape: ErrorShape = ErrorShape.OPENAI,
 ) -> Response:
-    if is_anthropic_path(path):
+    if shape is ErrorShape.ANTHROPIC:
         error = anthropic_error(status_code, error["error"]["message"], error["error"]["param"])
     return _json_response(status_code, error, headers)
 
@@ -143,32 +148,32 @@ def validation_error(errors: Sequence[dict[str, Any]]) -> InvalidRequestError:
     return InvalidRequestError(message, param=param)
 
 
-async def _on_request_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestError), "handler registered for RequestError"
-    return request_error_response(exc, request.url.path)
+def install_error_handlers(app: FastAPI, error_shape_of: ErrorShapeOf) -> None:
+    """Every error a route raises answered in the shape `error_shape_of` gives its path."""
 
+    async def on_request_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestError), "handler registered for RequestError"
+        return request_error_response(exc, error_shape_of(request.url.path))
 
-async def _on_unavailable(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ServiceUnavailableError), "handler registered for 503 errors"
-    return unavailable_response(exc, request.url.path)
+    async def on_unavailable(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ServiceUnavailableError), "handler registered for 503 errors"
+        return unavailable_response(exc, error_shape_of(request.url.path))
 
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError), "handler registered for validation"
+        error = validation_error(exc.errors())
+        return request_error_response(error, error_shape_of(request.url.path))
 
-async def _on_validation_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestValidationError), "handler registered for validation"
-    return request_error_response(validation_error(exc.errors()), request.url.path)
+    async def on_http_exception(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException), "handler registered for HTTPException"
+        error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        shape = error_shape_of(request.url.path)
+        headers = dict(exc.headers or {})
+        return error_response(
+            exc.status_code, str(exc.detail), error_type, headers=headers, shape=shape
+        )
 
-
-async def _on_http_exception(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, StarletteHTTPException), "handler registered for HTTPException"
-    error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    headers = dict(exc.headers or {})
-    return error_response(
-        exc.status_code, str(exc.detail), error_type, headers=headers, path=request.url.path
-    )
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(RequestError, _on_request_error)
-    app.add_exception_handler(ServiceUnavailableError, _on_unavailable)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
+    app.add_exception_handler(RequestError, on_request_error)
+    app.add_exception_handler(ServiceUnavailableError, on_unavailable)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_exception)

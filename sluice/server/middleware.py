@@ -5,7 +5,9 @@ untouched and a client disconnect reaches the route as it happens.
 Order, outermost first: request context (id + access log, so even a 401 is
 logged with its id), CORS (so preflights never need a key), the request's
 trace with tracing on (sluice/server/request_spans.py), API key and its
-limits (sluice/server/api_keys.py, key_limits.py).
+limits (sluice/server/api_keys.py, key_limits.py). Which paths are keyed,
+traced and generation routes, and the shape of an error on each, is read
+from the app's API table (sluice/apis/surface.py).
 
 Invariants: every HTTP response carries `X-Request-Id` (the client's, or a
 fresh one); exactly one "sluice.access" log line per HTTP request, written
@@ -28,8 +30,9 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sluice.apis.surface import API_TABLE, ApiTable
 from sluice.config import ServerConfig
-from sluice.errors import PermissionDeniedError, RateLimitError
+from sluice.errors import ErrorShape, PermissionDeniedError, RateLimitError
 from sluice.server.api_keys import ApiKey, KeyRing
 from sluice.server.errors import error_response, internal_error_response, request_error_response
 from sluice.server.key_limits import KeyLease, KeyLimiter
@@ -45,9 +48,6 @@ logger = logging.getLogger("sluice.server")
 REQUEST_ID_HEADER = b"x-request-id"
 # Probes and scrapers never carry the key.
 API_KEY_EXEMPT_PATHS = frozenset({"/health", "/metrics"})
-# The generation routes, where a key's limits apply and traces are made (on POST).
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses",
-                           "/v1/messages"})  # fmt: skip
 # Routes that act on every tenant at once: with keys, only an admin key's
 # (`admin=true` in the key file); without keys, open as every route is.
 ADMIN_PATHS = frozenset({"/reset_prefix_cache"})
@@ -116,8 +116,9 @@ def request_log_of(scope: Scope) -> RequestLog | None:
 class RequestContextMiddleware:
     """Request id in and out, and one access-log line per request."""
 
-    def __init__(self, app: ASGIApp):
+    def __init__(self, app: ASGIApp, apis: ApiTable):
         self.app = app
+        self._apis = apis
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -154,7 +155,8 @@ class RequestContextMiddleware:
             is_failed = True
             logger.exception("unexpected error on %s %s", log_safe(log.method), log_safe(log.path))
             if log.status is None:
-                await internal_error_response(log.path)(scope, receive, send_with_id)
+                shape = self._apis.error_shape_of(log.path)
+                await internal_error_response(shape)(scope, receive, send_with_id)
         finally:
             if not is_logged:
                 # The response never finished: cut by the error above, or the client left.
@@ -186,21 +188,24 @@ class ApiKeyMiddleware:
     `scope["state"]["api_key"]` (whose stored responses are whose), and the
     request's `KeyLease` to `scope["state"]["key_lease"]`, held until the
     response's last byte is sent (routes charge its tokens through it).
+    Keyed paths, generation routes and error shapes: the API table's.
     """
 
-    def __init__(self, app: ASGIApp, keys: KeyRing, limiter: KeyLimiter):
+    def __init__(self, app: ASGIApp, keys: KeyRing, limiter: KeyLimiter, apis: ApiTable):
         self.app = app
         self._keys = keys
         self._limiter = limiter
+        self._apis = apis
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or path in API_KEY_EXEMPT_PATHS or is_public_page(path):
+        if scope["type"] != "http" or not self._is_keyed(path):
             await self.app(scope, receive, send)
             return
+        shape = self._apis.error_shape_of(path)
         key = self._key_of(scope)
         if key is None:
-            await _unauthorized(scope, path)(scope, receive, send)
+            await _unauthorized(scope, shape)(scope, receive, send)
             return
         log = request_log_of(scope)
         if log is not None:
@@ -212,21 +217,25 @@ class ApiKeyMiddleware:
                 "(admin=true in --api-key-file)",
                 code="admin_key_required",
             )
-            await request_error_response(refusal, path)(scope, receive, send)
+            await request_error_response(refusal, shape)(scope, receive, send)
             return
-        if not (scope["method"] == "POST" and path in GENERATION_PATHS):
+        if (scope["method"], path) not in self._apis.generation_routes:
             await self.app(scope, receive, send)
             return
         try:
             lease = self._limiter.admit(key)
         except RateLimitError as error:
-            await request_error_response(error, path)(scope, receive, send)
+            await request_error_response(error, shape)(scope, receive, send)
             return
         scope.setdefault("state", {})["key_lease"] = lease
         try:
             await self.app(scope, receive, send)
         finally:
             lease.release()
+
+    def _is_keyed(self, path: str) -> bool:
+        is_exempt = path in API_KEY_EXEMPT_PATHS or is_public_page(path)
+        return not is_exempt and self._apis.is_keyed(path)
 
     def _key_of(self, scope: Scope) -> ApiKey | None:
         given = next((v for n, v in scope["headers"] if n == b"authorization"), b"")
@@ -239,7 +248,7 @@ class ApiKeyMiddleware:
         return by_header if given_key else None
 
 
-def _unauthorized(scope: Scope, path: str) -> Response:
+def _unauthorized(scope: Scope, shape: ErrorShape) -> Response:
     headers = {n for n, _ in scope["headers"]}
     is_missing = not headers & {b"authorization", b"x-api-key"}
     message = "missing API key" if is_missing else "invalid API key"
@@ -248,7 +257,7 @@ def _unauthorized(scope: Scope, path: str) -> Response:
         f"{message}; send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
         "authentication_error",
         code="invalid_api_key",
-        path=path,
+        shape=shape,
     )
 
 
@@ -267,11 +276,13 @@ def middleware_stack(
     keys: KeyRing | None = None,
     limiter: KeyLimiter | None = None,
     tracer: Tracer | None = None,
+    apis: ApiTable = API_TABLE,
 ) -> list[Middleware]:
     """The app's middleware, outermost first; `keys` and `limiter` default to
     those `config` describes (an app passes its own, to reload them);
-    `tracer`: one span per generation request (none without it)."""
-    stack = [Middleware(RequestContextMiddleware)]
+    `tracer`: one span per traced generation request (none without it);
+    `apis`: the APIs the app serves."""
+    stack = [Middleware(RequestContextMiddleware, apis=apis)]
     if config.cors_allowed_origins:
         stack.append(
             Middleware(
@@ -283,8 +294,9 @@ def middleware_stack(
             )
         )
     if tracer is not None:  # outside the key check: a 401 or 429 is traced too
-        stack.append(Middleware(TraceMiddleware, tracer=tracer, paths=GENERATION_PATHS))
+        stack.append(Middleware(TraceMiddleware, tracer=tracer, routes=apis.traced_routes))
     keys = keys or KeyRing(config.api_key, config.api_key_file)
     if keys.is_enabled:
-        stack.append(Middleware(ApiKeyMiddleware, keys=keys, limiter=limiter or KeyLimiter()))
+        limiter = limiter or KeyLimiter()
+        stack.append(Middleware(ApiKeyMiddleware, keys=keys, limiter=limiter, apis=apis))
     return stack

@@ -126,15 +126,16 @@ class TracedObserver:
 
 
 class TraceMiddleware:
-    """A `RequestTrace` per POST to `paths`, at `scope["state"]["request_trace"]`."""
+    """A `RequestTrace` per request to `routes` (method, path), at
+    `scope["state"]["request_trace"]`."""
 
-    def __init__(self, app: ASGIApp, tracer: Tracer, paths: Collection[str]):
+    def __init__(self, app: ASGIApp, tracer: Tracer, routes: Collection[tuple[str, str]]):
         self.app = app
         self._tracer = tracer
-        self._paths = paths
+        self._routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self._paths:
+        if scope["type"] != "http" or (scope["method"], scope["path"]) not in self._routes:
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})

@@ -15,12 +15,20 @@ names the request's API key as the owner: a key sees only its own responses.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import Request
 from starlette.responses import Response
 
+from sluice.apis.surface import (
+    RESPONSES_CREATE,
+    RESPONSES_DELETE,
+    RESPONSES_INPUT_TOKENS,
+    RESPONSES_RETRIEVE,
+    ApiRoute,
+)
 from sluice.engine.client_base import QueueTimeout
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.responses_events import ResponsesEvents
@@ -56,11 +64,14 @@ class ResponsesRoutes:
         self._routes = routes
         self._store = store
 
-    def add_to(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/responses", self.create, methods=["POST"])
-        app.add_api_route("/v1/responses/input_tokens", self.input_tokens, methods=["POST"])
-        app.add_api_route("/v1/responses/{response_id}", self.retrieve, methods=["GET"])
-        app.add_api_route("/v1/responses/{response_id}", self.delete, methods=["DELETE"])
+    def handlers(self) -> dict[ApiRoute, Callable[..., Awaitable[Response]]]:
+        """The API routes served here (the app registers them from its API table)."""
+        return {
+            RESPONSES_CREATE: self.create,
+            RESPONSES_INPUT_TOKENS: self.input_tokens,
+            RESPONSES_RETRIEVE: self.retrieve,
+            RESPONSES_DELETE: self.delete,
+        }
 
     async def create(self, request: Request) -> Response:
         routes = self._routes
