@@ -20,8 +20,6 @@ import json
 import uuid
 from typing import Any
 
-import msgspec
-
 from sluice.errors import InvalidRequestError
 from sluice.frontend.request import GenerationRequest
 from sluice.server import limits, messages_protocol, protocol, tool_fields
@@ -37,20 +35,18 @@ async def messages_request(
     options = _with_thinking(body.thinking, options)
     sampling = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
                 "priority": body.priority}  # fmt: skip
+    # Beyond --max-tokens-limit is lowered, not refused (an agent rule, as the
+    # context's room is: chat_request clamps to it).
+    max_tokens = limits.cap_max_tokens(body.max_tokens, options.limits)
     chat = _chat_body(
         body, options, stream=bool(body.stream), stop=body.stop_sequences,
-        response_format=_response_format(body.output_config), **sampling,
+        response_format=_response_format(body.output_config), max_tokens=max_tokens, **sampling,
     )  # fmt: skip
-    request = await chat_request(chat, options)
-    # chat_request gave the rest of the context: the client's max_tokens, if it fits.
-    max_tokens = min(limits.cap_max_tokens(body.max_tokens, options.limits),
-                     request.params.max_tokens)  # fmt: skip
-    params = msgspec.structs.replace(request.params, max_tokens=max_tokens)
+    request = await chat_request(chat, options, clamps_max_tokens=True)
     return dataclasses.replace(
         request,
         kind="messages",
         response_id=f"msg_{uuid.uuid4().hex}",
-        params=params,
         # The stream's message_delta carries the usage: the access log reads it.
         include_usage=request.stream,
     )

@@ -19,6 +19,7 @@ from typing import Literal, TypeVar
 
 import msgspec
 
+from sluice.apis.max_tokens import effective_max_tokens
 from sluice.config import GenerationDefaults, RequestLimits
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import InvalidRequestError, ModelNotFoundError
@@ -85,15 +86,17 @@ async def completion_request(
     limits.check_prompts(prompts, options.limits, "prompt")
     echo = _default(body.echo, False)
     is_echo_only = echo and body.max_tokens == 0
-    requested_max_tokens = limits.cap_max_tokens(
+    requested_max_tokens = (
         1
         if is_echo_only
         else body.max_tokens
         or options.generation_defaults.max_new_tokens
-        or DEFAULT_COMPLETION_MAX_TOKENS,
-        options.limits,
+        or DEFAULT_COMPLETION_MAX_TOKENS
     )
-    max_tokens = options.preprocessor.fit_max_tokens(prompts, requested_max_tokens, "prompt")
+    max_tokens = effective_max_tokens(
+        requested_max_tokens, prompts, options.preprocessor, options.limits.max_tokens,
+        prompt_param="prompt",
+    )  # fmt: skip
     params = sampling_params(
         body, max_tokens, body.logprobs, options.preprocessor, structured,
         options.generation_defaults,
@@ -112,7 +115,8 @@ async def chat_request(
     clamps_max_tokens: bool = False,
 ) -> GenerationRequest:
     """`clamps_max_tokens`: a max_tokens beyond what the context leaves is cut
-    to fit instead of refused (the agent APIs: Claude Code asks for 32,000)."""
+    to fit instead of refused (the agent APIs: Claude Code asks for 32,000);
+    the policy: `sluice.apis.max_tokens`."""
     model_name = check_model(body.model, options.served_model_name)
     limits.check_body(body, options.limits)
     _check_priority(body.priority, options)
@@ -140,11 +144,10 @@ async def chat_request(
     requested_max_tokens = (
         body.max_completion_tokens or body.max_tokens or options.generation_defaults.max_new_tokens
     )
-    if clamps_max_tokens and requested_max_tokens is not None:
-        room = options.preprocessor.max_model_len - len(prompt.token_ids)
-        requested_max_tokens = min(requested_max_tokens, room) if room >= 1 else None
-    max_tokens = options.preprocessor.fit_max_tokens([prompt], requested_max_tokens, "messages")
-    max_tokens = limits.cap_max_tokens(max_tokens, options.limits)
+    max_tokens = effective_max_tokens(
+        requested_max_tokens, [prompt], options.preprocessor, options.limits.max_tokens,
+        prompt_param="messages", is_clamped_to_context=clamps_max_tokens,
+    )  # fmt: skip
     params = sampling_params(
         body, max_tokens, logprobs, options.preprocessor, structured, options.generation_defaults
     )
