@@ -40,9 +40,13 @@ $(AGENTS)/.installed: Makefile
 
 agents: $(AGENTS)/.installed
 
-test: $(STAMP) browser agents
+# Lint and type-check: ruff, then mypy over sluice/ (its settings in pyproject.toml).
+lint: $(STAMP)
 	$(BIN)/ruff check sluice tests benchmarks
 	$(BIN)/ruff format --check sluice tests benchmarks
+	$(BIN)/mypy
+
+test: lint browser agents
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 format: $(STAMP)

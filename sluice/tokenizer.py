@@ -67,7 +67,8 @@ class Tokenizer:
             frozenset() if eos_id is None else {eos_id}
         )
         added = backend.get_added_tokens_decoder()  # id -> AddedToken
-        named = {self._id_of(text) for text in special_tokens.values()} - {None}
+        ids = (self._id_of(text) for text in special_tokens.values())
+        named = {token_id for token_id in ids if token_id is not None}
         # Exactly what decode(skip_special_tokens=True) drops, plus bos/eos/unk/pad.
         self.all_special_ids: frozenset[int] = frozenset(
             {i for i, token in added.items() if token.special} | named

@@ -81,9 +81,10 @@ class IndentTokens:
             shape = self._shape_by_id.get(token_id)
             if shape is not None and shape.character == character:
                 wider = IndentShape(shape.num_line_breaks, character, shape.width + delta)
-                token_id = self._id_by_shape.get(wider)
-                if token_id is None:
+                wider_id = self._id_by_shape.get(wider)
+                if wider_id is None:
                     break
+                token_id = wider_id
             shifted.append(token_id)
         return shifted
 

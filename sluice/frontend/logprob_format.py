@@ -65,7 +65,7 @@ def completion_logprobs(
         offsets.append(text_offset)
         text_offset += len(text)
     entries = zip(delta.token_ids, delta.token_texts, delta.logprobs, strict=True)
-    fragment = {
+    fragment: dict[str, list[Any]] = {
         "tokens": list(delta.token_texts),
         "token_logprobs": [json_logprob(entry.logprob) for entry in delta.logprobs],
         "top_logprobs": [_top_dict(tid, text, entry, strings) for tid, text, entry in entries],
@@ -94,7 +94,7 @@ def echo_logprobs(
         )
         token_logprobs.append(json_logprob(entry.logprob))
         top_logprobs.append(_top_dict(prompt_token_ids[position + 1], text, entry, strings))
-    fragment = {
+    fragment: dict[str, list[Any]] = {
         "tokens": texts,
         "token_logprobs": token_logprobs,
         "top_logprobs": top_logprobs,

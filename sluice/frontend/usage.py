@@ -10,6 +10,8 @@ engine found in its prefix cache: per prompt, as its first choice found it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sluice.frontend.request import GenerationRequest
 
 
@@ -32,18 +34,18 @@ class UsageCounter:
     def num_completion_tokens(self, index: int) -> int:
         return self._num_completion_tokens[index]
 
-    def for_choice(self, index: int) -> dict[str, int]:
+    def for_choice(self, index: int) -> dict[str, Any]:
         """Cumulative usage of one choice: its prompt and its delivered tokens."""
         prompt = self._num_prompt_tokens[index // self._n]
         cached = self._num_cached_tokens[index]
         return _usage(prompt, self._num_completion_tokens[index], cached)
 
-    def total(self) -> dict[str, int]:
+    def total(self) -> dict[str, Any]:
         cached = sum(self._num_cached_tokens[:: self._n])
         return _usage(sum(self._num_prompt_tokens), sum(self._num_completion_tokens), cached)
 
 
-def _usage(num_prompt: int, num_completion: int, num_cached: int) -> dict[str, object]:
+def _usage(num_prompt: int, num_completion: int, num_cached: int) -> dict[str, Any]:
     return {
         "prompt_tokens": num_prompt,
         "completion_tokens": num_completion,

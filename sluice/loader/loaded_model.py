@@ -124,7 +124,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
             bands = calibration.quantize_activations(model, tokenizer.encode(text), kept, race)
             if race:
                 chosen = choices.after_amx_race(chosen, bands)
-    kernel_plan, step_seconds = "", ()
+    kernel_plan = ""
+    step_seconds: tuple[tuple[int, float], ...] = ()
     if device.type == "cpu":
         chosen = choices.noting(chosen, native_status().describe())
         if plan := _use_kernel_plan(config, model, max_model_len):

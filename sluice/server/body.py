@@ -205,7 +205,7 @@ def _run_inline(coroutine: Coroutine[Any, Any, T]) -> T:
     try:
         coroutine.send(None)
     except StopIteration as finished:
-        return finished.value  # type: ignore[no-any-return]
+        return finished.value
     coroutine.close()
     raise AssertionError("a conversion suspended in the worker thread; it must run inline")
 

@@ -173,11 +173,12 @@ class AbortableHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
+        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
         extensions[ABORT_EXTENSION] = self.transport.abort
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         # No cycle of its own when the request was an upgrade: nothing to expose.
         if self.cycle is not None and self.cycle.scope is self.scope:
-            self.scope["extensions"][WRITE_EXTENSION] = _ChunkWriter(self.cycle)  # type: ignore[index]
+            extensions: dict[str, Any] = self.scope["extensions"]
+            extensions[WRITE_EXTENSION] = _ChunkWriter(self.cycle)

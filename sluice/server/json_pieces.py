@@ -137,7 +137,7 @@ class _Parser:
             if run_end is not None and position >= one_at_a_time_until:
                 cut = self._run_cut(run_end, position)
                 run = None if cut is None else self._run(position, cut, is_object)
-                if run is not None:
+                if run is not None and cut is not None:
                     if isinstance(result, dict):
                         result.update(run)
                     else:

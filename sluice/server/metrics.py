@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import (
@@ -298,7 +299,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._max_model_len = max_model_len
         # 1. Counters the app's other parts increment.
-        labels = {"labelnames": ["model_name"], "registry": self.registry}
+        labels: dict[str, Any] = {"labelnames": ["model_name"], "registry": self.registry}
         self.requests_aborted = Counter(
             "sluice:request_aborted", "Requests whose client went away.", **labels
         ).labels(model_name)

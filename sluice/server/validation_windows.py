@@ -92,7 +92,7 @@ def validate(model: type[Body], data: dict[str, Any]) -> Body:
         or (windowed.shape_check is not None and not windowed.shape_check(items))
     ):
         return protocol.validate_body(data, model)
-    return _WindowedValidation(model, data, windowed, items).run()  # type: ignore[no-any-return]
+    return _WindowedValidation(model, data, windowed, items).run()
 
 
 def _weighs_more(items: list, inner: str | None, budget: int) -> bool:
@@ -207,12 +207,12 @@ class _WindowedValidation:
     def _inner_of(self, element: Any) -> list:
         if self.windowed.inner == "":
             return element
-        return getattr(element, self.windowed.inner)  # type: ignore[arg-type]
+        return getattr(element, self.windowed.inner)
 
     def _with_inner(self, element: Any, inner_values: list) -> Any:
         if self.windowed.inner == "":
             return inner_values
-        setattr(element, self.windowed.inner, inner_values)  # type: ignore[arg-type]
+        setattr(element, self.windowed.inner, inner_values)
         return element
 
     def _split(

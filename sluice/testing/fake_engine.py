@@ -288,9 +288,10 @@ class FakeEngine(FakeEngineBase):
                 return "stop", None
             token_id = self._eos_token_id
         else:
-            token_id = next(request.tokens, None)
-            if token_id is None:
+            next_id = next(request.tokens, None)
+            if next_id is None:
                 return "stop", None
+            token_id = next_id
         new_token_ids.append(token_id)
         request.num_generated += 1
         is_eos = token_id == self._eos_token_id and not params.ignore_eos
@@ -373,6 +374,6 @@ class LoopFakeEngine(FakeEngine):
         self._on_loop(self.revive)
 
     def _on_loop(self, action: Callable[[], object], timeout_s: float = 30.0) -> None:
-        done = concurrent.futures.Future()
+        done: concurrent.futures.Future[object] = concurrent.futures.Future()
         self.loop.call_soon_threadsafe(lambda: done.set_result(action()))
         done.result(timeout_s)

@@ -153,7 +153,7 @@ class FakeTokenizer:
             (self.token_id("x😀[:3]"), self.token_id("😀[3:]y")),
             (self.token_id("😀[:2]"), *self.byte_ids("😀")[2:]),
         ]
-        specials = [(self.sep_token_id,), (self.bos_token_id,)]
+        specials: list[tuple[int, ...]] = [(self.sep_token_id,), (self.bos_token_id,)]
         return tuple(text_units + byte_spelled + split_chars + specials)
 
     def _longest_piece_at(self, text: str, position: int) -> tuple[int | None, int]:

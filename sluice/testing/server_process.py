@@ -66,13 +66,18 @@ class ServerProcess:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
+        process = self._started()
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        return self._started().pid
+
+    def _started(self) -> subprocess.Popen:
+        assert self.process is not None, "the server process starts on __enter__"
+        return self.process
 
     def rss_bytes(self) -> int:
         return psutil.Process(self.pid).memory_info().rss

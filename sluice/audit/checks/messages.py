@@ -119,7 +119,7 @@ def _read(state: Accumulated, event: NamedEvent) -> None:
         if payload.get("index") not in state.open_blocks:
             message = f"content_block_stop of block {payload.get('index')!r}, which is not open"
             state.problems.append(("messages_block_order", event.number, message))
-        state.open_blocks.discard(payload.get("index"))  # type: ignore[arg-type]
+        state.open_blocks.discard(payload.get("index"))
     elif kind == "message_delta":
         _message_delta(state, event.number, payload)
     elif kind == "message_stop":

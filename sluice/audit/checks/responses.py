@@ -199,7 +199,7 @@ class _Items:
             self._problem("responses_item_order", number, f"content_part.done for part {key}, "
                           "which is not open")  # fmt: skip
         else:
-            self.open_parts.discard(key)  # type: ignore[arg-type]
+            self.open_parts.discard(key)
 
     def _names_open_item(self, number: int, kind: str, payload: dict[str, Any]) -> bool:
         index = payload.get("output_index")

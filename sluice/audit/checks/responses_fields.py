@@ -43,7 +43,7 @@ def missing_index_fields(events: list[NamedEvent]) -> tuple[list[Problem], list[
     }
     problems: list[Problem] = []
     for name, wanting in needs.items():
-        missing = [event for event in wanting if name not in event.payload]  # type: ignore[operator]
+        missing = [event for event in wanting if name not in event.payload]
         if missing:
             message = f"{len(missing)} events carry no {name}"
             problems.append(("responses_index_mismatch", missing[0].number, message))
@@ -56,7 +56,7 @@ def _filled(events: list[NamedEvent]) -> list[NamedEvent]:
     indexes: dict[Any, int] = {}
     filled = []
     for event in events:
-        payload: dict[str, Any] = dict(event.payload)  # type: ignore[arg-type]
+        payload: dict[str, Any] = dict(event.payload)
         item = payload.get("item") if isinstance(payload.get("item"), dict) else {}
         item_id = payload.get("item_id", item.get("id"))
         if event.type == "response.output_item.added" and item_id not in indexes:

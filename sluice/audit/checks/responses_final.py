@@ -47,7 +47,7 @@ def final_response(exchange: Exchange) -> tuple[dict[str, Any] | None, list[int]
     terminals = [e for e in read_events(exchange).events if e.type in TERMINAL and e.payload]
     if not terminals:
         return None, []
-    response = terminals[-1].payload.get("response")  # type: ignore[union-attr]
+    response = terminals[-1].payload.get("response")
     return (response if isinstance(response, dict) else None), [terminals[-1].number]
 
 

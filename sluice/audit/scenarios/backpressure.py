@@ -104,7 +104,7 @@ def _body(ctx: ScenarioContext, endpoint: str, position: int) -> dict[str, Any]:
     if endpoint == MESSAGES:
         return {"model": model, "max_tokens": size.max_tokens, "temperature": 0, "stream": True,
                 "messages": [{"role": "user", "content": LONG_ANSWER_PROMPT}]}  # fmt: skip
-    extra = {"ignore_eos": True} if ctx.traits.ignore_eos else {}
+    extra: dict[str, Any] = {"ignore_eos": True} if ctx.traits.ignore_eos else {}
     if size.n > 1:
         extra["n"] = size.n
     return ctx.body(
