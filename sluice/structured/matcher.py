@@ -1,10 +1,18 @@
 """One request's grammar state in the engine, and what makes it.
 
 `GrammarCompiler` lives in the engine core (one per engine): it holds the
-llguidance view of the model's tokenizer, built on the first structured
-request (about a third of a second for a 49k vocabulary), and compiles a spec
-into a `CompiledGrammar` (on the engine's grammar worker thread,
-`sluice.structured.grammar_cache`; llguidance drops the GIL while it builds).
+llguidance view of the model's tokenizer, and compiles a spec into a
+`CompiledGrammar` (on the engine's grammar worker thread,
+`sluice.structured.grammar_cache`). llguidance drops the GIL while it
+compiles, so other streams keep stepping: served, cold 80,000-value enums
+(~0.2 s of compile each) leave another stream's largest gaps where warm ones
+leave them.
+
+The tokenizer view is built with the compiler, before the engine serves:
+building it holds the GIL (0.28 s for a 49k vocabulary, 0.7-1 s on a loaded
+2-core machine). Built on the first structured request, as it once was, it
+stalled every stream for that long (tests/test_structured_cold_grammar.py).
+
 A `CompiledGrammar` is never advanced: each request starts from its own copy
 of it, a `GrammarMatcher` (a copy costs well under a millisecond, where the
 compile of a large schema costs a tenth of a second or more).
@@ -82,14 +90,15 @@ class GrammarCompiler:
         vocab_size: int,
         eos_token_ids: frozenset[int],
     ) -> None:
-        self._tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self._eos_token_ids = sorted(eos_token_ids)
-        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        # None for a model without a tokenizer: its structured requests are refused.
+        self._ll_tokenizer = (
+            None if tokenizer is None else _ll_tokenizer(tokenizer, vocab_size, eos_token_ids)
+        )
 
     def check(self, spec: StructuredOutputSpec) -> None:
         """What can be refused at once, before a compile. Raises GrammarError."""
-        if self._tokenizer is None:
+        if self._ll_tokenizer is None:
             raise GrammarError("structured output needs the model's tokenizer, which is absent")
         check_source_size(spec)
 
@@ -97,20 +106,20 @@ class GrammarCompiler:
         """Build `spec`'s grammar; raises GrammarError if it cannot be built or
         is over a limit (sluice.structured.grammar)."""
         self.check(spec)
-        tokenizer = self._llg_tokenizer()  # once per engine: not the spec's cost
         started_s = time.thread_time()
-        template = llguidance.LLMatcher(tokenizer, grammar_text(spec), log_level=0)
+        template = llguidance.LLMatcher(self._ll_tokenizer, grammar_text(spec), log_level=0)
         if template.is_error():
             raise GrammarError(f"structured output: {template.get_error()}")
         check_compile_time(time.thread_time() - started_s)
         return CompiledGrammar(template)
 
-    def _llg_tokenizer(self) -> llguidance.LLTokenizer:
-        if self._ll_tokenizer is None:
-            self._ll_tokenizer = llguidance.LLTokenizer(
-                self._tokenizer.to_str(),
-                # The model's vocabulary: ids past the tokenizer's are masked out.
-                n_vocab=self.vocab_size,
-                eos_token=self._eos_token_ids,
-            )
-        return self._ll_tokenizer
+
+def _ll_tokenizer(
+    tokenizer: tokenizers.Tokenizer, vocab_size: int, eos_token_ids: frozenset[int]
+) -> llguidance.LLTokenizer:
+    return llguidance.LLTokenizer(
+        tokenizer.to_str(),
+        # The model's vocabulary: ids past the tokenizer's are masked out.
+        n_vocab=vocab_size,
+        eos_token=sorted(eos_token_ids),
+    )
