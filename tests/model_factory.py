@@ -19,6 +19,7 @@ and build engine cores on it with `make_core`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from sluice.config import CacheConfig, EngineConfig, SchedulerConfig, Speculativ
 from sluice.engine.core import EngineCore
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models.attention import kv_cache_bytes_per_block
+from sluice.models.families.registry import parse_hf_config
+from sluice.models.llama import LlamaForCausalLM
 from sluice.tokenizer import _unicode_to_byte
 
 # Llama tied; Llama untied with llama3 rope scaling; Qwen2 with q/k/v bias (tied,
@@ -198,6 +201,14 @@ def build_tiny_model(kind: str, directory: Path, seed: int = 0, **overrides: Any
     model.eval()
     model.save_pretrained(directory, safe_serialization=True)
     return TinyModel(kind=kind, path=Path(directory), hf_model=model)
+
+
+def load_tiny_llama(tiny: TinyModel, dtype=torch.float32, **changes: Any) -> LlamaForCausalLM:
+    """Our decoder on `tiny`'s weights, with `changes` to its parsed config."""
+    config = dataclasses.replace(parse_hf_config(tiny.config_dict), **changes)
+    model = LlamaForCausalLM(config, dtype, "cpu")
+    model.load_weights(tiny.weights())
+    return model
 
 
 def make_core(

@@ -22,7 +22,13 @@ from sluice.models.families.registry import parse_hf_config
 from sluice.models.linear import can_prepack
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.rope_norm import rope_cos_sin, rope_inv_freq
-from tests.model_factory import TINY_MODEL_KINDS, TinyModel, build_tiny_model, tiny_hf_config
+from tests.model_factory import (
+    TINY_MODEL_KINDS,
+    TinyModel,
+    build_tiny_model,
+    load_tiny_llama,
+    tiny_hf_config,
+)
 from tests.model_runs import BLOCK_SIZE, PagedRunner, assert_close_to_scale, greedy, hf_logits
 
 PROMPT = [1, 17, 300, 45, 9, 88, 211, 5, 402, 77, 3, 150, 64]
@@ -34,14 +40,8 @@ def tiny(request, tmp_path_factory) -> TinyModel:
     return build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
 
 
-def load_ours(tiny: TinyModel, dtype=torch.float32) -> LlamaForCausalLM:
-    model = LlamaForCausalLM(parse_hf_config(tiny.config_dict), dtype, "cpu")
-    model.load_weights(tiny.weights())
-    return model
-
-
 def test_prompt_logits_match_transformers_at_every_position(tiny):
-    runner = PagedRunner(load_ours(tiny))
+    runner = PagedRunner(load_tiny_llama(tiny))
     meta = AttentionMetadata.build([len(PROMPT)], [0], [list(range(1, 5))], BLOCK_SIZE, "cpu")
     with torch.inference_mode():
         hidden = runner.model(
@@ -53,7 +53,7 @@ def test_prompt_logits_match_transformers_at_every_position(tiny):
 
 
 def test_greedy_continuation_over_the_paged_cache_matches_transformers_generate(tiny):
-    ours = greedy(PagedRunner(load_ours(tiny)), PROMPT, NUM_NEW_TOKENS)
+    ours = greedy(PagedRunner(load_tiny_llama(tiny)), PROMPT, NUM_NEW_TOKENS)
     with torch.no_grad():
         generated = tiny.hf_model.generate(
             torch.tensor([PROMPT]),
@@ -66,7 +66,7 @@ def test_greedy_continuation_over_the_paged_cache_matches_transformers_generate(
 
 
 def test_two_sequences_in_one_batch_give_the_logits_each_gives_alone(tiny):
-    model = load_ours(tiny)
+    model = load_tiny_llama(tiny)
     short, long = PROMPT[:5], PROMPT
     alone = [PagedRunner(model).step([p], [0], [[]])[0] for p in (short, long)]
     together = PagedRunner(model).step([short, long], [0, 0], [[], []])
@@ -74,7 +74,7 @@ def test_two_sequences_in_one_batch_give_the_logits_each_gives_alone(tiny):
 
 
 def test_mixed_step_of_a_decode_and_a_chunked_prefill_matches_transformers(tiny):
-    runner = PagedRunner(load_ours(tiny))
+    runner = PagedRunner(load_tiny_llama(tiny))
     first, second = PROMPT[:6], PROMPT[3:]
     tables: list[list[int]] = [[], []]
     runner.step([first, second[:4]], [0, 0], tables)
@@ -85,8 +85,8 @@ def test_mixed_step_of_a_decode_and_a_chunked_prefill_matches_transformers(tiny)
 
 
 def test_bfloat16_model_runs_and_stays_near_float32(tiny):
-    reference = PagedRunner(load_ours(tiny)).step([PROMPT], [0], [[]])[0]
-    bf16 = PagedRunner(load_ours(tiny, torch.bfloat16)).step([PROMPT], [0], [[]])[0]
+    reference = PagedRunner(load_tiny_llama(tiny)).step([PROMPT], [0], [[]])[0]
+    bf16 = PagedRunner(load_tiny_llama(tiny, torch.bfloat16)).step([PROMPT], [0], [[]])[0]
     assert bf16.dtype == torch.float32
     # bfloat16 keeps 8 mantissa bits (relative step 2^-8 = 0.4%); over two layers
     # the error grows to a few percent of the logit scale.
@@ -145,10 +145,10 @@ def test_load_weights_refuses_a_tensor_of_the_wrong_shape(tiny):
 
 
 def test_prepacked_bfloat16_matmuls_give_the_same_logits_as_plain_ones(tiny, monkeypatch):
-    packed = load_ours(tiny, torch.bfloat16)
+    packed = load_tiny_llama(tiny, torch.bfloat16)
     assert packed.layers[0].qkv_proj.is_prepacked == can_prepack(torch.bfloat16, "cpu")
     monkeypatch.setattr(llama_module, "can_prepack", lambda dtype, device: False)
-    plain = load_ours(tiny, torch.bfloat16)
+    plain = load_tiny_llama(tiny, torch.bfloat16)
     assert not plain.layers[0].qkv_proj.is_prepacked
     batch = ([PROMPT, PROMPT[:5]], [0, 0])
     assert torch.equal(
@@ -157,6 +157,6 @@ def test_prepacked_bfloat16_matmuls_give_the_same_logits_as_plain_ones(tiny, mon
 
 
 def test_loading_weights_twice_is_refused(tiny):
-    model = load_ours(tiny)
+    model = load_tiny_llama(tiny)
     with pytest.raises(ModelLoadError, match="already loaded"):
         model.load_weights(tiny.weights())

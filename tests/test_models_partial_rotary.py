@@ -29,6 +29,7 @@ from tests.model_factory import (
     PHI4_MINI_KIND,
     TinyModel,
     build_tiny_model,
+    load_tiny_llama,
     make_core,
 )
 from tests.model_runs import (
@@ -51,14 +52,6 @@ LONG_PROMPT = [(37 * i + 11) % 509 + 3 for i in range(40)]  # 40 > 16 original p
 @pytest.fixture(scope="module", params=[PHI3_PARTIAL_KIND, PHI4_MINI_KIND])
 def tiny(request, tmp_path_factory) -> TinyModel:
     return build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
-
-
-def load_ours(tiny: TinyModel, dtype=torch.float32, **changes) -> LlamaForCausalLM:
-    """The model at its own context (256: LongRoPE's long list), `changes` to its config."""
-    config = dataclasses.replace(parse_hf_config(tiny.config_dict), **changes)
-    model = LlamaForCausalLM(config, dtype, "cpu")
-    model.load_weights(tiny.weights())
-    return model
 
 
 def test_the_config_reads_the_factor_wherever_the_file_puts_it(tiny):
@@ -121,7 +114,7 @@ def test_rotation_leaves_the_pass_through_dims_untouched(num_tokens):
 
 
 def test_prefill_logits_match_transformers(tiny):
-    assert_close_to_scale(prompt_logits(load_ours(tiny), LONG_PROMPT),
+    assert_close_to_scale(prompt_logits(load_tiny_llama(tiny), LONG_PROMPT),
                           hf_logits(tiny, LONG_PROMPT), 1e-4)  # fmt: skip
 
 
@@ -129,14 +122,14 @@ def test_rotating_the_pass_through_dims_breaks_the_parity(tmp_path):
     """A whole-head rotation over the same 6 frequencies plus 2 more (what a
     kernel that ignored rotary_dim would run) lands far from transformers."""
     tiny = build_tiny_model(PHI3_PARTIAL_KIND, tmp_path)
-    whole = load_ours(tiny, rotary_dim=HEAD_DIM)
+    whole = load_tiny_llama(tiny, rotary_dim=HEAD_DIM)
     reference = hf_logits(tiny, LONG_PROMPT)
     diff = (prompt_logits(whole, LONG_PROMPT) - reference).abs().max().item()
     assert diff > 1e-2 * reference.abs().max().item()
 
 
 def test_greedy_decode_matches_transformers_generate(tiny):
-    ours = greedy(PagedRunner(load_ours(tiny)), LONG_PROMPT, 16)
+    ours = greedy(PagedRunner(load_tiny_llama(tiny)), LONG_PROMPT, 16)
     with torch.no_grad():
         generated = tiny.hf_model.generate(
             torch.tensor([LONG_PROMPT]), do_sample=False, max_new_tokens=16,
@@ -146,7 +139,7 @@ def test_greedy_decode_matches_transformers_generate(tiny):
 
 
 def test_bfloat16_takes_the_torch_rotation_and_stays_near_transformers(tiny):
-    model = load_ours(tiny, torch.bfloat16)
+    model = load_tiny_llama(tiny, torch.bfloat16)
     assert not model.native_rope
     assert all(layer.rope_write_kv is None for layer in model.layers)
     # Only the partial rotary keeps the kernel off: whole heads of the same

@@ -41,7 +41,7 @@ from sluice.models.quantization import (
     quantize_weight,
 )
 from sluice.offline import LLM
-from tests.model_factory import TINY_MODEL_KINDS, TinyModel, build_tiny_model
+from tests.model_factory import TINY_MODEL_KINDS, TinyModel, build_tiny_model, load_tiny_llama
 
 PROMPT = [1, 17, 300, 45, 9, 88, 211, 5, 402, 77, 3, 150, 64, 7, 499, 23]
 BLOCK_SIZE = 16
@@ -148,12 +148,6 @@ def tiny(request, tmp_path_factory) -> TinyModel:
     return build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
 
 
-def load_tiny(tiny: TinyModel, dtype=torch.float32) -> LlamaForCausalLM:
-    model = LlamaForCausalLM(parse_hf_config(tiny.config_dict), dtype, "cpu")
-    model.load_weights(tiny.weights())
-    return model
-
-
 class PagedSequence:
     """One sequence over its own paged KV cache: feed tokens, get their logits."""
 
@@ -191,7 +185,7 @@ def decoder_linears(model: LlamaForCausalLM) -> dict[str, Linear]:
 
 @pytest.mark.parametrize("mode", QUANTIZATION_MODES)
 def test_quantized_logits_stay_within_the_weights_quantization_error(tiny, mode):
-    model = load_tiny(tiny)
+    model = load_tiny_llama(tiny)
     reference = PagedSequence(model, len(PROMPT)).feed(PROMPT)  # [T, vocab]
     dense = {name: linear.dense_weight().clone() for name, linear in decoder_linears(model).items()}
     model.quantize(mode)
@@ -209,7 +203,7 @@ def test_quantized_logits_stay_within_the_weights_quantization_error(tiny, mode)
 
 @pytest.mark.parametrize("mode", QUANTIZATION_MODES)
 def test_decoder_matrices_get_a_quantized_copy_and_the_head_and_embedding_do_not(tiny, mode):
-    model = load_tiny(tiny, torch.bfloat16)
+    model = load_tiny_llama(tiny, torch.bfloat16)
     model.quantize(mode)
     layer_class = Int8Linear if mode == "int8" else Int4Linear
     linears = decoder_linears(model).values()
@@ -228,7 +222,7 @@ def test_quantizing_needs_loaded_weights_and_happens_once(tiny):
     empty = LlamaForCausalLM(parse_hf_config(tiny.config_dict), torch.float32, "cpu")
     with pytest.raises(ModelLoadError, match="weights loaded first"):
         empty.quantize("int8")
-    model = load_tiny(tiny)
+    model = load_tiny_llama(tiny)
     with pytest.raises(ModelLoadError, match="unknown quantization"):
         model.quantize("int2")
     model.quantize("int8")
