@@ -72,12 +72,15 @@ async def tool_plan(
     _refuse_deprecated_fields(body)
     tools = _function_tools(body.tools)
     choice, function_name = _tool_choice(body.tool_choice, tools)
-    if choice == "auto" and tool_format.parser is None:
-        choice = "none"  # --tool-call-parser none
     reasoning_only = OutputParsing(reasoning_parser=reasoning_parser) if reasoning_parser else None
-    if choice == "none":
+    if choice == "auto" and tool_format.parser is None:
+        # --tool-call-parser none: auto is none, and the tools are not shown at all.
         return ToolPlan(output_parsing=reasoning_only, structured_output=answer)
     template_tools = [tool.as_template_dict() for tool in tools]
+    if choice == "none":
+        # Shown but not called, as vLLM and OpenAI do: a conversation's prompt
+        # keeps one prefix whatever each turn's tool_choice (prefix caching).
+        return ToolPlan(template_tools or None, reasoning_only, answer)
     is_parallel = body.parallel_tool_calls is not False
     max_calls = None if is_parallel else 1
     if choice == "auto":
