@@ -251,14 +251,15 @@ def test_an_error_raised_outside_the_template_code_stays_a_bug(tokenizer_dir, mo
 def test_template_errors_reach_the_client_as_400s_and_bugs_as_500s(tokenizer_dir, monkeypatch):
     (tokenizer_dir / "chat_template.jinja").write_text(FRAGILE_TEMPLATE)
     tokenizer = Tokenizer.from_folder(tokenizer_dir)
-    tool_message = {"role": "tool", "tool_call_id": "call_1", "content": "42"}
-    tool_turn = {"messages": [tool_message], "max_tokens": 1}
+    # An empty message divides by zero in the template. (A `tool` turn no longer
+    # reaches a template without tool syntax: the server writes it as a user turn.)
+    tool_turn = {"messages": [{"role": "user", "content": ""}], "max_tokens": 1}
     with LiveServer(FakeEngine(), tokenizer) as live, httpx2.Client(base_url=live.url) as http:
         refused = http.post("/v1/chat/completions", json=tool_turn)
         assert refused.status_code == 400
         error = refused.json()["error"]
         assert error["param"] == "messages" and error["type"] == "invalid_request_error"
-        assert error["message"].startswith("chat template error: TypeError")
+        assert error["message"].startswith("chat template error: ZeroDivisionError")
 
         def broken_render(**variables):
             raise TypeError("a bug of the server")
