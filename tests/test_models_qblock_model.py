@@ -55,7 +55,9 @@ def test_every_matrix_stays_in_its_blocks_and_the_cache_holds_no_weights(tiny_fi
     )
     assert isinstance(model.lm_head, QBlockLinear)
     assert isinstance(model.token_embedding, QBlockEmbedding)
-    assert [part.format.name for part in model.layers[0].qkv_proj.parts] == ["Q4_K", "Q4_K", "Q6_K"]
+    # q and k (both Q4_K, whole 16-row tiles) run as one matrix; v is Q6_K.
+    assert [part.format.name for part in model.layers[0].qkv_proj.parts] == ["Q4_K", "Q6_K"]
+    assert [part.out_features for part in model.layers[0].qkv_proj.parts] == [256 + 128, 128]
     (folder,) = [entry for entry in tmp_path.iterdir() if entry.name.endswith("-meta")]
     assert not list(folder.glob("*.safetensors"))
     assert "GGUF blocks kept" in loaded.choices.reason
@@ -101,3 +103,25 @@ def test_an_hf_folder_cannot_keep_gguf_blocks(tiny_file, tmp_path):
     tiny, _ = tiny_file
     with pytest.raises(ModelLoadError, match="keeps a GGUF file's blocks"):
         load(tiny.path, tmp_path, "gguf")
+
+
+def test_parts_of_one_format_run_as_one_matrix_with_the_same_bits():
+    from sluice.loader.gguf_blocks import decode_blocks
+    from sluice.models.native.qblock import QBlockMatrix
+    from sluice.models.qblock_linear import merged_parts
+    from tests.gguf_quants import quantized
+
+    def matrix(name, rows, seed):
+        return QBlockMatrix.from_codes(decode_blocks(quantized(name, rows, 256, seed), name, 256))
+
+    parts = [
+        matrix("Q4_K", 32, 1),
+        matrix("Q4_K", 20, 2),
+        matrix("Q4_K", 16, 3),
+        matrix("Q6_K", 16, 4),
+    ]
+    merged = merged_parts(parts)
+    # 32 rows fill whole tiles: the next joins them; 20 do not: the third stays apart.
+    assert [m.out_features for m in merged] == [52, 16, 16]
+    x = torch.randn(5, 256, dtype=torch.bfloat16)
+    assert torch.equal(QBlockLinear(merged, None)(x), QBlockLinear(parts, None)(x))

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from sluice.errors import ModelLoadError
 from sluice.models.native.qblock import QBlockMatrix, qblock_matmul, qblock_rows
+from sluice.models.qblock_pack import TILE
 from sluice.models.weight_targets import WeightTarget
 
 
@@ -92,7 +93,23 @@ def qblock_linear(
         covered = part.row_end
     if covered != out_features:
         raise ModelLoadError(f"{name}: {covered} of {out_features} rows came as blocks")
-    return QBlockLinear([part.matrix for part in parts], bias)
+    return QBlockLinear(merged_parts([part.matrix for part in parts]), bias)
+
+
+def merged_parts(matrices: list[QBlockMatrix]) -> list[QBlockMatrix]:
+    """Neighbouring parts of one format joined into one matrix (one kernel call):
+    a part whose rows fill whole 16-row tiles ends exactly where the next one's
+    packed tiles can begin (q and k of a Q4_K_M attention; gate and up)."""
+    merged = [matrices[0]]
+    for matrix in matrices[1:]:
+        last = merged[-1]
+        if last.format == matrix.format and last.out_features % TILE == 0:
+            packed = torch.cat([last.packed, matrix.packed])
+            rows = last.out_features + matrix.out_features
+            merged[-1] = QBlockMatrix(packed, last.format, rows, last.in_features)
+        else:
+            merged.append(matrix)
+    return merged
 
 
 def adopt_block_codes(
