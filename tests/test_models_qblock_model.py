@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
