@@ -38,7 +38,8 @@ def text_delta(*pieces: str, finish: str | None = None, stop_reason=None) -> Cho
         token_ids=[T(piece) for piece in pieces],
         token_texts=list(pieces),
         # Distinct per token, as a model's are (the checker refuses copied logprobs).
-        logprobs=[SampledLogprob(-ord(piece[0]) / 256, (T("a"),), (-0.25,)) for piece in pieces],
+        # The alternative is a token no piece is (a token's own entry must be its logprob).
+        logprobs=[SampledLogprob(-ord(piece[0]) / 256, (T("c"),), (-0.25,)) for piece in pieces],
         finish_reason=finish,
         stop_reason=stop_reason,
     )
@@ -130,7 +131,7 @@ def test_the_body_is_a_chat_completion_folded_from_the_same_deltas():
         "token": "x",
         "logprob": -ord("x") / 256,
         "bytes": [ord("x")],
-        "top_logprobs": [{"token": "a", "logprob": -0.25, "bytes": [ord("a")]}],
+        "top_logprobs": [{"token": "c", "logprob": -0.25, "bytes": [ord("c")]}],
     }
 
 

@@ -53,9 +53,10 @@ def test_tools_and_earlier_calls_reach_the_template_and_auto_reads_with_the_pars
     assert request.params.structured_output is None
 
 
-def test_none_keeps_tools_out_of_the_template_and_reads_nothing():
+def test_none_shows_the_tools_and_reads_nothing():
+    # As vLLM and OpenAI: one prompt prefix whatever each turn's tool_choice.
     request = converted(tool_choice="none")
-    assert "tools:" not in TOKENIZER.decode(request.prompts[0].token_ids)
+    assert f"tools: {json.dumps(TOOLS)}" in TOKENIZER.decode(request.prompts[0].token_ids)
     assert request.output_parsing is None
 
 
