@@ -105,10 +105,11 @@ def load_model(config: ModelConfig) -> LoadedModel:
     _check_vocab(tokenizer, model_config)
     # 3. Build and fill the model.
     model = build_model(model_config, dtype, device, config.batch_invariant)
-    if keep_blocks:
-        model.load_weights(gguf_weights(GGUFReader(source.path), read_config_json(folder)))
-    else:
-        model.load_weights(iter_weights(files))
+    model.load_weights(
+        gguf_weights(GGUFReader(source.path), read_config_json(folder))
+        if keep_blocks
+        else iter_weights(files)
+    )
     if chosen.quantization is not None and not keep_blocks:
         model.quantize(chosen.quantization)
     if chosen.activations == "int8":
@@ -124,16 +125,10 @@ def load_model(config: ModelConfig) -> LoadedModel:
             bands = calibration.quantize_activations(model, tokenizer.encode(text), kept, race)
             if race:
                 chosen = choices.after_amx_race(chosen, bands)
-    kernel_plan = ""
-    step_seconds: tuple[tuple[int, float], ...] = ()
     if device.type == "cpu":
-        chosen = choices.noting(chosen, native_status().describe())
-        if plan := _use_kernel_plan(config, model, max_model_len):
-            kernel_plan, step_seconds = plan.describe(), plan.step_seconds
-            chosen = choices.noting(chosen, kernel_plan)
-        if fused := sum(layer.fused_decode is not None for layer in model.layers):
-            layers = f"{fused} of {len(model.layers)} decoder layers"
-            chosen = choices.noting(chosen, f"decode steps: {layers} in one native call each")
+        chosen, kernel_plan, step_seconds = _cpu_paths(config, model, max_model_len, chosen)
+    else:
+        kernel_plan, step_seconds = "", ()
     chosen = choices.noting(chosen, describe_family(model_config))
     if rope_note := longrope.describe_longrope(model_config.rope_scaling):
         chosen = choices.noting(chosen, rope_note)
@@ -151,6 +146,24 @@ def load_model(config: ModelConfig) -> LoadedModel:
         kernel_plan=kernel_plan,
         step_seconds=step_seconds,
     )
+
+
+def _cpu_paths(
+    config: ModelConfig, model: LlamaForCausalLM, max_model_len: int, chosen: choices.ModelChoices
+) -> tuple[choices.ModelChoices, str, tuple[tuple[int, float], ...]]:
+    """The native kernels, the kernel plan and the fused decode layers of a CPU
+    model, each noted on the startup line: (choices, the plan described, its
+    step times)."""
+    kernel_plan = ""
+    step_seconds: tuple[tuple[int, float], ...] = ()
+    chosen = choices.noting(chosen, native_status().describe())
+    if plan := _use_kernel_plan(config, model, max_model_len):
+        kernel_plan, step_seconds = plan.describe(), plan.step_seconds
+        chosen = choices.noting(chosen, kernel_plan)
+    if fused := sum(layer.fused_decode is not None for layer in model.layers):
+        layers = f"{fused} of {len(model.layers)} decoder layers"
+        chosen = choices.noting(chosen, f"decode steps: {layers} in one native call each")
+    return chosen, kernel_plan, step_seconds
 
 
 def _use_kernel_plan(
