@@ -18,8 +18,8 @@ import sys
 import numpy as np
 import torch
 
-from sluice.loader.gguf_blocks import FORMATS, BlockCodes
 from sluice.models import native
+from sluice.models.block_codes import FORMATS, BlockCodes
 from sluice.models.native import abi
 from sluice.models.native.int8 import int8_gemm_kernels, int8_row_kernels
 from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel

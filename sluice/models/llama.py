@@ -52,12 +52,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from sluice.errors import ModelLoadError
-from sluice.loader.gguf_blocks import BlockCodes
 from sluice.models.attention import (
     AttentionMetadata,
     batch_invariant_attention,
     paged_attention,
 )
+from sluice.models.block_codes import BlockCodes
 from sluice.models.decoder_config import SLIDING, DecoderConfig
 from sluice.models.fused_decode import FusedDecode, bind_fused_decode
 from sluice.models.kernel_plan import KernelPlan

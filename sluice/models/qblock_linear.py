@@ -1,6 +1,6 @@
 """Projections and embeddings whose weights stay in their GGUF blocks.
 
-A GGUF's quantized matrices are loaded as block codes (loader/gguf_blocks.py)
+A GGUF's quantized matrices are loaded as block codes (loader/gguf_blocks.py, models/block_codes.py)
 and packed once (`QBlockMatrix`, native/qblock.py): about the file's bytes,
 with no float copy anywhere. After a model's weights are in,
 `adopt_block_codes` swaps each `Linear` whose rows all came as codes for a

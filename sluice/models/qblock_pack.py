@@ -1,4 +1,4 @@
-"""Block codes (loader/gguf_blocks.py) packed into the layout `native/qblock_gemm.c` reads.
+"""Block codes (models/block_codes.py) packed into the layout `native/qblock_gemm.c` reads.
 
 Packing is done once at load, in numpy; the packed bytes are about the size
 of the file's blocks (Q4_K 4.625 bits a weight against 4.5, Q6_K and the
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sluice.loader.gguf_blocks import BlockCodes, BlockFormat
+from sluice.models.block_codes import BlockCodes, BlockFormat
 
 TILE = 16
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sluice.loader.gguf_blocks import BlockCodes, BlockFormat
+from sluice.models.block_codes import BlockCodes, BlockFormat
 from sluice.models.native import _library
 from sluice.models.qblock_pack import pack_codes
 
