@@ -87,3 +87,38 @@ def test_a_refused_spec_is_remembered_and_not_compiled_again(monkeypatch):
             grammar_of(spec)
         assert not isinstance(refused.value, GrammarLimitError)
     assert compiled == [spec]
+
+
+def test_checked_grammars_stay_within_their_characters_and_drop_the_least_recent():
+    from sluice.structured.grammar import CheckedGrammars, grammar_of
+
+    cache = CheckedGrammars(max_entries=100, max_chars=3_000)
+    specs = [StructuredOutputSpec.regex("a" * 400 + str(i)) for i in range(20)]
+    for spec in specs[:3]:
+        cache.put(spec, grammar_of(spec))
+    assert cache.get(specs[0]) is not None  # now the most recent
+    for spec in specs[3:]:
+        cache.put(spec, grammar_of(spec))
+        assert cache.chars <= 3_000
+    assert cache.get(specs[0]) is None and cache.get(specs[-1]) is not None
+    huge = StructuredOutputSpec.regex("b" * 5_000)
+    cache.put(huge, grammar_of(huge))
+    assert cache.get(huge) is None, "one entry over the bound is not kept"
+
+
+def test_the_servers_grammar_checks_keep_big_schemas_within_the_character_bound(monkeypatch):
+    from sluice.structured.grammar import GRAMMAR_CACHE_CHARS, CheckedGrammars, grammar_of
+
+    # The server's cache, shrunk to 1 M characters: 20,000-value enums (about
+    # 0.5 M characters of spec and grammar each) must evict one another.
+    cache = CheckedGrammars(max_entries=256, max_chars=1_000_000)
+    monkeypatch.setattr(grammar_module, "CHECKED_GRAMMARS", cache)
+    values = [f"value-{i:06d}" for i in range(20_000)]
+    specs = [
+        StructuredOutputSpec.json_schema({"enum": [f"{n}-{v}" for v in values]}) for n in range(4)
+    ]
+    for spec in specs:
+        grammar_of(spec)
+        assert cache.chars <= 1_000_000
+    assert cache.get(specs[0]) is None and cache.get(specs[-1]) is not None
+    assert GRAMMAR_CACHE_CHARS <= 64 << 20, "the default pins at most tens of MB"

@@ -25,15 +25,20 @@ llguidance backend does by default); the schema's own keywords decide the rest.
 
 from __future__ import annotations
 
-import functools
+import threading
 import time
+from collections import OrderedDict
 
 import llguidance
 
 from sluice.structured.spec import StructuredOutputSpec
 
-# Distinct specs whose compiled grammar (or refusal) is kept (per process).
+# Distinct specs whose checked grammar (or refusal) is kept (per process),
+# and the most characters they may hold together (spec and grammar texts):
+# one 80,000-value enum is about 0.9 MB of each, so a count alone let a
+# client pin some 450 MB with 256 fresh ones.
 GRAMMAR_CACHE_SIZE = 256
+GRAMMAR_CACHE_CHARS = 32 << 20
 # Longest error text passed on to a client.
 MAX_ERROR_CHARS = 500
 ANY_JSON_OBJECT = '{"type": "object"}'
@@ -52,13 +57,57 @@ class GrammarLimitError(GrammarError):
 def grammar_of(spec: StructuredOutputSpec) -> str:
     """The llguidance grammar (JSON text) of `spec`, validated. Raises
     GrammarError (GrammarLimitError over a limit)."""
-    result = _checked_grammar(spec)
+    result = CHECKED_GRAMMARS.get(spec)
+    if result is None:
+        result = _checked_grammar(spec)
+        CHECKED_GRAMMARS.put(spec, result)
     if isinstance(result, GrammarError):
         raise type(result)(str(result))  # a fresh one: a cached error keeps no traceback
     return result
 
 
-@functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)
+class CheckedGrammars:
+    """The checked grammars of recent specs, least recently used dropped
+    first, bounded in count and in characters. Thread-safe: the HTTP edge
+    checks grammars on worker threads."""
+
+    def __init__(self, max_entries: int, max_chars: int) -> None:
+        self.max_entries = max_entries
+        self.max_chars = max_chars
+        self._entries: OrderedDict[StructuredOutputSpec, str | GrammarError] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def get(self, spec: StructuredOutputSpec) -> str | GrammarError | None:
+        with self._lock:
+            result = self._entries.get(spec)
+            if result is not None:
+                self._entries.move_to_end(spec)
+            return result
+
+    def put(self, spec: StructuredOutputSpec, result: str | GrammarError) -> None:
+        size = _chars_of(spec, result)
+        with self._lock:
+            if spec in self._entries or size > self.max_chars:
+                return
+            self._entries[spec] = result
+            self._chars += size
+            while len(self._entries) > self.max_entries or self._chars > self.max_chars:
+                old_spec, old_result = self._entries.popitem(last=False)
+                self._chars -= _chars_of(old_spec, old_result)
+
+    @property
+    def chars(self) -> int:
+        return self._chars
+
+
+def _chars_of(spec: StructuredOutputSpec, result: str | GrammarError) -> int:
+    return len(spec.value) + (len(result) if isinstance(result, str) else MAX_ERROR_CHARS)
+
+
+CHECKED_GRAMMARS = CheckedGrammars(GRAMMAR_CACHE_SIZE, GRAMMAR_CACHE_CHARS)
+
+
 def _checked_grammar(spec: StructuredOutputSpec) -> str | GrammarError:
     try:
         started_s = time.thread_time()
