@@ -186,20 +186,36 @@ def _longrope(reader: GGUFReader, arch: str) -> dict[str, Any]:
 def hf_tensors(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, float32 array in HF shape) for every tensor of the GGUF."""
     gguf = family(reader).gguf
+    for tensor, name, heads in model_tensors(reader, config):
+        yield name, hf_array(tensor, name, heads, gguf)
+
+
+def model_tensors(
+    reader: GGUFReader, config: dict[str, Any]
+) -> Iterator[tuple[Any, str, int | None]]:
+    """(GGUF tensor, its HF name, the heads its rows are permuted by or None)
+    for every tensor that is part of the model (rope factors are the config's)."""
+    gguf = family(reader).gguf
     for tensor in reader.tensors:
         if tensor.name in _CONFIG_TENSORS:
             continue  # in the config's rope_parameters (`_rope_scaling`)
-        name = hf_tensor_name(tensor.name, gguf)
-        weights = _dequantize(tensor)
-        # GGUF dims are fastest-first; HF (row-major) lists them slowest-first.
-        weights = weights.reshape(tuple(reversed([int(n) for n in tensor.shape])))
+        heads = None
         if gguf.permutes_qk and ".attn_q." in tensor.name:
-            weights = unpermute_rope_rows(weights, config["num_attention_heads"])
+            heads = config["num_attention_heads"]
         elif gguf.permutes_qk and ".attn_k." in tensor.name:
-            weights = unpermute_rope_rows(weights, config["num_key_value_heads"])
-        if gguf.norm_shift and name.endswith("norm.weight"):
-            weights = weights - np.float32(gguf.norm_shift)
-        yield name, np.ascontiguousarray(weights, dtype=np.float32)
+            heads = config["num_key_value_heads"]
+        yield tensor, hf_tensor_name(tensor.name, gguf), heads
+
+
+def hf_array(tensor: Any, name: str, heads: int | None, gguf: GgufFamily) -> np.ndarray:
+    """One tensor dequantized to float32 in HF's shape, rows unpermuted, norms unshifted."""
+    # GGUF dims are fastest-first; HF (row-major) lists them slowest-first.
+    weights = _dequantize(tensor).reshape(tuple(reversed([int(n) for n in tensor.shape])))
+    if heads is not None:
+        weights = unpermute_rope_rows(weights, heads)
+    if gguf.norm_shift and name.endswith("norm.weight"):
+        weights = weights - np.float32(gguf.norm_shift)
+    return np.ascontiguousarray(weights, dtype=np.float32)
 
 
 def hf_tensor_name(gguf_name: str, family: GgufFamily | None = None) -> str:

@@ -18,13 +18,7 @@ import torch
 from gguf import GGUFReader
 
 from sluice.loader.gguf_blocks import FORMATS, BlockCodes, decode_blocks
-from sluice.loader.gguf_llama import (
-    _CONFIG_TENSORS,
-    _dequantize,
-    family,
-    hf_tensor_name,
-    unpermute_rope_rows,
-)
+from sluice.loader.gguf_llama import family, hf_array, model_tensors, unpermute_rope_rows
 
 Weight = torch.Tensor | BlockCodes
 
@@ -32,29 +26,12 @@ Weight = torch.Tensor | BlockCodes
 def gguf_weights(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, Weight]]:
     """(HF name, float32 tensor or block codes) for every tensor of the GGUF."""
     gguf = family(reader).gguf
-    for tensor in reader.tensors:
-        if tensor.name in _CONFIG_TENSORS:
-            continue  # in the config's rope_parameters
-        name = hf_tensor_name(tensor.name, gguf)
-        heads = None
-        if gguf.permutes_qk and ".attn_q." in tensor.name:
-            heads = config["num_attention_heads"]
-        elif gguf.permutes_qk and ".attn_k." in tensor.name:
-            heads = config["num_key_value_heads"]
+    for tensor, name, heads in model_tensors(reader, config):
         if keeps_blocks(tensor, name):
             codes = decode_blocks(tensor.data, tensor.tensor_type.name, int(tensor.shape[0]))
             yield name, codes if heads is None else permuted_rows(codes, heads)
-            continue
-        # GGUF dims are fastest-first; HF (row-major) lists them slowest-first.
-        weights = _dequantize(tensor).reshape(tuple(reversed([int(n) for n in tensor.shape])))
-        if heads is not None:
-            weights = unpermute_rope_rows(weights, heads)
-        if gguf.norm_shift and name.endswith("norm.weight"):
-            weights = weights - np.float32(gguf.norm_shift)
-        yield (
-            name,
-            torch.from_numpy(np.array(weights, dtype=np.float32)),
-        )  # a copy: the map is read-only
+        else:  # a copy: an F32 tensor's array is a view of the read-only map
+            yield name, torch.from_numpy(hf_array(tensor, name, heads, gguf).copy())
 
 
 def keeps_blocks(tensor: Any, hf_name: str) -> bool:
