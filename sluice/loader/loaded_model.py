@@ -82,7 +82,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
         _check_block_source(source)
     folder = _hf_folder(source, config.cache_dir, with_weights=not keep_blocks)
     # 2. Everything that can be checked without allocating the model.
-    model_config = parse_hf_config(read_config_json(folder))
+    config_json = read_config_json(folder)
+    model_config = parse_hf_config(config_json)
     max_model_len = resolve_max_model_len(config.max_model_len, model_config)
     # LongRoPE's factor list follows the served context (sluice/models/longrope.py).
     model_config = dataclasses.replace(
@@ -106,9 +107,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     # 3. Build and fill the model.
     model = build_model(model_config, dtype, device, config.batch_invariant)
     model.load_weights(
-        gguf_weights(GGUFReader(source.path), read_config_json(folder))
-        if keep_blocks
-        else iter_weights(files)
+        gguf_weights(GGUFReader(source.path), config_json) if keep_blocks else iter_weights(files)
     )
     if chosen.quantization is not None and not keep_blocks:
         model.quantize(chosen.quantization)

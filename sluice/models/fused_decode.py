@@ -19,18 +19,15 @@ import ctypes
 import functools
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from sluice.models.attention import AttentionMetadata, decodes_on_amx, paged_attention
+from sluice.models.linear import Linear
 from sluice.models.native import _library, decode_attention_kernel, silu_mul_kernel
 from sluice.models.native.abi import DecoderLayer, Int8Matrix
 from sluice.models.rope_norm import Float32Angles
-
-if TYPE_CHECKING:
-    from sluice.models.linear import Linear
 
 
 @functools.cache
@@ -39,8 +36,11 @@ def _decoder_layer_function():
     return None if library is None else library.decoder_layer_rows_bf16
 
 
-def _every_row_packed(linear: Linear) -> bool:
-    int8 = getattr(linear, "int8_activations", None)  # a QBlockLinear has none
+def _every_row_packed(linear: nn.Module) -> bool:
+    # A projection kept in GGUF blocks (QBlockLinear) is no chain link yet.
+    if not isinstance(linear, Linear):
+        return False
+    int8 = linear.int8_activations
     return (
         int8 is not None
         and int8.packed is not None

@@ -44,6 +44,7 @@ from sluice.models.kernel_plan import (
     read_plan,
     write_plan,
 )
+from sluice.models.linear import Linear
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native import (
     decode_attention_amx_kernel,
@@ -191,8 +192,10 @@ def int8_candidates(model: LlamaForCausalLM) -> Int8Candidates | None:
     matrix, where the model runs the row-invariant scheme; else None."""
     gemm = int8_gemm_kernels()
     linear = model.layers[len(model.layers) // 2].gate_up_proj
-    layer = getattr(linear, "int8_activations", None)  # a QBlockLinear has none
-    if gemm is None or layer is None or layer.packed is None or linear.min_large_rows != 1:
+    if gemm is None or not isinstance(linear, Linear):  # a QBlockLinear: no int8 matmul
+        return None
+    layer = linear.int8_activations
+    if layer is None or layer.packed is None or linear.min_large_rows != 1:
         return None
     weights = layer.packed
     generator = torch.Generator().manual_seed(0)

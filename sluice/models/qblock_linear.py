@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from sluice.errors import ModelLoadError
+from sluice.models.linear import Linear
 from sluice.models.native.qblock import QBlockMatrix, qblock_matmul, qblock_rows
 from sluice.models.qblock_pack import TILE
 from sluice.models.weight_targets import WeightTarget
@@ -53,9 +54,6 @@ class QBlockLinear(nn.Module):
         if self.bias is not None:
             out += self.bias
         return out
-
-    def weight_bytes(self) -> int:
-        return sum(part.packed.numel() for part in self.parts)
 
 
 class QBlockEmbedding(nn.Module):
@@ -114,14 +112,14 @@ def merged_parts(matrices: list[QBlockMatrix]) -> list[QBlockMatrix]:
 
 def adopt_block_codes(
     model: nn.Module, arrived: list[tuple[str, WeightTarget, QBlockMatrix]]
-) -> int:
+) -> None:
     """Swap in QBlock modules for every matrix that came as block codes.
 
     `arrived`: (HF name, its target, its packed codes) from `load_weights`. Each
     `Linear` whose weight is a target becomes a `QBlockLinear` in its parent;
     the embedding table (`model.embed_tokens`) gets `model.token_embedding`,
     and a tied lm_head shares its packed matrix. A projection whose rows came
-    partly as codes and partly as floats is refused. Returns the packed bytes.
+    partly as codes and partly as floats is refused.
     """
     owners = _linear_owners(model)
     parts: dict[int, list[CodesFor]] = {}
@@ -133,42 +131,28 @@ def adopt_block_codes(
         end = rows if target.row_end is None else target.row_end
         parts.setdefault(key, []).append(CodesFor(start, end, matrix))
         names.setdefault(key, name)
-    total = 0
     for key, pieces in parts.items():
-        param_is_embedding = key == id(model.embed_tokens)
+        is_embedding = key == id(model.embed_tokens)
         linears = owners.get(key, [])
-        if not linears and not param_is_embedding:
+        if not linears and not is_embedding:
             raise ModelLoadError(f"{names[key]} came as blocks but is no projection")
         for parent, attribute, linear in linears:
             swapped = qblock_linear(pieces, linear.weight.shape[0], linear.bias, names[key])
             setattr(parent, attribute, swapped)
-            total += swapped.weight_bytes()
-        if param_is_embedding:
-            matrix = (
-                getattr(model.lm_head, "parts", [None])[0]
-                if linears and isinstance(model.lm_head, QBlockLinear)
-                else pieces[0].matrix
+        if is_embedding:
+            # The one packed matrix a tied lm_head holds too (a single part).
+            model.token_embedding = QBlockEmbedding(pieces[0].matrix, model.dtype)
+            # Drop the never-written float table the codes replaced.
+            model.embed_tokens = nn.Parameter(
+                torch.empty(0, dtype=model.dtype), requires_grad=False
             )
-            model.token_embedding = QBlockEmbedding(matrix, model.dtype)
-            if not linears:
-                total += matrix.packed.numel()
-        _release(model, key)
-    return total
 
 
 def _linear_owners(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, nn.Module]]]:
     """id(weight parameter) -> every (parent, attribute, Linear) holding it."""
-    from sluice.models.linear import Linear
-
     owners: dict[int, list[tuple[nn.Module, str, nn.Module]]] = {}
     for parent in model.modules():
         for attribute, child in parent.named_children():
             if isinstance(child, Linear):
                 owners.setdefault(id(child.weight), []).append((parent, attribute, child))
     return owners
-
-
-def _release(model: nn.Module, key: int) -> None:
-    """Drop the never-written float parameter the codes replaced."""
-    if key == id(model.embed_tokens):
-        model.embed_tokens = nn.Parameter(torch.empty(0, dtype=model.dtype), requires_grad=False)

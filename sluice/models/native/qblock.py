@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -89,8 +88,3 @@ def qblock_rows(matrix: QBlockMatrix, ids: Tensor) -> Tensor:
     if status != 0:
         raise IndexError(f"a row id outside [0, {matrix.out_features})")
     return out
-
-
-def unpacked_values(matrix: QBlockMatrix) -> np.ndarray:
-    """Every weight as float32 [out, in] (tests and the quality reference)."""
-    return qblock_rows(matrix, torch.arange(matrix.out_features)).numpy()
