@@ -48,8 +48,9 @@ def embedded_folder() -> Path:
     return found[0]
 
 
-def write_model(name: str, out: Path, tokenizer_from: Path) -> Path:
-    config_class, model_class, shape = FAMILIES[name]
+def write_model(name: str, out: Path, tokenizer_from: Path, family=None) -> Path:
+    """`family`: (config class, model class, shape); default FAMILIES[name]."""
+    config_class, model_class, shape = family or FAMILIES[name]
     folder = out / name
     torch.manual_seed(0)
     model = model_class._from_config(config_class(**{**COMMON, **shape}), dtype=torch.bfloat16)

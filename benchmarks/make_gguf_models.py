@@ -45,10 +45,9 @@ def gguf_file(name: str, out: Path, llama_cpp: Path, quantize: Path, quant_type:
     if target.exists():
         print(f"{name}: {target} already there", flush=True)
         return target
-    make_1b_models.FAMILIES[name] = SHAPES[name]
     folder = out / name
     if not (folder / "config.json").exists():
-        make_1b_models.write_model(name, out, make_1b_models.embedded_folder())
+        make_1b_models.write_model(name, out, make_1b_models.embedded_folder(), SHAPES[name])
     f16 = out / f"{name}-F16.gguf"
     convert = llama_cpp / "convert_hf_to_gguf.py"
     run([sys.executable, str(convert), str(folder), "--outtype", "f16", "--outfile", str(f16)])

@@ -94,7 +94,8 @@ def write_tiny_gguf(
     writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
-    _add_tiny_vocab(writer, config["vocab_size"])
+    add_byte_bpe_vocab(writer, config["vocab_size"], ["<|endoftext|>", "<s>", "</s>"])
+    writer.add_chat_template(TINY_TEMPLATE)
     rope = config["rope_parameters"]
     if rope.get("rope_type") == "llama3":
         head_dim = config["hidden_size"] // config["num_attention_heads"]
@@ -128,9 +129,9 @@ def _blocks(array: np.ndarray, kind: str) -> np.ndarray:
     return quants.quantize(values, GGMLQuantizationType[kind])
 
 
-def _add_tiny_vocab(writer: GGUFWriter, vocab_size: int) -> None:
-    # A byte-level BPE vocabulary: 3 specials, the 256 byte symbols, then letter pairs.
-    specials = ["<|endoftext|>", "<s>", "</s>"]
+def add_byte_bpe_vocab(writer: GGUFWriter, vocab_size: int, specials: list[str]) -> None:
+    """A byte-level BPE vocabulary: `specials`, the 256 byte symbols, then
+    letter pairs (bos 1, eos 2)."""
     table = _unicode_to_byte()
     byte_symbols = sorted(table, key=table.__getitem__)
     num_merges = vocab_size - len(specials) - len(byte_symbols)
@@ -143,4 +144,3 @@ def _add_tiny_vocab(writer: GGUFWriter, vocab_size: int) -> None:
     writer.add_token_merges([f"{a} {b}" for a, b in pairs])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
-    writer.add_chat_template(TINY_TEMPLATE)

@@ -12,9 +12,7 @@ the very weights the blocks encode.
 
 from __future__ import annotations
 
-import itertools
 import math
-import string
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +26,7 @@ from safetensors.numpy import load_file
 from sluice.config import ModelConfig
 from sluice.loader.gguf_convert import converted_folder, source_tensor_types
 from sluice.loader.loaded_model import load_model
-from sluice.tokenizer import _unicode_to_byte
+from tests.gguf_files import add_byte_bpe_vocab
 from tests.gguf_quants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from tests.model_factory import (
     PHI3_LONGROPE_KIND,
@@ -110,7 +108,9 @@ def write_family_gguf(tiny: TinyModel, arch: str, path: Path, quantized: bool) -
     if arch == "gemma2":
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             writer.add_float32(f"gemma2.{key}", config[key])
-    _add_vocab(writer, config["vocab_size"])
+    # <mask> too: transformers' Gemma tokenizer adds one where the vocabulary lacks it.
+    add_byte_bpe_vocab(writer, config["vocab_size"], ["<|endoftext|>", "<s>", "</s>", "<mask>"])
+    writer.add_pad_token_id(0)  # else transformers' Phi3Config pads with 32000, past the vocab
     turn = 0  # matrices take the types in turn, each the next one its rows fit
     encoded = {}
     for name, tensor in tiny.weights():
@@ -142,25 +142,6 @@ def _add_longrope(writer: GGUFWriter, config: dict) -> None:
     for key in ("long_factor", "short_factor"):
         factors = np.array(config["rope_parameters"][key], dtype=np.float32)
         writer.add_tensor(f"rope_factors_{key.split('_')[0]}.weight", factors)
-
-
-def _add_vocab(writer: GGUFWriter, vocab_size: int) -> None:
-    # Byte-level BPE: 4 specials (<mask> too: transformers' Gemma tokenizer adds
-    # one where the vocabulary lacks it), the 256 byte symbols, then letter pairs.
-    specials = ["<|endoftext|>", "<s>", "</s>", "<mask>"]
-    table = _unicode_to_byte()
-    byte_symbols = sorted(table, key=table.__getitem__)
-    num_merges = vocab_size - len(specials) - len(byte_symbols)
-    pairs = list(itertools.islice(itertools.product(string.ascii_lowercase, repeat=2), num_merges))
-    tokens = specials + byte_symbols + [a + b for a, b in pairs]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3] * len(specials) + [1] * (len(tokens) - len(specials)))
-    writer.add_token_merges([f"{a} {b}" for a, b in pairs])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_pad_token_id(0)  # else transformers' Phi3Config pads with 32000, past the vocab
 
 
 def _fits(array: np.ndarray, kind: Q) -> bool:
