@@ -1,4 +1,4 @@
-"""The `sluice` command: serve, generate, audit.
+"""The `sluice` command: serve, generate, audit, cache.
 
 Builds the frozen config tree from flags (the one place flags become config)
 and hands each component its part. The flags are derived from the config
@@ -15,6 +15,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
+from sluice.cli_cache import add_cache_command, run_cache_command
 from sluice.cli_flags import add_flags, flag_of, parse_size, values_of
 from sluice.config import (
     CacheConfig,
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(generate, GenerateOptions)
 
     commands.add_parser("audit", help="check an OpenAI-compatible server's streams", add_help=False)
+    add_cache_command(commands)
     return parser
 
 
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "cache":
+            return run_cache_command(args)
         return _serve(args)
     except ConfigError as error:
         flag = flag_of(error.config_type, error.field_name)

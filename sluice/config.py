@@ -58,6 +58,14 @@ class ModelConfig:
     cache_dir: Path = setting(
         help_text="where converted GGUF models are kept", default_factory=default_cache_dir
     )
+    # Bound of the converted models under cache_dir: after a conversion the
+    # least recently used others are removed (sluice/loader/model_cache.py).
+    cache_max_bytes: int = setting(
+        20 << 30,
+        "bound of the converted models kept in the cache dir, e.g. 20GiB (least recently "
+        "used removed first; the model in use always stays)",
+        at_least=0,
+    )
     # Weight-only quantization of the decoder matrices, CPU only: "int8"
     # (per-row scales) or "int4" (groups of 32, like llama.cpp's Q4_1); None
     # keeps the model dtype. Small decode batches read the quantized copy

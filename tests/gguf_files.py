@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 from sluice.loader.gguf_blocks import FORMATS
 from sluice.tokenizer import _unicode_to_byte
@@ -107,7 +107,11 @@ def write_tiny_gguf(
         elif ".k_proj." in name:
             array = llama_cpp_permute(array, config["num_key_value_heads"])
         kind = block_type(name) if callable(block_type) else block_type
-        if kind is None or array.ndim != 2 or array.shape[1] % FORMATS[kind].super_block:
+        if (
+            kind is None
+            or array.ndim != 2
+            or array.shape[1] % GGML_QUANT_SIZES[GGMLQuantizationType[kind]][0]
+        ):
             writer.add_tensor(gguf_name(name), np.ascontiguousarray(array))
         else:
             writer.add_tensor(
@@ -122,6 +126,11 @@ def write_tiny_gguf(
 
 def _blocks(array: np.ndarray, kind: str) -> np.ndarray:
     values = np.ascontiguousarray(array, dtype=np.float32)
+    if kind not in FORMATS and kind not in K_QUANT_WRITERS:
+        # A type nothing here encodes (IQ*, TQ*): random codes of its size.
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+        shape = (values.shape[0], values.shape[1] // block * size)
+        return np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
     if kind in K_QUANT_WRITERS:
         return K_QUANT_WRITERS[kind](values)[0]
     from gguf import quants

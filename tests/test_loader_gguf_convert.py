@@ -63,7 +63,8 @@ def test_a_second_conversion_is_a_cache_hit(embedded_model_dir, monkeypatch):
         raise AssertionError("converted again")
 
     monkeypatch.setattr(gguf_convert, "write_hf_folder", fail)
-    # A hit is found from the file's path, size and mtime: the GGUF is never opened.
+    # A hit is found from the file's content digest, remembered under its
+    # path, size, mtime and inode (loader/model_cache.py): the GGUF is never parsed.
     monkeypatch.setattr(gguf_convert, "GGUFReader", fail)
     folder = converted_folder(embedded_gguf_path(), embedded_model_dir.parent)
     assert folder == embedded_model_dir
@@ -124,11 +125,22 @@ def test_load_model_runs_a_gguf_file_like_transformers_runs_the_original(tiny, t
     torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
 
 
-def test_a_changed_gguf_gets_a_new_cache_folder(tiny_gguf, tmp_path):
+def test_a_changed_gguf_gets_a_new_cache_folder_and_a_touched_one_keeps_its_own(
+    tiny_gguf, tmp_path
+):
     before = cache_folder_for(tiny_gguf, tmp_path)
     stat = tiny_gguf.stat()
     os.utime(tiny_gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert cache_folder_for(tiny_gguf, tmp_path) == before  # same bytes
+    data = bytearray(tiny_gguf.read_bytes())
+    data[-1] ^= 1
+    tiny_gguf.write_bytes(bytes(data))
     assert cache_folder_for(tiny_gguf, tmp_path) != before
+
+
+def model_folders(cache_dir: Path) -> list[str]:
+    """What a cache holds besides the content digests' memo."""
+    return [p.name for p in cache_dir.iterdir() if p.name != "content"]
 
 
 def test_a_failed_conversion_leaves_nothing_behind(tiny_gguf, tmp_path, monkeypatch):
@@ -139,7 +151,7 @@ def test_a_failed_conversion_leaves_nothing_behind(tiny_gguf, tmp_path, monkeypa
     cache_dir = tmp_path / "cache"
     with pytest.raises(ModelLoadError, match="tokenizer exploded"):
         converted_folder(tiny_gguf, cache_dir)
-    assert list(cache_dir.iterdir()) == []
+    assert model_folders(cache_dir) == []
 
 
 def test_a_conversion_finished_first_by_another_process_is_reused(tiny_gguf, tmp_path, monkeypatch):
@@ -155,7 +167,7 @@ def test_a_conversion_finished_first_by_another_process_is_reused(tiny_gguf, tmp
 
     monkeypatch.setattr(gguf_convert, "write_hf_folder", racing_write)
     folder = converted_folder(tiny_gguf, cache_dir)
-    assert [p.name for p in cache_dir.iterdir()] == [folder.name]
+    assert model_folders(cache_dir) == [folder.name]
     assert (folder / "config.json").read_text() == "{}"
 
 
@@ -165,7 +177,7 @@ def test_a_file_that_is_not_gguf_is_reported_as_corrupt(tmp_path):
     with pytest.raises(ModelLoadError, match="corrupt GGUF file") as info:
         converted_folder(path, tmp_path / "cache")
     assert "\n" not in str(info.value)
-    assert list((tmp_path / "cache").iterdir()) == []
+    assert model_folders(tmp_path / "cache") == []
 
 
 def test_a_truncated_gguf_is_reported_as_corrupt(tiny_gguf, tmp_path):
@@ -202,10 +214,10 @@ def test_a_killed_conversions_temporary_folder_is_removed_by_the_next_start(tiny
     assert killed.stdout.readline().strip() == "writing"
     killed.kill()
     killed.wait()
-    (left,) = cache_dir.iterdir()
-    assert (left / "model.safetensors").is_file()
+    (left,) = model_folders(cache_dir)
+    assert (cache_dir / left / "model.safetensors").is_file()
     folder = converted_folder(tiny_gguf, cache_dir)
-    assert [p.name for p in cache_dir.iterdir()] == [folder.name]
+    assert model_folders(cache_dir) == [folder.name]
 
 
 def _temp_named(cache_dir: Path, owner: str, age_s: float = 0.0) -> Path:

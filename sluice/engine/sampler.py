@@ -10,7 +10,9 @@ rows is the per-row re-seeding of seeded generators):
    per-row or shared noise (`sampling.rng`).
 4. Logprobs, when some row asks, come from log_softmax of the raw logits,
    not the processed ones (`sampling.logprobs` explains why).
-5. One `.tolist()` brings everything to the host. (On CPU, a top-p-only
+5. A row whose thinking budget ran out takes its end-of-reasoning token
+   instead (`sampling.thinking_budget`), logprobs those of that token.
+6. One `.tolist()` brings everything to the host. (On CPU, a top-p-only
    row may add a host check of a bool inside filtering: free there.)
 
 Fast path: when every row is greedy and needs no penalty, bias, min_tokens
@@ -39,6 +41,7 @@ from sluice.engine.sampling.batch import (
 from sluice.engine.sampling.logprobs import gather_logprobs, to_sampled_tokens
 from sluice.engine.sampling.processors import process_logits
 from sluice.engine.sampling.rng import exponential_noise
+from sluice.engine.sampling.thinking_budget import forced_tokens
 from sluice.models.native import argmax_kernel
 
 __all__ = ["Sampler", "SamplingRow", "apply_penalties_and_filters"]
@@ -77,17 +80,23 @@ class Sampler:
         """logits: [B, V] float32, row i belongs to rows[i]."""
         assert logits.shape[0] == len(rows), "one logits row per sampling row"
         logits = logits[:, : self.vocab_size].contiguous()  # [B, V]: drop padded columns
+        forced = forced_tokens(
+            [row.params.thinking_budget for row in rows], [row.output_token_ids for row in rows]
+        )
         if is_plain_greedy(rows):
-            return to_sampled_tokens(self._argmax(logits), None, [r.params for r in rows])
+            token_ids = _with_forced(self._argmax(logits), forced)  # [B]
+            return to_sampled_tokens(token_ids, None, [r.params for r in rows])
         # 1. Batch tensors.
         batch = build_sampling_batch(rows, self.eos_token_ids, logits.shape[1], logits.device)
         # 2-3. Process, then draw.
         token_ids = self._draw(process_logits(logits, batch), batch)  # [B]
-        # 4. Logprobs of the raw distribution.
+        # 4. Forced ends of reasoning.
+        token_ids = _with_forced(token_ids, forced)  # [B]
+        # 5. Logprobs of the raw distribution.
         logprobs = None
         if batch.max_num_logprobs is not None:
             logprobs = gather_logprobs(logits, token_ids, batch.max_num_logprobs)
-        # 5. One host transfer.
+        # 6. One host transfer.
         return to_sampled_tokens(token_ids, logprobs, [r.params for r in rows])
 
     def _draw(self, processed: Tensor, batch: SamplingBatch) -> Tensor:
@@ -102,6 +111,19 @@ class Sampler:
         if not any(batch.greedy_rows):
             return random_ids
         return torch.where(batch.is_greedy, processed.argmax(dim=-1), random_ids)  # [B]
+
+
+def _with_forced(token_ids: Tensor, forced: list[int | None] | None) -> Tensor:
+    """[B] drawn ids with the forced rows' tokens put in their place."""
+    if forced is None:
+        return token_ids
+    rows = [i for i, token in enumerate(forced) if token is not None]
+    values = [token for token in forced if token is not None]
+    token_ids = token_ids.clone()  # [B]; the kernel's output may be reused
+    token_ids[torch.tensor(rows, device=token_ids.device)] = torch.tensor(
+        values, dtype=token_ids.dtype, device=token_ids.device
+    )
+    return token_ids
 
 
 def _torch_argmax(logits: Tensor) -> Tensor:  # [B, V] -> [B]

@@ -18,6 +18,21 @@ from sluice.structured.spec import StructuredOutputSpec
 GREEDY_TEMPERATURE_EPS = 1e-5
 
 
+class ThinkingBudget(msgspec.Struct, frozen=True):
+    """The most tokens a request may reason before the engine forces the end
+    of its reasoning (`sluice/engine/sampling/thinking_budget.py`)."""
+
+    # Reasoning tokens allowed: between the opening marker (or the output's
+    # start) and the forced end marker.
+    max_tokens: int
+    # The reasoning opens with these at the output's start (Qwen3's `<think>`);
+    # an output that opens otherwise has no reasoning to budget. Empty: the
+    # output starts inside the reasoning (the prompt opened it: DeepSeek-R1).
+    start_token_ids: tuple[int, ...]
+    # What ends the reasoning (`</think>`), forced token by token at the budget.
+    end_token_ids: tuple[int, ...]
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # Below GREEDY_TEMPERATURE_EPS (0.0 included) means greedy (argmax); any
     # other value divides the logits.
@@ -58,6 +73,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # vLLM's request priority: lower runs sooner, under --scheduling-policy
     # priority only (sluice/engine/priority.py); fcfs ignores it.
     priority: int = 0
+    # Reasoning cut at a token budget by forcing its end marker; None: unbounded.
+    thinking_budget: ThinkingBudget | None = None
 
     @property
     def is_greedy(self) -> bool:

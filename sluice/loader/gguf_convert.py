@@ -14,8 +14,11 @@ GGUF is converted once into a folder under `ModelConfig.cache_dir`:
     sluice_source.json          which file this came from, and its tensor types
 
 Invariants:
-- the folder name is keyed by the GGUF's absolute path, size and mtime (and a
-  format version), so an edited or replaced file is converted again;
+- the folder name is keyed by the digest of the GGUF's bytes (and a format
+  version; loader/model_cache.py), so two copies of one file share a folder
+  and an edited or replaced file is converted again;
+- the converted folders are bounded in bytes: after a conversion the least
+  recently used others are removed (model_cache.prune);
 - the folder appears atomically: everything is written into a temporary
   sibling and renamed into place, so a crash never leaves a half cache, and
   two processes converting at once both end with one complete folder;
@@ -44,7 +47,7 @@ from gguf import GGUFReader
 from safetensors.numpy import save_file
 
 from sluice.errors import ModelLoadError
-from sluice.loader import gguf_llama
+from sluice.loader import gguf_llama, model_cache
 from sluice.loader.weights import INDEX_FILE
 
 # Bump when the folder layout or tensor conversion changes: old caches are ignored.
@@ -64,15 +67,19 @@ _TEMP_NAME = re.compile(
 )
 
 
-def converted_folder(gguf_path: Path, cache_dir: Path, with_weights: bool = True) -> Path:
+def converted_folder(
+    gguf_path: Path, cache_dir: Path, with_weights: bool = True, max_bytes: int | None = None
+) -> Path:
     """The cached HF folder for `gguf_path`, converting it first if needed.
 
     `with_weights=False`: config and tokenizer only (a folder of its own, a
     few MB), for loads that read the weights from the GGUF itself
-    (`--quantization gguf`: loader/gguf_tensors.py)."""
+    (`--quantization gguf`: loader/gguf_tensors.py). `max_bytes`: the bound
+    of the converted folders, applied after a conversion (None: unbounded)."""
     folder = cache_folder_for(gguf_path, cache_dir, with_weights)
     if folder.is_dir():
         remove_stale_temps(cache_dir)
+        model_cache.mark_used(folder)
         return folder
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -87,15 +94,17 @@ def converted_folder(gguf_path: Path, cache_dir: Path, with_weights: bool = True
         _publish(temp, folder)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+    model_cache.mark_used(folder)
+    if max_bytes is not None:
+        model_cache.prune(cache_dir, max_bytes, keep=folder)
     return folder
 
 
 def cache_folder_for(gguf_path: Path, cache_dir: Path, with_weights: bool = True) -> Path:
-    """`<cache_dir>/<stem>-<key>`: key = hash of path, size, mtime, format
-    version (and "-meta" for a folder without weights)."""
+    """`<cache_dir>/<stem>-<key>`: key = hash of the file's bytes and the
+    format version (and "-meta" for a folder without weights)."""
     path = gguf_path.resolve()
-    stat = path.stat()
-    identity = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{CONVERSION_VERSION}"
+    identity = f"{model_cache.content_digest(path, cache_dir)}\0{CONVERSION_VERSION}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return cache_dir / f"{path.stem}-{key}{'' if with_weights else '-meta'}"
 

@@ -61,6 +61,13 @@ LONGROPE_FACTORS = {
     "short_factor": "rope_factors_short.weight",
 }
 _CONFIG_TENSORS = (ROPE_FREQS, *LONGROPE_FACTORS.values())
+# The tensor types sluice reads (kept as blocks: loader/gguf_blocks.py; the
+# rest dequantized). IQ* and TQ* (lattice and ternary codes) are refused at
+# once rather than silently widened to float32, 8-16x the file.
+READABLE_TYPES = (
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+)  # fmt: skip
 
 
 def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
@@ -76,6 +83,7 @@ def family(reader: GGUFReader) -> Family:
 
 def hf_config(reader: GGUFReader) -> dict[str, Any]:
     """An HF `config.json` dict for a supported GGUF, from its metadata."""
+    check_tensor_types(reader)
     hf_family = family(reader)
     gguf = hf_family.gguf
     assert gguf is not None, "the registry finds only families with a GGUF layout"
@@ -181,6 +189,17 @@ def _longrope(reader: GGUFReader, arch: str) -> dict[str, Any]:
     if attention_factor is not None:
         scaling["attention_factor"] = float(attention_factor)
     return scaling
+
+
+def check_tensor_types(reader: GGUFReader) -> None:
+    """ModelLoadError naming the first tensor whose type sluice cannot read."""
+    for tensor in reader.tensors:
+        if tensor.tensor_type.name not in READABLE_TYPES:
+            raise ModelLoadError(
+                f"unsupported GGUF tensor type {tensor.tensor_type.name} (tensor "
+                f"{tensor.name}): sluice reads {', '.join(READABLE_TYPES)}; requantize the "
+                "model with llama-quantize (e.g. to Q4_K_M)"
+            )
 
 
 def hf_tensors(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:

@@ -80,7 +80,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     keep_blocks = config.quantization == choices.GGUF_BLOCKS
     if keep_blocks:
         _check_block_source(source)
-    folder = _hf_folder(source, config.cache_dir, with_weights=not keep_blocks)
+    folder = _hf_folder(source, config, with_weights=not keep_blocks)
     # 2. Everything that can be checked without allocating the model.
     config_json = read_config_json(folder)
     model_config = parse_hf_config(config_json)
@@ -208,14 +208,15 @@ def _check_block_source(source: ModelSource) -> None:
         )
 
 
-def _hf_folder(source: ModelSource, cache_dir: Path, with_weights: bool = True) -> Path:
+def _hf_folder(source: ModelSource, config: ModelConfig, with_weights: bool = True) -> Path:
     if source.kind == "hf_folder":
         return source.path
+    cache_dir, bound = config.cache_dir, config.cache_max_bytes
     if cache_folder_for(source.path, cache_dir, with_weights).is_dir():
-        return converted_folder(source.path, cache_dir, with_weights)
+        return converted_folder(source.path, cache_dir, with_weights, bound)
     logger.info("converting %s into %s (once; later loads reuse it)", source.path, cache_dir)
     start = time.perf_counter()
-    folder = converted_folder(source.path, cache_dir, with_weights)
+    folder = converted_folder(source.path, cache_dir, with_weights, bound)
     logger.info("converted %s in %.1f s", source.name, time.perf_counter() - start)
     return folder
 

@@ -265,15 +265,19 @@ def describe_model(config: ModelConfig) -> ServedModel:
     """
     # The loader pulls in torch: imported here, so `make_server` stays light.
     from sluice.loader import resolve_max_model_len, resolve_source
+    from sluice.loader.choices import GGUF_BLOCKS
     from sluice.loader.gguf_convert import converted_folder
     from sluice.loader.loaded_model import read_config_json
     from sluice.models.families.registry import parse_hf_config
 
     source = resolve_source(config.model)
+    # The engine's own folder: with weights, or config and tokenizer only
+    # where it reads the GGUF's blocks itself (never a float copy it won't read).
+    with_weights = config.quantization != GGUF_BLOCKS
     folder = (
         source.path
         if source.kind == "hf_folder"
-        else converted_folder(source.path, config.cache_dir)
+        else converted_folder(source.path, config.cache_dir, with_weights, config.cache_max_bytes)
     )
     model_config = parse_hf_config(read_config_json(folder))
     return ServedModel(
