@@ -156,15 +156,31 @@ def int8_gemm() -> None:
                 assert status == 0, status
 
 
-def matrix(gemm, out_features: int, in_features: int) -> tuple[abi.Int8Matrix, list]:
-    """An Int8Matrix of random weights, and the tensors it points at (kept alive)."""
+def matrix(gemm, out_features: int, in_features: int) -> tuple[abi.LayerMatrix, list]:
+    """A W8A8 LayerMatrix of random weights, and the tensors it points at (kept alive)."""
     packed = gemm.pack(torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8))
     col_scales, inv_smooth = torch.rand(out_features) * 1e-2, torch.rand(in_features) + 0.5
     struct = abi.Int8Matrix(
         packed.packed.data_ptr(), packed.compensation.data_ptr(), col_scales.data_ptr(),
         inv_smooth.data_ptr(), None, out_features, in_features, 1,
     )  # fmt: skip
-    return struct, [packed, col_scales, inv_smooth]
+    return abi.LayerMatrix(struct, 0, None), [packed, col_scales, inv_smooth]
+
+
+def block_matrix(formats: list[tuple[str, int]], in_features: int) -> tuple[abi.LayerMatrix, list]:
+    """A LayerMatrix of GGUF-block parts ((format, rows) each, side by side)."""
+    parts = (abi.QBlockPart * len(formats))()
+    keep = [parts]
+    for struct, (name, rows) in zip(parts, formats, strict=True):
+        fmt = FORMATS[name]
+        packed = QBlockMatrix.from_codes(random_codes(fmt, rows, in_features)).packed
+        keep.append(packed)
+        struct.packed, struct.out_features = packed.data_ptr(), rows
+        struct.bits, struct.sub, struct.super_block = fmt.bits, fmt.sub_block, fmt.super_block
+        struct.has_scales, struct.has_min, struct.offset = fmt.has_scales, fmt.has_min, fmt.offset
+    total = sum(rows for _, rows in formats)
+    shape = abi.Int8Matrix(out_features=total, in_features=in_features)
+    return abi.LayerMatrix(shape, len(formats), parts), keep
 
 
 def decoder_layer() -> None:
@@ -178,6 +194,27 @@ def decoder_layer() -> None:
     o, keep_o = matrix(gemm, hidden, heads * head_dim)
     gate_up, keep_gate_up = matrix(gemm, 2 * inter, hidden)
     down, keep_down = matrix(gemm, hidden, inter)
+    run_decoder_layer((qkv, o, gate_up, down), hidden, heads, kv_heads, head_dim, inter)
+    del keep_qkv, keep_o, keep_gate_up, keep_down
+
+
+def decoder_layer_blocks() -> None:
+    """decode_layer.c over GGUF-block matrices (qblock_gemm.c): hidden 64, 2
+    heads of 32 over 1 KV head, intermediate 96, qkv and gate_up in two formats
+    each, widths off the 16-column tiles."""
+    if not qblock_available():
+        return
+    hidden, heads, kv_heads, head_dim, inter = 64, 2, 1, 32, 96
+    qkv, keep_qkv = block_matrix([("Q4_1", 96), ("Q8_0", 32)], hidden)
+    o, keep_o = block_matrix([("Q5_0", hidden)], heads * head_dim)
+    gate_up, keep_gate_up = block_matrix([("Q4_0", 90), ("Q5_1", 102)], hidden)
+    down, keep_down = block_matrix([("Q4_1", hidden)], inter)
+    run_decoder_layer((qkv, o, gate_up, down), hidden, heads, kv_heads, head_dim, inter)
+    del keep_qkv, keep_o, keep_gate_up, keep_down
+
+
+def run_decoder_layer(matrices, hidden, heads, kv_heads, head_dim, inter) -> None:
+    qkv, o, gate_up, down = matrices
     norms = randn(hidden, dtype=BF16), randn(hidden, dtype=BF16)
     for amx in (0, 1) if native.decode_attention_amx_kernel(BF16) else (0,):
         layer = abi.DecoderLayer(
@@ -197,7 +234,6 @@ def decoder_layer() -> None:
             block_ids.shape[1], seq_lens.data_ptr(), amx_min_rows,
         )  # fmt: skip
         assert status == 0 and states.isfinite().all(), status
-    del keep_qkv, keep_o, keep_gate_up, keep_down
 
 
 def random_codes(fmt, n: int, k: int) -> BlockCodes:
@@ -240,7 +276,7 @@ def main() -> None:
     for name in abi.FUNCTIONS:
         setattr(library, name, Counted(getattr(library, name), name, called))
     drives = (decode_attention, prefill_attention, rows, rope, int8_rows, int8_gemm,
-              decoder_layer, qblock)  # fmt: skip
+              decoder_layer, decoder_layer_blocks, qblock)  # fmt: skip
     for drive in drives:
         drive()
         print(f"{drive.__name__}: done", file=sys.stderr, flush=True)

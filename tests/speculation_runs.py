@@ -3,11 +3,13 @@ speculation on a loaded model, a run to completion, self-repeating prompts."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 from sluice.config import SpeculativeConfig
 from sluice.engine.core import EngineCore
 from sluice.engine.sampling_params import SamplingParams
+from sluice.loader.loaded_model import LoadedModel
 from tests.model_factory import make_core as factory_core
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
@@ -62,3 +64,44 @@ def repeating_prompt(rng: random.Random, length: int) -> list[int]:
     prompt = (base * (length // len(base) + 1))[:length]
     prompt[rng.randrange(len(prompt))] = rng.randrange(3, 512)
     return prompt
+
+
+def without_fused_layers(loaded: LoadedModel):
+    """The layers' Python path for every step, until the context ends."""
+
+    @contextlib.contextmanager
+    def python_path():
+        layers = loaded.model.layers
+        fused = [layer.fused_decode for layer in layers]
+        try:
+            for layer in layers:
+                layer.fused_decode = None
+            yield
+        finally:
+            for layer, call in zip(layers, fused, strict=True):
+                layer.fused_decode = call
+
+    return python_path()
+
+
+def assert_fused_gives_python_bits(loaded: LoadedModel, seed: int) -> None:
+    """Decode steps of several requests, speculative verification (chunks of
+    decode rows) and the prompts' prefill around them: tokens and logprobs
+    bitwise the same whether decode steps take the layers' one native call
+    (fused_decode.py) or their Python chain of the same kernels."""
+    rng = random.Random(seed)
+    prompts = [repeating_prompt(rng, rng.randrange(20, 90)) for _ in range(5)]
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=2)
+
+    def outputs():
+        plain = run(make_core(loaded, None), prompts, params)
+        return plain, run(make_core(loaded, ngram(k=6)), prompts, params)
+
+    fused = outputs()
+    with without_fused_layers(loaded):
+        python = outputs()
+    # Tokens, finish reasons and logprobs; not the number of deltas: which
+    # requests draft follows the engine's own step times.
+    for fused_run, python_run in zip(fused, python, strict=True):
+        for i in fused_run:
+            assert fused_run[i][:3] == python_run[i][:3], f"request {i}"

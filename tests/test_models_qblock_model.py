@@ -17,7 +17,14 @@ from tests.gguf_files import write_tiny_gguf
 from tests.invariance_runs import probe_output, random_prompt
 from tests.model_factory import build_tiny_model
 from tests.model_runs import assert_close_to_scale, prompt_logits
-from tests.speculation_runs import GREEDY, make_core, ngram, repeating_prompt, run
+from tests.speculation_runs import (
+    GREEDY,
+    assert_fused_gives_python_bits,
+    make_core,
+    ngram,
+    repeating_prompt,
+    run,
+)
 
 pytestmark = pytest.mark.skipif(not qblock_available(), reason="needs the qblock kernel")
 
@@ -98,6 +105,17 @@ def test_speculation_keeps_the_greedy_bits(tiny_file, tmp_path):
     for index in plain:
         assert drafted[index][0] == plain[index][0]
         assert drafted[index][2] == plain[index][2]
+
+
+def test_decode_steps_run_each_layer_in_one_native_call_with_the_python_paths_bits(
+    tiny_file, tmp_path
+):
+    _, path = tiny_file
+    loaded = load(path, tmp_path, "gguf", dtype="bfloat16")
+    layers = loaded.model.layers
+    assert all(layer.fused_decode is not None for layer in layers)
+    assert f"decode steps: {len(layers)} of {len(layers)} decoder layers" in loaded.choices.reason
+    assert_fused_gives_python_bits(loaded, seed=5)
 
 
 def test_an_hf_folder_cannot_keep_gguf_blocks(tiny_file, tmp_path):

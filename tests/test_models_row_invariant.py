@@ -39,8 +39,8 @@ from sluice.models.native import decode_attention_amx_kernel
 from sluice.models.native.int8 import int8_gemm_kernels
 from tests.invariance_runs import probe_output, random_prompt
 from tests.model_factory import build_tiny_model, make_core
+from tests.speculation_runs import assert_fused_gives_python_bits, ngram, repeating_prompt
 from tests.speculation_runs import make_core as make_speculation_core
-from tests.speculation_runs import ngram, repeating_prompt
 from tests.speculation_runs import run as run_speculation
 
 pytestmark = pytest.mark.skipif(
@@ -210,25 +210,6 @@ def test_fused_decode_follows_what_the_layer_class_declares(tiny_loaded, tiny_ll
     assert all(layer.fused_decode is not None for layer in model.layers[1:])
 
 
-def without_fused_layers(loaded: LoadedModel):
-    """The layers' Python path for every step, until the context ends."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def python_path():
-        layers = loaded.model.layers
-        fused = [layer.fused_decode for layer in layers]
-        try:
-            for layer in layers:
-                layer.fused_decode = None
-            yield
-        finally:
-            for layer, call in zip(layers, fused, strict=True):
-                layer.fused_decode = call
-
-    return python_path()
-
-
 @pytest.mark.parametrize("seed", [3, 4])
 def test_the_fused_layer_gives_the_python_paths_bits(row_invariant, seed):
     """Decode steps of several requests, speculative verification (chunks of
@@ -265,23 +246,3 @@ def test_amx_decode_rows_keep_greedy_speculation_bitwise_exact(amx_decoding):
 
 def test_the_fused_layer_follows_the_plans_amx_decode_attention(amx_decoding):
     assert_fused_gives_python_bits(amx_decoding, 5)
-
-
-def assert_fused_gives_python_bits(loaded: LoadedModel, seed: int) -> None:
-    rng = random.Random(seed)
-    prompts = [repeating_prompt(rng, rng.randrange(20, 90)) for _ in range(5)]
-    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=2)
-
-    def outputs():
-        plain = run_speculation(make_speculation_core(loaded, None), prompts, params)
-        core = make_speculation_core(loaded, ngram(k=6))
-        return plain, run_speculation(core, prompts, params)
-
-    fused = outputs()
-    with without_fused_layers(loaded):
-        python = outputs()
-    # Tokens, finish reasons and logprobs; not the number of deltas: which
-    # requests draft follows the engine's own step times.
-    for fused_run, python_run in zip(fused, python, strict=True):
-        for i in fused_run:
-            assert fused_run[i][:3] == python_run[i][:3], f"request {i}"

@@ -77,7 +77,12 @@ def differences(
 
 def test_the_table_is_the_header():
     assert len(header_functions(header_text())) == len(abi.FUNCTIONS) >= 28
-    assert set(header_structs(header_text())) == {"Int8Matrix", "DecoderLayer"}
+    assert set(header_structs(header_text())) == {
+        "Int8Matrix",
+        "QBlockPart",
+        "LayerMatrix",
+        "DecoderLayer",
+    }
     assert differences(abi.FUNCTIONS, abi.STRUCTS) == []
 
 
@@ -115,7 +120,8 @@ def test_ctypes_types_follow_the_c_types():
     assert abi.FUNCTIONS["int8_packed_bytes"].restype() is ctypes.c_int64
     assert abi.FUNCTIONS["rms_norm_f32"].restype() is None
     assert abi.FUNCTIONS["int8_gemm_available"].argtypes() == []
-    assert dict(abi.DecoderLayer._fields_)["qkv"] is abi.Int8Matrix
+    assert dict(abi.DecoderLayer._fields_)["qkv"] is abi.LayerMatrix
+    assert dict(abi.LayerMatrix._fields_)["parts"] is ctypes.POINTER(abi.QBlockPart)
 
 
 # Prints each struct's size and each field's offset, as the compiler lays them out.

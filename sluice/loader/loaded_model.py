@@ -109,7 +109,10 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model.load_weights(
         gguf_weights(GGUFReader(source.path), config_json) if keep_blocks else iter_weights(files)
     )
-    if chosen.quantization is not None and not keep_blocks:
+    if keep_blocks:
+        # Layers whose matrices all stayed in blocks decode in one native call each.
+        model.bind_fused_decode()
+    elif chosen.quantization is not None:
         model.quantize(chosen.quantization)
     if chosen.activations == "int8":
         text = calibration.calibration_text()

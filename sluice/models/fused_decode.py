@@ -6,9 +6,11 @@ Python calls between them per layer.
 Which layers: those whose Python path for such a step is exactly that chain
 (`fusable`): Llama-shaped (no q/k norm, RoPE on whole heads by the native
 kernel, the native SwiGLU and RMSNorm), bfloat16, every matmul on the
-packed int8 kernel at every row count (the row-invariant default). Others,
+packed int8 kernel at every row count (the row-invariant default) or kept
+in a GGUF's blocks (QBlockLinear, `--quantization gguf`). Others,
 and steps with prefill rows, keep the Python path. Bound at load, by the
-row-invariant quantization (`bind_fused_decode`): the
+row-invariant quantization or after a GGUF's blocks are adopted
+(`bind_fused_decode`): the
 weights' pointers are fixed then; the kernel plan's AMX bands, set later,
 are read per call.
 """
@@ -26,7 +28,8 @@ from torch import Tensor, nn
 from sluice.models.attention import AttentionMetadata, decodes_on_amx, paged_attention
 from sluice.models.linear import Linear
 from sluice.models.native import _library, decode_attention_kernel, silu_mul_kernel
-from sluice.models.native.abi import DecoderLayer, Int8Matrix
+from sluice.models.native.abi import DecoderLayer, Int8Matrix, LayerMatrix, QBlockPart
+from sluice.models.qblock_linear import QBlockLinear
 from sluice.models.rope_norm import Float32Angles
 
 
@@ -37,7 +40,9 @@ def _decoder_layer_function():
 
 
 def _every_row_packed(linear: nn.Module) -> bool:
-    # A projection kept in GGUF blocks (QBlockLinear) is no chain link yet.
+    # A projection kept in GGUF blocks runs qblock_gemm at every row count.
+    if isinstance(linear, QBlockLinear):
+        return linear.bias is None
     if not isinstance(linear, Linear):
         return False
     int8 = linear.int8_activations
@@ -54,12 +59,13 @@ def fusable(layer: nn.Module) -> bool:
     its class declares its forward is that chain (`supports_fused_decode`,
     llama.py's decoder layer; a family whose layer has its own forward says
     no), and what it was built with is what the chain runs."""
+    if not type(layer).supports_fused_decode:  # an MoE layer has no gate/up or down matrix
+        return False
     attend = layer.attend
     attend = attend.func if isinstance(attend, functools.partial) else attend
     linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
     return (
-        type(layer).supports_fused_decode
-        and layer.input_layernorm.dtype == torch.bfloat16
+        layer.input_layernorm.dtype == torch.bfloat16
         and layer.input_layernorm.device.type == "cpu"
         and not layer.batch_invariant
         and layer.rope_write_kv is not None
@@ -79,17 +85,20 @@ class FusedDecode:
 
     def __init__(self, layer: nn.Module, function) -> None:
         self._function = function
-        self._int8 = tuple(
-            linear.int8_activations
-            for linear in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
-        )
+        linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+        # W8A8 matrices' AMX bands, read per call; None for GGUF-block ones.
+        self._int8 = tuple(getattr(linear, "int8_activations", None) for linear in linears)
         norms = (layer.attention_norm.weight, layer.mlp_norm.weight)
         assert all(w.is_contiguous() for w in norms)
-        qkv, o, gate_up, down = (_matrix(m) for m in self._int8)
+        # The part arrays the structs point at live as long as this object.
+        self._parts = [_qblock_parts(linear) for linear in linears]
+        qkv, o, gate_up, down = (
+            _layer_matrix(linear, parts) for linear, parts in zip(linears, self._parts, strict=True)
+        )
         self._layer = DecoderLayer(
             norms[0].data_ptr(), norms[1].data_ptr(), qkv, o, gate_up, down,
             layer.input_layernorm.shape[0], layer.num_heads, layer.num_kv_heads, layer.head_dim,
-            gate_up.out_features // 2, layer.eps, layer.scale, int(decodes_on_amx(layer.attend, layer.head_dim)),
+            gate_up.int8.out_features // 2, layer.eps, layer.scale, int(decodes_on_amx(layer.attend, layer.head_dim)),
         )  # fmt: skip
         self._amx = (ctypes.c_int64 * 4)()
 
@@ -105,7 +114,7 @@ class FusedDecode:
         plan = attn.decode
         amx = self._amx
         for i, int8 in enumerate(self._int8):
-            amx[i] = int8.amx_min_rows_at(rows)
+            amx[i] = 0 if int8 is None else int8.amx_min_rows_at(rows)
         _, num_blocks, block_size = kv_cache.shape[:3]
         status = self._function(
             ctypes.byref(self._layer), hidden.data_ptr(), rows, rope.cos.data_ptr(),
@@ -133,14 +142,35 @@ class FusedDecode:
         )
 
 
-def _matrix(int8) -> Int8Matrix:
+def _layer_matrix(linear: nn.Module, parts: ctypes.Array | None) -> LayerMatrix:
+    """The struct of one projection: its W8A8 matrix, or its GGUF-block parts."""
+    if parts is not None:
+        shape = Int8Matrix(out_features=linear.out_features, in_features=linear.in_features)
+        return LayerMatrix(shape, len(parts), parts)
+    int8 = linear.int8_activations
     packed = int8.packed
     bias = int8.bias
-    return Int8Matrix(
+    matrix = Int8Matrix(
         packed.packed.data_ptr(), packed.compensation.data_ptr(), int8.weight_scales.data_ptr(),
         int8.inv_smooth.data_ptr(), 0 if bias is None else bias.data_ptr(),
         packed.out_features, packed.in_features, int(int8.pairs),
     )  # fmt: skip
+    return LayerMatrix(matrix, 0, None)
+
+
+def _qblock_parts(linear: nn.Module) -> ctypes.Array | None:
+    """A QBlockLinear's parts as a C array (its packed tensors stay the module's)."""
+    if not isinstance(linear, QBlockLinear):
+        return None
+    parts = (QBlockPart * len(linear.parts))()
+    for struct, part in zip(parts, linear.parts, strict=True):
+        fmt = part.format
+        struct.packed = part.packed.data_ptr()
+        struct.out_features = part.out_features
+        struct.bits, struct.sub, struct.super_block = fmt.bits, fmt.sub_block, fmt.super_block
+        struct.has_scales, struct.has_min = int(fmt.has_scales), int(fmt.has_min)
+        struct.offset = fmt.offset
+    return parts
 
 
 def bind_fused_decode(layers: Iterable[nn.Module]) -> int:

@@ -87,14 +87,31 @@ STRUCTS: dict[str, StructFields] = {
         ("in_features", "int64_t"),
         ("pairs", "int64_t"),
     ),
+    # One GGUF-block part of a fused layer's projection (qblock_gemm.c's layout).
+    "QBlockPart": (
+        ("packed", "const uint8_t *"),
+        ("out_features", "int64_t"),
+        ("bits", "int64_t"),
+        ("sub", "int64_t"),
+        ("super_block", "int64_t"),
+        ("has_scales", "int64_t"),
+        ("has_min", "int64_t"),
+        ("offset", "int64_t"),
+    ),
+    # A fused layer's projection: W8A8, or GGUF-block parts where num_parts > 0.
+    "LayerMatrix": (
+        ("int8", "Int8Matrix"),
+        ("num_parts", "int64_t"),
+        ("parts", "const QBlockPart *"),
+    ),
     # A Llama decoder layer's weights and shapes (decode_layer.c).
     "DecoderLayer": (
         ("attention_norm", "const uint16_t *"),
         ("mlp_norm", "const uint16_t *"),
-        ("qkv", "Int8Matrix"),
-        ("o", "Int8Matrix"),
-        ("gate_up", "Int8Matrix"),
-        ("down", "Int8Matrix"),
+        ("qkv", "LayerMatrix"),
+        ("o", "LayerMatrix"),
+        ("gate_up", "LayerMatrix"),
+        ("down", "LayerMatrix"),
         ("hidden_size", "int64_t"),
         ("num_heads", "int64_t"),
         ("num_kv_heads", "int64_t"),
@@ -117,6 +134,16 @@ def _structure(cls: type[ctypes.Structure]) -> type[ctypes.Structure]:
 @_structure
 class Int8Matrix(ctypes.Structure):
     """sluice_abi.h's Int8Matrix (fields: STRUCTS)."""
+
+
+@_structure
+class QBlockPart(ctypes.Structure):
+    """sluice_abi.h's QBlockPart (fields: STRUCTS)."""
+
+
+@_structure
+class LayerMatrix(ctypes.Structure):
+    """sluice_abi.h's LayerMatrix (fields: STRUCTS)."""
 
 
 @_structure

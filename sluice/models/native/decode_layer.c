@@ -6,7 +6,8 @@
  * decode step on the embedded model).
  *
  *   x = rms_norm(hidden; attention_norm)         rms_norm.c
- *   qkv = x W_qkv (int8 activations)             int8_gemm.c
+ *   qkv = x W_qkv (int8 activations)             int8_gemm.c, or qblock_gemm.c for
+ *                                                a GGUF's blocks (each matrix its own)
  *   q, k = rope(qkv); k, v into the cache        rope_kv.c
  *   a = decode attention of q over the cache     paged_decode_attention.c, or
  *                                                decode_attention_amx.c (decode_amx)
@@ -23,11 +24,26 @@
 #include "sluice_abi.h" /* Int8Matrix, DecoderLayer and the other files' kernels */
 #include "bf16.h"
 
-static int matmul(const Int8Matrix *m, const uint16_t *x, int64_t rows, int64_t amx_min_rows,
-                  uint16_t *out) {
-    return int8_linear_bf16(x, rows, m->in_features, m->in_features, m->inv_smooth, m->packed,
-                            m->compensation, m->col_scales, m->bias, m->out_features, out,
-                            (int)m->pairs, amx_min_rows);
+/* out = x W^T: the W8A8 kernel, or each GGUF-block part into its column
+ * slice (QBlockLinear.forward's calls, in its order). */
+static int matmul(const LayerMatrix *matrix, const uint16_t *x, int64_t rows,
+                  int64_t amx_min_rows, uint16_t *out) {
+    const Int8Matrix *m = &matrix->int8;
+    if (matrix->num_parts == 0)
+        return int8_linear_bf16(x, rows, m->in_features, m->in_features, m->inv_smooth,
+                                m->packed, m->compensation, m->col_scales, m->bias,
+                                m->out_features, out, (int)m->pairs, amx_min_rows);
+    int64_t start = 0;
+    for (int64_t i = 0; i < matrix->num_parts; i++) {
+        const QBlockPart *part = &matrix->parts[i];
+        if (qblock_gemm(x, 1, rows, m->in_features, part->packed, part->out_features,
+                        (int)part->bits, (int)part->sub, (int)part->super_block,
+                        (int)part->has_scales, (int)part->has_min, (int)part->offset,
+                        out + start, 1, m->out_features))
+            return -1;
+        start += part->out_features;
+    }
+    return start == m->out_features ? 0 : -1;
 }
 
 /* hidden += y, each sum rounded once to bfloat16 (torch's bfloat16 add_). */
@@ -42,10 +58,10 @@ int decoder_layer_rows_bf16(const DecoderLayer *layer, uint16_t *hidden, int64_t
                             const int64_t *seq_lens, const int64_t *amx_min_rows) {
     const int64_t hidden_size = layer->hidden_size, head_dim = layer->head_dim;
     const int64_t q_width = layer->num_heads * head_dim;
-    const int64_t qkv_width = layer->qkv.out_features;
+    const int64_t qkv_width = layer->qkv.int8.out_features;
     /* One scratch allocation: x, qkv, q, k, attention out, y, gate_up, act. */
-    const int64_t widest = qkv_width > layer->gate_up.out_features ? qkv_width
-                                                                   : layer->gate_up.out_features;
+    const int64_t gate_up_width = layer->gate_up.int8.out_features;
+    const int64_t widest = qkv_width > gate_up_width ? qkv_width : gate_up_width;
     const int64_t sizes[] = {hidden_size, widest, q_width, layer->num_kv_heads * head_dim,
                              q_width, hidden_size, layer->intermediate_size};
     int64_t total = 0;
@@ -72,7 +88,7 @@ int decoder_layer_rows_bf16(const DecoderLayer *layer, uint16_t *hidden, int64_t
     /* MLP. */
     rms_norm_bf16(hidden, layer->mlp_norm, rows, hidden_size, hidden_size, layer->eps, x);
     if (matmul(&layer->gate_up, x, rows, amx_min_rows[2], wide)) goto done;
-    silu_mul_bf16(wide, rows, layer->intermediate_size, layer->gate_up.out_features, act);
+    silu_mul_bf16(wide, rows, layer->intermediate_size, gate_up_width, act);
     if (matmul(&layer->down, act, rows, amx_min_rows[3], y)) goto done;
     add_into(hidden, y, rows * hidden_size);
     status = 0;

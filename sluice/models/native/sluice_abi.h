@@ -27,14 +27,36 @@ typedef struct {
     int64_t pairs;                /* 1: A13 codes (two int8 rows per row) */
 } Int8Matrix;
 
+/* One part of a projection kept in GGUF blocks (qblock_gemm.c's packed
+ * layout): its rows are a column slice of the projection's output. */
+typedef struct {
+    const uint8_t *packed;
+    int64_t out_features;
+    int64_t bits;
+    int64_t sub;
+    int64_t super_block;
+    int64_t has_scales;
+    int64_t has_min;
+    int64_t offset;
+} QBlockPart;
+
+/* A projection of a fused decoder layer: W8A8 (`int8`), or, where num_parts
+ * > 0, GGUF-block parts side by side (QBlockLinear), without bias. Either
+ * way int8.out_features and int8.in_features give its shape. */
+typedef struct {
+    Int8Matrix int8;
+    int64_t num_parts;
+    const QBlockPart *parts;  /* [num_parts] */
+} LayerMatrix;
+
 /* One Llama decoder layer's weights and shapes (decode_layer.c). */
 typedef struct {
     const uint16_t *attention_norm;  /* [hidden_size] bfloat16 */
     const uint16_t *mlp_norm;        /* [hidden_size] bfloat16 */
-    Int8Matrix qkv;
-    Int8Matrix o;
-    Int8Matrix gate_up;
-    Int8Matrix down;
+    LayerMatrix qkv;
+    LayerMatrix o;
+    LayerMatrix gate_up;
+    LayerMatrix down;
     int64_t hidden_size;
     int64_t num_heads;
     int64_t num_kv_heads;
