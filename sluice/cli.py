@@ -39,7 +39,8 @@ __all__ = ["build_parser", "engine_config_from", "main", "parse_size", "server_c
 _SERVER_GROUPS = {
     "": ("host", "port", "served_model_name", "api_key", "api_key_file",
          "cors_allowed_origins"),
-    "chat outputs": ("tool_call_parser", "reasoning_parser", "generation_defaults"),
+    "chat outputs": ("tool_call_parser", "reasoning_parser", "reasoning_effort_budgets",
+                     "generation_defaults"),
     "reliability": ("max_connections", "send_timeout_s", "send_buffer_bytes",
                     "queue_timeout_s", "drain_timeout_s", "on_engine_death",
                     "responses_store_bytes"),

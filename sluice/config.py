@@ -341,6 +341,45 @@ _GENERATION_FIELDS: dict[str, tuple[type, float, float]] = {
 }
 
 
+# OpenAI's reasoning efforts that cap thinking ("none" turns it off).
+REASONING_EFFORTS = ("minimal", "low", "medium", "high", "xhigh")
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningEffortBudgets:
+    """The thinking budget, in tokens, of each `reasoning_effort` /
+    `reasoning.effort` (sluice/server/reasoning_fields.py); None: unbounded."""
+
+    minimal: int | None = 256
+    low: int | None = 1024
+    medium: int | None = 4096
+    high: int | None = 16384
+    xhigh: int | None = None
+
+    def of(self, effort: str) -> int | None:
+        assert effort in REASONING_EFFORTS, f"an effort the protocol checked, got {effort!r}"
+        budget: int | None = getattr(self, effort)
+        return budget
+
+    @classmethod
+    def from_flag(cls, text: str) -> ReasoningEffortBudgets:
+        """'low=512,high=none': the efforts named change, the others keep
+        their defaults. Raises ValueError naming what is wrong."""
+        values: dict[str, int | None] = {}
+        for pair in text.split(","):
+            effort, is_pair, value = pair.strip().partition("=")
+            if not is_pair or effort not in REASONING_EFFORTS:
+                raise ValueError(f"expected EFFORT=TOKENS with EFFORT one of "
+                                 f"{', '.join(REASONING_EFFORTS)}, got {pair.strip()[:40]!r}")  # fmt: skip
+            if value == "none":
+                values[effort] = None
+            elif value.isascii() and value.isdigit() and len(value) <= 18:
+                values[effort] = int(value)
+            else:
+                raise ValueError(f"{effort} takes a token count or none, got {value[:40]!r}")
+        return cls(**values)
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationDefaults:
     """What a request that leaves a sampling field unset gets instead of the
@@ -536,6 +575,13 @@ class ServerConfig:
         None,
         "split <think>…</think> into reasoning_content (default: guessed from the chat "
         "template; none: never)",
+    )
+    # The thinking budget of each reasoning effort a request names
+    # (sluice/server/reasoning_fields.py).
+    reasoning_effort_budgets: ReasoningEffortBudgets = setting(
+        default_factory=ReasoningEffortBudgets,
+        help_text="the thinking budget in tokens of each reasoning_effort, e.g. "
+        "'low=512,high=none' (default: minimal=256,low=1024,medium=4096,high=16384,xhigh=none)",
     )
 
     def __post_init__(self) -> None:

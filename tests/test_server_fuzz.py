@@ -5,7 +5,8 @@ generation) with arbitrary JSON of any type, nesting, size and script for
 every field, NaN and infinities, integers beyond 64 bits, and non-object
 bodies. Any answer must be a success or an OpenAI error object with a 4xx.
 
-Every feature's fields join: structured outputs (schemas with `$defs`,
+Every feature's fields join: reasoning controls (effort, budget, the chat
+template's variables), structured outputs (schemas with `$defs`,
 `definitions` and references, good and bad), tools and tool_choice, earlier
 tool calls; values nested up to 1,500 deep (in any field, in schemas, in
 tools' parameters, in arguments text); `$defs` of any type; and bodies padded
@@ -42,6 +43,12 @@ messages = st.lists(
     max_size=3,
 )
 stop_strings = st.text(min_size=1, max_size=4)
+# Reasoning controls: efforts (and not), a template's variables of any JSON.
+EFFORTS = st.sampled_from(["none", "minimal", "low", "medium", "high", "xhigh", "max"])
+TEMPLATE_KWARGS = st.dictionaries(
+    st.sampled_from(["enable_thinking", "reasoning_effort", "messages", "x"]) | st.text(max_size=8),
+    json_values | deep, max_size=3,
+)  # fmt: skip
 # Valid values, so requests reach generation; the corruption step below breaks some.
 VALID = {
     "model": st.just(MODEL),
@@ -64,6 +71,8 @@ VALID = {
     "spaces_between_special_tokens": st.booleans(), "add_generation_prompt": st.booleans(),
     "add_special_tokens": st.booleans(), "tokens": token_ids, "user": st.text(max_size=5),
     "return_token_strs": st.booleans(), "priority": st.integers(-(2**63), 2**63 - 1),
+    "reasoning_effort": EFFORTS, "thinking_token_budget": st.integers(0, 30),
+    "chat_template_kwargs": TEMPLATE_KWARGS,
 }  # fmt: skip
 PROMPTS = st.text(min_size=1, max_size=30) | st.lists(st.text(min_size=1, max_size=10),
           min_size=1, max_size=3) | token_ids | st.lists(token_ids, min_size=1, max_size=3)  # fmt: skip

@@ -60,6 +60,11 @@ tools = st.lists(
         "type": st.sampled_from(["custom", "bash_20250124"])}),
     min_size=1, max_size=2,
 )  # fmt: skip
+# The chat template's variables (as chat's fuzz): names it reads and not, any JSON.
+TEMPLATE_KWARGS = st.dictionaries(
+    st.sampled_from(["enable_thinking", "reasoning_effort", "messages", "x"]) | st.text(max_size=8),
+    json_values | deep, max_size=3,
+)  # fmt: skip
 VALID = {
     "model": st.sampled_from(["claude-sonnet-4-5", "fake-model"]),
     "max_tokens": st.integers(1, 20) | st.just(32000),
@@ -78,6 +83,7 @@ VALID = {
         "effort": st.just("low"),
         "format": schemas.map(lambda schema: {"type": "json_schema", "schema": schema})}),
     "metadata": st.just({"user_id": "u"}),
+    "chat_template_kwargs": TEMPLATE_KWARGS,
 }  # fmt: skip
 FIELDS = sorted([*VALID, "messages"])
 PATHS = ["/v1/messages", "/v1/messages/count_tokens"]

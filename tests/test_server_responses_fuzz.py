@@ -65,6 +65,12 @@ tools = st.lists(st.one_of(
     st.fixed_dictionaries({"type": st.sampled_from(["web_search", "local_shell", "mcp",
                                                     "file_search"])}),
 ), max_size=3)  # fmt: skip
+# The chat template's variables (as chat's fuzz): names it reads and not, any JSON.
+TEMPLATE_KWARGS = st.dictionaries(
+    st.sampled_from(["enable_thinking", "reasoning_effort", "messages", "x"]) | st.text(max_size=8),
+    json_values | deep, max_size=3,
+)  # fmt: skip
+EFFORTS = st.sampled_from(["none", "minimal", "low", "medium", "high", "xhigh", "max"])
 VALID = {
     "model": st.just(MODEL),
     "input": texts | st.lists(items, min_size=1, max_size=4),
@@ -83,7 +89,8 @@ VALID = {
     "text": st.fixed_dictionaries({"format": st.one_of(
         st.just({"type": "text"}), st.just({"type": "json_object"}),
         schemas.map(lambda schema: {"type": "json_schema", "name": "A", "schema": schema}))}),
-    "reasoning": st.fixed_dictionaries({}, optional={"effort": texts, "summary": texts}),
+    "reasoning": st.fixed_dictionaries({}, optional={"effort": EFFORTS | texts, "summary": texts}),
+    "chat_template_kwargs": TEMPLATE_KWARGS,
     "metadata": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2),
     "previous_response_id": st.sampled_from(["resp_missing", "STORED"]),
     "background": st.booleans(), "truncation": texts, "user": texts,

@@ -52,6 +52,7 @@ class PromptTokenizer(Protocol):
         add_generation_prompt: bool = True,
         *,
         tools: list[dict] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str: ...
 
 
@@ -162,8 +163,9 @@ class Preprocessor:
         add_generation_prompt: bool,
         add_special_tokens: bool,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> PromptInput:
-        text = await self.render_chat(messages, add_generation_prompt, tools)
+        text = await self.render_chat(messages, add_generation_prompt, tools, template_kwargs)
         return await self.text_prompt(text, add_special_tokens, param="messages")
 
     async def render_chat(
@@ -171,15 +173,19 @@ class Preprocessor:
         messages: Sequence[ChatMessage],
         add_generation_prompt: bool,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The chat template applied to `messages` (and `tools`, in the request's
-        shape, when given); large conversations render in a thread."""
+        shape, when given; `template_kwargs`: its extra variables, e.g.
+        `enable_thinking`); large conversations render in a thread."""
         if not self.tokenizer.has_chat_template:
             raise InvalidRequestError("this model has no chat template", param="messages")
         template_messages = [message.as_template_dict() for message in messages]
         num_chars = sum(len(message.content) for message in messages)
-        # Tokenizers without tool support (test fakes) are called without the keyword.
-        extra = {} if tools is None else {"tools": tools}
+        # Tokenizers without tool support (test fakes) are called without the keywords.
+        extra: dict[str, Any] = {} if tools is None else {"tools": tools}
+        if template_kwargs:
+            extra["template_kwargs"] = template_kwargs
         if num_chars > self.offload_threshold_chars:
             return await asyncio.to_thread(
                 self.tokenizer.apply_chat_template,

@@ -214,6 +214,7 @@ class Routes:
             ),
             is_priority_scheduling=config.engine.scheduler.scheduling_policy == "priority",
             generation_defaults=config.generation_defaults or to_internal.API_DEFAULTS,
+            reasoning_effort_budgets=config.reasoning_effort_budgets,
         )
         self.bodies = BodyReader(config.limits, self.options)
 

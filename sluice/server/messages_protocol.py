@@ -17,7 +17,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from sluice.server.protocol import INT64_MAX, MAX_STOP_STRINGS, MAX_TOOLS, OpenAIModel, Priority
+from sluice.server.protocol import (
+    INT64_MAX,
+    MAX_STOP_STRINGS,
+    MAX_TOOLS,
+    ChatTemplateKwargs,
+    OpenAIModel,
+    Priority,
+)
 
 # Anthropic's rule for tool names.
 ToolName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,128}$")]
@@ -74,8 +81,9 @@ class Thinking(OpenAIModel):
     # "between_tools", types newer than sluice): the reasoning parser reads
     # the output, if the server has one.
     type: str
-    # Accepted, not enforced: reasoning and answer share max_tokens. Below
-    # max_tokens (MessagesRequest checks), as Anthropic requires.
+    # The most tokens the reasoning may take before its end is forced (chat's
+    # `thinking_token_budget`: server/reasoning_fields.py). Below max_tokens
+    # (MessagesRequest checks), as Anthropic requires.
     budget_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
 
 
@@ -102,6 +110,8 @@ class PromptFields(OpenAIModel):
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    # vLLM's extension, as chat's: extra variables of the chat template.
+    chat_template_kwargs: ChatTemplateKwargs | None = None
 
 
 class MessagesRequest(PromptFields):
@@ -126,7 +136,7 @@ class MessagesRequest(PromptFields):
         """Anthropic's rule, in its words: the thinking budget is part of
         max_tokens, so it must leave room for the answer. (Its other rule,
         budget_tokens >= 1024, is a product minimum sluice does not copy:
-        the budget is not enforced here; docs/API.md.)"""
+        docs/API.md.)"""
         thinking = self.thinking
         if thinking is None or thinking.type == "disabled" or thinking.budget_tokens is None:
             return self

@@ -22,7 +22,7 @@ from typing import Any
 
 from sluice.errors import InvalidRequestError
 from sluice.frontend.request import GenerationRequest
-from sluice.server import limits, messages_protocol, protocol, tool_fields
+from sluice.server import limits, messages_protocol, protocol, reasoning_fields, tool_fields
 from sluice.server.to_internal import RequestOptions, chat_messages, chat_request
 from sluice.server.tool_prompt import template_inputs
 
@@ -41,6 +41,7 @@ async def messages_request(
     chat = _chat_body(
         body, options, stream=bool(body.stream), stop=body.stop_sequences,
         response_format=_response_format(body.output_config), max_tokens=max_tokens, **sampling,
+        **_thinking_fields(body),
     )  # fmt: skip
     request = await chat_request(chat, options, clamps_max_tokens=True)
     return dataclasses.replace(
@@ -55,16 +56,19 @@ async def messages_request(
 async def count_tokens(body: messages_protocol.CountTokensRequest, options: RequestOptions) -> int:
     """The prompt's tokens as `messages_request` would build it."""
     options = _with_thinking(body.thinking, options)
-    chat = _chat_body(body, options, stream=False)
+    chat = _chat_body(body, options, stream=False, **_thinking_fields(body))
     tools = await tool_fields.tool_plan(
         chat, options.tool_format, options.reasoning_parser, check=options.grammar_check
     )
     messages, template_tools = template_inputs(
         chat_messages(chat.messages), tools.template_tools, options.tool_format
     )
+    template = reasoning_fields.template_reasoning(options.preprocessor.tokenizer)
+    reasoning = reasoning_fields.reasoning_plan(chat, template, options.reasoning_effort_budgets)
     prompt = await options.preprocessor.chat_prompt(
-        messages, add_generation_prompt=True, add_special_tokens=False, tools=template_tools
-    )
+        messages, add_generation_prompt=True, add_special_tokens=False, tools=template_tools,
+        template_kwargs=reasoning.template_kwargs,
+    )  # fmt: skip
     return len(prompt.token_ids)
 
 
@@ -83,6 +87,18 @@ def _with_thinking(
     if thinking is not None and thinking.type == "disabled":
         return dataclasses.replace(options, reasoning_parser=None)
     return options
+
+
+def _thinking_fields(body: messages_protocol.PromptFields) -> dict[str, Any]:
+    """Chat's reasoning controls for `thinking` (server/reasoning_fields.py):
+    disabled is the effort "none", a budget chat's `thinking_token_budget`."""
+    thinking = body.thinking
+    fields: dict[str, Any] = {"chat_template_kwargs": body.chat_template_kwargs}
+    if thinking is not None and thinking.type == "disabled":
+        fields["reasoning_effort"] = reasoning_fields.NO_EFFORT
+    elif thinking is not None:
+        fields["thinking_token_budget"] = thinking.budget_tokens
+    return fields
 
 
 def _chat_body(

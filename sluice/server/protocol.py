@@ -20,7 +20,14 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
 
 from sluice.errors import InvalidRequestError, UnsupportedMediaTypeError
 from sluice.server.errors import validation_error
@@ -43,6 +50,17 @@ TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 # vLLM's request priority: lower runs sooner (--scheduling-policy priority).
 Priority = Annotated[int, Field(strict=True, ge=INT64_MIN, le=INT64_MAX)]
+
+
+# OpenAI's reasoning efforts ("none": no thinking); config.REASONING_EFFORTS
+# are the ones with a budget.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+# A chat template's extra variables: names as Jinja reads them, values any JSON.
+MAX_TEMPLATE_KWARGS = 64
+ChatTemplateKwargs = Annotated[
+    dict[Annotated[str, StringConstraints(max_length=64)], Any],
+    Field(max_length=MAX_TEMPLATE_KWARGS),
+]
 
 
 class OpenAIModel(BaseModel):
@@ -243,9 +261,16 @@ class ChatCompletionRequest(SamplingFields):
     # OpenAI's deprecated forms of the same: refused by name, never ignored.
     functions: Any = None
     function_call: Any = None
+    # Reasoning controls (server/reasoning_fields.py): OpenAI's effort ("none"
+    # turns thinking off, the others cap it at the server's budget for it).
+    reasoning_effort: ReasoningEffort | None = None
     # vLLM extensions.
     add_generation_prompt: bool | None = None
     add_special_tokens: bool | None = None
+    # Extra variables of the chat template, e.g. {"enable_thinking": false}.
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+    # The most tokens the reasoning may take before its end is forced.
+    thinking_token_budget: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
 
 
 class TokenizeRequest(OpenAIModel):

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 
 from sluice.server.protocol import (
     MAX_TOOLS,
+    ChatTemplateKwargs,
     Count,
     OpenAIModel,
     Priority,
@@ -51,7 +52,8 @@ class TextOptions(OpenAIModel):
 
 
 class ReasoningOptions(OpenAIModel):
-    # Accepted; reasoning is split out by the server's --reasoning-parser.
+    # Chat's `reasoning_effort` (server/reasoning_fields.py): "none" turns
+    # thinking off, the others cap it; checked there, named here.
     effort: str | None = None
     summary: str | None = None
 
@@ -76,6 +78,8 @@ class ResponsesRequest(OpenAIModel):
     parallel_tool_calls: bool | None = None
     text: TextOptions | None = None
     reasoning: ReasoningOptions | None = None
+    # vLLM's extension, as chat's: extra variables of the chat template.
+    chat_template_kwargs: ChatTemplateKwargs | None = None
     include: list[str] | None = None
     # Echoed back, as OpenAI does; bounded as OpenAI bounds it.
     metadata: dict[str, str] | None = None
@@ -115,3 +119,5 @@ class InputTokensRequest(OpenAIModel):
     parallel_tool_calls: bool | None = None
     text: TextOptions | None = None
     reasoning: ReasoningOptions | None = None
+    # vLLM's extension, as chat's: extra variables of the chat template.
+    chat_template_kwargs: ChatTemplateKwargs | None = None

@@ -35,6 +35,7 @@ _FIELD_NAMES = (
     ("max_tokens", "max_output_tokens"),
     ("response_format", "text.format"),
     ("logprobs", "include"),
+    ("reasoning_effort", "reasoning.effort"),
 )
 
 
@@ -96,6 +97,8 @@ def _chat_fields(
         "logprobs": wants_logprobs or None,
         "top_logprobs": body.top_logprobs if wants_logprobs else None,
         "response_format": _response_format(body),
+        "reasoning_effort": body.reasoning.effort if body.reasoning is not None else None,
+        "chat_template_kwargs": body.chat_template_kwargs,
     }
     if tools:
         chat |= {"tools": tools, "tool_choice": tool_choice,

@@ -20,12 +20,12 @@ from typing import Literal, TypeVar
 import msgspec
 
 from sluice.apis.max_tokens import effective_max_tokens
-from sluice.config import GenerationDefaults, RequestLimits
+from sluice.config import GenerationDefaults, ReasoningEffortBudgets, RequestLimits
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import InvalidRequestError, ModelNotFoundError
 from sluice.frontend.preprocess import ChatMessage, Preprocessor
 from sluice.frontend.request import GenerationRequest, PromptInput
-from sluice.server import limits, protocol, tool_fields
+from sluice.server import limits, protocol, reasoning_fields, tool_fields
 from sluice.server.structured_fields import GrammarCheck, structured_output
 from sluice.server.tool_prompt import template_inputs
 from sluice.structured.spec import StructuredOutputSpec
@@ -59,6 +59,8 @@ class RequestOptions:
     is_priority_scheduling: bool = False
     # What a request that leaves a sampling field unset gets (--override-generation-config).
     generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+    # The thinking budget of each reasoning effort (--reasoning-effort-budgets).
+    reasoning_effort_budgets: ReasoningEffortBudgets = field(default_factory=ReasoningEffortBudgets)
 
 
 def check_model(requested: str | None, served_model_name: str) -> str:
@@ -134,11 +136,14 @@ async def chat_request(
     messages, template_tools = template_inputs(
         chat_messages(body.messages), tools.template_tools, options.tool_format
     )
+    template = reasoning_fields.template_reasoning(options.preprocessor.tokenizer)
+    reasoning = reasoning_fields.reasoning_plan(body, template, options.reasoning_effort_budgets)
     prompt = await options.preprocessor.chat_prompt(
         messages,
         add_generation_prompt=_default(body.add_generation_prompt, True),
         add_special_tokens=_default(body.add_special_tokens, False),
         tools=template_tools,
+        template_kwargs=reasoning.template_kwargs,
     )
     limits.check_prompts([prompt], options.limits, "messages")
     requested_max_tokens = (
@@ -152,6 +157,12 @@ async def chat_request(
         body, max_tokens, logprobs, options.preprocessor, structured, options.generation_defaults
     )
     params = _with_prompt_logprobs(params, body, stream, None)
+    parsing = tools.output_parsing
+    if structured is None and parsing is not None:
+        budget = reasoning_fields.thinking_budget(
+            reasoning, template, parsing.reasoning_parser, prompt
+        )
+        params = msgspec.structs.replace(params, thinking_budget=budget)
     request = _generation_request(body, "chat", model_name, (prompt,), n, params, stream, False)
     request = _with_default_stop(request, body, options.generation_defaults)
     if tools.keeps_special_tokens:

@@ -168,14 +168,22 @@ class FakeTokenizer:
 
 class ChatFakeTokenizer(FakeTokenizer):
     """The fake tokenizer with a minimal chat template: one line per message
-    (an assistant turn's tool calls after its content), the tools first."""
+    (an assistant turn's tool calls after its content), the tools and the
+    template's extra variables first."""
 
     has_chat_template = True
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, *, tools: list | None = None
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        *,
+        tools: list | None = None,
+        template_kwargs: dict | None = None,
     ) -> str:
         text = "" if tools is None else f"<|sep|>tools: {json.dumps(tools)}\n"
+        if template_kwargs:  # a template's variables, shown as one line
+            text += f"<|sep|>variables: {json.dumps(template_kwargs, sort_keys=True)}\n"
         for message in messages:
             calls = message.get("tool_calls")
             text += f"<|sep|>{message['role']}: {message['content']}"
