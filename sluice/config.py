@@ -151,6 +151,31 @@ class CacheConfig:
         flag="--no-prefix-caching",
     )
 
+    # Host RAM for prefix blocks the pool evicts, reloaded on a later hit
+    # instead of recomputed (sluice/engine/kv_tiers.py); None: min(8 GiB, a
+    # quarter of the memory available at start); 0: off. --cache-ram is
+    # llama.cpp's name, in MiB.
+    kv_offload_bytes: int | None = setting(
+        None,
+        "host RAM for prefix-cache blocks the KV pool evicts, LRU, e.g. 4GiB; 0: off "
+        "(default: min(8GiB, a quarter of the memory available at start); --cache-ram MiB "
+        "is the same)",
+        at_least=0,
+    )
+    # A folder where every full prefix block is also written, keyed by its
+    # prefix hash and a fingerprint of what decides its bits, so a restarted
+    # server or another on the same folder reuses it (sluice/engine/kv_disk.py).
+    kv_cache_dir: Path | None = setting(
+        None,
+        "keep full prefix-cache blocks in DIR too: a restarted server (or another on the "
+        "same DIR and model) reuses them; off by default",
+    )
+    kv_cache_dir_bytes: int = setting(
+        16 << 30,
+        "the most bytes --kv-cache-dir holds, least recently used files removed first",
+        at_least=1,
+    )
+
     def __post_init__(self) -> None:
         check_settings(self)
 

@@ -1,12 +1,18 @@
 """Helpers of the invariance tests: a probe request's whole output, alone or
-beside a crowd of others, and random prompts."""
+beside a crowd of others, random prompts, and the tiny model in bfloat16."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
+
+import torch
 
 from sluice.engine.core import EngineCore
 from sluice.engine.sampling_params import SamplingParams
+from sluice.loader.choices import ModelChoices
+from sluice.loader.loaded_model import LoadedModel
+from sluice.models.llama import LlamaForCausalLM
 
 PROBE = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
 CROWD = (
@@ -38,3 +44,11 @@ def probe_output(core: EngineCore, probe: list[int], crowd: list[list[int]], rng
                 top_ids += delta.logprobs.top_token_ids
                 top_logprobs += delta.logprobs.top_logprobs
     return tokens, logprobs, top_ids, top_logprobs
+
+
+def bf16_loaded(tiny_loaded: LoadedModel, tiny_llama, *, batch_invariant: bool) -> LoadedModel:
+    model = LlamaForCausalLM(
+        tiny_loaded.model_config, torch.bfloat16, torch.device("cpu"), batch_invariant
+    )
+    model.load_weights(tiny_llama.weights())
+    return replace(tiny_loaded, model=model, choices=ModelChoices("bfloat16", None, "as asked"))

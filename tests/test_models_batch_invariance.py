@@ -14,22 +14,12 @@ import pytest
 import torch
 
 from sluice.config import ModelConfig
-from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel, load_model
 from sluice.models import calibration
 from sluice.models.linear import BATCH_INVARIANT_ROW_TILE, Linear, in_row_tiles
-from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native.int8 import int8_gemm_kernels
-from tests.invariance_runs import probe_output, random_prompt
+from tests.invariance_runs import bf16_loaded, probe_output, random_prompt
 from tests.model_factory import make_core
-
-
-def bf16_loaded(tiny_loaded: LoadedModel, tiny_llama, *, batch_invariant: bool) -> LoadedModel:
-    model = LlamaForCausalLM(
-        tiny_loaded.model_config, torch.bfloat16, torch.device("cpu"), batch_invariant
-    )
-    model.load_weights(tiny_llama.weights())
-    return replace(tiny_loaded, model=model, choices=ModelChoices("bfloat16", None, "as asked"))
 
 
 @pytest.fixture(scope="module", params=["batch_invariant", "row_invariant"])

@@ -31,9 +31,8 @@ from sluice.loader.loaded_model import LoadedModel, load_model
 from sluice.models import calibration
 from sluice.models.attention import DECODE_ROW_POSITIONS
 from sluice.models.native.int8 import int8_gemm_kernels
-from tests.invariance_runs import random_prompt
+from tests.invariance_runs import bf16_loaded, random_prompt
 from tests.model_factory import make_core
-from tests.test_models_batch_invariance import bf16_loaded
 
 BLOCK_SIZE = 16
 LONGEST_PROMPT = 8000

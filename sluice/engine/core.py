@@ -27,6 +27,8 @@ from sluice.engine.engine_spans import engine_spans
 from sluice.engine.grammar_queue import GrammarQueue
 from sluice.engine.indent_tokens import IndentTokens
 from sluice.engine.kv_cache import KVCacheManager
+from sluice.engine.kv_tier_setup import build_tiers
+from sluice.engine.kv_tiers import tier_stats
 from sluice.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -126,6 +128,9 @@ class EngineCore:
             device=device,
             eos_token_ids=loaded.eos_token_ids,
         )
+        # Prefix-cache tiers below the pool (host RAM, disk); None: the pool only.
+        self.tiers = build_tiers(config, loaded, dtype, self.runner.kv_caches)
+        self.kv.tier = self.tiers
         # Structured outputs: grammars compile off the loop; a request waits
         # for its grammar in `awaiting_grammar`, outside the scheduler.
         self.grammars = GrammarCache(
@@ -212,7 +217,11 @@ class EngineCore:
                 deltas.extend(self.abort_requests(request_ids))
             case ResetPrefixCache():
                 self.kv.reset_prefix_cache()
+                if self.tiers is not None:
+                    self.tiers.clear_ram()
             case Shutdown():
+                if self.tiers is not None:
+                    self.tiers.close()  # the disk tier's queued writes
                 return False
         return True
 
@@ -229,6 +238,7 @@ class EngineCore:
             self.spans.on_step_start()
         start = self._clock()
         plan = self.scheduler.schedule()
+        self._move_blocks()
         if not plan.scheduled:
             return []
         # 2. Run the model; sample one token for each request whose prompt is done.
@@ -237,12 +247,19 @@ class EngineCore:
         deltas = self.scheduler.update(
             plan, output.sampled, output.prompt_logprobs, output.draft_samples
         )
+        self._move_blocks()
         # The whole step (drafting, verifying, accepting) prices speculation's rows.
         if self.speculator is not None and (rows := plan.decode_rows()) is not None:
             self.speculator.costs.observe(*rows, self._clock() - start)
         if self.spans is not None:  # 4. Traced requests' phases.
             self.spans.on_step(plan, deltas)
         return deltas
+
+    def _move_blocks(self) -> None:
+        """Apply the pool's block moves to and from the cache tiers, in order,
+        before the next forward pass reads or writes those blocks."""
+        if self.tiers is not None:
+            self.tiers.apply(self.kv.take_transfers())
 
     def stats(self) -> EngineStatsSnapshot:
         return EngineStatsSnapshot(
@@ -252,5 +269,6 @@ class EngineCore:
             prefix_cache_queried_tokens=self.kv.num_queried_tokens,
             prefix_cache_hit_tokens=self.kv.num_hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
+            kv_tiers=tier_stats(self.tiers),
             **speculation_stats(self.speculator),
         )

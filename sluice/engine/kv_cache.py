@@ -20,6 +20,15 @@ first, a request's tail before its head). A shared block is never written:
 a request only ever writes slots past its computed tokens, and a named block
 is full.
 
+Cache tiers (sluice/engine/kv_tiers.py): with a `tier`, a lookup that runs
+out of named blocks asks the tier for the next names of its chain; a block
+the tier holds is taken from the free list, named, and listed as a LOAD in
+`transfers`; a named block given away is listed as an EVICT, a block named
+anew as a NAME. The engine loop applies `take_transfers()` in order before
+the next forward pass, so a loaded block holds its contents before anyone
+reads it and an evicted one is copied before anyone writes it. The pool
+itself stays bookkeeping.
+
 Invariants (checked by `check_consistency`): every block id is exactly one
 of free, cached-free (named, held by nobody) or held; a held block's
 reference count is the number of block tables that list it; names and blocks
@@ -33,6 +42,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
+from sluice.engine.block_transfer import BlockTier, BlockTransfer, TransferKind
 from sluice.engine.request import Request
 
 
@@ -44,6 +54,7 @@ class KVCacheManager:
         *,
         enable_prefix_caching: bool = True,
         cache_salt: bytes = b"",
+        tier: BlockTier | None = None,
     ) -> None:
         if num_blocks <= 0 or block_size_tokens <= 0:
             raise ValueError(
@@ -68,6 +79,10 @@ class KVCacheManager:
         # again, nor is a preempted request's return).
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
+        # Cache tiers below the pool; None: the pool only.
+        self.tier = tier if enable_prefix_caching else None
+        # What the engine loop must apply before the next forward pass, in order.
+        self.transfers: list[BlockTransfer] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -138,8 +153,10 @@ class KVCacheManager:
         for block_hash in request.block_hashes[:num_reusable_blocks]:
             block_id = self._block_by_hash.get(block_hash)
             if block_id is None:
-                break
-            if block_id in self._cached_free:
+                block_id = self._load_from_tier(block_hash)
+                if block_id is None:
+                    break
+            elif block_id in self._cached_free:
                 del self._cached_free[block_id]
             self._ref_count[block_id] = self._ref_count.get(block_id, 0) + 1
             request.block_ids.append(block_id)
@@ -147,6 +164,24 @@ class KVCacheManager:
         num_hit_tokens = len(request.block_ids) * self.block_size_tokens
         request.num_computed_tokens = num_hit_tokens
         return num_hit_tokens
+
+    def _load_from_tier(self, block_hash: bytes) -> int | None:
+        """A free block named `block_hash`, to be filled from the tier (held by
+        nobody yet); None if the tier lacks it or no block is free."""
+        if self.tier is None or not self.num_free_blocks:
+            return None
+        payload = self.tier.fetch(block_hash)
+        if payload is None:
+            return None
+        block_id = self._take_free_block()
+        self._name(block_id, block_hash)
+        self.transfers.append(BlockTransfer(TransferKind.LOAD, block_id, block_hash, payload))
+        return block_id
+
+    def take_transfers(self) -> list[BlockTransfer]:
+        """The transfers listed since the last call, in order."""
+        transfers, self.transfers = self.transfers, []
+        return transfers
 
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         """Count the lookup of a request admitted with it for the first time."""
@@ -167,9 +202,14 @@ class KVCacheManager:
             block_hash = request.block_hashes[index]
             if block_hash in self._block_by_hash:
                 continue  # the same tokens computed into another block: keep that one
-            self._hash_by_block[block_id] = block_hash
-            self._block_by_hash[block_hash] = block_id
+            self._name(block_id, block_hash)
+            if self.tier is not None:
+                self.transfers.append(BlockTransfer(TransferKind.NAME, block_id, block_hash))
         request.num_named_blocks = num_full
+
+    def _name(self, block_id: int, block_hash: bytes) -> None:
+        self._hash_by_block[block_id] = block_hash
+        self._block_by_hash[block_hash] = block_id
 
     def free(self, request: Request) -> None:
         """Drop the request's hold on every block of its table. Idempotent."""
@@ -212,7 +252,10 @@ class KVCacheManager:
         if self._free_block_ids:
             return self._free_block_ids.popleft()
         block_id, _ = self._cached_free.popitem(last=False)  # evict the least recent
-        del self._block_by_hash[self._hash_by_block.pop(block_id)]
+        block_hash = self._hash_by_block.pop(block_id)
+        del self._block_by_hash[block_hash]
+        if self.tier is not None:
+            self.transfers.append(BlockTransfer(TransferKind.EVICT, block_id, block_hash))
         return block_id
 
     def _extend_hashes(self, request: Request, num_blocks: int) -> None:

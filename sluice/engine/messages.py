@@ -49,6 +49,35 @@ class EngineReady(msgspec.Struct, frozen=True, tag="ready"):
     kernel_plan: str = ""
 
 
+class KVTierStats(msgspec.Struct, frozen=True):
+    """The prefix cache's tiers below the pool (sluice/engine/kv_tiers.py),
+    since the engine started unless said otherwise."""
+
+    # Tokens looked up in the tiers (past the pool's own blocks), and found.
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+    # The RAM tier: blocks asked for and found there, blocks it dropped (LRU),
+    # bytes it holds now and its bound (0: no RAM tier).
+    ram_queried_blocks: int = 0
+    ram_hit_blocks: int = 0
+    ram_evicted_blocks: int = 0
+    ram_bytes: int = 0
+    ram_capacity_bytes: int = 0
+    # Bytes copied, by direction ("pool_to_ram", "ram_to_pool", "disk_to_pool",
+    # "pool_to_disk").
+    transfer_bytes: dict[str, int] = {}
+    # The disk tier (all 0 without --kv-cache-dir): reads found and not, files
+    # written, writes failed or dropped, bad files ignored (torn, corrupted,
+    # foreign), files evicted by the bound, the folder's bytes as last counted.
+    disk_hits: int = 0
+    disk_misses: int = 0
+    disk_writes: int = 0
+    disk_write_failures: int = 0
+    disk_bad_files: int = 0
+    disk_evicted_files: int = 0
+    disk_bytes: int = 0
+
+
 class EngineStatsSnapshot(msgspec.Struct, frozen=True):
     """The engine's state after a step, for metrics: the one description of it."""
 
@@ -70,6 +99,8 @@ class EngineStatsSnapshot(msgspec.Struct, frozen=True):
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
+    # The prefix cache's RAM and disk tiers; None: none on.
+    kv_tiers: KVTierStats | None = None
 
 
 class StepOutputs(msgspec.Struct, frozen=True, tag="outputs"):
