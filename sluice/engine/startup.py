@@ -12,19 +12,21 @@ import torch
 from sluice.config import EngineConfig, SpeculativeConfig
 from sluice.engine.speculation import pays_off
 from sluice.errors import ModelLoadError
-from sluice.loader import LoadedModel, memory_plan
+from sluice.loader import LoadedModel
 from sluice.models.attention import kv_cache_bytes_per_block
 from sluice.models.linear import row_dependence
 from sluice.models.sequence_state import state_bytes_per_sequence
+
+# Without a budget, the CPU pool takes this much memory (about 1,450 blocks of
+# 16 tokens for the embedded model in float32).
+DEFAULT_CPU_KV_BYTES = 1 << 30
 
 
 def num_kv_blocks(
     config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype, device: torch.device
 ) -> int:
-    """Size the KV pool from the byte budget, a share of free GPU memory, or on
-    a CPU the default pool grown to one max_model_len request and bounded by
-    the available memory (loader/memory_plan.py). Raises ModelLoadError if it
-    cannot hold one request of max_model_len."""
+    """Size the KV pool from the byte budget, or a share of free device memory.
+    Raises ModelLoadError if it cannot hold one request of max_model_len."""
     cache = config.cache
     bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, cache.block_size_tokens, dtype)
     if cache.kv_cache_memory_bytes is not None:
@@ -33,15 +35,7 @@ def num_kv_blocks(
         free_bytes, _total = torch.cuda.mem_get_info(device)
         budget = int(free_bytes * cache.memory_fraction)
     else:
-        scheduler = config.scheduler
-        workspace = memory_plan.workspace_bytes(
-            loaded.model_config, scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
-            dtype.itemsize,
-        )  # fmt: skip
-        budget = memory_plan.cpu_kv_budget(
-            bytes_per_block, cache.block_size_tokens, loaded.max_model_len,
-            memory_plan.available_memory_bytes(), workspace,
-        )  # fmt: skip
+        budget = DEFAULT_CPU_KV_BYTES
     num_blocks = int(budget // bytes_per_block)
     if num_blocks < 1:
         raise ValueError(
