@@ -21,7 +21,8 @@
 OpenAI error object, the one place that object's shape is spelled: the HTTP
 edge (`sluice.server.errors`) sends it with the error's status, a stream that
 already started sends it as its last event (`sluice.frontend.serving`).
-`anthropic_error` spells Anthropic's (the Messages API's routes); which an
+`anthropic_error` spells Anthropic's (the Messages API's routes),
+`ollama_error` Ollama's (`{"error": message}`, its /api routes); which an
 API speaks is its `ErrorShape` (its entry in `sluice.apis.surface`).
 Cancellation is not an error: it is `asyncio.CancelledError` and the normal
 abort path.
@@ -39,10 +40,11 @@ INTERNAL_ERROR_TYPE = "internal_server_error"
 
 
 class ErrorShape(enum.Enum):
-    """Which error object an API answers with: OpenAI's or Anthropic's."""
+    """Which error object an API answers with: OpenAI's, Anthropic's or Ollama's."""
 
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
+    OLLAMA = "ollama"
 
 
 class SluiceError(Exception):
@@ -185,6 +187,13 @@ def anthropic_error(status_code: int, message: str, param: str | None = None) ->
     if param is not None and param not in message:
         message = f"{param}: {message}"
     return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+def ollama_error(message: str, param: str | None = None) -> dict[str, Any]:
+    """Ollama's error object: {"error": message}, the field named in the message."""
+    if param is not None and param not in message:
+        message = f"{param}: {message}"
+    return {"error": message}
 
 
 def anthropic_error_of(error: BaseException) -> dict[str, Any]:

@@ -56,6 +56,9 @@ GEMMA3_KIND = "gemma3"
 # turn, attention scores capped (at 1.0, so that the cap shows on these scores).
 GEMMA2_KIND = "gemma2"
 GEMMA3_SLIDING_WINDOW = 8
+# LFM2: short convolutions (kernel 3) around one attention layer, the hybrid
+# whose conv layers keep a per-sequence state (sluice/models/short_conv.py).
+LFM2_KIND = "lfm2"
 # Phi-3 with LongRoPE (Phi-3.5-mini's scaling) over an original context of 16
 # positions, so that a test prompt can be shorter or longer than it. Not in
 # TINY_MODEL_KINDS: transformers switches factor lists with the prompt's
@@ -156,6 +159,11 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
             **_COMMON, pad_token_id=0, sliding_window=None, rope_scaling=rope,
             partial_rotary_factor=PARTIAL_ROTARY_FACTOR,
             original_max_position_embeddings=PHI3_LONGROPE_ORIGINAL, tie_word_embeddings=False,
+        )  # fmt: skip
+    if kind == LFM2_KIND:
+        return transformers.Lfm2Config(
+            **(_COMMON | {"num_hidden_layers": 4}), norm_eps=1e-5, block_multiple_of=32,
+            layer_types=["conv", "full_attention", "conv", "conv"], tie_word_embeddings=True,
         )  # fmt: skip
     if kind == GEMMA2_KIND:
         return transformers.Gemma2Config(

@@ -46,6 +46,9 @@ BODIES = {
     "/v1/responses/input_tokens": {"model": MODEL, "input": "hi"},
     "/v1/messages": {"model": MODEL, "messages": MESSAGES_BODY, "max_tokens": 2},
     "/v1/messages/count_tokens": {"model": MODEL, "messages": MESSAGES_BODY},
+    "/api/chat": {"model": MODEL, "messages": MESSAGES_BODY, "options": {"num_predict": 2}},
+    "/api/generate": {"model": MODEL, "prompt": "hi", "options": {"num_predict": 2}},
+    "/api/show": {"model": MODEL},
 }
 # The app's own routes beside the APIs' (info_routes.py, pages.py).
 NOT_AN_API = re.compile(r"/v1/models|/(version|health|metrics|tokenize|detokenize|"
@@ -104,6 +107,8 @@ def test_the_generation_routes_are_the_post_routes_that_run_the_engine():
         ("POST", "/v1/chat/completions"),
         ("POST", "/v1/responses"),
         ("POST", "/v1/messages"),
+        ("POST", "/api/chat"),
+        ("POST", "/api/generate"),
     }
     assert API_TABLE.traced_routes == API_TABLE.generation_routes
     assert {s.name: s.error_shape for s in API_TABLE.surfaces} == {
@@ -111,6 +116,7 @@ def test_the_generation_routes_are_the_post_routes_that_run_the_engine():
         "chat": ErrorShape.OPENAI,
         "responses": ErrorShape.OPENAI,
         "messages": ErrorShape.ANTHROPIC,
+        "ollama": ErrorShape.OLLAMA,
     }
 
 

@@ -6,6 +6,9 @@
     responses    /v1/responses          POST (generation), POST input_tokens,    OpenAI
                                         GET and DELETE {response_id}
     messages     /v1/messages           POST (generation), POST count_tokens     Anthropic
+    ollama       /api                   POST chat, generate (generation),        Ollama
+                                        GET tags, ps, version; POST show;
+                                        pull, push, create, copy, delete (refused)
 
 Who reads the table (`API_TABLE`, or the table an app was built with):
 - the app's routing (`server.app.create_app`) registers exactly its routes;
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
+from sluice.apis.ollama import protocol as ollama_protocol
 from sluice.errors import ErrorShape
 from sluice.server.messages_protocol import CountTokensRequest, MessagesRequest
 from sluice.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -122,6 +126,20 @@ RESPONSES_RETRIEVE = ApiRoute("GET", "/v1/responses/{response_id}")
 RESPONSES_DELETE = ApiRoute("DELETE", "/v1/responses/{response_id}")
 MESSAGES_CREATE = ApiRoute("POST", "/v1/messages", MessagesRequest, is_generation=True)
 MESSAGES_COUNT_TOKENS = ApiRoute("POST", "/v1/messages/count_tokens", CountTokensRequest)
+OLLAMA_CHAT = ApiRoute("POST", "/api/chat", ollama_protocol.ChatRequest, is_generation=True)
+OLLAMA_GENERATE = ApiRoute(
+    "POST", "/api/generate", ollama_protocol.GenerateRequest, is_generation=True
+)
+OLLAMA_TAGS = ApiRoute("GET", "/api/tags")
+OLLAMA_SHOW = ApiRoute("POST", "/api/show", ollama_protocol.ShowRequest)
+OLLAMA_PS = ApiRoute("GET", "/api/ps")
+OLLAMA_VERSION = ApiRoute("GET", "/api/version")
+# Model management: answered with what sluice does instead (no body read).
+OLLAMA_PULL = ApiRoute("POST", "/api/pull")
+OLLAMA_PUSH = ApiRoute("POST", "/api/push")
+OLLAMA_CREATE = ApiRoute("POST", "/api/create")
+OLLAMA_COPY = ApiRoute("POST", "/api/copy")
+OLLAMA_DELETE = ApiRoute("DELETE", "/api/delete")
 
 COMPLETIONS = ApiSurface("completions", "/v1/completions", ErrorShape.OPENAI, (COMPLETIONS_CREATE,))
 CHAT = ApiSurface("chat", "/v1/chat/completions", ErrorShape.OPENAI, (CHAT_CREATE,))
@@ -134,6 +152,15 @@ RESPONSES = ApiSurface(
 MESSAGES = ApiSurface(
     "messages", "/v1/messages", ErrorShape.ANTHROPIC, (MESSAGES_CREATE, MESSAGES_COUNT_TOKENS)
 )
+OLLAMA = ApiSurface(
+    "ollama",
+    "/api",
+    ErrorShape.OLLAMA,
+    (
+        OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_TAGS, OLLAMA_SHOW, OLLAMA_PS, OLLAMA_VERSION,
+        OLLAMA_PULL, OLLAMA_PUSH, OLLAMA_CREATE, OLLAMA_COPY, OLLAMA_DELETE,
+    ),
+)  # fmt: skip
 
 # The APIs `sluice serve` serves.
-API_TABLE = ApiTable((COMPLETIONS, CHAT, RESPONSES, MESSAGES))
+API_TABLE = ApiTable((COMPLETIONS, CHAT, RESPONSES, MESSAGES, OLLAMA))

@@ -44,7 +44,14 @@ from sluice.engine.runner import ModelRunner
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.scheduler import Scheduler
 from sluice.engine.speculation import Speculator, speculation_stats
-from sluice.engine.startup import cache_salt, num_kv_blocks, speculation_blocker, startup_line
+from sluice.engine.startup import (
+    cache_salt,
+    num_kv_blocks,
+    num_state_slots,
+    speculation_blocker,
+    startup_line,
+)
+from sluice.engine.state_slots import StateSlotPool
 from sluice.loader import LoadedModel, load_model
 from sluice.loader.loaded_model import torch_dtype
 from sluice.structured.grammar_cache import GrammarCache
@@ -94,7 +101,7 @@ class EngineCore:
             vocab_size=self.loaded.model_config.vocab_size,
             kernel_plan=self.loaded.kernel_plan,
         )
-        logger.info("%s", startup_line(config, self.loaded, device, num_blocks))
+        logger.info("%s", startup_line(config, self.loaded, device, num_blocks, dtype))
 
     def _build(self, num_blocks: int, dtype: torch.dtype, device: torch.device) -> None:
         config, loaded = self.config, self.loaded
@@ -116,9 +123,13 @@ class EngineCore:
             if tokenizer is not None:
                 indents = IndentTokens.from_vocabulary(tokenizer.vocab_size, tokenizer.token_bytes)
             self.speculator = Speculator(config.speculative_config, loaded.step_seconds, indents)
+        # Hybrid models: one recurrent-state slot per seat; None for the others.
+        num_slots = num_state_slots(config, loaded)
+        states = StateSlotPool(num_slots) if num_slots else None
         self.scheduler = Scheduler(
-            config.scheduler, self.kv, loaded.eos_token_ids, self.max_model_len, self.speculator
-        )
+            config.scheduler, self.kv, loaded.eos_token_ids, self.max_model_len, self.speculator,
+            states,
+        )  # fmt: skip
         self.runner = ModelRunner(
             loaded.model,
             loaded.model_config,
@@ -127,6 +138,7 @@ class EngineCore:
             dtype=dtype,
             device=device,
             eos_token_ids=loaded.eos_token_ids,
+            num_state_slots=num_slots,
         )
         # Prefix-cache tiers below the pool (host RAM, disk); None: the pool only.
         self.tiers = build_tiers(config, loaded, dtype, self.runner.kv_caches)

@@ -74,6 +74,9 @@ class Request:
     # The block table: KV block ids in position order, block i holds
     # positions [i * block_size, (i + 1) * block_size). Owned by KVCacheManager.
     block_ids: list[int] = field(default_factory=list)
+    # Hybrid models: its slot in the recurrent-state cache while it runs, else
+    # -1. Owned by StateSlotPool (state_slots.py).
+    state_slot: int = -1
     # How many of output_token_ids already left in a delta.
     num_emitted_tokens: int = 0
     # Logprob data of the not yet emitted tokens, one entry per token

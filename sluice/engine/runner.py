@@ -3,7 +3,11 @@ paged KV cache, then samples one token for every request whose prompt is done.
 
 It owns the KV cache tensors (one pool per layer, preallocated) and the
 sampler. The scheduler owns the block accounting; the runner only reads the
-block tables the plan carries.
+block tables the plan carries. A hybrid model's conv layers hold their
+per-sequence states there instead (sluice/models/sequence_state.py): the
+runner names each request's state slot to the model, and after a step that
+verified drafts rolls each state back to the last kept position, so that a
+rejected draft leaves no trace in it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from sluice.engine.sampled import PromptLogprobsChunk, SampledToken
 from sluice.engine.sampler import Sampler, SamplingRow
 from sluice.engine.sampling.logprobs import prompt_logprobs
 from sluice.engine.scheduler import ScheduledRequest, SchedulerPlan
+from sluice.engine.speculation import accepted_tokens
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
+from sluice.models.sequence_state import SequenceStates
 from sluice.structured.matcher import GrammarMatcher
 
 # Prompt positions whose [V] logits are materialised at once (memory bound).
@@ -46,13 +52,17 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         eos_token_ids: frozenset[int],
+        num_state_slots: int = 0,
     ):
         self.model = model
         self.block_size_tokens = block_size_tokens
         self.device = device
-        # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]
+        # Hybrid models: slots of the per-sequence state (0: no such layer).
+        self.has_states = num_state_slots > 0
+        # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]; a
+        # conv layer's [num_blocks + num_state_slots, L - 1, hidden] states
         self.kv_caches = allocate_kv_caches(
-            model_config, num_blocks, block_size_tokens, dtype, device
+            model_config, num_blocks, block_size_tokens, dtype, device, max(1, num_state_slots)
         )
         self.sampler = Sampler(model_config.vocab_size, eos_token_ids, device)
 
@@ -73,6 +83,12 @@ class ModelRunner:
             self.block_size_tokens,
             self.device,
         )
+        if self.has_states:
+            attn.sequence_states = SequenceStates(
+                slots=[s.state_slot for s in scheduled],
+                starts=[s.starts_state for s in scheduled],
+                keeps_inputs=[bool(s.draft_token_ids) for s in scheduled],
+            )
         # 2. Run the model over the mixed prefill/decode batch.
         hidden = self.model(input_ids, positions, self.kv_caches, attn)  # [num_tokens, hidden]
         # 3. Prompt logprobs over this step's prompt positions, for those who asked.
@@ -84,7 +100,10 @@ class ModelRunner:
         if not sample_rows:
             return output
         if any(scheduled[i].draft_token_ids for i in sample_rows):
-            return self._sample_with_drafts(output, scheduled, sample_rows, hidden)
+            output = self._sample_with_drafts(output, scheduled, sample_rows, hidden)
+            if attn.sequence_states is not None:
+                _roll_back_states(attn.sequence_states, scheduled, output)
+            return output
         ends = torch.tensor(query_lens, device=self.device).cumsum(0) - 1  # [batch]
         last_index = ends[torch.tensor(sample_rows, device=self.device)]  # [num_samples]
         logits = self.model.compute_logits(hidden[last_index])  # [num_samples, vocab]
@@ -154,6 +173,26 @@ class ModelRunner:
             part = prompt_logprobs(logits, target_ids[start:stop], num_top)
             result = part if result is None else result + part
         return result
+
+
+def _roll_back_states(
+    states: SequenceStates, scheduled: list[ScheduledRequest], output: RunnerOutput
+) -> None:
+    """Each state after a verification covers the known token and every
+    draft; keep it at the known token and the accepted drafts (what the
+    scheduler's update keeps: `accepted_tokens`)."""
+    first_sampled = iter(output.sampled)
+    num_kept: dict[int, int] = {}
+    for index, s in enumerate(scheduled):
+        if not s.samples:
+            continue
+        token = next(first_sampled)
+        if s.draft_token_ids:
+            samples = [token, *output.draft_samples[s.request_id]]
+            kept = len(accepted_tokens(s.draft_token_ids, samples))
+            if kept < s.num_new_tokens:
+                num_kept[index] = kept
+    states.roll_back(num_kept)
 
 
 def _sampling_row(s: ScheduledRequest) -> SamplingRow:

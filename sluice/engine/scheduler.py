@@ -59,6 +59,7 @@ from sluice.engine.request import Request, RequestStatus
 from sluice.engine.sampled import PromptLogprobsChunk, SampledToken
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.speculation import Speculator, accepted_tokens
+from sluice.engine.state_slots import StateSlotPool
 
 if TYPE_CHECKING:
     from sluice.structured.matcher import GrammarMatcher
@@ -90,6 +91,11 @@ class ScheduledRequest:
     # entries of `token_ids` (counted in num_new_tokens); the runner samples
     # at each of their positions too (sluice/engine/speculation.py).
     draft_token_ids: list[int] = field(default_factory=list)
+    # Hybrid models: the request's recurrent-state slot (state_slots.py), and
+    # whether its state starts this step (admitted: from zeros at position 0,
+    # else from the snapshot at its last cached block); -1 without states.
+    state_slot: int = -1
+    starts_state: bool = False
 
 
 @dataclass(slots=True)
@@ -129,8 +135,11 @@ class Scheduler:
         eos_token_ids: frozenset[int],
         max_model_len: int,
         speculator: Speculator | None = None,
+        states: StateSlotPool | None = None,
     ) -> None:
         self.config = config
+        # Hybrid models' recurrent-state slots, one per running request; None: no states.
+        self.states = states
         # Proposes drafts for decoding requests; None: speculation off.
         self.speculator = speculator
         self.kv = kv
@@ -317,6 +326,8 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         # Its outputs stay in all_token_ids and are recomputed as prefix.
         self.kv.free(request)
+        if self.states is not None:
+            self.states.free(request)  # recomputed from its tokens (or a snapshot)
         self.num_preemptions += 1
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
@@ -375,7 +386,10 @@ class Scheduler:
             self._waiting.popleft()
             request.status = RequestStatus.RUNNING
             self._running.append(request)
+            if self.states is not None:
+                self.states.allocate(request)
             self._add_to_plan(plan, request, num_new_tokens)
+            plan.scheduled[-1].starts_state = True
 
     def _admission_chunk(self, request: Request, plan: SchedulerPlan) -> int:
         """Tokens to compute for a request being admitted; 0 means not now."""
@@ -405,6 +419,7 @@ class Scheduler:
                 prompt_token_ids=request.prompt_token_ids,
                 output_token_ids=request.output_token_ids,
                 grammar=request.grammar,
+                state_slot=request.state_slot,
             )
         )
         plan.num_batched_tokens += num_new_tokens
@@ -481,6 +496,8 @@ class Scheduler:
         from its queue."""
         request.status = status
         self.kv.free(request)
+        if self.states is not None:
+            self.states.free(request)
         request.grammar = None
         del self._requests[request.request_id]
 
@@ -509,6 +526,8 @@ class Scheduler:
     def check_consistency(self) -> None:
         """Raise AssertionError if queues, statuses and blocks disagree (for tests)."""
         self.kv.check_consistency(self._requests.values())
+        if self.states is not None:
+            self.states.check_consistency(self._requests.values())
         live = list(self._running) + list(self._waiting)
         _require(len(live) == len(self._requests), "a live request is in no queue or in two")
         _require(all(r.status is RequestStatus.RUNNING for r in self._running), "bad running")

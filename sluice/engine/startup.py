@@ -1,7 +1,8 @@
 """What the engine core decides once, from the config and the loaded model,
-before it builds its parts: how many KV blocks the pool has, what salts the
-prefix cache's block names, whether the model may speculate, and the startup
-line that says what was chosen.
+before it builds its parts: how many KV blocks the pool has, how many
+recurrent-state slots a hybrid model gets, what salts the prefix cache's
+block names, whether the model may speculate, and the startup line that
+says what was chosen.
 """
 
 from __future__ import annotations
@@ -11,20 +12,19 @@ import torch
 from sluice.config import EngineConfig, SpeculativeConfig
 from sluice.engine.speculation import pays_off
 from sluice.errors import ModelLoadError
-from sluice.loader import LoadedModel
+from sluice.loader import LoadedModel, memory_plan
 from sluice.models.attention import kv_cache_bytes_per_block
 from sluice.models.linear import row_dependence
-
-# Without a budget, the CPU pool takes this much memory (about 1,450 blocks of
-# 16 tokens for the embedded model in float32).
-DEFAULT_CPU_KV_BYTES = 1 << 30
+from sluice.models.sequence_state import state_bytes_per_sequence
 
 
 def num_kv_blocks(
     config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype, device: torch.device
 ) -> int:
-    """Size the KV pool from the byte budget, or a share of free device memory.
-    Raises ModelLoadError if it cannot hold one request of max_model_len."""
+    """Size the KV pool from the byte budget, a share of free GPU memory, or on
+    a CPU the default pool grown to one max_model_len request and bounded by
+    the available memory (loader/memory_plan.py). Raises ModelLoadError if it
+    cannot hold one request of max_model_len."""
     cache = config.cache
     bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, cache.block_size_tokens, dtype)
     if cache.kv_cache_memory_bytes is not None:
@@ -33,7 +33,15 @@ def num_kv_blocks(
         free_bytes, _total = torch.cuda.mem_get_info(device)
         budget = int(free_bytes * cache.memory_fraction)
     else:
-        budget = DEFAULT_CPU_KV_BYTES
+        scheduler = config.scheduler
+        workspace = memory_plan.workspace_bytes(
+            loaded.model_config, scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
+            dtype.itemsize,
+        )  # fmt: skip
+        budget = memory_plan.cpu_kv_budget(
+            bytes_per_block, cache.block_size_tokens, loaded.max_model_len,
+            memory_plan.available_memory_bytes(), workspace,
+        )  # fmt: skip
     num_blocks = int(budget // bytes_per_block)
     if num_blocks < 1:
         raise ValueError(
@@ -48,6 +56,27 @@ def num_kv_blocks(
     return num_blocks
 
 
+def num_state_slots(config: EngineConfig, loaded: LoadedModel) -> int:
+    """A hybrid model's recurrent-state slots: one per seat (max_num_seqs), so
+    an admitted request always finds one; 0 for a model without such layers.
+    They sit beside the KV budget, as fixed as the weights."""
+    return config.scheduler.max_num_seqs if loaded.model_config.has_sequence_state else 0
+
+
+def describe_state_cache(config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype) -> str:
+    """The startup line's words for a hybrid model's state cache (its slots,
+    their bytes, the snapshot each KV block holds); "" for the others."""
+    num_slots = num_state_slots(config, loaded)
+    if not num_slots:
+        return ""
+    per_sequence = state_bytes_per_sequence(loaded.model_config, dtype)
+    return (
+        f", state cache {num_slots} slots of {per_sequence / 1024:.0f} KiB "
+        f"({num_slots * per_sequence / 2**20:.1f} MiB), a {per_sequence / 1024:.0f} KiB "
+        "snapshot in every KV block (the prefix cache's states at block ends)"
+    )
+
+
 def cache_salt(loaded: LoadedModel, dtype: torch.dtype) -> bytes:
     """Anything that changes a block's contents for the same tokens."""
     choices = loaded.choices
@@ -55,7 +84,11 @@ def cache_salt(loaded: LoadedModel, dtype: torch.dtype) -> bytes:
 
 
 def startup_line(
-    config: EngineConfig, loaded: LoadedModel, device: torch.device, num_blocks: int
+    config: EngineConfig,
+    loaded: LoadedModel,
+    device: torch.device,
+    num_blocks: int,
+    dtype: torch.dtype = torch.float32,
 ) -> str:
     """One line: the model, its numeric choices and why, and the pool and batch sizes."""
     choices = loaded.choices
@@ -67,10 +100,16 @@ def startup_line(
         f"engine ready: model {loaded.name}, {choices.dtype}{weights}{activations} on {device} "
         f"with {torch.get_num_threads()} threads ({choices.reason}), max_model_len "
         f"{loaded.max_model_len}, {num_blocks} KV blocks of {block_size} tokens "
-        f"({num_blocks * block_size} tokens), max_num_batched_tokens "
+        f"({num_blocks * block_size} tokens, {_kv_mib(loaded, block_size, dtype, num_blocks)})"
+        f"{describe_state_cache(config, loaded, dtype)}, max_num_batched_tokens "
         f"{config.scheduler.max_num_batched_tokens}, max_num_seqs {config.scheduler.max_num_seqs}, "
         f"{describe_speculation(config.speculative_config, loaded.step_seconds, blocker)}"
     )
+
+
+def _kv_mib(loaded: LoadedModel, block_size: int, dtype: torch.dtype, num_blocks: int) -> str:
+    bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, block_size, dtype)
+    return f"{num_blocks * bytes_per_block / 2**20:.0f} MiB"
 
 
 def speculation_blocker(loaded: LoadedModel) -> str | None:

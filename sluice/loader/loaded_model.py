@@ -27,7 +27,7 @@ from gguf import GGUFReader
 
 from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
-from sluice.loader import choices
+from sluice.loader import choices, memory_plan
 from sluice.loader.gguf_convert import cache_folder_for, converted_folder, source_tensor_types
 from sluice.loader.gguf_tensors import gguf_weights
 from sluice.loader.sources import ModelSource, resolve_source
@@ -102,6 +102,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
         check_quantization(chosen.quantization, device)
     calibration.check_activation_quantization(chosen.activations, device)
     files = [] if keep_blocks else checkpoint_files(folder)
+    if device.type == "cpu":
+        weights = _weights_estimate(source, files, dtype)
+        memory_plan.check_weights_fit(source.name, weights, memory_plan.available_memory_bytes())
     tokenizer = Tokenizer.from_folder(folder)
     _check_vocab(tokenizer, model_config)
     # 3. Build and fill the model.
@@ -198,6 +201,16 @@ def resolve_max_model_len(requested: int | None, model_config: DecoderConfig) ->
             f"max_model_len {requested} exceeds the model's max_position_embeddings {limit}"
         )
     return requested
+
+
+def _weights_estimate(source: ModelSource, files: list[Path], dtype: torch.dtype) -> int:
+    """Bytes the weights take once loaded: a GGUF's blocks as the file holds
+    them; a converted GGUF's float32 checkpoint in the model dtype; an HF
+    folder's files as they are."""
+    if not files:
+        return source.path.stat().st_size
+    stored = sum(path.stat().st_size for path in files)
+    return stored * dtype.itemsize // 4 if source.kind == "gguf" else stored
 
 
 def _check_block_source(source: ModelSource) -> None:

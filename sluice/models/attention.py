@@ -62,6 +62,12 @@ from sluice.models.native import (
 )
 from sluice.models.native.prefill import HEAD_DIMS as PREFILL_HEAD_DIMS
 from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
+from sluice.models.sequence_state import (
+    SequenceStates,
+    allocate_conv_state,
+    conv_layer_indices,
+    state_bytes_per_sequence,
+)
 
 # Without a plan measured at load (kernel_plan.py): the native prefill kernel
 # wherever it runs.
@@ -145,6 +151,11 @@ class AttentionMetadata:
     prefills: list[PrefillPlan] = field(default_factory=list, init=False)
     # Built by the first layer that asks (`token_rows`), then shared.
     _token_rows: TokenRows | None = field(default=None, init=False)
+    # Hybrid models: each sequence's recurrent-state slot (sequence_state.py);
+    # the runner sets it, a model without it runs each sequence standalone.
+    sequence_states: SequenceStates | None = None
+    # Host copies of the block tables, for the state's snapshot rows.
+    block_table_lists: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.decode = _plan_decodes(self)
@@ -186,6 +197,7 @@ class AttentionMetadata:
             seq_lens_list=seq_lens_list,
             is_decode_only=all(n == 1 for n in query_lens),
             block_size=block_size,
+            block_table_lists=block_tables,
         )
 
 
@@ -275,17 +287,34 @@ def _plan_prefills(meta: AttentionMetadata) -> list[PrefillPlan]:
 
 
 def allocate_kv_caches(
-    config: DecoderConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device
+    config: DecoderConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device,
+    num_state_slots: int = 1,
 ) -> list[Tensor]:
-    """One zeroed `[2, num_blocks, block_size, num_kv_heads, head_dim]` pool per layer."""
+    """One zeroed `[2, num_blocks, block_size, num_kv_heads, head_dim]` pool per
+    attention layer; a conv layer (hybrids) gets its state rows instead: one
+    snapshot per block and `num_state_slots` live states (sequence_state.py)."""
     shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+    conv = set(conv_layer_indices(config))
+    return [
+        allocate_conv_state(config, num_blocks, num_state_slots, dtype, device)
+        if index in conv
+        else torch.zeros(shape, dtype=dtype, device=device)
+        for index in range(config.num_hidden_layers)
+    ]
 
 
 def kv_cache_bytes_per_block(config: DecoderConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block index costs summed over all layers (K and V)."""
+    """Bytes one block index costs summed over all layers (K and V of the
+    attention layers, the state snapshot of the conv layers)."""
     per_layer = 2 * block_size * config.num_key_value_heads * config.head_dim
-    return per_layer * config.num_hidden_layers * dtype.itemsize
+    num_attention_layers = config.num_hidden_layers - len(conv_layer_indices(config))
+    return per_layer * num_attention_layers * dtype.itemsize + state_bytes_per_sequence(
+        config, dtype
+    )
 
 
 def paged_attention(

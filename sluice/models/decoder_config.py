@@ -26,6 +26,9 @@ from typing import Any
 from sluice.errors import ModelLoadError
 
 SLIDING, FULL = "sliding_attention", "full_attention"
+# A layer kind without attention: a short gated convolution over a
+# per-sequence state (LFM2; sluice/models/short_conv.py).
+CONV = "conv"
 
 
 class UnsupportedRopeScalingError(ModelLoadError, ValueError):
@@ -90,6 +93,11 @@ class DecoderConfig:
     embedding_scale: float | None = None
     # The checkpoint holds qkv_proj and gate_up_proj whole, in our row order (Phi-3).
     fused_checkpoint: bool = False
+    # The kernel size of the "conv" layers' short convolution (its state keeps
+    # this - 1 inputs per channel); 0: no such layer. Their projections carry
+    # a bias where conv_bias (LFM2's conv_bias).
+    conv_kernel_size: int = 0
+    conv_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.rotary_dim is None:
@@ -103,6 +111,11 @@ class DecoderConfig:
     @property
     def attention_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def has_sequence_state(self) -> bool:
+        """Some layers carry a per-sequence state beside the KV cache (hybrids)."""
+        return CONV in self.layer_types
 
     @property
     def num_query_groups(self) -> int:

@@ -44,6 +44,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 from starlette.types import Receive
 
+from sluice.apis.ollama.routes import OllamaRoutes
 from sluice.apis.surface import (
     API_TABLE,
     CHAT_CREATE,
@@ -72,7 +73,11 @@ from sluice.server.admission import AdmissionCollector, AdmissionGate
 from sluice.server.api_keys import KeyRing
 from sluice.server.body import BodyReader
 from sluice.server.errors import install_error_handlers
-from sluice.server.event_stream import EventStreamResponse, completion_tokens
+from sluice.server.event_stream import (
+    EVENT_STREAM_MEDIA_TYPE,
+    EventStreamResponse,
+    completion_tokens,
+)
 from sluice.server.info_routes import InfoRoutes, sluice_version
 from sluice.server.key_limits import KeyLease, KeyLimiter
 from sluice.server.loop_watchdog import LoopWatchdog
@@ -167,7 +172,9 @@ def create_app(
     # The server (launch.make_server) runs this on SIGTERM.
     app.state.shutdown = shutdown
     responses = ResponsesRoutes(routes, ResponseStore(config.responses_store_bytes))
-    add_api_routes(app, apis, {**routes.handlers(), **responses.handlers()})
+    ollama = OllamaRoutes(routes)
+    handlers = {**routes.handlers(), **responses.handlers(), **ollama.handlers()}
+    add_api_routes(app, apis, handlers)
     InfoRoutes(routes).add_to(app)
     add_pages(app)  # the chat at / and the dashboard at /dashboard
     return app
@@ -271,9 +278,11 @@ class Routes:
         generation: GenerationRequest,
         queue_timeout: QueueTimeout | None,
         chunks: ResponseChunks | None = None,
+        media_type: str = EVENT_STREAM_MEDIA_TYPE,
     ) -> Response:
         """Run `generation` and answer with its stream or body; `chunks`: a
-        builder the route made (default: the one its kind names)."""
+        builder the route made (default: the one its kind names); `media_type`:
+        the stream's (Ollama's lines are NDJSON)."""
         if len(generation.prompts) > 1:  # n was checked; n times the prompts may not fit
             self.gate.check_open(generation.num_choices)
         num_prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
@@ -285,7 +294,8 @@ class Routes:
         log = _request_log(request)
         if log is not None:
             log.num_prompt_tokens = num_prompt_tokens
-        run = _Run(request, generation, queue_timeout, log, chunks, self._observer_of(request))
+        observer = self._observer_of(request)
+        run = _Run(request, generation, queue_timeout, log, chunks, observer, media_type=media_type)
         trace: RequestTrace | None = getattr(request.state, "request_trace", None)
         if trace is not None:
             trace.received(generation.response_id, generation.model_name, num_prompt_tokens)
@@ -323,6 +333,7 @@ class Routes:
             self.send_timeout_s,
             usage_log,
             on_write_wait=self.metrics.stream_write_waits.inc,
+            media_type=run.media_type,
         )
 
     async def _complete(self, run: _Run) -> Response:
@@ -378,6 +389,8 @@ class _Run:
     observer: RequestObserver | None
     # The traceparent the engine's spans continue (None: not traced).
     trace_context: str | None = None
+    # The stream's media type (Ollama's lines: NDJSON).
+    media_type: str = EVENT_STREAM_MEDIA_TYPE
 
 
 def _request_log(request: Request) -> RequestLog | None:

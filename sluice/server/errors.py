@@ -22,9 +22,10 @@ the stream (`sluice.frontend.serving`), carrying the same object.
 An API whose `ErrorShape` is Anthropic's (the Messages API's, its entry in
 `sluice.apis.surface`) answers with the same statuses in Anthropic's shape
 instead, `{"type": "error", "error": {"type", "message"}}`
-(`sluice.errors.anthropic_error`): every function here takes the shape, and
-the app's handlers take it from the API table the app was built with
-(`install_error_handlers`), for every path under the API's root.
+(`sluice.errors.anthropic_error`), and Ollama's API (`ErrorShape.OLLAMA`)
+with `{"error": message}` (`sluice.errors.ollama_error`): every function here
+takes the shape, and the app's handlers take it from the API table the app
+was built with (`install_error_handlers`), for every path under the API's root.
 
 Invariant: a client can reach the 500 branch only through a bug, never by what it sends.
 """
@@ -50,6 +51,7 @@ from sluice.errors import (
     ServiceUnavailableError,
     anthropic_error,
     anthropic_error_of,
+    ollama_error,
     openai_error,
     openai_error_of,
 )
@@ -104,6 +106,8 @@ def _response(
 ) -> Response:
     if shape is ErrorShape.ANTHROPIC:
         error = anthropic_error(status_code, error["error"]["message"], error["error"]["param"])
+    elif shape is ErrorShape.OLLAMA:
+        error = ollama_error(error["error"]["message"], error["error"]["param"])
     return _json_response(status_code, error, headers)
 
 

@@ -38,6 +38,7 @@ from sluice.frontend.serving import EventStream
 from sluice.server.connection import StuckWriteWatch, abort_connection, body_writer
 from sluice.server.middleware import RequestLog
 
+EVENT_STREAM_MEDIA_TYPE = "text/event-stream"
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # After dropping a stuck connection, how long to wait for the server to see it.
 _ABORT_NOTICE_S = 1.0
@@ -50,11 +51,11 @@ class EventStreamResponse(Response):
     """SSE events, the first already in hand; the event source is always closed.
 
     `log` (None: no access log, or no usage chunk to read) gets the completion
-    tokens of the usage chunk that precedes [DONE]; `on_write_wait` is called
-    for each event that has to wait for a paused connection.
+    tokens of the usage chunk that precedes [DONE] (or of the last event, an
+    NDJSON stream's final line); `on_write_wait` is called for each event that
+    has to wait for a paused connection; `media_type`: the events' (Ollama's
+    NDJSON lines go out the same way).
     """
-
-    media_type = "text/event-stream"
 
     def __init__(
         self,
@@ -63,8 +64,10 @@ class EventStreamResponse(Response):
         send_timeout_s: float,
         log: RequestLog | None = None,
         on_write_wait: Callable[[], object] | None = None,
+        media_type: str = EVENT_STREAM_MEDIA_TYPE,
     ):
         # Not Response.__init__: there is no body to render.
+        self.media_type = media_type
         self.status_code = 200
         self.background = None
         self.init_headers(_HEADERS)
@@ -115,7 +118,10 @@ class EventStreamResponse(Response):
                 watch.write_started_s = None
             previous, last = last, event
         if self._log is not None:  # the usage chunk, or Anthropic's message_delta
-            self._log.num_completion_tokens = completion_tokens(previous.partition(b"data: ")[2])
+            tokens = completion_tokens(previous.partition(b"data: ")[2])
+            self._log.num_completion_tokens = (
+                tokens if tokens is not None else completion_tokens(last)
+            )
         watch.write_started_s = loop_time()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         watch.write_started_s = None
@@ -156,11 +162,12 @@ async def _cut_on_disconnect(receive: Receive, cut: _StreamCut) -> None:
 
 
 def completion_tokens(body: bytes) -> int | None:
-    """`usage.completion_tokens` (Anthropic's: `output_tokens`) of a JSON chunk
-    or body; None if it has none."""
+    """`usage.completion_tokens` (Anthropic's: `output_tokens`, Ollama's:
+    `eval_count`) of a JSON chunk or body; None if it has none."""
     try:
-        usage = orjson.loads(body).get("usage") or {}
+        payload = orjson.loads(body)
+        usage = payload.get("usage") or {}
     except (orjson.JSONDecodeError, AttributeError):
         return None
-    tokens = usage.get("completion_tokens", usage.get("output_tokens"))
+    tokens = usage.get("completion_tokens", usage.get("output_tokens", payload.get("eval_count")))
     return tokens if isinstance(tokens, int) else None

@@ -14,13 +14,15 @@ from typing import Any
 import torch
 
 from sluice.errors import ModelLoadError
-from sluice.models.decoder_config import SLIDING, DecoderConfig
-from sluice.models.families import gemma, llama, phi3, qwen
+from sluice.models.decoder_config import CONV, SLIDING, DecoderConfig
+from sluice.models.families import gemma, lfm2, llama, phi3, qwen
 from sluice.models.families.family import Family
 from sluice.models.families.hf_fields import check_heads
 from sluice.models.llama import LlamaForCausalLM
 
-FAMILIES: tuple[Family, ...] = (*llama.FAMILIES, *qwen.FAMILIES, *phi3.FAMILIES, *gemma.FAMILIES)
+FAMILIES: tuple[Family, ...] = (
+    *llama.FAMILIES, *qwen.FAMILIES, *phi3.FAMILIES, *gemma.FAMILIES, *lfm2.FAMILIES,
+)  # fmt: skip
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 _BY_MODEL_TYPE = {family.model_type: family for family in FAMILIES}
 _BY_GGUF = {family.gguf.architecture: family for family in FAMILIES if family.gguf is not None}
@@ -69,6 +71,13 @@ def describe_family(config: DecoderConfig) -> str:
         limits.append(
             f"its sliding-window layers (window {config.sliding_window}) attend on the torch "
             "path, not the native attention kernels, and keep all their KV blocks"
+        )
+    if config.has_sequence_state:
+        num_conv = config.layer_types.count(CONV)
+        limits.append(
+            f"{num_conv} of its {config.num_hidden_layers} layers are short convolutions over a "
+            "per-sequence state (no KV; a state snapshot per KV block for the prefix cache), "
+            "on the torch path"
         )
     if config.has_partial_rotary:
         limits.append(

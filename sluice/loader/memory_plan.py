@@ -1,0 +1,106 @@
+"""The engine's memory: weights, KV pool and step workspace, planned at startup.
+
+    weights    the model's tensors as loaded (packed GGUF blocks, int8 copies, norms)
+    KV         the paged pool (model/attention.py: K and V of every attention
+               layer, a hybrid's state snapshots)
+    workspace  the most one step allocates: the activations of
+               max_num_batched_tokens rows and the float32 logits of the
+               sampled rows
+
+On a CPU, with no `--kv-cache-memory`, the pool takes `DEFAULT_CPU_KV_BYTES`,
+or more where one request of max_model_len needs more, and never more than
+the memory available once the weights are in, less the workspace and a
+reserve for the server process: a pool that cannot fit is refused with the
+figures, not swapped to death. Before anything is loaded, a model whose
+weights alone exceed the available memory is refused the same way
+(`check_weights_fit`). Every decision takes the available bytes as an
+argument, so tests give it any machine's figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+
+from sluice.errors import ModelLoadError
+from sluice.models.decoder_config import DecoderConfig
+
+# The CPU pool when no size is given and one max_model_len request fits in it.
+DEFAULT_CPU_KV_BYTES = 1 << 30
+# Kept free for the server process, the tokenizer, the allocator's slack.
+RESERVE_BYTES = 1 << 30
+_MIB = 1 << 20
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """What the startup line says of memory."""
+
+    weights_bytes: int
+    kv_bytes: int
+    workspace_bytes: int
+    # What the system could still give once all of it was allocated.
+    available_bytes: int
+
+    def describe(self) -> str:
+        return (
+            f"memory: weights {self.weights_bytes / _MIB:.0f} MiB, KV {self.kv_bytes / _MIB:.0f} "
+            f"MiB, workspace {self.workspace_bytes / _MIB:.0f} MiB "
+            f"({self.available_bytes / _GIB:.1f} GiB still available)"
+        )
+
+
+def available_memory_bytes() -> int:
+    """Memory the system can give without swapping (MemAvailable)."""
+    return int(psutil.virtual_memory().available)
+
+
+def workspace_bytes(
+    config: DecoderConfig, max_num_batched_tokens: int, max_num_seqs: int, itemsize: int
+) -> int:
+    """An upper estimate of one step's activations: per row the hidden state
+    and its norms, q/k/v and the attention output, the MLP's gate, up and
+    product; float32 logits for every sampled row."""
+    heads = config.num_attention_heads * config.head_dim
+    kv = 2 * config.num_key_value_heads * config.head_dim
+    per_row = 4 * config.hidden_size + 2 * heads + kv + 3 * config.intermediate_size
+    logits = 4 * config.vocab_size * max_num_seqs
+    return max_num_batched_tokens * per_row * itemsize + logits
+
+
+def cpu_kv_budget(
+    bytes_per_block: int,
+    block_size_tokens: int,
+    max_model_len: int,
+    available_bytes: int,
+    workspace: int,
+) -> int:
+    """The CPU pool's bytes when none were asked: the default, or one
+    max_model_len request's blocks where that is more; ModelLoadError with
+    the figures where that does not fit in what is available."""
+    blocks_per_request = -(-max_model_len // block_size_tokens)
+    needed = blocks_per_request * bytes_per_block
+    budget = max(DEFAULT_CPU_KV_BYTES, needed)
+    usable = available_bytes - workspace - RESERVE_BYTES
+    if needed > usable:
+        fits = max(usable, 0) // bytes_per_block * block_size_tokens
+        raise ModelLoadError(
+            f"one request of max_model_len {max_model_len} needs {needed / _GIB:.1f} GiB of KV "
+            f"cache, but {available_bytes / _GIB:.1f} GiB of memory is available after the "
+            f"weights (less {workspace / _GIB:.1f} GiB of workspace and {RESERVE_BYTES / _GIB:.0f}"
+            f" GiB kept free): pass --max-model-len {fits} or less, or free memory"
+        )
+    return min(budget, usable)
+
+
+def check_weights_fit(name: str, weights_bytes: int, available_bytes: int) -> None:
+    """Refuse, before loading, weights that cannot fit in memory at all."""
+    if weights_bytes + RESERVE_BYTES > available_bytes:
+        raise ModelLoadError(
+            f"{name} needs about {weights_bytes / _GIB:.1f} GiB for its weights, but "
+            f"{available_bytes / _GIB:.1f} GiB of memory is available (and "
+            f"{RESERVE_BYTES / _GIB:.0f} GiB is kept free): use a smaller quantization "
+            "(a Q4_K_M GGUF with --quantization gguf keeps the file's 4-bit blocks) or free memory"
+        )

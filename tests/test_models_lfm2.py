@@ -1,0 +1,136 @@
+"""LFM2, the first hybrid (sluice/models/lfm2.py, short_conv.py): its logits
+and greedy tokens are transformers', and every engine path over its
+per-sequence conv states (chunked prefill, prefix-cache hits through the
+block snapshots, preemption, speculation with rolled-back drafts) gives the
+tokens of plain whole-prompt runs."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import msgspec
+import pytest
+import torch
+
+from sluice.errors import ModelLoadError
+from sluice.loader.loaded_model import LoadedModel
+from sluice.models.families.registry import build_model, describe_family, parse_hf_config
+from sluice.models.lfm2 import Lfm2ForCausalLM
+from sluice.models.short_conv import ShortConvLayer
+from tests.model_factory import LFM2_KIND, TinyModel, build_tiny_model, make_core
+from tests.model_runs import (
+    GREEDY,
+    PagedRunner,
+    assert_close_to_scale,
+    hf_logits,
+    loaded_float32,
+    random_prompts,
+    run,
+    run_one_by_one,
+)
+from tests.speculation_runs import ngram, repeating_prompt
+from tests.speculation_runs import run as run_speculating
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> TinyModel:
+    return build_tiny_model(LFM2_KIND, tmp_path_factory.mktemp(LFM2_KIND))
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny: TinyModel) -> LoadedModel:
+    return loaded_float32(tiny)
+
+
+def test_conv_layers_get_the_conv_class_and_attention_layers_the_decoders(loaded):
+    assert type(loaded.model) is Lfm2ForCausalLM
+    kinds = [isinstance(layer, ShortConvLayer) for layer in loaded.model.layers]
+    assert kinds == [True, False, True, True]
+    note = describe_family(loaded.model_config)
+    assert "3 of its 4 layers are short convolutions over a per-sequence state" in note
+
+
+def test_logits_of_a_prefill_a_chunk_and_a_decode_match_transformers(loaded, tiny):
+    prompt = random_prompts(1, seed=5)[0] + [9, 10, 11]
+    runner = PagedRunner(loaded.model)
+    table: list[int] = []
+    first = runner.step([prompt[:-3]], [0], [table])
+    chunk = runner.step([prompt[-3:-1]], [len(prompt) - 3], [table])  # the conv tail carried
+    decode = runner.step([prompt[-1:]], [len(prompt) - 1], [table])
+    reference = hf_logits(tiny, prompt)
+    assert_close_to_scale(first, reference[-4:-3], 1e-5)
+    assert_close_to_scale(chunk, reference[-2:-1], 1e-5)
+    assert_close_to_scale(decode, reference[-1:], 1e-5)
+
+
+def test_greedy_tokens_through_the_engine_match_transformers_generate(loaded, tiny):
+    prompts = random_prompts(3, seed=7)
+    ours = run(make_core(loaded), prompts)
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            generated = tiny.hf_model.generate(
+                torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24
+            )[0]
+        assert ours[i] == (generated[len(prompt) :].tolist(), "length")
+
+
+@pytest.mark.parametrize("budget", [7, 64])
+def test_chunked_prefill_gives_the_same_tokens_as_whole_prompts(loaded, budget):
+    prompts = random_prompts(8, seed=2)
+    chunked = run(make_core(loaded, budget=budget), prompts)
+    whole = run(make_core(loaded, budget=512, chunked=False), prompts)
+    assert chunked == whole
+
+
+def test_a_prefix_cache_hit_starts_from_the_snapshot_and_gives_the_same_tokens(loaded):
+    base = random_prompts(1, seed=11)[0] * 3
+    prompts = [base, base, base[:30] + [7, 8, 9], base + [1]]
+    params = msgspec.structs.replace(GREEDY, logprobs=2, max_tokens=8)
+    cached = run_one_by_one(make_core(loaded), prompts, params)
+    plain = run_one_by_one(make_core(loaded, prefix_caching=False), prompts, params)
+    assert [c for _, _, c in cached][1:] == [(len(base) - 1) // 4 * 4, 28, len(base) // 4 * 4]
+    for (tokens, logprobs, _), (want_tokens, want_logprobs, _) in zip(cached, plain, strict=True):
+        assert tokens == want_tokens
+        assert logprobs == pytest.approx(want_logprobs, abs=1e-5)
+
+
+def test_preempted_requests_resume_with_the_same_greedy_tokens(loaded):
+    prompts = random_prompts(12, seed=3)
+    roomy = run(make_core(loaded, num_blocks=512), prompts)
+    core = make_core(replace(loaded, max_model_len=128), num_blocks=40)
+    assert run(core, prompts) == roomy
+    assert core.scheduler.num_preemptions > 0
+    assert core.kv.num_free_blocks == 40
+    assert core.scheduler.states is not None
+    assert core.scheduler.states.num_free_slots == core.scheduler.states.num_slots
+
+
+def test_speculation_rolls_rejected_drafts_out_of_the_state(loaded, tiny):
+    """Batch-invariant, as the engine speculates only there: some drafts are
+    rejected, so states roll back, and no greedy token changes."""
+    model = build_model(loaded.model_config, torch.float32, torch.device("cpu"), True)
+    model.load_weights(tiny.weights())
+    invariant = replace(loaded, model=model)
+    rng = random.Random(5)
+    prompts = [repeating_prompt(rng, length) for length in (20, 45, 70)]
+    speculating = make_core(invariant, speculative=ngram(k=4))
+    assert speculating.speculator is not None
+    drafted = run_speculating(speculating, prompts)
+    plain = run_speculating(make_core(invariant), prompts)
+    assert {i: r[:2] for i, r in drafted.items()} == {i: r[:2] for i, r in plain.items()}
+    counters = speculating.speculator.counters
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"layer_types": ["conv", "mamba", "conv", "conv"]}, "unsupported LFM2 layer type 'mamba'"),
+        ({"conv_L_cache": 1}, "unsupported conv_L_cache 1"),
+        ({"layer_types": ["conv"]}, "layer_types names 1 layers, the model has 4"),
+    ],
+)
+def test_a_layer_type_or_state_shape_it_cannot_run_is_one_line(tiny, change, message):
+    with pytest.raises(ModelLoadError, match=message):
+        parse_hf_config(tiny.config_dict | change)
