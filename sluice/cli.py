@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from sluice.cli_cache import add_cache_command, run_cache_command
 from sluice.cli_flags import add_flags, flag_of, parse_size, values_of
 from sluice.config import (
+    EMBEDDED_MODEL,
     CacheConfig,
     ConfigError,
     DataParallelConfig,
@@ -35,12 +36,17 @@ from sluice.tools.tool_format import NO_TOOL_CALL_PARSER
 
 __all__ = ["build_parser", "engine_config_from", "main", "parse_size", "server_config_from"]
 
+_SERVE_MODEL_HELP = (
+    "'embedded' (SmolLM2-135M-Instruct), an HF folder, or a .gguf file; repeat it to serve "
+    "several models (NAME=PATH serves PATH as NAME)"
+)
 # ServerConfig's flags, by help group ("": the command's own).
 _SERVER_GROUPS = {
     "": ("host", "port", "served_model_name", "api_key", "api_key_file",
          "cors_allowed_origins"),
     "chat outputs": ("tool_call_parser", "reasoning_parser", "reasoning_effort_budgets",
                      "generation_defaults"),
+    "several models": ("models_dir", "models_max", "models_memory_bytes", "preload"),
     "reliability": ("max_connections", "send_timeout_s", "send_buffer_bytes",
                     "queue_timeout_s", "drain_timeout_s", "on_engine_death",
                     "responses_store_bytes"),
@@ -61,10 +67,12 @@ class GenerateOptions:
         check_settings(self)
 
 
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+def add_engine_flags(parser: argparse.ArgumentParser, *, is_serving: bool = False) -> None:
     group = parser.add_argument_group("model and engine")
+    # `serve` takes several models: --model is repeatable (server_config_from).
+    several = {"model": {"action": "append", "default": None, "help": _SERVE_MODEL_HELP}}
     for config_type in (ModelConfig, CacheConfig, SchedulerConfig, EngineConfig):
-        add_flags(group, config_type)
+        add_flags(group, config_type, **(several if is_serving else {}))
 
 
 def engine_config_from(args: argparse.Namespace, *, multiprocess: bool) -> EngineConfig:
@@ -90,6 +98,11 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         reasoning_parser={"choices": [*sorted(REASONING_PARSERS), NO_REASONING_PARSER]},
     )
     add_data_parallel_flags(parser)
+    add_flags(
+        parser.add_argument_group("several models (docs/OPERATIONS.md)"),
+        ServerConfig,
+        _SERVER_GROUPS["several models"],
+    )
     add_flags(parser.add_argument_group("reliability"), ServerConfig, _SERVER_GROUPS["reliability"])
     add_flags(parser.add_argument_group("per-request limits"), RequestLimits)
 
@@ -116,7 +129,12 @@ def data_parallel_config_from(args: argparse.Namespace) -> DataParallelConfig | 
 
 def server_config_from(args: argparse.Namespace) -> ServerConfig:
     server_flags = [name for names in _SERVER_GROUPS.values() for name in names]
+    from sluice.server.model_catalog import split_name
+
+    models = tuple(args.model or ())  # every --model; the first is the engine's
+    args.model = split_name(models[0])[1] if models else EMBEDDED_MODEL
     return ServerConfig(
+        models=models,
         **values_of(args, ServerConfig, server_flags),
         engine=engine_config_from(args, multiprocess=not args.in_process),
         limits=RequestLimits(**values_of(args, RequestLimits)),
@@ -129,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the OpenAI-compatible server")
-    add_engine_flags(serve)
+    add_engine_flags(serve, is_serving=True)
     add_server_flags(serve)
 
     generate = commands.add_parser("generate", help="generate offline, no server")

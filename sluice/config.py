@@ -584,6 +584,29 @@ class ServerConfig:
     )
     # Engine replicas on Ray (--data-parallel); None: one engine, no Ray.
     data_parallel: DataParallelConfig | None = None
+    # Several models in one server (sluice/server/model_pool.py, docs/OPERATIONS.md):
+    # every --model given, a NAME=PATH one served as NAME; empty: engine.model alone.
+    models: tuple[str, ...] = ()
+    models_dir: Path | None = setting(
+        None, "serve every .gguf file and HF folder in DIR too, named by file stem or folder"
+    )
+    # Engines running at once; the least recently used idle one stops for a new one.
+    models_max: int | None = setting(
+        None, "most models loaded at once (default: as many as the memory budget holds)",
+        at_least=1,
+    )  # fmt: skip
+    # What the running models may take, estimated from their weights' files and
+    # KV pools; None: 90% of the memory available when the server starts.
+    models_memory_bytes: int | None = setting(
+        None,
+        "memory the loaded models may take, estimated from their files and KV pools, "
+        "e.g. 16GiB (default: 90%% of the memory available at start)",
+        flag="--models-memory",
+        at_least=1,
+    )
+    preload: bool = setting(
+        False, "start every model's engine with the server (default: on its first request)"
+    )
     # How chat outputs are read into tool calls: "hermes", "llama3_json" or
     # "mistral"; None: guessed from the model's chat template, else hermes,
     # which the server then shows the model in the system prompt

@@ -15,7 +15,8 @@
     │   └── RateLimitError        429 with Retry-After, an API key's limit reached
     └── ServiceUnavailableError   503 (with Retry-After)
         ├── QueueFullError        the waiting queue is full
-        └── EngineDeadError       the engine process died or stopped answering
+        ├── EngineDeadError       the engine process died or stopped answering
+        └── ModelUnavailableError a model of several did not load, or is still loading
 
 `openai_error_of` turns any of them (or any other exception) into the
 OpenAI error object, the one place that object's shape is spelled: the HTTP
@@ -138,6 +139,11 @@ class ServiceUnavailableError(SluiceError):
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
+
+
+class ModelUnavailableError(ServiceUnavailableError):
+    """The model a request names failed to load (the message names it and the
+    cause), or was still loading when the request's queue timeout ran out."""
 
 
 class QueueFullError(ServiceUnavailableError):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -218,6 +219,16 @@ class AdmissionGate(EngineClient):
         """Refuse every new request from now on."""
         self.is_draining = True
 
+    async def until_idle(self) -> None:
+        """Return once no request is in flight."""
+        await self._idle.wait()
+
+    def kill(self) -> None:
+        """Kill the engine now where it can be killed (a forced exit)."""
+        kill = getattr(self.engine, "kill", None)
+        if kill is not None:
+            kill()
+
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight; False if `timeout_s` passed first."""
         try:
@@ -262,10 +273,20 @@ class AdmissionGate(EngineClient):
             self._idle.set()
 
 
+class AdmissionCounts(Protocol):
+    """What /metrics reads of admission: one gate's, or the sum over a server's models."""
+
+    @property
+    def num_in_flight(self) -> int: ...
+
+    @property
+    def num_refused(self) -> dict[str, int]: ...
+
+
 class AdmissionCollector(Collector):
     """/metrics: requests in flight and requests the gate refused, by reason."""
 
-    def __init__(self, gate: AdmissionGate):
+    def __init__(self, gate: AdmissionCounts):
         self._gate = gate
 
     def collect(self) -> Iterator[Metric]:

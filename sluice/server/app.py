@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -55,11 +56,10 @@ from sluice.apis.surface import (
     ApiTable,
 )
 from sluice.config import ServerConfig
-from sluice.engine.client_base import EngineClient, QueueTimeout
+from sluice.engine.client_base import EngineClient, QueueTimeout, ReplicaState
 from sluice.engine.supervisor import EngineSupervisor
-from sluice.errors import EngineDeadError, ModelLoadError
+from sluice.errors import EngineDeadError, ModelUnavailableError
 from sluice.frontend.observer import RequestObserver
-from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend, ResponseChunks
 from sluice.server import (
@@ -81,8 +81,12 @@ from sluice.server.event_stream import (
 from sluice.server.info_routes import InfoRoutes, sluice_version
 from sluice.server.key_limits import KeyLease, KeyLimiter
 from sluice.server.loop_watchdog import LoopWatchdog
-from sluice.server.metrics import ReadCounter, ReadInfo, SeriesObserver, ServerMetrics
+from sluice.server.metrics import ReadCounter, ReadInfos, SeriesObserver, ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
+from sluice.server.model_catalog import pool_limits
+from sluice.server.model_entry import ModelSpec
+from sluice.server.model_parts import ModelOptions, ModelParts, model_options, model_parts
+from sluice.server.model_pool import ModelPool
 from sluice.server.pages import add_pages
 from sluice.server.replicas import ReplicaCollector
 from sluice.server.request_spans import RequestTrace, TracedObserver
@@ -90,8 +94,6 @@ from sluice.server.response_store import ResponseStore
 from sluice.server.responses_routes import ResponsesRoutes
 from sluice.server.served_model import ServedModel, ServedTokenizer
 from sluice.server.shutdown import GracefulShutdown
-from sluice.tools.reasoning import chosen_reasoning_parser
-from sluice.tools.tool_format import chosen_tool_call_format
 from sluice.tracing import otlp_tracer
 
 if TYPE_CHECKING:
@@ -104,60 +106,57 @@ Handler = Callable[..., Awaitable[Response]]
 
 def create_app(
     config: ServerConfig,
-    engine: EngineClient,
-    model: ServedModel,
+    engine: EngineClient | None = None,
+    model: ServedModel | None = None,
     clock: Callable[[], float] = time.monotonic,
     tracer: Tracer | None = None,
     apis: ApiTable = API_TABLE,
+    *,
+    models: list[ModelSpec] | None = None,
 ) -> FastAPI:
-    """The app serving `engine` as `model.name` (ServerConfig.served_model_name wins);
-    `clock`: the seconds the API keys' rate windows are measured in; `tracer`:
-    where request spans go (default: the OTLP endpoint of the config, if any);
-    `apis`: the APIs served, whose routes, keys, traces and error shapes it reads."""
+    """The app serving `models` (sluice/server/model_pool.py: each started on
+    first use or at startup, stopped least recently used), or one `engine`
+    already built serving `model` as its name (ServerConfig.served_model_name
+    wins); `clock`: the seconds the API keys' rate windows are measured in;
+    `tracer`: where request spans go (default: the OTLP endpoint of the config,
+    if any); `apis`: the APIs served, whose routes, keys, traces and error
+    shapes it reads."""
+    if models is None:
+        assert engine is not None and model is not None, "an engine and its model, or models"
+        models = [_built_model(config, engine, model)]
     endpoint = config.engine.otlp_traces_endpoint
     if tracer is None and endpoint is not None:
         tracer = otlp_tracer(endpoint, "sluice-server")
-    num_replicas = 1 if config.data_parallel is None else config.data_parallel.num_replicas
-    gate = AdmissionGate(engine, num_replicas * admission.capacity_of(config.engine.scheduler))
     keys = KeyRing(config.api_key, config.api_key_file)
-    routes = Routes(config, gate, model, is_keyed=keys.is_enabled)
-    supervisor = None
-    if engine.can_restart:
-        supervisor = EngineSupervisor(
-            engine, config.on_engine_death, on_exit=lambda: shutdown.exit(1)
-        )
-    shutdown = GracefulShutdown(gate, config.drain_timeout_s, supervisor)
-    if supervisor is not None:
-        restarts = ReadCounter("sluice:engine_restarts", "Dead engines brought back.",
-                               lambda: supervisor.num_restarts)  # fmt: skip
-        routes.metrics.registry.register(restarts)
-    watchdog = LoopWatchdog(routes.metrics.registry)
-    routes.metrics.registry.register(AdmissionCollector(gate))
-    routes.metrics.registry.register(ReplicaCollector(gate.replicas))
-    routes.metrics.registry.register(ReadInfo(
-        "sluice:kernel_plan", "The kernels the engine chose at load (--kernel-plan).",
-        lambda: None if not getattr(engine.info, "kernel_plan", "") else
-        {"model_name": routes.served_name, "plan": engine.info.kernel_plan},
+    routes = Routes(config, models, on_exit=lambda: shutdown.exit(1), is_keyed=keys.is_enabled)
+    pool = routes.models
+    shutdown = GracefulShutdown(pool, config.drain_timeout_s, _PoolSupervisors(pool))
+    registry = routes.metrics.registry
+    registry.register(ReadCounter("sluice:engine_restarts", "Dead engines brought back.",
+                                  lambda: pool.num_restarts))  # fmt: skip
+    watchdog = LoopWatchdog(registry)
+    registry.register(AdmissionCollector(pool))
+    registry.register(ReplicaCollector(routes.replicas))
+    registry.register(ReadInfos(
+        "sluice:kernel_plan", "The kernels each engine chose at load (--kernel-plan).",
+        lambda: [{"model_name": name, "plan": active.gate.engine.info.kernel_plan}
+                 for name, active in pool.loaded() if getattr(active.gate.engine.info,
+                                                              "kernel_plan", "")],
     ))  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await engine.start()
         try:
-            model.check_served_by(engine.info)
-        except ModelLoadError:
-            await engine.shutdown()
+            await pool.start()
+        except BaseException:
+            await pool.shutdown()
             raise
         watchdog.start()
-        if supervisor is not None:
-            supervisor.start()
         try:
             yield
         finally:
-            if supervisor is not None:
-                await supervisor.stop()
             await watchdog.stop()
-            await engine.shutdown()
+            await pool.shutdown()
 
     app = FastAPI(
         title="sluice",
@@ -180,6 +179,27 @@ def create_app(
     return app
 
 
+def _built_model(config: ServerConfig, engine: EngineClient, model: ServedModel) -> ModelSpec:
+    """The one model of a server handed its engine already built: started with
+    the app, never stopped before it."""
+    return ModelSpec(
+        config.served_model_name or model.name,
+        describe=lambda: model,
+        make_engine=lambda: engine,
+        is_pinned=True,
+    )
+
+
+class _PoolSupervisors:
+    """The supervisors of the pool's running engines, as the drain stops them."""
+
+    def __init__(self, pool: ModelPool[ModelParts]):
+        self._pool = pool
+
+    async def stop(self) -> None:
+        await self._pool.stop_supervising()
+
+
 def add_api_routes(app: FastAPI, apis: ApiTable, handlers: Mapping[ApiRoute, Handler]) -> None:
     """Every route of `apis`, served by its handler (each route must have one)."""
     for route in apis.routes():
@@ -189,41 +209,30 @@ def add_api_routes(app: FastAPI, apis: ApiTable, handlers: Mapping[ApiRoute, Han
 
 
 class Routes:
-    """The route handlers of one app and what they share."""
+    """The route handlers of one app and what they share; each request takes
+    the parts of the model it names (`model_for`)."""
 
     def __init__(
         self,
         config: ServerConfig,
-        gate: AdmissionGate,
-        model: ServedModel,
+        models: list[ModelSpec],
+        on_exit: Callable[[], None] = lambda: None,
         is_keyed: bool = False,
     ):
-        self.gate = gate
-        self.tokenizer: ServedTokenizer = model.tokenizer
-        self.served_name = config.served_model_name or model.name
-        self.max_model_len = model.max_model_len
+        self.config = config
         self.send_timeout_s = config.send_timeout_s
         self.queue_timeout_s = config.queue_timeout_s
-        self.metrics = ServerMetrics(
-            self.served_name, gate.stats, self.max_model_len, is_keyed=is_keyed
+        self.metrics = ServerMetrics(is_keyed=is_keyed)
+        self.bodies = BodyReader(
+            config.limits, default_conversion=lambda: self.default_parts().model.conversion
         )
-        self.frontend = Frontend(gate, self.tokenizer, observer=self.metrics)
-        self.preprocessor = Preprocessor(self.tokenizer, self.max_model_len)
-        self.options = to_internal.RequestOptions(
-            self.served_name,
-            self.preprocessor,
-            config.limits,
-            tool_format=chosen_tool_call_format(
-                config.tool_call_parser, self.tokenizer.chat_template_source
-            ),
-            reasoning_parser=chosen_reasoning_parser(
-                config.reasoning_parser, self.tokenizer.chat_template_source
-            ),
-            is_priority_scheduling=config.engine.scheduler.scheduling_policy == "priority",
-            generation_defaults=config.generation_defaults or to_internal.API_DEFAULTS,
-            reasoning_effort_budgets=config.reasoning_effort_budgets,
+        self._on_exit = on_exit
+        self._options: dict[str, ModelOptions] = {}
+        num_replicas = 1 if config.data_parallel is None else config.data_parallel.num_replicas
+        capacity = num_replicas * admission.capacity_of(config.engine.scheduler)
+        self.models: ModelPool[ModelParts] = ModelPool(
+            models, pool_limits(config, capacity), self._prepare, self._supervise
         )
-        self.bodies = BodyReader(config.limits, self.options)
 
     def handlers(self) -> dict[ApiRoute, Handler]:
         """The API routes served here."""
@@ -234,39 +243,145 @@ class Routes:
             MESSAGES_COUNT_TOKENS: self.count_tokens,
         }
 
+    # -- the model a request names -------------------------------------------------
+
+    @asynccontextmanager
+    async def model_for(
+        self,
+        request: Request,
+        name: str | None,
+        *,
+        keep_alive_s: float | None = None,
+        is_any_name_served: bool = False,
+    ) -> AsyncIterator[ModelParts]:
+        """The running model `name` names (404 naming the served ones), held
+        while the route works; started first if need be, waiting at most the
+        request's queue timeout (the access log shows the wait). `keep_alive_s`:
+        how long it stays loaded once idle (None: the server's default; 0: stop
+        it after this request; inf: ever); `is_any_name_served`: an unknown
+        name means the first model (the agent APIs)."""
+        resolved = self.models.resolve(name, is_any_name_served=is_any_name_served)
+        wait_s = admission.queue_timeout_s(
+            request.headers.get(admission.QUEUE_TIMEOUT_HEADER), self.queue_timeout_s
+        )
+        log = _request_log(request)
+        on_wait = None if log is None else functools.partial(setattr, log, "model_wait_s")
+        async with self.models.use(resolved, wait_s, keep_alive_s, on_wait) as lease:
+            yield lease.model.parts
+
+    async def options_for(self, name: str | None) -> ModelOptions:
+        """The request options of model `name` (its engine need not run)."""
+        resolved = self.models.resolve(name)
+        options = self._options.get(resolved)
+        if options is None:
+            served = await self.models.describe(resolved)
+            options = self._options.setdefault(
+                resolved, model_options(self.config, resolved, served)
+            )
+        return options
+
+    def default_parts(self) -> ModelParts:
+        """The first model's parts (a server of one model: its model's); a 503
+        while it is not running."""
+        active = self.models.active(self.models.default_name)
+        if active is None:
+            raise ModelUnavailableError(f"the model `{self.models.default_name}` is not loaded")
+        return active.parts
+
+    # The first model's, for routes that name no model (a server of one model).
+    @property
+    def served_name(self) -> str:
+        return self.models.default_name
+
+    @property
+    def gate(self) -> AdmissionGate:
+        return self.default_parts().gate
+
+    @property
+    def frontend(self) -> Frontend:
+        return self.default_parts().frontend
+
+    @property
+    def options(self) -> to_internal.RequestOptions:
+        return self.default_parts().model.options
+
+    @property
+    def tokenizer(self) -> ServedTokenizer:
+        return self.default_parts().model.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.default_parts().model.max_model_len
+
+    def replicas(self) -> list[ReplicaState]:
+        """The replicas of a data-parallel engine (a server of one model)."""
+        loaded = self.models.loaded()
+        return loaded[0][1].gate.replicas() if len(loaded) == 1 else []
+
+    def _prepare(self, name: str, served: ServedModel, gate: AdmissionGate) -> ModelParts:
+        options = self._options.get(name) or self._options.setdefault(
+            name, model_options(self.config, name, served)
+        )
+
+        def is_running(gate: AdmissionGate) -> bool:
+            active = self.models.active(name)
+            return active is not None and active.gate is gate
+
+        return model_parts(options, gate, self.metrics, is_running)
+
+    def _supervise(self, engine: EngineClient) -> EngineSupervisor:
+        return EngineSupervisor(engine, self.config.on_engine_death, on_exit=self._on_exit)
+
     # -- generation ------------------------------------------------------------
 
     async def completions(self, request: Request) -> Response:
         body = await self.bodies.parse(request, protocol.CompletionRequest)
-        queue_timeout = self.admit(request, body.value.n or 1)
-        generation = await self.bodies.convert(body, to_internal.completion_request)
-        return await self.respond(request, generation, queue_timeout)
+        async with self.model_for(request, body.value.model) as model:
+            queue_timeout = self.admit(request, body.value.n or 1, model)
+            generation = await self.bodies.convert(
+                body, to_internal.completion_request, model.model.conversion
+            )
+            return await self.respond(request, generation, queue_timeout, model=model)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self.bodies.parse(request, protocol.ChatCompletionRequest)
-        queue_timeout = self.admit(request, body.value.n or 1)
-        generation = await self.bodies.convert(body, to_internal.chat_request)
-        return await self.respond(request, generation, queue_timeout)
+        async with self.model_for(request, body.value.model) as model:
+            queue_timeout = self.admit(request, body.value.n or 1, model)
+            generation = await self.bodies.convert(
+                body, to_internal.chat_request, model.model.conversion
+            )
+            return await self.respond(request, generation, queue_timeout, model=model)
 
     async def messages(self, request: Request) -> Response:
         body = await self.bodies.parse(request, messages_protocol.MessagesRequest)
-        queue_timeout = self.admit(request, 1)
-        generation = await self.bodies.convert(body, messages_to_internal.messages_request)
-        return await self.respond(request, generation, queue_timeout)
+        async with self.model_for(request, body.value.model, is_any_name_served=True) as model:
+            queue_timeout = self.admit(request, 1, model)
+            generation = await self.bodies.convert(
+                body, messages_to_internal.messages_request, model.model.conversion
+            )
+            return await self.respond(request, generation, queue_timeout, model=model)
 
     async def count_tokens(self, request: Request) -> Response:
         body = await self.bodies.parse(request, messages_protocol.CountTokensRequest)
-        num_tokens = await self.bodies.convert(body, messages_to_internal.count_tokens)
+        name = self.models.resolve(body.value.model, is_any_name_served=True)
+        options = await self.options_for(name)
+        num_tokens = await self.bodies.convert(
+            body, messages_to_internal.count_tokens, options.conversion
+        )
         return _json({"input_tokens": num_tokens})
 
-    def admit(self, request: Request, n: int) -> QueueTimeout | None:
-        """Refuse before any work if the request cannot run; its queue timeout."""
+    def admit(
+        self, request: Request, n: int, model: ModelParts | None = None
+    ) -> QueueTimeout | None:
+        """Refuse before any work if the request cannot run on `model` (None:
+        the first model's, running); its queue timeout."""
+        model = model or self.default_parts()
         timeout_s = admission.queue_timeout_s(
             request.headers.get(admission.QUEUE_TIMEOUT_HEADER), self.queue_timeout_s
         )
-        if not self.gate.is_alive:
-            raise EngineDeadError("the engine is not running; retry later")
-        self.gate.check_open(n)
+        if not model.gate.is_alive:
+            raise EngineDeadError(f"the engine of `{model.name}` is not running; retry later")
+        model.gate.check_open(n)
         lease = _key_lease(request)
         if lease is not None:  # a choice is a request to the key's limits
             lease.seat_choices(n)
@@ -279,12 +394,16 @@ class Routes:
         queue_timeout: QueueTimeout | None,
         chunks: ResponseChunks | None = None,
         media_type: str = EVENT_STREAM_MEDIA_TYPE,
+        *,
+        model: ModelParts | None = None,
     ) -> Response:
-        """Run `generation` and answer with its stream or body; `chunks`: a
-        builder the route made (default: the one its kind names); `media_type`:
-        the stream's (Ollama's lines are NDJSON)."""
+        """Run `generation` on `model` (None: the first model's, running) and
+        answer with its stream or body; `chunks`: a builder the route made
+        (default: the one its kind names); `media_type`: the stream's (Ollama's
+        NDJSON lines)."""
+        model = model or self.default_parts()
         if len(generation.prompts) > 1:  # n was checked; n times the prompts may not fit
-            self.gate.check_open(generation.num_choices)
+            model.gate.check_open(generation.num_choices)
         num_prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
         lease = _key_lease(request)
         if lease is not None:  # before any engine work: the key's seats and tokens
@@ -294,26 +413,27 @@ class Routes:
         log = _request_log(request)
         if log is not None:
             log.num_prompt_tokens = num_prompt_tokens
-        observer = self._observer_of(request)
-        run = _Run(request, generation, queue_timeout, log, chunks, observer, media_type=media_type)
+        observer = self._observer_of(request, model)
+        run = _Run(request, model, generation, queue_timeout, log, chunks, observer,
+                   media_type=media_type)  # fmt: skip
         trace: RequestTrace | None = getattr(request.state, "request_trace", None)
         if trace is not None:
             trace.received(generation.response_id, generation.model_name, num_prompt_tokens)
-            observer = TracedObserver(run.observer or self.metrics, trace)
+            observer = TracedObserver(run.observer or model.metrics, trace)
             run = dataclasses.replace(run, observer=observer, trace_context=trace.traceparent)
         if generation.stream:
             return await self._stream(run)
         return await self._complete(run)
 
-    def _observer_of(self, request: Request) -> SeriesObserver | None:
-        """The observer of a request made with an API key (None: the app's own)."""
+    def _observer_of(self, request: Request, model: ModelParts) -> SeriesObserver | None:
+        """The observer of a request made with an API key (None: the model's own)."""
         lease = _key_lease(request)
         if lease is None:
             return None
-        return self.metrics.observer_for(lease.key_name, lease.charge)
+        return model.metrics.observer_for(lease.key_name, lease.charge)
 
     async def _stream(self, run: _Run) -> Response:
-        events = self.frontend.stream(
+        events = run.model.frontend.stream(
             run.generation, run.queue_timeout, run.chunks, run.observer, run.trace_context
         )
         # Wait for the first event before sending headers: an error up to here
@@ -332,14 +452,14 @@ class Routes:
             events,
             self.send_timeout_s,
             usage_log,
-            on_write_wait=self.metrics.stream_write_waits.inc,
+            on_write_wait=run.model.metrics.stream_write_waits.inc,
             media_type=run.media_type,
         )
 
     async def _complete(self, run: _Run) -> Response:
         body = await _unless_disconnected(
             run.request.receive,
-            self.frontend.complete(
+            run.model.frontend.complete(
                 run.generation, run.queue_timeout, run.chunks, run.observer, run.trace_context
             ),
         )
@@ -381,6 +501,7 @@ class _Run:
     """One generation route's request on its way to the frontend."""
 
     request: Request
+    model: ModelParts
     generation: GenerationRequest
     queue_timeout: QueueTimeout | None
     log: RequestLog | None
@@ -389,7 +510,6 @@ class _Run:
     observer: RequestObserver | None
     # The traceparent the engine's spans continue (None: not traced).
     trace_context: str | None = None
-    # The stream's media type (Ollama's lines: NDJSON).
     media_type: str = EVENT_STREAM_MEDIA_TYPE
 
 

@@ -88,26 +88,42 @@ class ParsedBody(Generic[Body]):
     num_bytes: int
 
 
-class BodyReader:
-    """Reads, parses and converts the bodies of one app's routes."""
+@dataclass(frozen=True, slots=True)
+class Conversion:
+    """One model's request options, as the loop and as a worker thread use them."""
 
-    def __init__(
-        self,
-        request_limits: RequestLimits,
-        options: RequestOptions,
-        offload_threshold_bytes: int = OFFLOAD_THRESHOLD_BYTES,
-    ):
-        self.limits = request_limits
-        self.options = options
+    on_loop: RequestOptions
+    # The same conversion for a worker thread: it hands nothing to another thread.
+    in_worker: RequestOptions
+
+    @classmethod
+    def of(cls, options: RequestOptions) -> Conversion:
         on_loop = options.preprocessor
-        # The same conversion for the worker thread: it hands nothing to another thread.
-        self.worker_options = dataclasses.replace(
+        in_worker = dataclasses.replace(
             options,
             preprocessor=Preprocessor(
                 on_loop.tokenizer, on_loop.max_model_len, offload_threshold_chars=sys.maxsize
             ),
             grammar_check=GrammarCheck(is_inline=True),
         )
+        return cls(options, in_worker)
+
+
+class BodyReader:
+    """Reads, parses and converts the bodies of one app's routes; `options`
+    (or `default_conversion()`, read at each use): the conversion of a route
+    that names no other (`convert`)."""
+
+    def __init__(
+        self,
+        request_limits: RequestLimits,
+        options: RequestOptions | None = None,
+        offload_threshold_bytes: int = OFFLOAD_THRESHOLD_BYTES,
+        default_conversion: Callable[[], Conversion | None] | None = None,
+    ):
+        self.limits = request_limits
+        conversion = None if options is None else Conversion.of(options)
+        self._default_conversion = default_conversion or (lambda: conversion)
         self.offload_threshold_bytes = offload_threshold_bytes
         # The worker lanes: one body at a time in each.
         self._large_lane = asyncio.Lock()
@@ -130,11 +146,19 @@ class BodyReader:
             )
         return ParsedBody(value, num_bytes)
 
-    async def convert(self, body: ParsedBody[Body], convert: Converter[Body, T]) -> T:
-        """`convert(body)`; for a large body in a worker thread, which then drops the body."""
+    async def convert(
+        self,
+        body: ParsedBody[Body],
+        convert: Converter[Body, T],
+        conversion: Conversion | None = None,
+    ) -> T:
+        """`convert(body)` with the model's `conversion` (default: the reader's);
+        for a large body in a worker thread, which then drops the body."""
+        conversion = conversion or self._default_conversion()
+        assert conversion is not None, "no request options to convert with"
         lane = self._lane(body.num_bytes)
         if lane is None:
-            return await convert(body.value, self.options)
+            return await convert(body.value, conversion.on_loop)
         async with lane:
             return await asyncio.to_thread(
                 _in_worker,
@@ -142,7 +166,7 @@ class BodyReader:
                 _convert,
                 body.value,
                 convert,
-                self.worker_options,
+                conversion.in_worker,
             )
 
     def _lane(self, num_bytes: int) -> asyncio.Lock | None:

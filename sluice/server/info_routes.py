@@ -16,14 +16,17 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
+from sluice.engine.client_base import ReplicaState
 from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.server import protocol, to_internal
-from sluice.server.admission import AdmissionGate, ShuttingDownError
+from sluice.server.admission import ShuttingDownError
 from sluice.server.body import BodyReader
 from sluice.server.errors import unavailable_response
 from sluice.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sluice.server.metrics import ServerMetrics
+from sluice.server.model_parts import ModelOptions, ModelParts
+from sluice.server.model_pool import ModelPool
 from sluice.server.replicas import replica_health
 from sluice.server.served_model import ServedTokenizer
 
@@ -38,26 +41,25 @@ def sluice_version() -> str:
 class AppParts(Protocol):
     """What these routes read of the app's (`app.Routes`)."""
 
-    gate: AdmissionGate
-    tokenizer: ServedTokenizer
-    served_name: str
-    max_model_len: int
+    models: ModelPool[ModelParts]
     metrics: ServerMetrics
     bodies: BodyReader
+
+    def replicas(self) -> list[ReplicaState]: ...
+
+    async def options_for(self, name: str | None) -> ModelOptions: ...
 
 
 class InfoRoutes:
     def __init__(self, parts: AppParts):
-        self.gate = parts.gate
-        self.tokenizer = parts.tokenizer
-        self.served_name = parts.served_name
-        self.max_model_len = parts.max_model_len
+        self.parts = parts
+        self.models = parts.models
         self.metrics = parts.metrics
         self.bodies = parts.bodies
         self.created = int(time.time())
 
     def add_to(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/models", self.models, methods=["GET"])
+        app.add_api_route("/v1/models", self.list_models, methods=["GET"])
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/version", self.version, methods=["GET"])
         app.add_api_route("/metrics", self.metrics_text, methods=["GET"])
@@ -65,34 +67,43 @@ class InfoRoutes:
         app.add_api_route("/detokenize", self.detokenize, methods=["POST"])
         app.add_api_route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"])
 
-    async def models(self) -> Response:
-        card = {
-            "id": self.served_name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "sluice",
-            "root": self.served_name,
-            "parent": None,
-            "max_model_len": self.max_model_len,
-        }
-        return _json({"object": "list", "data": [card]})
+    async def list_models(self) -> Response:
+        """Every model served, running or not (`status`: loaded, loading, unloaded)."""
+        cards = []
+        for status in self.models.statuses():
+            cards.append({
+                "id": status.name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "sluice",
+                "root": status.name,
+                "parent": None,
+                "max_model_len": None if status.served is None else status.served.max_model_len,
+                "status": status.state,
+            })  # fmt: skip
+        return _json({"object": "list", "data": cards})
 
     async def health(self) -> Response:
-        if self.gate.is_draining:
+        if self.models.is_draining:
             return unavailable_response(ShuttingDownError("the server is shutting down"))
-        replicas = self.gate.replicas()
+        replicas = self.parts.replicas()
         if replicas:  # data parallel: degraded (still 200) while one replica serves
             return replica_health(replicas)
-        if self.gate.is_alive:
+        dead = [name for name, active in self.models.loaded() if not active.gate.is_alive]
+        if not dead:
             return Response(status_code=200)
-        return unavailable_response(EngineDeadError("the engine is not running"))
+        return unavailable_response(EngineDeadError(_dead_message(dead)))
 
     async def reset_prefix_cache(self) -> Response:
-        """vLLM's endpoint: the engine forgets every cached prefix before its
-        next step (the API key guards it like every route but /health, /metrics)."""
-        if not self.gate.is_alive:
-            raise EngineDeadError("the engine is not running; retry later")
-        self.gate.reset_prefix_cache()
+        """vLLM's endpoint: every running engine forgets every cached prefix
+        before its next step (the API key guards it like every route but
+        /health, /metrics)."""
+        loaded = self.models.loaded()
+        dead = [name for name, active in loaded if not active.gate.is_alive]
+        if dead:
+            raise EngineDeadError(_dead_message(dead) + "; retry later")
+        for _, active in loaded:
+            active.gate.reset_prefix_cache()
         return Response(status_code=200)
 
     async def version(self) -> Response:
@@ -103,20 +114,30 @@ class InfoRoutes:
 
     async def tokenize(self, request: Request) -> Response:
         body = await self.bodies.parse(request, protocol.TokenizeRequest)
-        return _json_bytes(await self.bodies.convert(body, self._tokenized))
+        model = await self.parts.options_for(body.value.model)
+
+        async def tokenized(
+            body: protocol.TokenizeRequest, options: to_internal.RequestOptions
+        ) -> bytes:
+            return await self._tokenized(body, options, model.tokenizer)
+
+        return _json_bytes(await self.bodies.convert(body, tokenized, model.conversion))
 
     async def _tokenized(
-        self, body: protocol.TokenizeRequest, options: to_internal.RequestOptions
+        self,
+        body: protocol.TokenizeRequest,
+        options: to_internal.RequestOptions,
+        tokenizer: ServedTokenizer,
     ) -> bytes:
         to_internal.check_model(body.model, options.served_model_name)
         token_ids = await self._tokenize(body, options.preprocessor)
         result: dict[str, object] = {
             "count": len(token_ids),
-            "max_model_len": self.max_model_len,
+            "max_model_len": options.preprocessor.max_model_len,
             "tokens": token_ids,
         }
         if body.return_token_strs:
-            result["token_strs"] = self.tokenizer.convert_ids_to_tokens(token_ids)
+            result["token_strs"] = tokenizer.convert_ids_to_tokens(token_ids)
         return orjson.dumps(result)
 
     async def _tokenize(
@@ -136,7 +157,8 @@ class InfoRoutes:
 
     async def detokenize(self, request: Request) -> Response:
         body = await self.bodies.parse(request, protocol.DetokenizeRequest)
-        return _json_bytes(await self.bodies.convert(body, _detokenized))
+        model = await self.parts.options_for(body.value.model)
+        return _json_bytes(await self.bodies.convert(body, _detokenized, model.conversion))
 
 
 async def _detokenized(
@@ -147,6 +169,12 @@ async def _detokenized(
         raise InvalidRequestError("'tokens' is required", param="tokens")
     options.preprocessor.check_token_ids(body.tokens, "tokens")
     return orjson.dumps({"prompt": await options.preprocessor.decode(body.tokens)})
+
+
+def _dead_message(names: list[str]) -> str:
+    if len(names) == 1 and names[0]:
+        return f"the engine of `{names[0]}` is not running"
+    return "the engines of " + ", ".join(f"`{n}`" for n in names) + " are not running"
 
 
 def _json(content: object) -> Response:

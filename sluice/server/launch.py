@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import gc
 import logging
@@ -40,7 +41,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sluice.config import EngineConfig, ModelConfig, ServerConfig
 from sluice.engine.client_base import EngineClient
-from sluice.errors import SluiceError
+from sluice.errors import ModelLoadError, SluiceError
 from sluice.server.connection import AbortableHttpToolsProtocol
 from sluice.server.served_model import ServedModel
 from sluice.server.shutdown import GracefulShutdown
@@ -318,12 +319,24 @@ def run_server(config: ServerConfig) -> int:
     from sluice.server.api_keys import KeyRing
     from sluice.server.app import create_app
 
+    from sluice.server.model_catalog import model_paths, model_specs
+
     KeyRing(config.api_key, config.api_key_file)  # a broken key file fails before any load
-    if config.data_parallel is None:
-        assembly = build_engine(config.engine)
-    else:
-        assembly = build_data_parallel_engine(config)
-    app = create_app(config, assembly.engine, assembly.model)
+    is_one_model = len(model_paths(config)) == 1
+    if config.data_parallel is not None or not config.engine.multiprocess:
+        if not is_one_model:
+            raise ModelLoadError("several models run in engine processes: no --in-process "
+                                 "or --data-parallel with them")  # fmt: skip
+        engine = dataclasses.replace(
+            config.engine,
+            model=dataclasses.replace(config.engine.model, model=model_paths(config)[0][1]),
+        )
+        config = dataclasses.replace(config, engine=engine)
+        built = build_engine(config.engine) if config.data_parallel is None else (
+            build_data_parallel_engine(config))  # fmt: skip
+        return serve(create_app(config, built.engine, built.model), config)
+    # Every model in its own engine process, the only one started with the server.
+    app = create_app(config, models=model_specs(config, describe_model))
     return serve(app, config)
 
 

@@ -54,44 +54,57 @@ def _both(name: str) -> tuple[str, str]:
 
 
 class _LoopMetricsCollector(Collector):
-    """Exposes each key's `RequestSeries` (labelled `key`; None: no label), one
-    family per name, and the chunk count they imply."""
+    """Exposes each model's and key's `RequestSeries` (labelled `model_name`,
+    and `key` where there is one), one family per name, and the chunk count
+    they imply."""
 
-    def __init__(self, series_by_key: dict[str | None, RequestSeries], model_name: str):
-        self._series_by_key = series_by_key
-        self._model_name = model_name
+    def __init__(self, models: dict[str, ModelMetrics]):
+        self._models = models
 
     def collect(self) -> Iterator[Metric]:
         merged: dict[str, Metric] = {}
-        num_chunks = 0
-        for key_name, request_series in list(self._series_by_key.items()):
-            labels = {"model_name": self._model_name}
-            if key_name is not None:
-                labels["key"] = key_name
-            for series in request_series.all():
-                for family in series.families(labels):
-                    if family.name in merged:
-                        merged[family.name].samples.extend(family.samples)
-                    else:
-                        merged[family.name] = family
-            num_chunks += request_series.tokens_per_chunk.count
-        yield from merged.values()
         chunks = CounterMetricFamily(
             "sluice:chunks_sent", "Stream chunks carrying tokens.", labels=["model_name"]
         )
-        chunks.add_metric([self._model_name], num_chunks)
+        for model_name, model in list(self._models.items()):
+            num_chunks = 0
+            for key_name, request_series in list(model.series_by_key.items()):
+                labels = {"model_name": model_name}
+                if key_name is not None:
+                    labels["key"] = key_name
+                for series in request_series.all():
+                    for family in series.families(labels):
+                        if family.name in merged:
+                            merged[family.name].samples.extend(family.samples)
+                        else:
+                            merged[family.name] = family
+                num_chunks += request_series.tokens_per_chunk.count
+            chunks.add_metric([model_name], num_chunks)
+        yield from merged.values()
         yield chunks
 
 
 class EngineStatsCollector(Collector):
-    """Gauges read from the engine when Prometheus scrapes."""
+    """Gauges read from each running model's engine when Prometheus scrapes."""
 
-    def __init__(self, stats: Callable[[], EngineStatsSnapshot], model_name: str):
-        self._stats = stats
-        self._model_name = model_name
+    def __init__(self, models: dict[str, ModelMetrics]):
+        self._models = models
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self._stats()
+        families: dict[str, Metric] = {}
+        for model_name, model in list(self._models.items()):
+            snapshot = None if model.stats is None else model.stats()
+            if snapshot is None:  # not running
+                continue
+            for family in self._families(model_name, snapshot):
+                if family.name in families:
+                    families[family.name].samples.extend(family.samples)
+                else:
+                    families[family.name] = family
+        yield from families.values()
+
+    def _families(self, model_name: str, snapshot: EngineStatsSnapshot) -> Iterator[Metric]:
+        self._model_name = model_name
         for prefix in ("sluice", "vllm"):
             yield self._gauge(f"{prefix}:num_requests_running", "Requests in the running batch.",
                               snapshot.num_running)  # fmt: skip
@@ -155,19 +168,24 @@ class ReadCounter(Collector):
         yield counter
 
 
-class ReadInfo(Collector):
-    """An info metric (`<name>_info{labels} 1`) whose labels are read when
-    Prometheus scrapes; absent while `read` gives None (no engine yet)."""
+class ReadInfos(Collector):
+    """An info metric with one sample per label set `read` gives when
+    Prometheus scrapes (one per running engine); absent while it gives none."""
 
-    def __init__(self, name: str, documentation: str, read: Callable[[], dict[str, str] | None]):
+    def __init__(self, name: str, documentation: str, read: Callable[[], list[dict[str, str]]]):
         self._name = name
         self._documentation = documentation
         self._read = read
 
     def collect(self) -> Iterator[Metric]:
-        labels = self._read()
-        if labels is not None:
-            yield InfoMetricFamily(self._name, self._documentation, value=labels)
+        label_sets = self._read()
+        if not label_sets:
+            return
+        names = sorted(label_sets[0])
+        family = InfoMetricFamily(self._name, self._documentation, labels=names)
+        for labels in label_sets:
+            family.add_metric([labels[name] for name in names], {})
+        yield family
 
 
 @dataclass(slots=True)
@@ -280,52 +298,34 @@ class SeriesObserver:
         self._on_abort()
 
 
-class ServerMetrics:
-    """The app's metrics; itself the `RequestObserver` of requests without a
-    key, `observer_for(key_name)` that of a key's requests."""
+class ModelMetrics:
+    """One model's request series (per API key) and engine stats; itself the
+    `RequestObserver` of its requests without a key."""
 
     def __init__(
         self,
         model_name: str,
-        stats: Callable[[], EngineStatsSnapshot] | None = None,
-        max_model_len: int | None = None,
-        is_keyed: bool = False,
+        server: ServerMetrics,
+        stats: Callable[[], EngineStatsSnapshot | None] | None,
+        max_model_len: int | None,
     ):
-        """`stats`: the engine's (no engine series without it); `max_model_len`:
-        the cap of the per-request token histograms (none without it);
-        `is_keyed`: the server asks for API keys, so the request series carry
-        a `key` label (each key's appear with its first request)."""
         self.model_name = model_name
-        self.registry = CollectorRegistry(auto_describe=True)
-        self._max_model_len = max_model_len
-        # 1. Counters the app's other parts increment.
-        labels: dict[str, Any] = {"labelnames": ["model_name"], "registry": self.registry}
-        self.requests_aborted = Counter(
-            "sluice:request_aborted", "Requests whose client went away.", **labels
-        ).labels(model_name)
-        self.stream_write_waits = Counter(
-            "sluice:stream_write_waits",
-            "Stream events that waited for a paused connection (a client reading slowly).",
-            **labels,
-        ).labels(model_name)
-        # 2. What the observers record on the loop, turned into families when scraped.
-        self._series_by_key: dict[str | None, RequestSeries] = {}
-        self._unkeyed = None if is_keyed else self.observer_for(None)
-        self.registry.register(_LoopMetricsCollector(self._series_by_key, model_name))
-        # 3. The engine's gauges and counters, read when scraped.
-        if stats is not None:
-            self.registry.register(EngineStatsCollector(stats, model_name))
+        # The engine's stats while it runs (None: not running, or no engine).
+        self.stats = stats
+        self.max_model_len = max_model_len
+        self.requests_aborted = server.aborted_counter.labels(model_name)
+        self.stream_write_waits = server.write_waits_counter.labels(model_name)
+        self.series_by_key: dict[str | None, RequestSeries] = {}
+        self._unkeyed = None if server.is_keyed else self.observer_for(None)
 
     def observer_for(
         self, key_name: str | None, on_tokens: Callable[[int], None] | None = None
     ) -> SeriesObserver:
         """The observer of one request of `key_name` (None: no key)."""
-        series = self._series_by_key.get(key_name)
+        series = self.series_by_key.get(key_name)
         if series is None:
-            series = self._series_by_key[key_name] = RequestSeries.build(self._max_model_len)
+            series = self.series_by_key[key_name] = RequestSeries.build(self.max_model_len)
         return SeriesObserver(series, self.requests_aborted.inc, on_tokens)
-
-    # -- RequestObserver, for requests without a key ----------------------------
 
     def _observer(self) -> SeriesObserver:
         if self._unkeyed is None:
@@ -349,6 +349,94 @@ class ServerMetrics:
 
     def on_abort(self) -> None:
         self.requests_aborted.inc()
+
+
+class ServerMetrics:
+    """The app's metrics, every series labelled with its `model_name`;
+    `for_model(name)` is one model's observer. Built with a `model_name`, it
+    is that model's observer too (a server of one model, and tests)."""
+
+    def __init__(
+        self,
+        model_name: str | None = None,
+        stats: Callable[[], EngineStatsSnapshot | None] | None = None,
+        max_model_len: int | None = None,
+        is_keyed: bool = False,
+    ):
+        """`stats`: the engine's (no engine series without it); `max_model_len`:
+        the cap of the per-request token histograms (none without it);
+        `is_keyed`: the server asks for API keys, so the request series carry
+        a `key` label (each key's appear with its first request)."""
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.is_keyed = is_keyed
+        # 1. Counters the app's other parts increment.
+        labels: dict[str, Any] = {"labelnames": ["model_name"], "registry": self.registry}
+        self.aborted_counter = Counter(
+            "sluice:request_aborted", "Requests whose client went away.", **labels
+        )
+        self.write_waits_counter = Counter(
+            "sluice:stream_write_waits",
+            "Stream events that waited for a paused connection (a client reading slowly).",
+            **labels,
+        )
+        # 2. What the observers record on the loop, turned into families when
+        # scraped, and 3. the engines' gauges and counters, read when scraped.
+        self._models: dict[str, ModelMetrics] = {}
+        self.registry.register(_LoopMetricsCollector(self._models))
+        self.registry.register(EngineStatsCollector(self._models))
+        self._default: ModelMetrics | None = None
+        if model_name is not None:
+            self._default = self.for_model(model_name, stats, max_model_len)
+
+    def for_model(
+        self,
+        model_name: str,
+        stats: Callable[[], EngineStatsSnapshot | None] | None = None,
+        max_model_len: int | None = None,
+    ) -> ModelMetrics:
+        """Model `model_name`'s metrics (made on first call; later calls return them)."""
+        model = self._models.get(model_name)
+        if model is None:
+            model = self._models[model_name] = ModelMetrics(model_name, self, stats, max_model_len)
+        return model
+
+    @property
+    def model(self) -> ModelMetrics:
+        assert self._default is not None, "a ServerMetrics built without a model_name"
+        return self._default
+
+    # -- one model's, for a server of one model ----------------------------------
+
+    @property
+    def requests_aborted(self) -> Any:
+        return self.model.requests_aborted
+
+    @property
+    def stream_write_waits(self) -> Any:
+        return self.model.stream_write_waits
+
+    def observer_for(
+        self, key_name: str | None, on_tokens: Callable[[int], None] | None = None
+    ) -> SeriesObserver:
+        return self.model.observer_for(key_name, on_tokens)
+
+    def on_first_token(self, ttft_s: float, num_tokens: int) -> None:
+        self.model.on_first_token(ttft_s, num_tokens)
+
+    def on_chunks(self, num_tokens: Sequence[int], gaps_s: Sequence[float]) -> None:
+        self.model.on_chunks(num_tokens, gaps_s)
+
+    def on_finish(
+        self,
+        num_prompt_tokens: int,
+        num_generation_tokens: int,
+        e2e_s: float,
+        finish_reason: str,
+    ) -> None:
+        self.model.on_finish(num_prompt_tokens, num_generation_tokens, e2e_s, finish_reason)
+
+    def on_abort(self) -> None:
+        self.model.on_abort()
 
     # -- exposition ----------------------------------------------------------------
 

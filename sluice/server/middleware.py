@@ -70,6 +70,8 @@ class RequestLog:
     num_completion_tokens: int | None = None
     # The API key's name (never the key); None without keys.
     key_name: str | None = None
+    # Seconds the request waited for its model to start (None: it was running).
+    model_wait_s: float | None = None
 
     def line(self) -> str:
         now_s = time.perf_counter()
@@ -81,6 +83,7 @@ class RequestLog:
             f"completion_tokens={_or_dash(self.num_completion_tokens)} "
             f"first_byte_ms={first_byte} total_ms={_ms(now_s - self.start_s)}"
             + ("" if self.key_name is None else f" key={log_safe(self.key_name)}")
+            + ("" if self.model_wait_s is None else f" model_wait_ms={_ms(self.model_wait_s)}")
         )
 
 

@@ -15,6 +15,7 @@ names the request's API key as the owner: a key sees only its own responses.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -32,10 +33,11 @@ from sluice.apis.surface import (
 from sluice.engine.client_base import QueueTimeout
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.responses_events import ResponsesEvents
-from sluice.frontend.serving import Frontend, ResponseChunks
+from sluice.frontend.serving import ResponseChunks
 from sluice.server import to_internal
 from sluice.server.body import BodyReader
 from sluice.server.middleware import api_key_of
+from sluice.server.model_parts import ModelOptions, ModelParts
 from sluice.server.response_store import ResponseStore, StoredResponse
 from sluice.server.responses_protocol import InputTokensRequest, ResponsesRequest
 from sluice.server.responses_request import ResponsesPlan, responses_request
@@ -43,12 +45,19 @@ from sluice.server.responses_request import ResponsesPlan, responses_request
 
 class GenerationRoutes(Protocol):
     """What these routes use of the app's (`app.Routes`): its body reader,
-    frontend, admission and the way a generation is answered."""
+    the model a request names, admission and the way a generation is answered."""
 
     bodies: BodyReader
-    frontend: Frontend
 
-    def admit(self, request: Request, n: int) -> QueueTimeout | None: ...
+    def model_for(
+        self, request: Request, name: str | None
+    ) -> contextlib.AbstractAsyncContextManager[ModelParts]: ...
+
+    async def options_for(self, name: str | None) -> ModelOptions: ...
+
+    def admit(
+        self, request: Request, n: int, model: ModelParts | None = None
+    ) -> QueueTimeout | None: ...
 
     async def respond(
         self,
@@ -56,6 +65,9 @@ class GenerationRoutes(Protocol):
         generation: GenerationRequest,
         queue_timeout: QueueTimeout | None,
         chunks: ResponseChunks | None = None,
+        media_type: str = ...,
+        *,
+        model: ModelParts | None = None,
     ) -> Response: ...
 
 
@@ -76,17 +88,18 @@ class ResponsesRoutes:
     async def create(self, request: Request) -> Response:
         routes = self._routes
         body = await routes.bodies.parse(request, ResponsesRequest)
-        queue_timeout = routes.admit(request, 1)
-        owner = _owner(request)
-        plan = await self._plan(body.value, body, owner)
-        generation = plan.request
+        async with routes.model_for(request, body.value.model) as model:
+            queue_timeout = routes.admit(request, 1, model)
+            owner = _owner(request)
+            plan = await self._plan(body.value, body, owner, model.model)
+            generation = plan.request
 
-        def on_response(response: dict[str, Any]) -> None:
-            if plan.is_stored:
-                self._store.put(StoredResponse(response, plan.messages, owner))
+            def on_response(response: dict[str, Any]) -> None:
+                if plan.is_stored:
+                    self._store.put(StoredResponse(response, plan.messages, owner))
 
-        chunks = ResponsesEvents(generation, routes.frontend.strings, on_response)
-        return await routes.respond(request, generation, queue_timeout, chunks)
+            chunks = ResponsesEvents(generation, model.frontend.strings, on_response)
+            return await routes.respond(request, generation, queue_timeout, chunks, model=model)
 
     async def retrieve(self, request: Request, response_id: str) -> Response:
         return _json(self._store.get(response_id, _owner(request)).response)
@@ -99,11 +112,14 @@ class ResponsesRoutes:
         body = await self._routes.bodies.parse(request, InputTokensRequest)
         fields = body.value.model_dump(by_alias=True, exclude_none=True)
         responses_body = ResponsesRequest.model_validate(fields)
-        plan = await self._plan(responses_body, body, _owner(request))
+        model = await self._routes.options_for(responses_body.model)
+        plan = await self._plan(responses_body, body, _owner(request), model)
         num_tokens = len(plan.request.prompts[0].token_ids)
         return _json({"object": "response.input_tokens", "input_tokens": num_tokens})
 
-    async def _plan(self, value: ResponsesRequest, body: Any, owner: bytes | None) -> ResponsesPlan:
+    async def _plan(
+        self, value: ResponsesRequest, body: Any, owner: bytes | None, model: ModelOptions
+    ) -> ResponsesPlan:
         previous: list[dict[str, Any]] = []
         if value.previous_response_id is not None:
             stored = self._store.get(value.previous_response_id, owner, "previous_response_id")
@@ -114,7 +130,9 @@ class ResponsesRoutes:
         ) -> ResponsesPlan:
             return await responses_request(value, options, previous)
 
-        return await self._routes.bodies.convert(_with_value(body, value), convert)
+        return await self._routes.bodies.convert(
+            _with_value(body, value), convert, model.conversion
+        )
 
 
 def _owner(request: Request) -> bytes | None:

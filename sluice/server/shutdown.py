@@ -21,25 +21,45 @@ import logging
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from sluice.engine.supervisor import EngineSupervisor
-from sluice.server.admission import AdmissionGate, ShuttingDownError
+from sluice.errors import ServiceUnavailableError
+from sluice.server.admission import ShuttingDownError
 
 logger = logging.getLogger("sluice.server")
 
 EXIT_FORCED = 130
 
 
+class Drainable(Protocol):
+    """What a drain needs of the server's engines: one `AdmissionGate`, or
+    the `ModelPool` of a server of several models."""
+
+    @property
+    def is_draining(self) -> bool: ...
+
+    @property
+    def num_in_flight(self) -> int: ...
+
+    def start_draining(self) -> None: ...
+
+    async def wait_idle(self, timeout_s: float) -> bool: ...
+
+    def fail_all(self, error: ServiceUnavailableError) -> int: ...
+
+    def kill(self) -> None:
+        """Kill the engine processes now (a forced exit)."""
+
+
 @runtime_checkable
-class KillableEngine(Protocol):
-    def kill(self) -> None: ...
+class Stoppable(Protocol):
+    async def stop(self) -> None: ...
 
 
 class GracefulShutdown:
     def __init__(
         self,
-        gate: AdmissionGate,
+        gate: Drainable,
         drain_timeout_s: float,
-        supervisor: EngineSupervisor | None = None,
+        supervisor: Stoppable | None = None,
     ):
         self.gate = gate
         self.drain_timeout_s = drain_timeout_s
@@ -79,9 +99,7 @@ class GracefulShutdown:
     def force(self) -> None:
         """Exit now: kill the engine process, stop the server without waiting."""
         logger.warning("forced exit")
-        engine = self.gate.engine
-        if isinstance(engine, KillableEngine):
-            engine.kill()
+        self.gate.kill()
         self.exit_code = EXIT_FORCED
         self._stop(force=True)
 

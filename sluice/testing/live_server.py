@@ -27,6 +27,7 @@ from sluice.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfi
 from sluice.engine.client_base import EngineClient
 from sluice.server.app import create_app
 from sluice.server.launch import make_server
+from sluice.server.model_entry import ModelSpec
 from sluice.server.served_model import ServedModel, ServedTokenizer
 
 if TYPE_CHECKING:
@@ -38,10 +39,12 @@ DEFAULT_MODEL_NAME = "fake-model"
 class LiveServer:
     def __init__(
         self,
-        engine: EngineClient,
-        tokenizer: ServedTokenizer,
+        engine: EngineClient | None,
+        tokenizer: ServedTokenizer | None,
         /,  # so that `engine=EngineConfig(...)` reaches the ServerConfig
         *,
+        # Several models instead (sluice/server/model_pool.py): engine and tokenizer None.
+        models: list[ModelSpec] | None = None,
         model_name: str = DEFAULT_MODEL_NAME,
         max_model_len: int = 4096,
         # Starting a real engine (its own process, loading weights) takes a while.
@@ -56,9 +59,8 @@ class LiveServer:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.config = ServerConfig(host="127.0.0.1", port=0, **config)
-        self.app = create_app(
-            self.config, engine, ServedModel(model_name, tokenizer, max_model_len), clock, tracer
-        )
+        served = None if tokenizer is None else ServedModel(model_name, tokenizer, max_model_len)
+        self.app = create_app(self.config, engine, served, clock, tracer, models=models)
         self.server = make_server(self.app, self.config)
         self.startup_timeout_s = startup_timeout_s
         self.url = ""

@@ -1,0 +1,162 @@
+"""Several models in one server, over HTTP on fake engines behind the real app
+and pool (sluice/server/model_pool.py): each request goes to the model it
+names, unknown names are a 404 naming the served ones, a model that does not
+load fails its own requests only, and switching under `--models-max 1`
+keeps every stream whole."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from itertools import cycle
+
+import aiohttp
+import httpx2
+
+from sluice.errors import ModelLoadError
+from sluice.server.model_entry import ModelSpec
+from sluice.server.served_model import ServedModel
+from sluice.testing import FakeEngine
+from sluice.testing.contract import Expectations, check_stream
+from sluice.testing.event_loops import run
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+from sluice.testing.live_server import LiveServer
+
+TOKENIZER = ChatFakeTokenizer()
+
+
+def echoing(token_id: int):
+    """A script: the model answers `token_id` forever (each model its own)."""
+    return lambda request_id, prompt, params: cycle([token_id])
+
+
+class BrokenEngine(FakeEngine):
+    async def start(self) -> None:
+        raise ModelLoadError("the GGUF file ends inside tensor blk.3.ffn_up.weight")
+
+
+def spec(name: str, token_id: int, **fields) -> ModelSpec:
+    served = ServedModel(name, TOKENIZER, 256)
+    make = fields.pop("make", lambda: FakeEngine(echoing(token_id)))
+    return ModelSpec(name, lambda: served, make, **fields)
+
+
+def completion(http: httpx2.Client, model: str | None, **fields) -> httpx2.Response:
+    body = {"prompt": "hello", "max_tokens": 4, "temperature": 0, **fields}
+    if model is not None:
+        body["model"] = model
+    return http.post("/v1/completions", json=body)
+
+
+def expected_text(token_id: int, num_tokens: int) -> str:
+    return TOKENIZER.decode([token_id] * num_tokens)
+
+
+def test_each_request_is_served_by_the_model_it_names_and_the_first_by_default():
+    models = [spec("alpha", 40, is_preloaded=True), spec("beta", 50)]
+    with LiveServer(None, None, models=models) as live, httpx2.Client(base_url=live.url) as http:
+        listed = http.get("/v1/models").json()["data"]
+        assert [(m["id"], m["status"]) for m in listed] == [
+            ("alpha", "loaded"),
+            ("beta", "unloaded"),
+        ]
+        beta = completion(http, "beta")
+        assert beta.status_code == 200, beta.text
+        assert beta.json()["model"] == "beta"
+        assert beta.json()["choices"][0]["text"] == expected_text(50, 4)
+        alpha = completion(http, "alpha").json()
+        assert alpha["choices"][0]["text"] == expected_text(40, 4)
+        assert completion(http, None).json()["model"] == "alpha"
+        listed = http.get("/v1/models").json()["data"]
+        assert {m["id"]: m["status"] for m in listed} == {"alpha": "loaded", "beta": "loaded"}
+        assert all(m["max_model_len"] == 256 for m in listed)
+
+
+def test_an_unknown_model_is_a_404_naming_the_served_ones_in_each_apis_shape():
+    models = [spec("alpha", 40, is_preloaded=True), spec("beta", 50)]
+    with LiveServer(None, None, models=models) as live, httpx2.Client(base_url=live.url) as http:
+        refused = completion(http, "gamma")
+        assert refused.status_code == 404
+        error = refused.json()["error"]
+        assert error["code"] == "model_not_found" and error["param"] == "model"
+        assert "`gamma`" in error["message"] and "`alpha`, `beta`" in error["message"]
+        chat = http.post("/v1/chat/completions", json={
+            "model": "gamma", "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        assert chat.status_code == 404 and "`alpha`, `beta`" in chat.json()["error"]["message"]
+        tokenize = http.post("/tokenize", json={"model": "gamma", "prompt": "hi"})
+        assert tokenize.status_code == 404
+        # Anthropic's API: agents pick their own names; the first model serves them.
+        messages = http.post("/v1/messages", json={
+            "model": "claude-sonnet-4", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        assert messages.status_code == 200, messages.text
+
+
+def test_a_model_that_does_not_load_fails_its_requests_clearly_and_the_others_serve(caplog):
+    caplog.set_level(logging.INFO, logger="sluice.access")
+    broken = spec("broken", 60, make=lambda: BrokenEngine())
+    models = [spec("alpha", 40, is_preloaded=True), broken]
+    with LiveServer(None, None, models=models) as live, httpx2.Client(base_url=live.url) as http:
+        for _ in range(2):
+            refused = completion(http, "broken")
+            assert refused.status_code == 503
+            message = refused.json()["error"]["message"]
+            assert "`broken` failed to load" in message and "blk.3.ffn_up.weight" in message
+        assert completion(http, "alpha").status_code == 200
+        assert http.get("/health").status_code == 200
+        (line,) = [r.getMessage() for r in caplog.records if " 503 " in r.getMessage()][:1]
+        assert "model_wait_ms=" in line  # it waited for the start that failed
+
+
+def test_the_access_log_shows_the_wait_for_a_model_to_start(caplog):
+    caplog.set_level(logging.INFO, logger="sluice.access")
+    models = [spec("alpha", 40, is_preloaded=True), spec("beta", 50)]
+    with LiveServer(None, None, models=models) as live, httpx2.Client(base_url=live.url) as http:
+        assert completion(http, "beta").status_code == 200
+        assert completion(http, "beta").status_code == 200
+    lines = [r.getMessage() for r in caplog.records if "/v1/completions" in r.getMessage()]
+    assert len(lines) == 2
+    assert "model_wait_ms=" in lines[0] and "model_wait_ms=" not in lines[1]
+
+
+def test_metrics_carry_each_models_name():
+    models = [spec("alpha", 40, is_preloaded=True), spec("beta", 50)]
+    with LiveServer(None, None, models=models) as live, httpx2.Client(base_url=live.url) as http:
+        completion(http, "alpha")
+        completion(http, "beta")
+        text = http.get("/metrics").text
+    for name in ("alpha", "beta"):
+        assert f'vllm:generation_tokens_total{{model_name="{name}"}} 4.0' in text
+        assert f'vllm:num_requests_running{{model_name="{name}"}}' in text
+
+
+def test_under_one_loaded_model_switching_keeps_every_stream_whole():
+    """Streams on two models at once with `--models-max 1`: each model's
+    streams finish before the other starts; every stream passes the contract
+    and carries its own model's tokens."""
+    models = [
+        spec("alpha", 40, make=lambda: FakeEngine(echoing(40), step_interval_s=0.001)),
+        spec("beta", 50, make=lambda: FakeEngine(echoing(50), step_interval_s=0.001)),
+    ]
+    expect = Expectations("completion", 1, include_usage=True)
+    with LiveServer(None, None, models=models, models_max=1) as live:
+
+        async def one_stream(session: aiohttp.ClientSession, model: str) -> tuple[str, str]:
+            body = {"model": model, "prompt": "hi", "max_tokens": 24, "stream": True,
+                    "stream_options": {"include_usage": True}}  # fmt: skip
+            async with session.post(live.url + "/v1/completions", json=body) as response:
+                assert response.status == 200, await response.text()
+                raw = await response.read()
+            return model, check_stream(raw, expect).choices[0].text
+
+        async def mixed_load() -> list[tuple[str, str]]:
+            async with aiohttp.ClientSession() as session:
+                names = ["alpha", "beta"] * 6
+                return await asyncio.gather(*(one_stream(session, n) for n in names))
+
+        results = run(mixed_load())
+        for model, text in results:
+            assert text == expected_text(40 if model == "alpha" else 50, 24), model
+        with httpx2.Client(base_url=live.url) as http:
+            listed = http.get("/v1/models").json()["data"]
+        assert sum(m["status"] == "loaded" for m in listed) == 1
