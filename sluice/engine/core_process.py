@@ -1,5 +1,7 @@
-"""The engine process: an EngineCore driven by a loop that reads requests from
-ZMQ, steps, and pushes every step's deltas back as one message.
+"""The engine process: an engine core (generation's `EngineCore`, or a
+`PoolingCore` for an embedder or reranker: `engine_core_for`) driven by a loop
+that reads requests from ZMQ, steps, and pushes every step's deltas back as
+one message.
 
 The loop blocks on input only when it has nothing to run; otherwise it drains
 whatever arrived and steps at once. While idle it sends a heartbeat so the
@@ -21,7 +23,6 @@ import time
 import zmq
 
 from sluice.config import EngineConfig
-from sluice.engine.core import EngineCore
 from sluice.engine.messages import (
     EngineFailed,
     StepOutputs,
@@ -29,6 +30,7 @@ from sluice.engine.messages import (
     output_encoder,
 )
 from sluice.engine.outputs import EngineError, RequestDelta
+from sluice.engine.pooling_core import Core, engine_core_for
 
 logger = logging.getLogger("sluice.engine")
 
@@ -59,7 +61,7 @@ def serve_engine(config: EngineConfig, inputs: zmq.Socket, outputs: zmq.Socket) 
     differ only in who binds the sockets; the caller closes them.
     """
     try:
-        core = EngineCore(config)
+        core = engine_core_for(config)
     except Exception as error:  # noqa: BLE001 - reported to the client, then we exit
         outputs.send(output_encoder.encode(EngineFailed(f"engine failed to start: {error}")))
         return
@@ -72,7 +74,7 @@ def serve_engine(config: EngineConfig, inputs: zmq.Socket, outputs: zmq.Socket) 
 
 
 class EngineLoop:
-    def __init__(self, core: EngineCore, inputs: zmq.Socket, outputs: zmq.Socket):
+    def __init__(self, core: Core, inputs: zmq.Socket, outputs: zmq.Socket):
         self.core = core
         self.inputs = inputs
         self.outputs = outputs

@@ -19,6 +19,7 @@ import threading
 from sluice.engine.core import EngineCore
 from sluice.engine.messages import EngineInput, Shutdown
 from sluice.engine.outputs import EngineError, RequestDelta
+from sluice.engine.pooling_core import PoolingCore, fresh_core
 from sluice.engine.routed_client import RoutedEngineClient
 
 logger = logging.getLogger("sluice.engine")
@@ -29,7 +30,7 @@ IDLE_WAIT_S = 0.5
 class InProcessEngineClient(RoutedEngineClient):
     can_restart = True
 
-    def __init__(self, core: EngineCore):
+    def __init__(self, core: EngineCore | PoolingCore):
         super().__init__()
         self.core = core
         self.info = core.info
@@ -55,7 +56,7 @@ class InProcessEngineClient(RoutedEngineClient):
         """A fresh core (new scheduler and KV cache, same weights) on a new thread."""
         await self.shutdown()
         # Allocating the KV cache takes a while: off the loop.
-        self.core = await asyncio.to_thread(EngineCore, self.core.config, self.core.loaded)
+        self.core = await asyncio.to_thread(fresh_core, self.core)
         self._inputs = queue.SimpleQueue()
         await self.start()
 

@@ -1,6 +1,7 @@
 """Typed messages between the engine client and the engine process (msgpack).
 
-    client ──EngineInput (AddRequest | AbortRequests | ResetPrefixCache | Shutdown)──▶ engine
+    client ──EngineInput (AddRequest | AddPoolingRequest | AbortRequests
+                          | ResetPrefixCache | Shutdown)──▶ engine
     client ◀──EngineOutput (EngineReady | StepOutputs | EngineFailed)── engine process
 
 Every message is a value: decoded into fresh objects on the receiving side.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from sluice.engine.outputs import EngineError, RequestDelta
+from sluice.engine.pooling_params import PoolingInput, PoolingParams, PoolingSpec
 from sluice.engine.sampling_params import SamplingParams
 
 
@@ -20,6 +22,16 @@ class AddRequest(msgspec.Struct, frozen=True, tag="add"):
     params: SamplingParams
     # The W3C traceparent of the API request's span (sluice/tracing.py):
     # the engine's spans continue that trace. None: not traced.
+    trace_context: str | None = None
+
+
+class AddPoolingRequest(msgspec.Struct, frozen=True, tag="add_pooling"):
+    """One API request's inputs for a pooling model (sluice/engine/pooling_core.py):
+    pooled together, answered in one delta whose `pooled` holds a vector each."""
+
+    request_id: str
+    inputs: list[PoolingInput]
+    params: PoolingParams
     trace_context: str | None = None
 
 
@@ -35,7 +47,7 @@ class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
     pass
 
 
-EngineInput = AddRequest | AbortRequests | ResetPrefixCache | Shutdown
+EngineInput = AddRequest | AddPoolingRequest | AbortRequests | ResetPrefixCache | Shutdown
 
 
 class EngineReady(msgspec.Struct, frozen=True, tag="ready"):
@@ -47,6 +59,8 @@ class EngineReady(msgspec.Struct, frozen=True, tag="ready"):
     # The kernel plan chosen at load, one line (sluice/models/kernel_plan.py);
     # "" where none applies (another device, batch-invariant mode).
     kernel_plan: str = ""
+    # A pooling model's description (sluice/engine/pooling_core.py); None: generation.
+    pooling: PoolingSpec | None = None
 
 
 class KVTierStats(msgspec.Struct, frozen=True):

@@ -52,6 +52,15 @@ class PromptLogprobs(msgspec.Struct, frozen=True, array_like=True):
         return len(self.logprobs)
 
 
+class PooledOutput(msgspec.Struct, frozen=True, array_like=True):
+    """What a pooling request computed (sluice/engine/pooling_core.py): one
+    vector per input, in the order of its inputs."""
+
+    # [num_inputs, num_dimensions] float32, row-major, native byte order.
+    data: bytes
+    num_inputs: int
+
+
 class RequestDelta(msgspec.Struct, frozen=True, array_like=True):
     request_id: str
     # Tokens generated since this request's previous delta, in order. May be
@@ -69,6 +78,9 @@ class RequestDelta(msgspec.Struct, frozen=True, array_like=True):
     num_cached_tokens: int = 0
     # Only on the request's first delta, iff params.prompt_logprobs was set.
     prompt_logprobs: PromptLogprobs | None = None
+    # A pooling request's result, on its one (finishing) delta; None for
+    # generation (vLLM's EngineCoreOutput.pooling_output).
+    pooled: PooledOutput | None = None
 
     @property
     def is_finished(self) -> bool:

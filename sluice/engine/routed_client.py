@@ -2,12 +2,13 @@
 
 `RoutedEngineClient` keeps the open requests' sinks in a `SinkRouter` and
 turns the app's calls into the engine protocol's inputs (`AddRequest`,
-`AbortRequests`, `ResetPrefixCache`), which a subclass hands to its engine
-(`_send`): over ZMQ (`zmq_client`), through a queue to an engine thread
+`AddPoolingRequest`, `AbortRequests`, `ResetPrefixCache`), which a subclass
+hands to its engine (`_send`): over ZMQ (`zmq_client`), through a queue to an engine thread
 (`inproc_client`), or to the test fakes' own stepping (sluice/testing). So
 the client side of the contract in `client_base` is kept in one place:
 
-- `add_request` registers the sink, then sends; a dead engine refuses it.
+- `add_request` (`add_pooling_request`) registers the sink, then sends; a
+  dead engine refuses it.
 - `abort` unregisters the sinks of the requests still open, then sends one
   AbortRequests for them: the consumer is gone, so its sink hears nothing
   more, not even the engine's final "abort" delta, which the router drops.
@@ -23,12 +24,14 @@ import abc
 from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout
 from sluice.engine.messages import (
     AbortRequests,
+    AddPoolingRequest,
     AddRequest,
     EngineInput,
     EngineStatsSnapshot,
     ResetPrefixCache,
 )
 from sluice.engine.outputs import EngineError, RequestDelta
+from sluice.engine.pooling_params import PoolingInput, PoolingParams
 from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.sink_router import SinkRouter
 from sluice.errors import EngineDeadError
@@ -58,6 +61,20 @@ class RoutedEngineClient(EngineClient):
             raise EngineDeadError("the engine is not running")
         self._router.register(request_id, sink)
         self._send(AddRequest(request_id, list(prompt_token_ids), params, trace_context))
+
+    def add_pooling_request(
+        self,
+        request_id: str,
+        inputs: list[PoolingInput],
+        params: PoolingParams,
+        sink: DeltaSink,
+        *,
+        queue_timeout: QueueTimeout | None = None,
+    ) -> None:
+        if not self._is_alive:
+            raise EngineDeadError("the engine is not running")
+        self._router.register(request_id, sink)
+        self._send(AddPoolingRequest(request_id, list(inputs), params))
 
     def abort(self, request_ids: list[str]) -> None:
         live = [request_id for request_id in request_ids if request_id in self._router]

@@ -35,6 +35,7 @@ from sluice.config import SchedulerConfig
 from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout, ReplicaState
 from sluice.engine.messages import EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
+from sluice.engine.pooling_params import PoolingInput, PoolingParams
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import InvalidRequestError, QueueFullError, ServiceUnavailableError
 
@@ -170,10 +171,7 @@ class AdmissionGate(EngineClient):
     ) -> None:
         """Admit and add one engine request; with `queue_timeout`, end it with
         QueueTimeoutError if it produces nothing within that time."""
-        self.check_open()
-        tracked = _TrackedSink(self, request_id, sink)
-        self._open[request_id] = tracked
-        self._idle.clear()
+        tracked = self._admit(request_id, sink)
         try:
             self.engine.add_request(
                 request_id, prompt_token_ids, params, tracked, trace_context=trace_context
@@ -181,6 +179,36 @@ class AdmissionGate(EngineClient):
         except BaseException:
             tracked.end()
             raise
+        self._start_timeout(request_id, tracked, queue_timeout)
+
+    def add_pooling_request(
+        self,
+        request_id: str,
+        inputs: list[PoolingInput],
+        params: PoolingParams,
+        sink: DeltaSink,
+        *,
+        queue_timeout: QueueTimeout | None = None,
+    ) -> None:
+        """Admit and add one pooling request, counted and timed as `add_request`'s."""
+        tracked = self._admit(request_id, sink)
+        try:
+            self.engine.add_pooling_request(request_id, inputs, params, tracked)
+        except BaseException:
+            tracked.end()
+            raise
+        self._start_timeout(request_id, tracked, queue_timeout)
+
+    def _admit(self, request_id: str, sink: DeltaSink) -> _TrackedSink:
+        self.check_open()
+        tracked = _TrackedSink(self, request_id, sink)
+        self._open[request_id] = tracked
+        self._idle.clear()
+        return tracked
+
+    def _start_timeout(
+        self, request_id: str, tracked: _TrackedSink, queue_timeout: QueueTimeout | None
+    ) -> None:
         if queue_timeout is not None and tracked.is_open:
             loop = asyncio.get_running_loop()
             tracked.timeout_handle = loop.call_later(

@@ -33,6 +33,7 @@ import socket
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -41,6 +42,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sluice.config import EngineConfig, ModelConfig, ServerConfig
 from sluice.engine.client_base import EngineClient
+from sluice.engine.pooling_params import PoolingSpec
 from sluice.errors import ModelLoadError, SluiceError
 from sluice.server.connection import AbortableHttpToolsProtocol
 from sluice.server.served_model import ServedModel
@@ -269,9 +271,12 @@ def describe_model(config: ModelConfig) -> ServedModel:
     from sluice.loader.choices import GGUF_BLOCKS
     from sluice.loader.gguf_convert import converted_folder
     from sluice.loader.loaded_model import read_config_json
+    from sluice.loader.pooling_model import pooling_spec_of
     from sluice.models.families.registry import parse_hf_config
 
     source = resolve_source(config.model)
+    if (pooling := pooling_spec_of(config)) is not None:
+        return _describe_pooling_model(config, source.path, source.name, pooling)
     # The engine's own folder: with weights, or config and tokenizer only
     # where it reads the GGUF's blocks itself (never a float copy it won't read).
     with_weights = config.quantization != GGUF_BLOCKS
@@ -288,6 +293,24 @@ def describe_model(config: ModelConfig) -> ServedModel:
     )
 
 
+def _describe_pooling_model(
+    config: ModelConfig, folder: Path, name: str, pooling: PoolingSpec
+) -> ServedModel:
+    """An embedder or reranker (sluice/loader/pooling_model.py), as `describe_model`."""
+    from sluice.loader import resolve_max_model_len
+    from sluice.loader.loaded_model import read_config_json
+    from sluice.loader.pooling_model import pooling_max_model_len
+    from sluice.models.bert import BERT_ARCHITECTURES
+    from sluice.models.families.registry import parse_hf_config
+
+    max_model_len = pooling_max_model_len(folder, config.max_model_len)
+    config_json = read_config_json(folder)
+    if (config_json.get("architectures") or [""])[0] not in BERT_ARCHITECTURES:
+        decoder_limit = resolve_max_model_len(config.max_model_len, parse_hf_config(config_json))
+        max_model_len = min(max_model_len, decoder_limit)
+    return ServedModel(name, Tokenizer.from_folder(folder), max_model_len, pooling)
+
+
 def build_engine(config: EngineConfig) -> EngineAssembly:
     """The engine client `config` asks for (own process by default), not yet started."""
     if config.multiprocess:
@@ -295,12 +318,13 @@ def build_engine(config: EngineConfig) -> EngineAssembly:
 
         client = MultiprocessEngineClient(config)
         return EngineAssembly(client, describe_model(config.model))
-    from sluice.engine.core import EngineCore
     from sluice.engine.inproc_client import InProcessEngineClient
+    from sluice.engine.pooling_core import engine_core_for
 
-    core = EngineCore(config)
+    core = engine_core_for(config)
     loaded = core.loaded
-    description = ServedModel(loaded.name, loaded.tokenizer, loaded.max_model_len)
+    pooling = core.info.pooling
+    description = ServedModel(loaded.name, loaded.tokenizer, loaded.max_model_len, pooling)
     client = InProcessEngineClient(core)
     return EngineAssembly(client, description)
 

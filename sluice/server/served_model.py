@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sluice.engine.messages import EngineReady
+from sluice.engine.pooling_params import PoolingSpec
 from sluice.errors import ModelLoadError
 from sluice.frontend.detokenizer import DecodingTokenizer
 from sluice.frontend.preprocess import PromptTokenizer
@@ -29,6 +30,10 @@ class ServedModel:
     name: str
     tokenizer: ServedTokenizer
     max_model_len: int
+    # An embedder's or reranker's description (sluice/loader/pooling_model.py):
+    # it serves /v1/embeddings, /v1/rerank and /v1/score, not generation.
+    # None: a generation model.
+    pooling: PoolingSpec | None = None
 
     def check_served_by(self, ready: EngineReady | None) -> None:
         """The engine loaded the model described here: the server process reads
@@ -42,4 +47,9 @@ class ServedModel:
                 f"the engine loaded {ready.model_name!r} with a context of "
                 f"{ready.max_model_len} tokens, but the server describes {self.name!r} "
                 f"with {self.max_model_len}"
+            )
+        if ready.pooling != self.pooling:
+            raise ModelLoadError(
+                f"the engine serves {ready.model_name!r} as {ready.pooling}, but the "
+                f"server describes it as {self.pooling}"
             )

@@ -1,0 +1,213 @@
+"""A BERT encoder (sentence-transformers' encoders, cross-encoders): bidirectional
+attention over whole sequences, no KV cache.
+
+`BertEncoder(config)` holds the weights under their Hugging Face names
+(`embeddings.*`, `encoder.layer.N.*`, `pooler.dense`, `classifier`; only
+`attention.self` is `attention.self_attention` here), so a checkpoint loads
+by name (`load_weights`, which also takes the `bert.` prefix of a
+`BertForSequenceClassification`). `forward` takes a padded batch
+and returns the last hidden states; `classify` is a sequence classifier's
+head over the [CLS] state (pooler, then classifier), as transformers' is.
+
+Numerics follow transformers' `BertModel` in eval mode: post-LayerNorm layers,
+exact (erf) GELU, absolute positions from 0, padding masked out of attention
+keys, so a sequence's states do not depend on the rest of its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sluice.errors import ModelLoadError
+
+BERT_ARCHITECTURES = ("BertModel", "BertForSequenceClassification")
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"gelu": F.gelu, "relu": F.relu}
+
+
+@dataclass(frozen=True, slots=True)
+class BertConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    hidden_act: str
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    # Outputs of a sequence classifier's head (a cross-encoder: 1); 0: none.
+    num_labels: int
+
+    @classmethod
+    def from_hf(cls, d: dict[str, Any]) -> BertConfig:
+        """config.json of a BERT model; ModelLoadError naming what it cannot run."""
+        architecture = (d.get("architectures") or ["BertModel"])[0]
+        if architecture not in BERT_ARCHITECTURES:
+            raise ModelLoadError(f"unsupported encoder architecture {architecture!r}")
+        if d.get("position_embedding_type", "absolute") != "absolute":
+            raise ModelLoadError("only absolute position embeddings are supported in BERT models")
+        if d.get("hidden_act", "gelu") not in _ACTIVATIONS:
+            raise ModelLoadError(f"unsupported BERT activation {d.get('hidden_act')!r}")
+        num_labels = 0
+        if architecture == "BertForSequenceClassification":
+            num_labels = len(d.get("id2label") or {}) or int(d.get("num_labels", 2))
+        try:
+            return cls(
+                architecture=architecture,
+                vocab_size=int(d["vocab_size"]),
+                hidden_size=int(d["hidden_size"]),
+                num_hidden_layers=int(d["num_hidden_layers"]),
+                num_attention_heads=int(d["num_attention_heads"]),
+                intermediate_size=int(d["intermediate_size"]),
+                hidden_act=d.get("hidden_act", "gelu"),
+                max_position_embeddings=int(d.get("max_position_embeddings", 512)),
+                type_vocab_size=int(d.get("type_vocab_size", 2)),
+                layer_norm_eps=float(d.get("layer_norm_eps", 1e-12)),
+                num_labels=num_labels,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelLoadError(f"config.json lacks a BERT field: {exc!r}") from exc
+
+
+class _Embeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        h = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, h)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, h)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, h)
+        self.LayerNorm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:  # [B, L] -> [B, L, H]
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # [L]
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        return self.LayerNorm(x + self.position_embeddings(positions))
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+
+
+class _DenseNorm(nn.Module):
+    """A projection, then the residual's LayerNorm (BERT's `*.output`)."""
+
+    def __init__(self, num_in: int, hidden: int, eps: float):
+        super().__init__()
+        self.dense = nn.Linear(num_in, hidden)
+        self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
+
+    def forward(self, x: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(residual + self.dense(x))
+
+
+class _Attention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        h = config.hidden_size
+        # HF's `attention.self` (a name Python reserves by convention): mapped in load_weights.
+        self.self_attention = _SelfAttention(h)
+        self.output = _DenseNorm(h, h, config.layer_norm_eps)
+
+
+class _Dense(nn.Module):
+    def __init__(self, num_in: int, num_out: int):
+        super().__init__()
+        self.dense = nn.Linear(num_in, num_out)
+
+
+class _Layer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        h, eps = config.hidden_size, config.layer_norm_eps
+        self.num_heads = config.num_attention_heads
+        self.attention = _Attention(config)
+        self.intermediate = _Dense(h, config.intermediate_size)
+        self.output = _DenseNorm(config.intermediate_size, h, eps)
+        self.act = _ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:  # [B, L, H]; mask [B, 1, 1, L]
+        x = self.attention.output(self._attend(x, key_mask), x)  # [B, L, H]
+        inner = self.act(self.intermediate.dense(x))  # [B, L, I]
+        return self.output(inner, x)
+
+    def _attend(self, x: Tensor, key_mask: Tensor) -> Tensor:
+        projections = self.attention.self_attention
+        batch, length, hidden = x.shape
+
+        def heads(linear: nn.Linear) -> Tensor:  # [B, L, H] -> [B, heads, L, H / heads]
+            return linear(x).view(batch, length, self.num_heads, -1).transpose(1, 2)
+
+        q, k, v = heads(projections.query), heads(projections.key), heads(projections.value)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)  # [B, heads, L, D]
+        return out.transpose(1, 2).reshape(batch, length, hidden)
+
+
+class _Encoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(_Layer(config) for _ in range(config.num_hidden_layers))
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig, dtype: torch.dtype = torch.float32, device="cpu"):
+        super().__init__()
+        self.config = config
+        self.embeddings = _Embeddings(config)
+        self.encoder = _Encoder(config)
+        self.pooler: _Dense | None = None
+        self.classifier: nn.Linear | None = None
+        if config.num_labels:
+            self.pooler = _Dense(config.hidden_size, config.hidden_size)
+            self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.to(dtype=dtype, device=device)
+        self.dtype = dtype
+
+    def forward(
+        self,
+        input_ids: Tensor,  # [B, L] int64, padded
+        token_type_ids: Tensor,  # [B, L] int64
+        is_token: Tensor,  # [B, L] bool: False on padding
+    ) -> Tensor:  # [B, L, H] last hidden states
+        key_mask = is_token[:, None, None, :]  # [B, 1, 1, L]: padding is never attended to
+        x = self.embeddings(input_ids, token_type_ids)
+        for layer in self.encoder.layer:
+            x = layer(x, key_mask)
+        return x
+
+    def classify(self, hidden: Tensor) -> Tensor:  # [B, L, H] -> [B, num_labels] float32
+        assert self.pooler is not None and self.classifier is not None, "no classifier head"
+        pooled = torch.tanh(self.pooler.dense(hidden[:, 0]))  # [B, H]: the [CLS] state
+        return self.classifier(pooled).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Every parameter from a checkpoint's tensors; ModelLoadError naming a missing one."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("bert.").replace(
+                ".attention.self.", ".attention.self_attention."
+            )
+            if name not in params:
+                continue  # position_ids buffers, an unused pooler, MLM heads
+            target = params[name]
+            if target.shape != tensor.shape:
+                raise ModelLoadError(
+                    f"tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+                )
+            with torch.no_grad():
+                target.copy_(tensor)
+            loaded.add(name)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise ModelLoadError(f"the checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
