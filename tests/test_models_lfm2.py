@@ -6,6 +6,7 @@ tokens of plain whole-prompt runs."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 
@@ -13,12 +14,19 @@ import msgspec
 import pytest
 import torch
 
+from sluice.cli import main
 from sluice.errors import ModelLoadError
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.lfm2 import Lfm2ForCausalLM
 from sluice.models.short_conv import ShortConvLayer
-from tests.model_factory import LFM2_KIND, TinyModel, build_tiny_model, make_core
+from tests.model_factory import (
+    LFM2_KIND,
+    TinyModel,
+    build_tiny_model,
+    make_core,
+    write_tiny_tokenizer,
+)
 from tests.model_runs import (
     GREEDY,
     PagedRunner,
@@ -134,3 +142,13 @@ def test_speculation_rolls_rejected_drafts_out_of_the_state(loaded, tiny):
 def test_a_layer_type_or_state_shape_it_cannot_run_is_one_line(tiny, change, message):
     with pytest.raises(ModelLoadError, match=message):
         parse_hf_config(tiny.config_dict | change)
+
+
+def test_sluice_serve_refuses_a_layer_type_it_cannot_run_with_exit_status_2(tiny, tmp_path, capsys):
+    config = tiny.config_dict | {"layer_types": ["conv", "full_attention", "mamba", "conv"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    write_tiny_tokenizer(tmp_path, num_tokens=512)
+    status = main(["serve", "--model", str(tmp_path), "--port", "0", "--in-process"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err
+    assert "unsupported LFM2 layer type 'mamba'" in err
