@@ -72,6 +72,10 @@ PHI3_PARTIAL_KIND = "phi3_partial"
 PHI4_MINI_KIND = "phi4_mini"
 PARTIAL_ROTARY_FACTOR = 0.75
 
+# Qwen3-MoE: 8 experts of width 32, top-2 renormalised, the middle of three
+# layers dense (mlp_only_layers); override mlp_only_layers=[] for all sparse.
+QWEN3_MOE_KIND = "qwen3_moe"
+
 _COMMON: dict[str, Any] = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -164,6 +168,12 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
         return transformers.Lfm2Config(
             **(_COMMON | {"num_hidden_layers": 4}), norm_eps=1e-5, block_multiple_of=32,
             layer_types=["conv", "full_attention", "conv", "conv"], tie_word_embeddings=True,
+        )  # fmt: skip
+    if kind == QWEN3_MOE_KIND:
+        return transformers.Qwen3MoeConfig(
+            **(_COMMON | {"num_hidden_layers": 3}), head_dim=16, moe_intermediate_size=32,
+            num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
+            tie_word_embeddings=False, rope_theta=1e6,
         )  # fmt: skip
     if kind == GEMMA2_KIND:
         return transformers.Gemma2Config(

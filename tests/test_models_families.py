@@ -19,10 +19,20 @@ from sluice.loader.loaded_model import LoadedModel
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.gemma3 import Gemma3ForCausalLM
 from sluice.models.llama import LlamaForCausalLM
-from tests.model_factory import GEMMA2_KIND, GEMMA3_KIND, TinyModel, build_tiny_model, make_core
+from sluice.models.moe_decoder import MoeForCausalLM
+from tests.model_factory import (
+    GEMMA2_KIND,
+    GEMMA3_KIND,
+    QWEN3_MOE_KIND,
+    TinyModel,
+    build_tiny_model,
+    make_core,
+)
 from tests.model_runs import GREEDY, loaded_float32, random_prompts, run, run_one_by_one
 
-FAMILY_KINDS = ("qwen3_tied", "qwen3_untied", GEMMA3_KIND, GEMMA2_KIND, "phi3_window")
+FAMILY_KINDS = (
+    "qwen3_tied", "qwen3_untied", GEMMA3_KIND, GEMMA2_KIND, "phi3_window", QWEN3_MOE_KIND,
+)  # fmt: skip
 # Kinds whose layers (all, or Gemma's local ones) attend within a window of 8.
 SLIDING_KINDS = (GEMMA3_KIND, "phi3_window")
 
@@ -39,6 +49,8 @@ def loaded(tiny: TinyModel) -> LoadedModel:
 
 def test_each_architecture_gets_its_own_model_class(loaded):
     expected = Gemma3ForCausalLM if loaded.name in (GEMMA3_KIND, GEMMA2_KIND) else LlamaForCausalLM
+    if loaded.name == QWEN3_MOE_KIND:
+        expected = MoeForCausalLM
     assert type(loaded.model) is expected
 
 
@@ -50,6 +62,8 @@ def test_the_startup_note_names_the_family_and_what_it_cannot_use(loaded):
     elif loaded.name in SLIDING_KINDS:
         assert "sliding-window layers (window 8) attend on the torch path" in note
         assert "keep all their KV blocks" in note
+    elif loaded.name == QWEN3_MOE_KIND:
+        assert note.endswith("not the fused native decode call nor int8 weights")
     else:
         assert note.endswith("every engine path")
 

@@ -54,6 +54,8 @@ _GLOBAL_NAMES = {
     "output": "lm_head",
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# The HF name a family gives llama.cpp's stacked experts (families/qwen_moe.py).
+_STACKED_EXPERTS = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\w+\.weight)")
 ROPE_FREQS = "rope_freqs.weight"
 # LongRoPE's factor lists (Phi-3-128k, Phi-3.5), as llama.cpp's converter stores them.
 LONGROPE_FACTORS = {
@@ -206,7 +208,21 @@ def hf_tensors(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str
     """(HF name, float32 array in HF shape) for every tensor of the GGUF."""
     gguf = family(reader).gguf
     for tensor, name, heads in model_tensors(reader, config):
-        yield name, hf_array(tensor, name, heads, gguf)
+        yield from per_expert(name, hf_array(tensor, name, heads, gguf))
+
+
+def per_expert(name: str, weights: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+    """A stacked experts tensor (llama.cpp's `ffn_*_exps`, [E, out, in]) as
+    HF's one tensor per expert (`mlp.experts.M.gate_proj.weight`); any other
+    tensor as it is."""
+    match = _STACKED_EXPERTS.fullmatch(name)
+    if match is None:
+        yield name, weights
+        return
+    if weights.ndim != 3:
+        raise ModelLoadError(f"GGUF experts tensor {name} has shape {weights.shape}, not 3-D")
+    for expert, matrix in enumerate(weights):
+        yield f"{match[1]}.{expert}.{match[2]}", matrix
 
 
 def model_tensors(

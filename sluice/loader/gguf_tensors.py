@@ -18,7 +18,13 @@ import torch
 from gguf import GGUFReader
 
 from sluice.loader.gguf_blocks import FORMATS, BlockCodes, decode_blocks
-from sluice.loader.gguf_llama import family, hf_array, model_tensors, unpermute_rope_rows
+from sluice.loader.gguf_llama import (
+    family,
+    hf_array,
+    model_tensors,
+    per_expert,
+    unpermute_rope_rows,
+)
 
 Weight = torch.Tensor | BlockCodes
 
@@ -31,7 +37,8 @@ def gguf_weights(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[s
             codes = decode_blocks(tensor.data, tensor.tensor_type.name, int(tensor.shape[0]))
             yield name, codes if heads is None else permuted_rows(codes, heads)
         else:  # a copy: an F32 tensor's array is a view of the read-only map
-            yield name, torch.from_numpy(hf_array(tensor, name, heads, gguf).copy())
+            for hf_name, array in per_expert(name, hf_array(tensor, name, heads, gguf)):
+                yield hf_name, torch.from_numpy(array.copy())
 
 
 def keeps_blocks(tensor: Any, hf_name: str) -> bool:
@@ -41,6 +48,7 @@ def keeps_blocks(tensor: Any, hf_name: str) -> bool:
         and len(tensor.shape) == 2
         and hf_name.endswith(".weight")
         and not hf_name.endswith("norm.weight")
+        and not hf_name.endswith("mlp.gate.weight")  # a router: float32 (moe.py)
     )
 
 

@@ -38,6 +38,7 @@ from sluice.models.families.registry import build_model, describe_family, parse_
 from sluice.models.kernel_plan import KernelPlan
 from sluice.models.kernel_race import int8_candidates, plan_kernels
 from sluice.models.llama import LlamaForCausalLM
+from sluice.models.moe_decoder import describe_experts
 from sluice.models.native import native_status
 from sluice.models.native.qblock import qblock_available
 from sluice.models.quantization import check_quantization
@@ -135,6 +136,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
     else:
         kernel_plan, step_seconds = "", ()
     chosen = choices.noting(chosen, describe_family(model_config))
+    if experts := describe_experts(model):
+        chosen = choices.noting(chosen, experts)
     if rope_note := longrope.describe_longrope(model_config.rope_scaling):
         chosen = choices.noting(chosen, rope_note)
     chosen = choices.noting(chosen, _describe_load(model, time.perf_counter() - start))

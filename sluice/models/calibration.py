@@ -80,7 +80,13 @@ def calibration_file(
 
 def _targets(model: LlamaForCausalLM, names: Sequence[str]) -> list[Linear]:
     """The matrices `names` of every layer, in layer order (lm_head last)."""
-    found = [getattr(layer, name) for layer in model.layers for name in names if name != "lm_head"]
+    # An MoE layer has no gate/up or down matrix: its experts keep the model dtype (moe.py).
+    found = [
+        getattr(layer, name)
+        for layer in model.layers
+        for name in names
+        if name != "lm_head" and hasattr(layer, name)
+    ]
     return found + ([model.lm_head] if "lm_head" in names else [])
 
 

@@ -93,6 +93,18 @@ class DecoderConfig:
     embedding_scale: float | None = None
     # The checkpoint holds qkv_proj and gate_up_proj whole, in our row order (Phi-3).
     fused_checkpoint: bool = False
+    # Mixture of experts (sluice/models/moe.py): experts per MoE layer; 0: every MLP is dense.
+    num_experts: int = 0
+    # Experts each token is routed to (top-k).
+    num_experts_per_tok: int = 0
+    # Width of each expert's gated MLP.
+    moe_intermediate_size: int = 0
+    # How router logits become the k weights: one of moe.ROUTER_SCORINGS.
+    router_scoring: str = "softmax_topk"
+    # The k weights are scaled to sum to one (Qwen3-MoE's norm_topk_prob).
+    norm_topk_prob: bool = False
+    # Layers of an MoE model whose MLP stays dense (Qwen3-MoE's mlp_only_layers).
+    dense_mlp_layers: tuple[int, ...] = ()
     # The kernel size of the "conv" layers' short convolution (its state keeps
     # this - 1 inputs per channel); 0: no such layer. Their projections carry
     # a bias where conv_bias (LFM2's conv_bias).
@@ -116,6 +128,10 @@ class DecoderConfig:
     def has_sequence_state(self) -> bool:
         """Some layers carry a per-sequence state beside the KV cache (hybrids)."""
         return CONV in self.layer_types
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Layer `index`'s MLP is a mixture of experts."""
+        return self.num_experts > 0 and index not in self.dense_mlp_layers
 
     @property
     def num_query_groups(self) -> int:

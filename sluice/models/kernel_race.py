@@ -191,7 +191,9 @@ def int8_candidates(model: LlamaForCausalLM) -> Int8Candidates | None:
     """AMX (where the CPU has it) against VNNI on the middle layer's gate/up
     matrix, where the model runs the row-invariant scheme; else None."""
     gemm = int8_gemm_kernels()
-    linear = model.layers[len(model.layers) // 2].gate_up_proj
+    middle = model.layers[len(model.layers) // 2]
+    # An MoE layer has no gate/up matrix (its experts keep the model dtype): its q/k/v.
+    linear = getattr(middle, "gate_up_proj", middle.qkv_proj)
     if gemm is None or not isinstance(linear, Linear):  # a QBlockLinear: no int8 matmul
         return None
     layer = linear.int8_activations

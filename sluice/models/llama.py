@@ -133,9 +133,7 @@ class LlamaDecoderLayer(nn.Module):
         if config.qk_norm:
             self.q_norm = uninitialised_weight(head_dim, dtype=dtype, device=device)
             self.k_norm = uninitialised_weight(head_dim, dtype=dtype, device=device)
-        # Rows: gate, then up.
-        self.gate_up_proj = Linear(hidden, 2 * config.intermediate_size, False, **p)
-        self.down_proj = Linear(config.intermediate_size, hidden, False, **p)
+        self._build_mlp(config, p)
         # silu(gate) * up in one pass where the CPU kernel is there (same roundings).
         kernel = silu_mul_kernel(dtype) if torch.device(device).type == "cpu" else None
         self.swiglu = kernel or _swiglu
@@ -148,6 +146,16 @@ class LlamaDecoderLayer(nn.Module):
         # The whole layer in one native call for steps of decode rows, bound
         # at load where the layer is that chain (fused_decode.py).
         self.fused_decode: FusedDecode | None = None
+
+    def _build_mlp(self, config: DecoderConfig, p: dict) -> None:
+        """The gated MLP's matrices (an MoE layer builds its experts instead: moe_decoder.py)."""
+        # Rows: gate, then up.
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, False, **p)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, False, **p)
+
+    def matrices(self) -> tuple[Linear, ...]:
+        """The layer's matrices that `quantize` gives a weight-only copy."""
+        return (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj)
 
     def finish_loading(self) -> None:
         """Bind the norms to their loaded weights (called once, by `load_weights`)."""
@@ -395,7 +403,7 @@ class LlamaForCausalLM(nn.Module):
         if self.quantization is not None:
             raise ModelLoadError(f"this model is already quantized ({self.quantization})")
         for layer in self.layers:
-            for linear in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
+            for linear in layer.matrices():
                 linear.quantize(mode)
         self.quantization = mode
 

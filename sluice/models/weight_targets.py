@@ -42,17 +42,19 @@ def decoder_layer_targets(prefix: str, layer: nn.Module, is_fused: bool) -> dict
     kv_rows = layer.num_kv_heads * layer.head_dim
     qkv_slices = {"q": (0, q_rows), "k": (q_rows, q_rows + kv_rows)}
     qkv_slices["v"] = (q_rows + kv_rows, q_rows + 2 * kv_rows)
-    intermediate = layer.down_proj.weight.shape[1]
     targets = {
         prefix + "input_layernorm.weight": WeightTarget(layer.input_layernorm),
         prefix + "post_attention_layernorm.weight": WeightTarget(layer.post_attention_layernorm),
         prefix + "self_attn.o_proj.weight": WeightTarget(layer.o_proj.weight),
-        prefix + "mlp.gate_proj.weight": WeightTarget(layer.gate_up_proj.weight, 0, intermediate),
-        prefix + "mlp.up_proj.weight": WeightTarget(
-            layer.gate_up_proj.weight, intermediate, 2 * intermediate
-        ),
-        prefix + "mlp.down_proj.weight": WeightTarget(layer.down_proj.weight),
     }
+    if hasattr(layer, "gate_up_proj"):  # an MoE layer's MLP is its experts (moe_decoder.py)
+        intermediate = layer.down_proj.weight.shape[1]
+        gate_up = layer.gate_up_proj.weight
+        targets[prefix + "mlp.gate_proj.weight"] = WeightTarget(gate_up, 0, intermediate)
+        targets[prefix + "mlp.up_proj.weight"] = WeightTarget(
+            gate_up, intermediate, 2 * intermediate
+        )
+        targets[prefix + "mlp.down_proj.weight"] = WeightTarget(layer.down_proj.weight)
     for proj, (start, end) in qkv_slices.items():
         qkv = layer.qkv_proj
         targets[f"{prefix}self_attn.{proj}_proj.weight"] = WeightTarget(qkv.weight, start, end)

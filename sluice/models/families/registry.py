@@ -15,13 +15,14 @@ import torch
 
 from sluice.errors import ModelLoadError
 from sluice.models.decoder_config import CONV, SLIDING, DecoderConfig
-from sluice.models.families import gemma, lfm2, llama, phi3, qwen
+from sluice.models.families import gemma, lfm2, llama, phi3, qwen, qwen_moe
 from sluice.models.families.family import Family
 from sluice.models.families.hf_fields import check_heads
 from sluice.models.llama import LlamaForCausalLM
 
 FAMILIES: tuple[Family, ...] = (
     *llama.FAMILIES, *qwen.FAMILIES, *phi3.FAMILIES, *gemma.FAMILIES, *lfm2.FAMILIES,
+    *qwen_moe.FAMILIES,
 )  # fmt: skip
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 _BY_MODEL_TYPE = {family.model_type: family for family in FAMILIES}
@@ -83,6 +84,11 @@ def describe_family(config: DecoderConfig) -> str:
         limits.append(
             f"partial rotary (RoPE on {config.rotary_dim} of {config.head_dim} dims per head) "
             "rotates q and k on the torch path, not the native RoPE + K/V-write kernel"
+        )
+    if config.num_experts:
+        limits.append(
+            "its MoE layers run the experts in the model dtype on the torch path (tiles of 8 "
+            "rows), not the fused native decode call nor int8 weights"
         )
     return f"architecture {config.architecture}: {'; '.join(limits) or 'every engine path'}"
 

@@ -1,0 +1,114 @@
+"""Our decoder with mixture-of-experts MLPs: `MoeForCausalLM` (Qwen3-MoE, OLMoE).
+
+Attention, norms and RoPE are llama.py's; a layer whose MLP is a mixture of
+experts (`DecoderConfig.is_moe_layer`) runs `moe.MoeBlock` in its place, and
+the others (Qwen3-MoE's `mlp_only_layers`) keep the dense MLP. The
+checkpoint's tensors, as Hugging Face stores them:
+
+    model.layers.N.mlp.gate.weight                      [E, H]  the router
+    model.layers.N.mlp.experts.M.gate_proj.weight       [I, H]  rows 0..I of gate_up[M]
+    model.layers.N.mlp.experts.M.up_proj.weight         [I, H]  rows I..2I of gate_up[M]
+    model.layers.N.mlp.experts.M.down_proj.weight       [H, I]  down[M]
+
+(a GGUF's stacked `ffn_*_exps` tensors are split into these by the loader).
+An MoE layer's steps of decode rows take its Python path, not the fused
+native call (fused_decode.py).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from sluice.models.decoder_config import DecoderConfig
+from sluice.models.linear import Linear
+from sluice.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from sluice.models.moe import MoeBlock
+from sluice.models.weight_targets import WeightTarget
+
+
+class MoeDecoderLayer(LlamaDecoderLayer):
+    # Its MLP is the experts, which the fused decode chain does not run.
+    supports_fused_decode: ClassVar[bool] = False
+
+    def _build_mlp(self, config: DecoderConfig, p: dict) -> None:
+        self.moe = MoeBlock(config, p["dtype"], p["device"])
+
+    def matrices(self) -> tuple[Linear, ...]:
+        return (self.qkv_proj, self.o_proj)  # the experts keep the model dtype (moe.py)
+
+    def _mlp(self, x: Tensor) -> Tensor:  # [T, hidden]; row tiles inside (moe.py)
+        return self.moe(x, self.swiglu)
+
+    def expert_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        """This layer's router and expert tensors, by HF name under `prefix`."""
+        moe = self.moe
+        width = moe.down.shape[2]
+        targets = {f"{prefix}mlp.gate.weight": WeightTarget(moe.router)}
+        for expert in range(moe.gate_up.shape[0]):
+            name = f"{prefix}mlp.experts.{expert}."
+            gate_up = moe.gate_up[expert]  # [2 I, H], a view: copies land in the stack
+            targets[name + "gate_proj.weight"] = WeightTarget(gate_up, 0, width)
+            targets[name + "up_proj.weight"] = WeightTarget(gate_up, width, 2 * width)
+            targets[name + "down_proj.weight"] = WeightTarget(moe.down[expert])
+        return targets
+
+
+class MoeForCausalLM(LlamaForCausalLM):
+    layer_class: ClassVar[type[LlamaDecoderLayer]] = MoeDecoderLayer
+
+    def _make_layer(self, index: int, dtype: torch.dtype, device) -> LlamaDecoderLayer:
+        if self.config.is_moe_layer(index):
+            return super()._make_layer(index, dtype, device)
+        return LlamaDecoderLayer(self.config, dtype, device, self.batch_invariant)
+
+    def _weight_targets(self) -> dict[str, WeightTarget]:
+        targets = super()._weight_targets()
+        for i, layer in enumerate(self.layers):
+            if isinstance(layer, MoeDecoderLayer):
+                targets.update(layer.expert_targets(f"model.layers.{i}."))
+        return targets
+
+    def expert_bytes(self) -> int:
+        """Bytes the experts' weights hold."""
+        return sum(layer.moe.expert_bytes() for layer in self.layers
+                   if isinstance(layer, MoeDecoderLayer))  # fmt: skip
+
+
+def parameter_counts(config: DecoderConfig) -> tuple[int, int]:
+    """(total, active per token) parameters of a decoder: the active count
+    holds k experts of each MoE layer, the total all of them."""
+    hidden, head_dim = config.hidden_size, config.head_dim
+    attention = (
+        hidden * head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    )
+    norms = 2 * hidden + (2 * head_dim if config.qk_norm else 0)
+    embedding = config.vocab_size * hidden * (1 if config.tie_word_embeddings else 2)
+    total = active = embedding + hidden
+    for index in range(config.num_hidden_layers):
+        total += attention + norms
+        active += attention + norms
+        if not config.is_moe_layer(index):
+            total += 3 * hidden * config.intermediate_size
+            active += 3 * hidden * config.intermediate_size
+            continue
+        expert = 3 * hidden * config.moe_intermediate_size
+        router = config.num_experts * hidden
+        total += router + config.num_experts * expert
+        active += router + config.num_experts_per_tok * expert
+    return total, active
+
+
+def describe_experts(model: LlamaForCausalLM) -> str | None:
+    """The startup line's note on a mixture of experts; None for a dense model."""
+    config = model.config
+    if not isinstance(model, MoeForCausalLM):
+        return None
+    total, active = parameter_counts(config)
+    return (
+        f"mixture of experts: {config.num_experts} experts, {config.num_experts_per_tok} per "
+        f"token; {total / 1e9:.2f}B parameters, {active / 1e9:.2f}B active; expert weights "
+        f"{model.expert_bytes() / 2**20:.0f} MiB in {str(model.dtype).removeprefix('torch.')}"
+    )
