@@ -1,10 +1,11 @@
 """The official `ollama` client and LangChain's `ChatOllama` against the live
 server: chat, streaming, tools, structured `format`, thinking and generate,
-as the tools built on them see it (a fake engine), and once on the embedded
-model through `sluice serve`."""
+as the tools built on them see it (a fake engine), and on the embedded model
+through `sluice serve`, with the audit's Ollama scenario."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import ollama
@@ -14,6 +15,9 @@ from langchain_core.tools import tool
 from langchain_ollama import ChatOllama
 from pydantic import BaseModel
 
+from sluice.audit.options import AuditOptions
+from sluice.audit.records import Target
+from sluice.audit.runner import run_audit
 from sluice.testing import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.grammar_script import accepts
@@ -167,3 +171,13 @@ def test_the_ollama_client_on_the_embedded_model(embedded_server):
     person = client.chat(model=embedded_server.model, messages=MESSAGES, options=options | {
         "num_predict": 200}, format=Person.model_json_schema())  # fmt: skip
     assert Person.model_validate_json(person.message.content)
+
+
+@pytest.mark.slow
+def test_the_audits_ollama_scenario_passes_on_the_embedded_model(embedded_server):
+    options = AuditOptions(scenarios=("ollama",), vllm_extensions="off")
+    target = Target("server", embedded_server.base_url, embedded_server.model)
+    result = asyncio.run(run_audit([target], options))
+    assert [f for f in result.findings if f.is_failure] == []
+    (ollama,) = result.results
+    assert ollama.figures["slow_streams"] == 2 and ollama.figures["slow_output_tokens"] > 0

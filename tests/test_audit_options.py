@@ -12,9 +12,9 @@ def test_every_scenario_has_a_size_and_a_runner():
     assert set(SCENARIO_NAMES) == set(SCENARIOS)
 
 
-def test_the_quick_profile_skips_the_soak_structured_and_tools_and_full_runs_everything():
+def test_the_quick_profile_skips_the_soak_structured_tools_and_ollama_and_full_runs_everything():
     skipped = set(SCENARIO_NAMES) - set(PROFILE_SCENARIOS["quick"])
-    assert skipped == {"soak", "structured", "tools"}
+    assert skipped == {"soak", "structured", "tools", "ollama"}
     assert PROFILE_SCENARIOS["full"] == SCENARIO_NAMES
 
 

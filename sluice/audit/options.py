@@ -153,6 +153,7 @@ class Sizes:
     soak: SoakSize = SoakSize()
     responses: AgentApiSize = AgentApiSize()
     messages: AgentApiSize = AgentApiSize()
+    ollama: AgentApiSize = AgentApiSize()
 
 
 SCENARIO_NAMES = tuple(f.name for f in fields(Sizes))
@@ -174,13 +175,16 @@ FULL = Sizes(
     soak=SoakSize(rate=4.0, duration_s=60.0, max_tokens=64),
     responses=AgentApiSize(rounds=3, max_tokens=96, truncated_tokens=8, tool_max_tokens=128, top=5),
     messages=AgentApiSize(rounds=3, max_tokens=96, truncated_tokens=8, tool_max_tokens=128),
+    ollama=AgentApiSize(rounds=3, max_tokens=96, truncated_tokens=8),
 )
 PROFILES = {"quick": QUICK, "full": FULL}
 # The scenarios each profile runs when --scenarios is not given. `structured`
 # and `tools` need a server that enforces response_format and tool_choice
-# "required": asked for by name, or in full.
+# "required", `ollama` one that speaks Ollama's API: asked for by name, or in full.
 PROFILE_SCENARIOS = {
-    "quick": tuple(name for name in SCENARIO_NAMES if name not in ("soak", "structured", "tools")),
+    "quick": tuple(
+        name for name in SCENARIO_NAMES if name not in ("soak", "structured", "tools", "ollama")
+    ),
     "full": SCENARIO_NAMES,
 }
 

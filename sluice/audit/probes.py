@@ -12,7 +12,7 @@ A missing extension is one "extension_unsupported" note, and no scenario
 sends it (`ServerTraits`). With `--vllm-extensions on|off` nothing is probed
 but the model name.
 
-The agent APIs' scenarios (responses, messages) run only where their route
+The agent APIs' scenarios (responses, messages, ollama) run only where their route
 is served: a one-token POST that answers 404 or 405 is one "api_not_served"
 note, and the scenario sends nothing else.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from sluice.audit.checks.evidence import scenario_finding
-from sluice.audit.records import COMPLETIONS, MESSAGES, RESPONSES, Exchange, Finding
+from sluice.audit.records import COMPLETIONS, MESSAGES, OLLAMA_CHAT, RESPONSES, Exchange, Finding
 from sluice.audit.stream_view import view_exchange
 from sluice.audit.transport import Client
 
@@ -51,15 +51,22 @@ class ServerTraits:
     # POST /v1/responses and /v1/messages are routed (not 404/405).
     serves_responses: bool = True
     serves_messages: bool = True
+    # POST /api/chat (Ollama's API) is routed.
+    serves_ollama: bool = True
 
 
-_NOT_EXTENSIONS = frozenset({"answers_any_model", "serves_responses", "serves_messages"})
+_NOT_EXTENSIONS = frozenset(
+    {"answers_any_model", "serves_responses", "serves_messages", "serves_ollama"}
+)
 EXTENSIONS = tuple(f.name for f in fields(ServerTraits) if f.name not in _NOT_EXTENSIONS)
 # Scenario -> (trait, endpoint, a one-token request body without the model).
 AGENT_ROUTES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "responses": ("serves_responses", RESPONSES, {"input": "Hi", "max_output_tokens": 1}),
     "messages": ("serves_messages", MESSAGES,
                  {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+    "ollama": ("serves_ollama", OLLAMA_CHAT,
+               {"messages": [{"role": "user", "content": "Hi"}], "stream": False,
+                "options": {"num_predict": 1}}),
 }  # fmt: skip
 NO_EXTENSIONS = ServerTraits(**dict.fromkeys(EXTENSIONS, False))
 

@@ -37,6 +37,8 @@ CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 MESSAGES = "/v1/messages"
 AGENT_ENDPOINTS = frozenset({RESPONSES, MESSAGES})
+# Ollama's chat: NDJSON lines, not SSE; its own checks (checks/ollama.py).
+OLLAMA_CHAT = "/api/chat"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +78,8 @@ class Exchange:
 
     scenario: str
     target: str
-    # "/v1/completions", "/v1/chat/completions", "/v1/responses" or "/v1/messages".
+    # "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"
+    # or "/api/chat".
     endpoint: str
     # The JSON body as sent; None when `raw_request` bytes were sent instead.
     body: dict[str, Any] | None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.audit.logprob_entries import LogprobEntry, chat_entries, completion_entries
-from sluice.audit.records import AGENT_ENDPOINTS, CHAT, Exchange
+from sluice.audit.records import AGENT_ENDPOINTS, CHAT, OLLAMA_CHAT, Exchange
 from sluice.audit.sse import SseParse, event_time_s, parse_sse
 
 MISSING = "<missing>"
@@ -194,6 +194,8 @@ def view_of(exchange: Exchange) -> StreamView:
 
 def view_exchange(exchange: Exchange) -> StreamView:
     view = StreamView(request=request_shape(exchange.endpoint, exchange.body))
+    if exchange.endpoint == OLLAMA_CHAT:
+        return view  # NDJSON lines, no SSE: read by checks/ollama.py
     if exchange.endpoint in AGENT_ENDPOINTS:
         # No choices to read: only the events, for the findings to quote.
         if exchange.is_stream and exchange.status == 200:

@@ -116,6 +116,13 @@ _BREAK = {
     "output_tokens), or output_tokens differ from the non-streamed twin's",
     "messages_invalid_input": "a tool_use block names no given tool, or its input is not a JSON "
     "object ({} for a tool without parameters)",
+    "ollama_framing": "an Ollama stream is not application/x-ndjson of one JSON object a "
+    "line, each ended by a newline (or a body is not one JSON object)",
+    "ollama_done": "an Ollama stream's lines are not `done: false` then one last `done: true` "
+    "with a done_reason",
+    "ollama_eval_count": "an Ollama answer's final line lacks prompt_eval_count/eval_count, or "
+    "eval_count disagrees with num_predict (above it, or not it when done_reason is length)",
+    "ollama_error_shape": 'an Ollama 4xx body is not {"error": "message"}',
     "messages_error_shape": 'a Messages 4xx body is not {"type": "error", "error": {"type", '
     '"message"}}, or an invalid request is not a 400 invalid_request_error',
     # Text.
@@ -140,6 +147,8 @@ _STRICT = {
     "empty_chunk": "a chunk carries nothing (no text, role, finish reason or logprobs)",
     "comment_line": "an SSE comment line (`: ping`): legal SSE, which clients skip",
     "error_param_missing": "an error object without the `param` key",
+    "ollama_empty_line": "an Ollama `done: false` line carries nothing (no content, thinking "
+    "or tool calls)",
 }
 
 _UNVERIFIED = {
@@ -166,6 +175,8 @@ _NOTE = {
     "request non-streamed (status, text, tool names, arguments: determinism)",
     "messages_stream_mismatch": "a Messages stream's accumulated message differs from the same "
     "greedy request non-streamed (text, tool names and inputs, stop reason: determinism)",
+    "ollama_stream_mismatch": "an Ollama stream's lines differ from the same greedy request "
+    "non-streamed (content, thinking, tool calls, done_reason, eval_count: determinism)",
     "api_not_served": "the server does not serve an agent API (POST answered 404/405): its "
     "scenario is skipped",
     "timeout_before_response": "no token arrived within the request timeout (capacity under "

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from sluice.audit.checks.responses_final import wants_logprobs
 from sluice.audit.checks.responses_tokens import delta_chunks
-from sluice.audit.records import AGENT_ENDPOINTS, MESSAGES, RESPONSES, Exchange
+from sluice.audit.records import AGENT_ENDPOINTS, MESSAGES, OLLAMA_CHAT, RESPONSES, Exchange
 from sluice.audit.stream_view import StreamView, view_of
 
 Applies = Callable[[Exchange, StreamView], bool]
@@ -104,7 +104,7 @@ def _is_error_answer(exchange: Exchange, view: StreamView) -> bool:
 
 
 def _is_openai_error(exchange: Exchange, view: StreamView) -> bool:
-    return _is_error_answer(exchange, view) and exchange.endpoint != MESSAGES
+    return _is_error_answer(exchange, view) and exchange.endpoint not in (MESSAGES, OLLAMA_CHAT)
 
 
 def _is_messages_error(exchange: Exchange, view: StreamView) -> bool:
@@ -169,7 +169,26 @@ COVERAGE: dict[str, Applies] = {
     "messages_invalid_input": _answers(MESSAGES, tools=True),
     "messages_stream_mismatch": _answers(MESSAGES, stream_only=True, twin=True),
     "messages_error_shape": _is_messages_error,
+    "ollama_framing": lambda exchange, view: _is_ollama(exchange),
+    "ollama_done": lambda exchange, view: _is_ollama(exchange, stream_only=True),
+    "ollama_empty_line": lambda exchange, view: _is_ollama(exchange, stream_only=True),
+    "ollama_eval_count": lambda exchange, view: _is_ollama(exchange),
+    "ollama_stream_mismatch": lambda exchange, view: (
+        _is_ollama(exchange, stream_only=True) and exchange.twin is not None and exchange.twin.is_ok
+    ),
+    "ollama_error_shape": lambda exchange, view: (
+        exchange.endpoint == OLLAMA_CHAT and _is_error_answer(exchange, view)
+    ),
 }
+
+
+def _is_ollama(exchange: Exchange, *, stream_only: bool = False) -> bool:
+    """An Ollama chat answer (a stream, with `stream_only`)."""
+    return (
+        exchange.endpoint == OLLAMA_CHAT
+        and exchange.is_ok
+        and (exchange.is_stream or not stream_only)
+    )
 
 
 def covered_checks(exchange: Exchange) -> list[str]:

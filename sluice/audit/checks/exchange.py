@@ -2,8 +2,8 @@
 
 Each check is a function `(Exchange, StreamView) -> list[Finding]`; the ids
 they report are listed with their severities in `catalogue.CHECKS`. The
-agent APIs (Responses, Messages) have event models of their own: their
-answers get their own checks, not chat's.
+agent APIs (Responses, Messages) have event models of their own, and
+Ollama's chat its NDJSON lines: their answers get their own checks, not chat's.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from sluice.audit.checks.evidence import merge_findings
 from sluice.audit.checks.logprobs import check_logprobs
 from sluice.audit.checks.messages import check_messages_stream
 from sluice.audit.checks.messages_final import check_messages_final, check_messages_status
+from sluice.audit.checks.ollama import check_ollama_status, check_ollama_stream, check_ollama_twin
 from sluice.audit.checks.responses import check_responses_stream
 from sluice.audit.checks.responses_final import check_responses_final, check_responses_twin
 from sluice.audit.checks.responses_tokens import check_responses_tokens
@@ -22,7 +23,7 @@ from sluice.audit.checks.shape import check_shape
 from sluice.audit.checks.text import check_text
 from sluice.audit.checks.usage import check_usage
 from sluice.audit.checks.wire import check_status, check_stream_framing
-from sluice.audit.records import MESSAGES, RESPONSES, Exchange, Finding
+from sluice.audit.records import MESSAGES, OLLAMA_CHAT, RESPONSES, Exchange, Finding
 from sluice.audit.stream_view import StreamView, view_of
 
 Check = Callable[[Exchange, StreamView], list[Finding]]
@@ -44,6 +45,7 @@ CHECKS_BY_ENDPOINT: dict[str, tuple[Check, ...]] = {
         check_responses_tokens,
     ),
     MESSAGES: (check_messages_status, check_messages_stream, check_messages_final),
+    OLLAMA_CHAT: (check_ollama_status, check_ollama_stream, check_ollama_twin),
 }
 
 

@@ -89,7 +89,7 @@ async def run_cases(
     reader = Reader("slow", size.slow_read_bytes, size.slow_read_interval_s)
     for round_number in range(size.rounds):
         for case in cases_of_round(round_number)[: size.cases]:
-            result.exchanges += await _send_case(ctx, scenario, endpoint, case, reader)
+            result.exchanges += await send_case(ctx, scenario, endpoint, case, reader)
     slow = [e for e in result.exchanges if e.reader == "slow" and e.is_ok]
     result.figures.update(
         slow_streams=float(len(slow)),
@@ -99,9 +99,11 @@ async def run_cases(
     return ctx.finish(result)
 
 
-async def _send_case(
+async def send_case(
     ctx: ScenarioContext, scenario: str, endpoint: str, case: AgentCase, reader: Reader
 ) -> list[Exchange]:
+    """One case: warm-up, its streams (a slow reader's, with a normal one's if
+    asked), their non-streamed twin."""
     label = f"{scenario}/{case.name}"
     warm_up = await ctx.send(scenario, endpoint, {**case.body, "stream": False}, f"{label} warm-up")
     streamed = {**case.body, "stream": True}

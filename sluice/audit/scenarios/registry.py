@@ -14,6 +14,7 @@ from sluice.audit.scenarios.disconnect import run_disconnect
 from sluice.audit.scenarios.lag import run_lag
 from sluice.audit.scenarios.logprobs import run_logprobs
 from sluice.audit.scenarios.messages import run_messages
+from sluice.audit.scenarios.ollama import run_ollama
 from sluice.audit.scenarios.responses import run_responses
 from sluice.audit.scenarios.soak import run_soak
 from sluice.audit.scenarios.stops import run_stops
@@ -40,4 +41,5 @@ SCENARIOS: dict[str, Scenario] = {
     "soak": run_soak,
     "responses": run_responses,
     "messages": run_messages,
+    "ollama": run_ollama,
 }
