@@ -160,3 +160,35 @@ def test_under_one_loaded_model_switching_keeps_every_stream_whole():
         with httpx2.Client(base_url=live.url) as http:
             listed = http.get("/v1/models").json()["data"]
         assert sum(m["status"] == "loaded" for m in listed) == 1
+
+
+def test_ollamas_tags_list_every_model_ps_the_running_ones_and_keep_alive_stops_them():
+    models = [spec("alpha", 40, is_preloaded=True), spec("beta", 50), spec("gamma", 60)]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "stream": False}
+    with LiveServer(None, None, models=models) as live, httpx2.Client(base_url=live.url) as http:
+        tags = http.get("/api/tags").json()["models"]
+        assert [model["name"] for model in tags] == ["alpha", "beta", "gamma"]
+        answer = http.post("/api/chat", json={**chat, "model": "beta:latest", "keep_alive": "1h"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "beta:latest"
+        # keep_alive 0: stopped once its request is done (Ollama's unload).
+        http.post("/api/chat", json={**chat, "model": "gamma", "keep_alive": 0})
+        running = _ollama_ps(http, {"alpha", "beta"})
+        assert running["alpha"].startswith("2318-")  # no keep_alive: loaded for ever
+        assert not running["beta"].startswith("2318-")  # in an hour
+        # A load call (no messages) starts a model; keep_alive -1 keeps it for ever.
+        loaded = http.post("/api/generate", json={"model": "gamma", "keep_alive": -1}).json()
+        assert loaded["done_reason"] == "load"
+        _ollama_ps(http, {"alpha", "beta", "gamma"})
+        unknown = http.post("/api/chat", json={**chat, "model": "llama3"})
+        assert unknown.status_code == 404 and "`alpha`, `beta`, `gamma`" in unknown.json()["error"]
+
+
+def _ollama_ps(http: httpx2.Client, expected: set[str]) -> dict[str, str]:
+    """Each running model's expires_at, once the running ones are `expected`
+    (a model whose keep_alive ran out stops on the loop, a moment later)."""
+    for _ in range(50):
+        running = {m["name"]: m["expires_at"] for m in http.get("/api/ps").json()["models"]}
+        if set(running) == expected:
+            return running
+    raise AssertionError(f"running: {sorted(running)}, expected {sorted(expected)}")

@@ -100,6 +100,8 @@ class ModelEntry(Generic[P]):
         self.is_evicting = False
         self.last_error: str | None = None
         self.expiry: asyncio.TimerHandle | None = None
+        # When `expiry` fires, on the loop's clock (uvloop's handles do not say).
+        self.expires_at: float | None = None
         # Set while no request holds it.
         self.is_unleased = asyncio.Event()
         self.is_unleased.set()
@@ -120,9 +122,12 @@ class ModelEntry(Generic[P]):
         self.num_leases += 1
         self.is_unleased.clear()
         self.last_used = use_number
+        self.cancel_expiry()
+
+    def cancel_expiry(self) -> None:
         if self.expiry is not None:
             self.expiry.cancel()
-            self.expiry = None
+        self.expiry = self.expires_at = None
 
     def release(self) -> None:
         self.num_leases -= 1
@@ -142,6 +147,5 @@ class ModelEntry(Generic[P]):
             state = "unloading"
         elif self.loading is not None and self.active is None:
             state = "loading"
-        expires_at = None if self.expiry is None else self.expiry.when()
         return ModelStatus(self.spec.name, state, self.served, self.spec.estimated_bytes,
-                           self.last_error, expires_at)  # fmt: skip
+                           self.last_error, self.expires_at)  # fmt: skip

@@ -318,20 +318,21 @@ class ModelPool(Generic[P]):
             keep_alive_s = self.limits.default_keep_alive_s
         if keep_alive_s is None or math.isinf(keep_alive_s) or entry.spec.is_pinned:
             return
-        if entry.expiry is not None:
-            entry.expiry.cancel()
+        entry.cancel_expiry()
         stamp = entry.last_used
         loop = asyncio.get_running_loop()
+        keep_alive_s = max(0.0, keep_alive_s)
         entry.expiry = loop.call_later(
-            max(0.0, keep_alive_s), lambda: loop.create_task(self._expire(entry, stamp))
+            keep_alive_s, lambda: loop.create_task(self._expire(entry, stamp))
         )
+        entry.expires_at = loop.time() + keep_alive_s
 
     async def _expire(self, entry: ModelEntry[P], stamp: int) -> None:
         await entry.until_idle()
         async with self._swap_lock:
             if entry.last_used == stamp and entry.is_idle and not self.is_draining:
                 logger.info("model %s: keep_alive ran out", entry.spec.name)
-                entry.expiry = None
+                entry.cancel_expiry()
                 await self._stop(entry)
 
     # -- the server's whole life: restarts, drain, shutdown ---------------------------
@@ -357,8 +358,7 @@ class ModelPool(Generic[P]):
     def start_draining(self) -> None:
         self.is_draining = True
         for entry in self._entries.values():
-            if entry.expiry is not None:
-                entry.expiry.cancel()
+            entry.cancel_expiry()
             if entry.active is not None:
                 entry.active.gate.start_draining()
 
@@ -390,8 +390,7 @@ class ModelPool(Generic[P]):
         for entry in self._entries.values():
             if entry.loading is not None:
                 entry.loading.cancel()
-            if entry.expiry is not None:
-                entry.expiry.cancel()
+            entry.cancel_expiry()
         async with self._swap_lock:
             for entry in self._entries.values():
                 await self._stop(entry)

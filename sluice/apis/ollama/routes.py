@@ -1,7 +1,8 @@
 """Ollama's routes, as the official clients and LangChain's ChatOllama call them:
 
     POST /api/chat, /api/generate   generate: NDJSON lines (default) or one object
-    GET  /api/tags, /api/ps         the served model (it is always loaded)
+    GET  /api/tags, /api/ps         every model served; the running ones, and when
+                                    their keep_alive runs out
     POST /api/show                  its template, parameters, model info, capabilities
     GET  /api/version               the Ollama version whose API this follows
     /api/pull, push, create, copy, delete   a 400 saying what sluice does instead
@@ -11,13 +12,20 @@ first-token deadline, disconnect abort, access log, metrics and stream
 writer (lines coalesce under a lagging reader as SSE events do); the lines
 are projected by `lines.OllamaLines`. A request with nothing to generate (no
 messages, no prompt) is Ollama's "load the model" call: answered at once with
-`done_reason` "load", the model named checked first. Errors take Ollama's
+`done_reason` "load", once the model named runs. Each request's model is
+resolved by the app (`Routes.model_for`: a 404 naming the served ones), its
+`keep_alive` (a Go duration or seconds; negative: for ever; 0: stopped after
+the request) handed to the model pool. Errors take Ollama's
 shape (`{"error": message}`, `ErrorShape.OLLAMA` in the API table).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import orjson
@@ -33,7 +41,9 @@ from sluice.apis.ollama.lines import (
 )
 from sluice.apis.ollama.protocol import ChatRequest, GenerateRequest, ShowRequest
 from sluice.apis.ollama.to_internal import (
+    LATEST_TAG,
     check_model,
+    keep_alive_s,
     ollama_chat_request,
     ollama_generate_request,
 )
@@ -56,9 +66,12 @@ from sluice.errors import InvalidRequestError
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import ResponseChunks
 from sluice.server.body import BodyReader
-from sluice.server.served_model import ServedTokenizer
-from sluice.server.to_internal import RequestOptions
+from sluice.server.model_entry import ModelStatus
+from sluice.server.model_parts import ModelOptions, ModelParts
+from sluice.server.model_pool import ModelPool
 
+# A model loaded for ever expires, as Ollama writes it, in a far future.
+_FOREVER_S = datetime(2318, 1, 1, tzinfo=UTC).timestamp()
 # The Ollama release whose API these routes follow (clients check a minimum).
 OLLAMA_API_VERSION = "0.12.6"
 _MODEL_ADMIN_ANSWER = (
@@ -71,12 +84,18 @@ class GenerationRoutes(Protocol):
     """What these routes use of the app's (`app.Routes`)."""
 
     bodies: BodyReader
-    options: RequestOptions
-    tokenizer: ServedTokenizer
-    served_name: str
-    max_model_len: int
+    # Every model served, running or not (sluice/server/model_pool.py).
+    models: ModelPool[ModelParts]
 
-    def admit(self, request: Request, n: int) -> QueueTimeout | None: ...
+    def model_for(
+        self, request: Request, name: str | None, *, keep_alive_s: float | None = None
+    ) -> contextlib.AbstractAsyncContextManager[ModelParts]: ...
+
+    async def options_for(self, name: str | None) -> ModelOptions: ...
+
+    def admit(
+        self, request: Request, n: int, model: ModelParts | None = None
+    ) -> QueueTimeout | None: ...
 
     async def respond(
         self,
@@ -85,6 +104,8 @@ class GenerationRoutes(Protocol):
         queue_timeout: QueueTimeout | None,
         chunks: ResponseChunks | None = None,
         media_type: str = ...,
+        *,
+        model: ModelParts | None = None,
     ) -> Response: ...
 
 
@@ -115,76 +136,97 @@ class OllamaRoutes:
     async def chat(self, request: Request) -> Response:
         body = await self._routes.bodies.parse(request, ChatRequest)
         if not body.value.messages:
-            return self._load(body.value.model, "chat")
+            return await self._load(request, body.value, "chat")
         return await self._generate(request, body, ollama_chat_request, "chat")
 
     async def generate(self, request: Request) -> Response:
         body = await self._routes.bodies.parse(request, GenerateRequest)
         if not body.value.prompt:
-            return self._load(body.value.model, "generate")
+            return await self._load(request, body.value, "generate")
         return await self._generate(request, body, ollama_generate_request, "generate")
 
     async def _generate(self, request: Request, body: Any, convert: Any, route: Route) -> Response:
         routes = self._routes
-        queue_timeout = routes.admit(request, 1)
-        generation = await routes.bodies.convert(body, convert)
-        lines = OllamaLines(generation, route)
-        return await routes.respond(request, generation, queue_timeout, lines, NDJSON_MEDIA_TYPE)
+        name = self._served_name(body.value.model)
+        keep_alive = keep_alive_s(body.value.keep_alive)
+        async with routes.model_for(request, name, keep_alive_s=keep_alive) as model:
+            queue_timeout = routes.admit(request, 1, model)
+            generation = await routes.bodies.convert(body, convert, model.model.conversion)
+            lines = OllamaLines(generation, route)
+            return await routes.respond(
+                request, generation, queue_timeout, lines, NDJSON_MEDIA_TYPE, model=model
+            )
 
-    def _load(self, model: str, route: Route) -> Response:
-        model_name = check_model(model, self._routes.served_name)
+    async def _load(self, request: Request, body: Any, route: Route) -> Response:
+        """Ollama's load call: the model started (or kept) for its keep_alive."""
+        name = self._served_name(body.model)
+        keep_alive = keep_alive_s(body.keep_alive)
+        async with self._routes.model_for(request, name, keep_alive_s=keep_alive) as model:
+            model_name = check_model(body.model, model.name)
         return _json(load_body(model_name, route))
 
+    def _served_name(self, requested: str) -> str:
+        """The served model `requested` names (Ollama's ":latest" tag dropped)."""
+        bare = requested.removesuffix(LATEST_TAG)
+        return bare if bare != requested and bare in self._routes.models.names else requested
+
     async def tags(self) -> Response:
-        return _json({"models": [self._model_entry()]})
+        return _json({"models": [self._model_entry(s) for s in self._routes.models.statuses()]})
 
     async def ps(self) -> Response:
-        entry = self._model_entry() | {
-            # Loaded for the server's life: Ollama's "never" is far in the future.
-            "expires_at": "2318-01-01T00:00:00Z",
-            "size_vram": 0,
-            "context_length": self._routes.max_model_len,
-        }
-        return _json({"models": [entry]})
+        """The running models, and when their keep_alive runs out."""
+        loop_now_s, now_s = asyncio.get_running_loop().time(), time.time()
+        running = []
+        for status in self._routes.models.statuses():
+            if status.state != "loaded":
+                continue
+            expires_s = _FOREVER_S if status.expires_at is None else (
+                now_s + status.expires_at - loop_now_s)  # fmt: skip
+            running.append(self._model_entry(status) | {
+                "expires_at": datetime.fromtimestamp(expires_s, UTC).isoformat().replace(
+                    "+00:00", "Z"),
+                "size_vram": 0,
+                "context_length": None if status.served is None else status.served.max_model_len,
+            })  # fmt: skip
+        return _json({"models": running})
 
     async def show(self, request: Request) -> Response:
         body = (await self._routes.bodies.parse(request, ShowRequest)).value
         model = body.model or body.name
         if model is None:
             raise InvalidRequestError("'model' is required", param="model")
-        check_model(model, self._routes.served_name)
-        return _json(self._model_card())
+        options = await self._routes.options_for(self._served_name(model))
+        check_model(model, options.name)
+        return _json(self._model_card(options))
 
     async def version(self) -> Response:
         return _json({"version": OLLAMA_API_VERSION})
 
-    def _model_entry(self) -> dict[str, Any]:
-        name = self._routes.served_name
+    def _model_entry(self, status: ModelStatus) -> dict[str, Any]:
         return {
-            "name": name,
-            "model": name,
+            "name": status.name,
+            "model": status.name,
             "modified_at": self._started_at,
-            "size": 0,
+            "size": status.estimated_bytes,
             "digest": "",
             "details": _details(),
         }
 
-    def _model_card(self) -> dict[str, Any]:
-        options = self._routes.options
-        template = self._routes.tokenizer.chat_template_source
+    def _model_card(self, model: ModelOptions) -> dict[str, Any]:
+        template = model.tokenizer.chat_template_source
         capabilities = ["completion", "tools"]
-        if options.reasoning_parser is not None:
+        if model.options.reasoning_parser is not None:
             capabilities.append("thinking")
         return {
             "template": template or "",
-            "parameters": f"num_ctx {self._routes.max_model_len}",
+            "parameters": f"num_ctx {model.max_model_len}",
             "modelfile": "",
             "license": "",
             "details": _details(),
             "model_info": {
                 "general.architecture": "sluice",
-                "general.name": self._routes.served_name,
-                "sluice.context_length": self._routes.max_model_len,
+                "general.name": model.name,
+                "sluice.context_length": model.max_model_len,
             },
             "capabilities": capabilities,
             "modified_at": self._started_at,

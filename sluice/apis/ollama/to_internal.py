@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 from typing import Any
 
 import msgspec
@@ -40,6 +42,18 @@ from sluice.server.to_internal import RequestOptions, chat_request, completion_r
 
 # Ollama's own name for the newest version of a model.
 LATEST_TAG = ":latest"
+# A Go duration, as Ollama's keep_alive takes: "5m", "1h30m", "-1s", "250ms".
+_DURATION = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?(?:ns|us|µs|ms|s|m|h))+")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNIT_S = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
 # Chat's parameter names -> Ollama's, for errors raised underneath.
 _PARAM_NAMES = {
     "response_format.json_schema.schema": "format",
@@ -60,6 +74,30 @@ def check_model(requested: str, served_model_name: str) -> str:
         param="model",
         code="model_not_found",
     )
+
+
+def keep_alive_s(keep_alive: ollama.KeepAlive | None) -> float | None:
+    """How long the model stays loaded after the request, in seconds: Ollama's
+    `keep_alive`, seconds or a Go duration; negative: for ever (inf); None:
+    not said (the server's default)."""
+    if keep_alive is None:
+        return None
+    if isinstance(keep_alive, str):
+        text = keep_alive.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            if not _DURATION.fullmatch(text):
+                raise InvalidRequestError(
+                    f'keep_alive {keep_alive[:40]!r} is not a duration (e.g. "5m", "1h", -1)',
+                    param="keep_alive",
+                ) from None
+            parts = _DURATION_PART.findall(text)
+            seconds = sum(float(n) * _DURATION_UNIT_S[unit] for n, unit in parts)
+            seconds = -seconds if text.startswith("-") else seconds
+    else:
+        seconds = float(keep_alive)
+    return math.inf if seconds < 0 or math.isnan(seconds) else seconds
 
 
 async def ollama_chat_request(
