@@ -30,8 +30,8 @@ from sluice.config import (
 )
 from sluice.errors import ModelLoadError, SluiceError
 from sluice.settings import check_settings, setting
-from sluice.tools.parsers import TOOL_CALL_PARSERS
-from sluice.tools.reasoning import NO_REASONING_PARSER, REASONING_PARSERS
+from sluice.tools.parsers import TOOL_CALL_PARSER_NAMES
+from sluice.tools.reasoning import NO_REASONING_PARSER, REASONING_PARSER_NAMES
 from sluice.tools.tool_format import NO_TOOL_CALL_PARSER
 
 __all__ = ["build_parser", "engine_config_from", "main", "parse_size", "server_config_from"]
@@ -94,8 +94,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument_group("chat outputs"),
         ServerConfig,
         _SERVER_GROUPS["chat outputs"],
-        tool_call_parser={"choices": [*sorted(TOOL_CALL_PARSERS), NO_TOOL_CALL_PARSER]},
-        reasoning_parser={"choices": [*sorted(REASONING_PARSERS), NO_REASONING_PARSER]},
+        tool_call_parser={"choices": [*sorted(TOOL_CALL_PARSER_NAMES), NO_TOOL_CALL_PARSER]},
+        reasoning_parser={"choices": [*sorted(REASONING_PARSER_NAMES), NO_REASONING_PARSER]},
     )
     add_data_parallel_flags(parser)
     add_flags(

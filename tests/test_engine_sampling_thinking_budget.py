@@ -62,9 +62,9 @@ def test_a_marker_of_several_tokens_is_forced_token_by_token():
     assert [forced_token(two, [1, 2, *forced]) for forced in ([], [8], [8, END])] == [
         8, END, None,
     ]  # fmt: skip
-    # Its first token alone does not end the reasoning.
-    assert forced_token(two, [8, 2]) == 8
-    assert forced_token(two, [8, END]) is None
+    # Its first token ends the reasoning (harmony's `<|end|>`); its others alone do not.
+    assert forced_token(two, [8, 2]) is None
+    assert forced_token(two, [END, 2]) == 8
 
 
 @settings(max_examples=300, deadline=None)
@@ -76,16 +76,15 @@ def test_a_marker_of_several_tokens_is_forced_token_by_token():
 )
 def test_a_budgeted_run_is_the_free_one_cut_at_the_budget(max_tokens, opens, end, drawn):
     """A request that would sample `drawn` (when free): its reasoning ends by
-    itself within the budget, or holds exactly `max_tokens` tokens, then the
-    marker, then what it samples freely again."""
+    itself within the budget (the marker's first token), or holds exactly
+    `max_tokens` tokens, then the marker, then what it samples freely again."""
     start = [THINK] if opens else []
     rule = budget(max_tokens, start, end)
     output = list(start)
     for token in drawn:
         forced = forced_token(rule, output)
         output.append(token if forced is None else forced)
-    within = drawn[:max_tokens]
-    ends_by_itself = any(within[i : i + len(end)] == end for i in range(len(within)))
+    ends_by_itself = end[0] in drawn[:max_tokens]
     cut = drawn[:max_tokens] + end + drawn[max_tokens + len(end) :]
     expected = drawn if ends_by_itself else cut[: len(drawn)]
     assert output == start + expected

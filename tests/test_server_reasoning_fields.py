@@ -226,3 +226,27 @@ def test_bad_controls_are_refused_naming_the_field(fields, param):
     with pytest.raises(InvalidRequestError) as error:
         protocol.validate_body({"messages": USER, **fields}, protocol.ChatCompletionRequest)
     assert (error.value.param or "").startswith(param)
+
+
+# --- harmony (gpt-oss) ----------------------------------------------------------
+
+
+HARMONY_MARKERS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "analysis", "final"]
+
+
+def harmony_options() -> RequestOptions:
+    tokenizer = ChatFakeTokenizer(extra_pieces=HARMONY_MARKERS)
+    tokenizer.chat_template_source = "<|start|>system<|message|>{{ reasoning_effort }}<|channel|>"
+    return RequestOptions("m", Preprocessor(tokenizer, 4096), reasoning_parser="harmony")
+
+
+def test_a_harmony_budget_covers_the_opening_analysis_and_forces_the_final_channel():
+    opts = harmony_options()
+    request = chat(opts, reasoning_effort="none")
+    assert request.params.thinking_budget == ThinkingBudget(
+        0,
+        ids(opts, "<|channel|>analysis<|message|>"),
+        ids(opts, "<|end|><|start|>assistant<|channel|>final<|message|>"),
+    )
+    assert '"reasoning_effort": "low"' in request.prompts[0].text
+    assert not request.skip_special_tokens  # harmony's markers are read

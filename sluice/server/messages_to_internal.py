@@ -25,6 +25,7 @@ from sluice.frontend.request import GenerationRequest
 from sluice.server import limits, messages_protocol, protocol, reasoning_fields, tool_fields
 from sluice.server.to_internal import RequestOptions, chat_messages, chat_request
 from sluice.server.tool_prompt import template_inputs
+from sluice.tools.harmony import HARMONY
 
 _CUSTOM_TOOL_TYPES = (None, "custom")
 
@@ -84,7 +85,8 @@ def _response_format(
 def _with_thinking(
     thinking: messages_protocol.Thinking | None, options: RequestOptions
 ) -> RequestOptions:
-    if thinking is not None and thinking.type == "disabled":
+    # Harmony's channels are its format: read, whatever the thinking.
+    if thinking is not None and thinking.type == "disabled" and options.reasoning_parser != HARMONY:
         return dataclasses.replace(options, reasoning_parser=None)
     return options
 

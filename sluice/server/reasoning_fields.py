@@ -8,7 +8,8 @@ Messages' `thinking` are mapped onto them before `to_internal.chat_request`):
 - `reasoning_effort` (OpenAI's): "none" turns thinking off, the others turn
   it on and cap it at the server's budget for that effort
   (`--reasoning-effort-budgets`); a template that reads `reasoning_effort`
-  itself (gpt-oss's) gets the effort as well;
+  itself (gpt-oss's: `Reasoning: low|medium|high` in its system message)
+  gets the effort as well, as the nearest of those three;
 - `thinking_token_budget` (vLLM's; Messages' `thinking.budget_tokens`): the
   cap in tokens, over the effort's.
 
@@ -21,7 +22,9 @@ output's reasoning is read (a reasoning parser runs and no grammar
 constrains the output) and the end marker `</think>` is one token of the
 vocabulary (every reasoning model's is an added token): a marker spelled by
 several ordinary tokens could end the reasoning in another spelling that the
-engine would not see. Elsewhere the budget is accepted and not enforced.
+engine would not see. Harmony's budget covers the analysis message that
+opens the output; its forced end is `<|end|>` and the final channel's
+header. Elsewhere the budget is accepted and not enforced.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from sluice.engine.sampling_params import ThinkingBudget
 from sluice.frontend.preprocess import PromptTokenizer
 from sluice.frontend.request import PromptInput
 from sluice.server import protocol
+from sluice.tools.harmony import is_harmony_template
 from sluice.tools.reasoning import THINK_END, THINK_START
 
 # What a chat template reads as its thinking switch (Qwen3, SmolLM3, ...).
@@ -43,6 +47,12 @@ THINKING_SWITCH = "enable_thinking"
 EFFORT_VARIABLE = "reasoning_effort"
 # The effort that turns thinking off.
 NO_EFFORT = "none"
+# gpt-oss's template knows low, medium and high: the others as the nearest.
+_TEMPLATE_EFFORTS = {NO_EFFORT: "low", "minimal": "low", "xhigh": "high"}
+# Harmony's markers around the analysis message that opens gpt-oss's output.
+HARMONY_END = "<|end|>"
+HARMONY_ANALYSIS = "<|channel|>analysis<|message|>"
+HARMONY_TO_FINAL = HARMONY_END + "<|start|>assistant<|channel|>final<|message|>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,15 +72,19 @@ _TEMPLATE_REASONING: WeakKeyDictionary[Any, TemplateReasoning] = WeakKeyDictiona
 
 
 def template_reasoning(tokenizer: PromptTokenizer) -> TemplateReasoning:
-    """Read once per tokenizer (the template's text, two encodes)."""
+    """Read once per tokenizer (the template's text, a few encodes)."""
     known = _TEMPLATE_REASONING.get(tokenizer)
     if known is None:
         source = getattr(tokenizer, "chat_template_source", None) or ""
+        if is_harmony_template(source):
+            markers = _harmony_markers(tokenizer)
+        else:
+            markers = _one_token(tokenizer, THINK_START), _one_token(tokenizer, THINK_END)
         known = TemplateReasoning(
             has_thinking_switch=THINKING_SWITCH in source,
             reads_effort=EFFORT_VARIABLE in source,
-            start_token_ids=_one_token(tokenizer, THINK_START),
-            end_token_ids=_one_token(tokenizer, THINK_END),
+            start_token_ids=markers[0],
+            end_token_ids=markers[1],
         )
         _TEMPLATE_REASONING[tokenizer] = known
     return known
@@ -79,6 +93,17 @@ def template_reasoning(tokenizer: PromptTokenizer) -> TemplateReasoning:
 def _one_token(tokenizer: PromptTokenizer, marker: str) -> tuple[int, ...]:
     ids = tokenizer.encode(marker, add_special_tokens=False)
     return tuple(ids) if len(ids) == 1 else ()
+
+
+def _harmony_markers(tokenizer: PromptTokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Harmony's reasoning is the analysis message that opens the output; its
+    forced end closes it and opens the final channel (`<|end|>`, which ends
+    it by itself, one token)."""
+    if not _one_token(tokenizer, HARMONY_END):
+        return (), ()
+    encode = tokenizer.encode
+    start = tuple(encode(HARMONY_ANALYSIS, add_special_tokens=False))
+    return start, tuple(encode(HARMONY_TO_FINAL, add_special_tokens=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +128,8 @@ def reasoning_plan(
     if effort is not None:
         if template.has_thinking_switch:
             implied[THINKING_SWITCH] = effort != NO_EFFORT
-        if template.reads_effort and effort != NO_EFFORT:
-            implied[EFFORT_VARIABLE] = effort
+        if template.reads_effort:
+            implied[EFFORT_VARIABLE] = _TEMPLATE_EFFORTS.get(effort, effort)
         if effort == NO_EFFORT:
             budget = None if template.has_thinking_switch else 0
         else:

@@ -165,7 +165,7 @@ async def chat_request(
         params = msgspec.structs.replace(params, thinking_budget=budget)
     request = _generation_request(body, "chat", model_name, (prompt,), n, params, stream, False)
     request = _with_default_stop(request, body, options.generation_defaults)
-    if tools.keeps_special_tokens:
+    if tools.keeps_special_tokens or (parsing is not None and parsing.is_harmony):
         request = replace(request, skip_special_tokens=False)
     return replace(request, output_parsing=tools.output_parsing)
 

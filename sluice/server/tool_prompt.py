@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sluice.frontend.preprocess import ChatMessage, MessageToolCall
+from sluice.tools.harmony import HARMONY
 from sluice.tools.tool_format import DEFAULT_TOOL_CALL_PARSER, ToolCallFormat
 
 # How to write calls, in each parser's format.
@@ -35,6 +36,11 @@ _CALL_FORMATS = {
     "mistral": (
         "To call functions, respond with [TOOL_CALLS] followed by a JSON array of "
         '{"name": <function-name>, "arguments": <args-json-object>} objects.'
+    ),
+    "harmony": (
+        "To call a function, write a commentary message to it: <|start|>assistant"
+        "<|channel|>commentary to=functions.<function-name> <|constrain|>json"
+        "<|message|><args-json-object><|call|>"
     ),
 }
 
@@ -97,6 +103,12 @@ def _calls_text(calls: Sequence[MessageToolCall], parser: str) -> str:
         return "\n".join(f"<tool_call>\n{text}\n</tool_call>" for text in objects)
     if parser == "llama3_json":
         return "; ".join(objects)
+    if parser == HARMONY:
+        return "".join(
+            f"<|start|>assistant<|channel|>commentary to=functions.{call.name} "
+            f"<|constrain|>json<|message|>{json.dumps(_arguments(call), ensure_ascii=False)}<|call|>"
+            for call in calls
+        )
     return f"[TOOL_CALLS][{', '.join(objects)}]"
 
 

@@ -3,7 +3,8 @@ content and tool calls, as deltas of what is new.
 
 `MessageStream` is the one owner, per choice on the event loop, of what was
 generated and what was sent of it. Each delta of text goes to the reasoning
-parser, and the content it decides to the tool-call parser; each keeps where
+parser, and the content it decides to the tool-call parser (gpt-oss's
+harmony: one reader, `sluice/tools/harmony.py`, decides all three); each keeps where
 it stopped and returns only what the new text decided (`sluice/tools/calls.py`),
 so a delta costs about the time of its own text however long the message is.
 The stream adds an id to each call's first delta (its name and first argument
@@ -19,6 +20,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from sluice.tools.calls import CallPiece, ToolCallParser
+from sluice.tools.harmony import HarmonyReader
 from sluice.tools.reasoning import ReasoningParser
 
 
@@ -72,10 +74,13 @@ class MessageStream:
         tool_call_parser: ToolCallParser | None,
         reasoning_parser: ReasoningParser | None,
         max_calls: int | None = None,
+        harmony: HarmonyReader | None = None,
     ):
         # One reader of each per choice: each keeps where it stopped.
         self._tool_calls = None if tool_call_parser is None else tool_call_parser()
         self._reasoning = None if reasoning_parser is None else reasoning_parser()
+        # gpt-oss's harmony: one reader splits reasoning, content and calls.
+        self._harmony = harmony
         # parallel_tool_calls false: calls past the first are not read.
         self._max_calls = max_calls
         self._num_calls = 0
@@ -88,6 +93,11 @@ class MessageStream:
         """Take the choice's next text (`is_final`: it is the last) and return what
         is new; an empty delta when everything new is still undecided."""
         delta = MessageDelta()
+        if self._harmony is not None:
+            piece = self._harmony.push(text, is_final)
+            delta.reasoning = piece.reasoning
+            self._add_parts(delta, piece.parts)
+            return delta
         content = text
         if self._reasoning is not None:
             split = self._reasoning.push(text, is_final)
@@ -95,13 +105,15 @@ class MessageStream:
         if self._tool_calls is None:
             delta.parts = [content] if content else []
             return delta
-        parsed = self._tool_calls.push(content, is_final)
-        for part in parsed.parts:
+        self._add_parts(delta, self._tool_calls.push(content, is_final).parts)
+        return delta
+
+    def _add_parts(self, delta: MessageDelta, parts: list[str | CallPiece]) -> None:
+        for part in parts:
             if isinstance(part, str):
                 delta.parts.append(part)
             elif self._max_calls is None or part.index < self._max_calls:
                 delta.parts.append(self._call_delta(part))
-        return delta
 
     def _call_delta(self, call: CallPiece) -> ToolCallDelta:
         if call.name is None:

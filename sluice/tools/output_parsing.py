@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from sluice.tools.call_lists import RequiredParser, named_function_parser
 from sluice.tools.calls import ToolCallParser
+from sluice.tools.harmony import HARMONY, HarmonyReader
 from sluice.tools.message_stream import MessageStream
 from sluice.tools.parsers import TOOL_CALL_PARSERS
 from sluice.tools.reasoning import REASONING_PARSERS
@@ -23,25 +24,36 @@ class OutputParsing:
     # None: no tool calls.
     tool_call_format: str | None = None
     function_name: str | None = None
-    # A name of REASONING_PARSERS, or None.
+    # A name of REASONING_PARSERS, HARMONY (which reads tool calls too, when
+    # tool_call_format is HARMONY), or None.
     reasoning_parser: str | None = None
     # parallel_tool_calls false: 1; None: no bound.
     max_calls: int | None = None
 
     def __post_init__(self) -> None:
-        known = {*TOOL_CALL_PARSERS, REQUIRED_FORMAT, NAMED_FORMAT, None}
+        known = {*TOOL_CALL_PARSERS, REQUIRED_FORMAT, NAMED_FORMAT, HARMONY, None}
         assert self.tool_call_format in known, f"unknown format {self.tool_call_format!r}"
         assert (self.tool_call_format == NAMED_FORMAT) == (self.function_name is not None), (
             "a function name exactly with the named format"
         )
-        assert self.reasoning_parser in {*REASONING_PARSERS, None}, "known reasoning parser"
+        assert self.reasoning_parser in {*REASONING_PARSERS, HARMONY, None}, "known parser"
 
     @property
     def reads_tool_calls(self) -> bool:
         return self.tool_call_format is not None
 
+    @property
+    def is_harmony(self) -> bool:
+        """gpt-oss's harmony text, read whole by one reader (its channels are
+        its format: split even where only its calls were asked for), with its
+        special tokens kept."""
+        return HARMONY in (self.reasoning_parser, self.tool_call_format)
+
     def message_stream(self) -> MessageStream:
         """A new stream for one choice."""
+        if self.is_harmony:
+            harmony = HarmonyReader(reads_calls=self.tool_call_format == HARMONY)
+            return MessageStream(None, None, self.max_calls, harmony)
         reasoning = None
         if self.reasoning_parser is not None:
             reasoning = REASONING_PARSERS[self.reasoning_parser]

@@ -11,6 +11,8 @@ Formats (`--tool-call-parser`):
   objects separated by `;`. Anything else is content.
 - mistral, and what `tool_choice` forces ("required" / named):
   `sluice/tools/call_lists.py`.
+- harmony (gpt-oss): `sluice/tools/harmony.py`, one reader of reasoning,
+  content and calls (`TOOL_CALL_PARSER_NAMES`).
 Every parser keeps the prefix promise of `sluice/tools/calls.py`. When a
 call's JSON breaks after its name was read, the call keeps the arguments up
 to the break (a model error, passed on as it is); what follows is content,
@@ -24,6 +26,7 @@ from __future__ import annotations
 from sluice.tools.call_lists import MISTRAL_TAG, MistralParser
 from sluice.tools.call_object import CallObject
 from sluice.tools.calls import TextParser, ToolCallParser, add_content_before
+from sluice.tools.harmony import HARMONY, is_harmony_template
 from sluice.tools.json_scan import Status, skip_whitespace
 
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
@@ -184,7 +187,10 @@ TOOL_CALL_PARSERS: dict[str, ToolCallParser] = {
     "mistral": MistralParser,
 }
 # Parsers whose tags are special tokens: the text they read keeps special tokens.
-KEEPS_SPECIAL_TOKENS = frozenset({"mistral"})
+KEEPS_SPECIAL_TOKENS = frozenset({"mistral", HARMONY})
+# What `--tool-call-parser` takes: these parsers, and harmony's reader
+# (`sluice/tools/harmony.py`, which reads the reasoning too).
+TOOL_CALL_PARSER_NAMES = (*TOOL_CALL_PARSERS, HARMONY)
 
 
 def guess_tool_call_parser(chat_template: str | None) -> str | None:
@@ -193,6 +199,8 @@ def guess_tool_call_parser(chat_template: str | None) -> str | None:
     `sluice/tools/tool_format.py`)."""
     if not chat_template:
         return None
+    if is_harmony_template(chat_template):
+        return HARMONY
     if HERMES_START in chat_template:
         return "hermes"
     if MISTRAL_TAG in chat_template:

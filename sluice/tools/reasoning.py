@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice.tools.calls import held_tag_prefix
+from sluice.tools.harmony import HARMONY, is_harmony_template
 
 # What str.lstrip() strips (the same Unicode whitespace).
 _WHITESPACE = re.compile(r"\s*")
@@ -152,6 +153,8 @@ _GENERATION_PROMPT = "add_generation_prompt"
 
 # `--reasoning-parser none`: no splitting, whatever the chat template shows.
 NO_REASONING_PARSER = "none"
+# What `--reasoning-parser` takes: the splitters, and harmony's reader.
+REASONING_PARSER_NAMES = (*REASONING_PARSERS, HARMONY)
 
 
 def chosen_reasoning_parser(setting: str | None, chat_template: str | None) -> str | None:
@@ -169,7 +172,10 @@ def guess_reasoning_parser(chat_template: str | None) -> str | None:
       so that an answer given without thinking stays content;
     - a generation prompt that opens `<think>` itself (DeepSeek-R1,
       Qwen3-Thinking-2507): "deepseek_r1", all before `</think>` is reasoning;
-    - `<think>` only in past turns: "qwen3" (the output's own tag decides)."""
+    - `<think>` only in past turns: "qwen3" (the output's own tag decides);
+    - gpt-oss's harmony channels: "harmony" (`sluice/tools/harmony.py`)."""
+    if is_harmony_template(chat_template):
+        return HARMONY
     if not chat_template or THINK_START not in chat_template:
         return None
     if "enable_thinking" in chat_template:

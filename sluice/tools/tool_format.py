@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sluice.tools.parsers import TOOL_CALL_PARSERS, guess_tool_call_parser
+from sluice.tools.parsers import TOOL_CALL_PARSER_NAMES, guess_tool_call_parser
 
 # The format the server shows a model whose template shows none it knows.
 DEFAULT_TOOL_CALL_PARSER = "hermes"
@@ -38,7 +38,7 @@ _RENDERS_TOOLS = re.compile(r"\btools\b")
 
 @dataclass(frozen=True, slots=True)
 class ToolCallFormat:
-    # The parser that reads "auto" outputs: a name of TOOL_CALL_PARSERS;
+    # The parser that reads "auto" outputs: a name of TOOL_CALL_PARSER_NAMES;
     # None: "auto" is served as "none" (--tool-call-parser none).
     parser: str | None = DEFAULT_TOOL_CALL_PARSER
     # True: the server writes the tools, the call format and earlier calls
@@ -46,7 +46,7 @@ class ToolCallFormat:
     is_shown_by_server: bool = False
 
     def __post_init__(self) -> None:
-        assert self.parser in {*TOOL_CALL_PARSERS, None}, f"unknown parser {self.parser!r}"
+        assert self.parser in {*TOOL_CALL_PARSER_NAMES, None}, f"unknown parser {self.parser!r}"
 
 
 def chosen_tool_call_format(setting: str | None, chat_template: str | None) -> ToolCallFormat:

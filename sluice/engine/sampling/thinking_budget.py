@@ -14,8 +14,8 @@ preemption (recomputed from the same tokens), and a speculative verification
 row, which sees the output as if the draft's first j tokens were sampled,
 forces exactly what a step without speculation would: a draft that runs past
 the budget is rejected at the first position whose forced token differs.
-The scan for a natural end marker runs only during the few steps that may
-force (`len(end_token_ids)` of them), never on every step.
+The scan for a natural end runs only during the few steps that may force
+(`len(end_token_ids)` of them), never on every step.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def forced_token(budget: ThinkingBudget, output_token_ids: Sequence[int]) -> int
     num_forced = len(output_token_ids) - limit
     if not 0 <= num_forced < len(end):
         return None  # within the budget, or past the end marker already
-    if _contains(output_token_ids[num_start:limit], end):
+    if end[0] in output_token_ids[num_start:limit]:
         return None  # the reasoning ended by itself within the budget
     return end[num_forced]
 
@@ -49,20 +49,3 @@ def forced_tokens(
         for budget, output in zip(budgets, outputs, strict=True)
     ]
     return forced if any(token is not None for token in forced) else None
-
-
-def _contains(tokens: Sequence[int], marker: tuple[int, ...]) -> bool:
-    """Whether `marker` occurs in `tokens` as a contiguous run."""
-    if not marker:
-        return False
-    tokens = list(tokens)
-    first, width = marker[0], len(marker)
-    position = 0
-    while True:
-        try:
-            position = tokens.index(first, position)
-        except ValueError:
-            return False
-        if tuple(tokens[position : position + width]) == marker:
-            return True
-        position += 1
