@@ -65,6 +65,14 @@ def test_earlier_calls_and_results_are_written_in_the_format():
     *_, mistral, _ = shown_tools_messages(history(), None, "mistral")
     one = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
     assert mistral.content == f"Checking.\n[TOOL_CALLS][{one}, {one}]"
+    *_, harmony, _ = shown_tools_messages(history(), None, "harmony")
+    one = (
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"city": "Oslo"}<|call|>'
+    )
+    assert harmony.content == f"Checking.\n{one}{one}"
+    (system, *_) = shown_tools_messages(history(), [TOOL], "harmony")
+    assert "to=functions.<function-name> <|constrain|>json" in system.content
 
 
 def test_without_tools_only_the_history_is_written_out():
