@@ -124,6 +124,54 @@ def write_tiny_gguf(
     return path
 
 
+# LFM2's HF per-layer modules -> llama.cpp's stems (its conv layers' `shortconv.*`).
+_LFM2_STEMS = {
+    "operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.out_proj": "attn_output", "self_attn.q_layernorm": "attn_q_norm",
+    "self_attn.k_layernorm": "attn_k_norm", "feed_forward.w1": "ffn_gate",
+    "feed_forward.w3": "ffn_up", "feed_forward.w2": "ffn_down", "conv.conv": "shortconv.conv",
+    "conv.in_proj": "shortconv.in_proj", "conv.out_proj": "shortconv.out_proj",
+}  # fmt: skip
+
+
+def write_tiny_lfm2_gguf(tiny: TinyModel, path: Path, mlp_width: int) -> Path:
+    """A tiny LFM2 as llama.cpp's converter writes it (convert_hf_to_gguf.py
+    LFM2Model): KV heads per layer, 0 for a conv layer; `shortconv.l_cache`;
+    the MLP width already derived (`mlp_width`); conv kernels squeezed to
+    [hidden, L]; the final norm as `token_embd_norm`; float32."""
+    config = tiny.config_dict
+    writer = GGUFWriter(str(path), "lfm2")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(mlp_width)
+    writer.add_head_count(config["num_attention_heads"])
+    kv = config["num_key_value_heads"]
+    writer.add_head_count_kv([kv if t == "full_attention" else 0 for t in config["layer_types"]])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["norm_eps"])
+    writer.add_shortconv_l_cache(config["conv_L_cache"])
+    writer.add_vocab_size(config["vocab_size"])
+    add_byte_bpe_vocab(writer, config["vocab_size"], ["<|endoftext|>", "<s>", "</s>"])
+    writer.add_chat_template(TINY_TEMPLATE)
+    names = {"model.embed_tokens.weight": "token_embd.weight",
+             "model.embedding_norm.weight": "token_embd_norm.weight"}  # fmt: skip
+    for name, tensor in tiny.weights():
+        array = tensor.numpy()
+        if name.endswith("conv.conv.weight"):
+            array = array.squeeze(1)
+        if name not in names:
+            _, _, layer, *stem, kind = name.split(".")
+            names[name] = f"blk.{layer}.{_LFM2_STEMS['.'.join(stem)]}.{kind}"
+        writer.add_tensor(names[name], np.ascontiguousarray(array))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def _blocks(array: np.ndarray, kind: str) -> np.ndarray:
     values = np.ascontiguousarray(array, dtype=np.float32)
     if kind not in FORMATS and kind not in K_QUANT_WRITERS:

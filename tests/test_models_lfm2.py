@@ -15,11 +15,13 @@ import pytest
 import torch
 
 from sluice.cli import main
+from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
-from sluice.loader.loaded_model import LoadedModel
+from sluice.loader.loaded_model import LoadedModel, load_model
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.lfm2 import Lfm2ForCausalLM
 from sluice.models.short_conv import ShortConvLayer
+from tests.gguf_files import write_tiny_lfm2_gguf
 from tests.model_factory import (
     LFM2_KIND,
     TinyModel,
@@ -152,3 +154,14 @@ def test_sluice_serve_refuses_a_layer_type_it_cannot_run_with_exit_status_2(tiny
     err = capsys.readouterr().err.strip()
     assert status == 2 and "\n" not in err
     assert "unsupported LFM2 layer type 'mamba'" in err
+
+
+def test_an_lfm2_gguf_as_llama_cpp_writes_it_generates_like_transformers(loaded, tiny, tmp_path):
+    path = write_tiny_lfm2_gguf(tiny, tmp_path / "lfm2.gguf", loaded.model_config.intermediate_size)
+    config = ModelConfig(model=str(path), cache_dir=tmp_path / "cache", dtype="float32")
+    from_gguf = load_model(config)
+    gguf_config = from_gguf.model_config
+    assert gguf_config.rms_norm_eps == pytest.approx(1e-5)  # a float32 in the metadata
+    assert replace(gguf_config, rms_norm_eps=1e-5) == loaded.model_config
+    prompts = random_prompts(2, seed=9)
+    assert run(make_core(from_gguf), prompts) == run(make_core(loaded), prompts)

@@ -53,7 +53,8 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
-_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# A stem may hold dots (LFM2's `shortconv.in_proj`).
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.([\w.]+)\.(weight|bias)")
 # The HF name a family gives llama.cpp's stacked experts (families/qwen_moe.py).
 _STACKED_EXPERTS = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\w+\.weight)")
 ROPE_FREQS = "rope_freqs.weight"
@@ -263,8 +264,9 @@ def hf_tensor_name(gguf_name: str, family: GgufFamily | None = None) -> str:
         if stem in names:
             return f"model.layers.{layer}.{names[stem]}.{kind}"
     stem, _, kind = gguf_name.rpartition(".")
-    if stem in _GLOBAL_NAMES and kind in ("weight", "bias"):
-        return f"{_GLOBAL_NAMES[stem]}.{kind}"
+    global_names = _GLOBAL_NAMES | (family.global_names if family is not None else {})
+    if stem in global_names and kind in ("weight", "bias"):
+        return f"{global_names[stem]}.{kind}"
     raise ModelLoadError(
         f"unsupported GGUF tensor {gguf_name!r} "
         f"(not part of a {family.architecture if family is not None else 'llama'} model)"

@@ -12,9 +12,12 @@ the final norm `embedding_norm`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from torch import Tensor
 
 from sluice.models.attention import AttentionMetadata
+from sluice.models.block_codes import BlockCodes
 from sluice.models.decoder_config import CONV
 from sluice.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from sluice.models.sequence_state import SequenceStates
@@ -52,6 +55,10 @@ class Lfm2ForCausalLM(LlamaForCausalLM):
             attn.sequence_states = SequenceStates.standalone(len(attn.query_lens))
         return super().forward(input_ids, positions, kv_caches, attn)
 
+    def load_weights(self, weights: Iterable[tuple[str, Tensor | BlockCodes]]) -> None:
+        """transformers' conv kernels [hidden, 1, L] load as llama.cpp's [hidden, L]."""
+        super().load_weights(_squeezed_kernels(weights))
+
     def _weight_targets(self) -> dict[str, WeightTarget]:
         targets = {
             "model.embed_tokens.weight": WeightTarget(self.embed_tokens),
@@ -68,6 +75,15 @@ class Lfm2ForCausalLM(LlamaForCausalLM):
                 targets.update(layer.weight_targets(prefix))
             targets.update({_lfm2_name(prefix, name): t for name, t in decoder.items()})
         return targets
+
+
+def _squeezed_kernels(
+    weights: Iterable[tuple[str, Tensor | BlockCodes]],
+) -> Iterable[tuple[str, Tensor | BlockCodes]]:
+    for name, tensor in weights:
+        if name.endswith("conv.conv.weight") and isinstance(tensor, Tensor) and tensor.dim() == 3:
+            tensor = tensor.squeeze(1)  # [hidden, 1, L] -> [hidden, L]
+        yield name, tensor
 
 
 def _lfm2_name(prefix: str, name: str) -> str:

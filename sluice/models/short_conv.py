@@ -50,8 +50,9 @@ class ShortConvLayer(LlamaDecoderLayer):
         self.o_proj = Linear(hidden, hidden, config.conv_bias, **p)
         self.q_norm = self.k_norm = None
         self.kernel_size = config.conv_kernel_size
-        # As transformers stores it: [hidden, 1, L]; `taps` is its [L, hidden] copy.
-        self.conv_weight = uninitialised_weight(hidden, 1, self.kernel_size, dtype=dtype,
+        # [hidden, L], as llama.cpp stores it (transformers' [hidden, 1, L]
+        # squeezed as it loads: lfm2.py); `taps` is its [L, hidden] copy.
+        self.conv_weight = uninitialised_weight(hidden, self.kernel_size, dtype=dtype,
                                                 device=device)  # fmt: skip
         self.conv_bias = None
         if config.conv_bias:
@@ -59,7 +60,7 @@ class ShortConvLayer(LlamaDecoderLayer):
 
     def finish_loading(self) -> None:
         super().finish_loading()
-        self.taps = self.conv_weight[:, 0, :].t().contiguous()  # [L, hidden]
+        self.taps = self.conv_weight.t().contiguous()  # [L, hidden]
 
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         """transformers' names of the convolution's tensors (LFM2's `conv.*`)."""

@@ -40,6 +40,9 @@ class GgufFamily:
     # The config.json entries llama.cpp fixes in code rather than metadata:
     # (the config read so far, meta) -> entries to add; None: nothing more.
     config_entries: Callable[[dict[str, Any], GgufMeta], dict[str, Any]] | None = None
+    # Tensor stems outside the layers beyond (or instead of) llama's: LFM2's
+    # final norm is llama.cpp's `token_embd_norm`.
+    global_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from sluice.errors import ModelLoadError
 from sluice.models.decoder_config import CONV, FULL, DecoderConfig
-from sluice.models.families.family import Family
+from sluice.models.families.family import Family, GgufFamily, GgufMeta
 from sluice.models.families.hf_fields import common_fields
 from sluice.models.lfm2 import Lfm2ForCausalLM
 
@@ -27,7 +27,7 @@ _MAX_CONV_KERNEL = 64
 
 def parse_lfm2(d: dict[str, Any]) -> DecoderConfig:
     d = dict(d)
-    d["rms_norm_eps"] = d.get("norm_eps", 1e-5)
+    d["rms_norm_eps"] = d.get("norm_eps", d.get("rms_norm_eps", 1e-5))
     d.setdefault("tie_word_embeddings", d.get("tie_embedding", True))
     if "intermediate_size" not in d and "block_ff_dim" in d:
         d["intermediate_size"] = d["block_ff_dim"]
@@ -80,5 +80,47 @@ def _layer_types(d: dict[str, Any], num_layers: int) -> tuple[str, ...]:
     return tuple(types)
 
 
-LFM2 = Family(ARCHITECTURE, "lfm2", parse_lfm2, Lfm2ForCausalLM)
+def _gguf_config(config: dict[str, Any], meta: GgufMeta) -> dict[str, Any]:
+    """LFM2 as llama.cpp's converter writes it: KV heads per layer (0 for a
+    conv layer), the conv kernel in `shortconv.l_cache`, the MLP width already
+    derived."""
+    kv_heads = meta("attention.head_count_kv")
+    if not isinstance(kv_heads, list):
+        kv_heads = [kv_heads] * config["num_hidden_layers"]
+    return {
+        "layer_types": [FULL if heads else CONV for heads in kv_heads],
+        "num_key_value_heads": max(kv_heads),
+        "conv_L_cache": meta("shortconv.l_cache", 3),
+        "norm_eps": config["rms_norm_eps"],
+        "block_auto_adjust_ff_dim": False,
+    }
+
+
+# llama.cpp's LFM2 tensors: the conv layers' `shortconv.*`, LFM2's names for the rest.
+_GGUF_LAYER_NAMES = {
+    "attn_norm": "operator_norm",
+    "ffn_norm": "ffn_norm",
+    "attn_output": "self_attn.out_proj",
+    "attn_q_norm": "self_attn.q_layernorm",
+    "attn_k_norm": "self_attn.k_layernorm",
+    "ffn_gate": "feed_forward.w1",
+    "ffn_up": "feed_forward.w3",
+    "ffn_down": "feed_forward.w2",
+    "shortconv.conv": "conv.conv",
+    "shortconv.in_proj": "conv.in_proj",
+    "shortconv.out_proj": "conv.out_proj",
+}
+LFM2 = Family(
+    ARCHITECTURE,
+    "lfm2",
+    parse_lfm2,
+    Lfm2ForCausalLM,
+    gguf=GgufFamily(
+        "lfm2",
+        permutes_qk=False,
+        layer_names=_GGUF_LAYER_NAMES,
+        config_entries=_gguf_config,
+        global_names={"token_embd_norm": "model.embedding_norm"},
+    ),
+)
 FAMILIES = (LFM2,)
