@@ -53,7 +53,9 @@ def test_an_old_file_names_its_family_by_model_type(family):
 
 
 def test_each_gguf_architecture_names_one_registered_family():
-    assert SUPPORTED_GGUF_ARCHITECTURES[:6] == ("llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2")
+    assert SUPPORTED_GGUF_ARCHITECTURES[:6] == (
+        "llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2",
+    )  # fmt: skip
     assert "lfm2" in SUPPORTED_GGUF_ARCHITECTURES
     for name in SUPPORTED_GGUF_ARCHITECTURES:
         assert gguf_family(name).architecture in SUPPORTED_ARCHITECTURES
