@@ -33,14 +33,9 @@ def num_kv_blocks(
         free_bytes, _total = torch.cuda.mem_get_info(device)
         budget = int(free_bytes * cache.memory_fraction)
     else:
-        scheduler = config.scheduler
-        workspace = memory_plan.workspace_bytes(
-            loaded.model_config, scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
-            dtype.itemsize,
-        )  # fmt: skip
         budget = memory_plan.cpu_kv_budget(
             bytes_per_block, cache.block_size_tokens, loaded.max_model_len,
-            memory_plan.available_memory_bytes(), workspace,
+            memory_plan.available_memory_bytes(), _workspace(config, loaded, dtype),
         )  # fmt: skip
     num_blocks = int(budget // bytes_per_block)
     if num_blocks < 1:
@@ -103,8 +98,32 @@ def startup_line(
         f"({num_blocks * block_size} tokens, {_kv_mib(loaded, block_size, dtype, num_blocks)})"
         f"{describe_state_cache(config, loaded, dtype)}, max_num_batched_tokens "
         f"{config.scheduler.max_num_batched_tokens}, max_num_seqs {config.scheduler.max_num_seqs}, "
-        f"{describe_speculation(config.speculative_config, loaded.step_seconds, blocker)}"
+        f"{describe_speculation(config.speculative_config, loaded.step_seconds, blocker)}, "
+        f"{memory_figures(config, loaded, num_blocks, dtype).describe()}"
     )
+
+
+def memory_figures(
+    config: EngineConfig, loaded: LoadedModel, num_blocks: int, dtype: torch.dtype
+) -> memory_plan.MemoryPlan:
+    """Weights, KV pool and step workspace as built, and what is still free."""
+    bytes_per_block = kv_cache_bytes_per_block(
+        loaded.model_config, config.cache.block_size_tokens, dtype
+    )
+    return memory_plan.MemoryPlan(
+        weights_bytes=loaded.model.weight_bytes(),
+        kv_bytes=num_blocks * bytes_per_block,
+        workspace_bytes=_workspace(config, loaded, dtype),
+        available_bytes=memory_plan.available_memory_bytes(),
+    )
+
+
+def _workspace(config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype) -> int:
+    scheduler = config.scheduler
+    return memory_plan.workspace_bytes(
+        loaded.model_config, scheduler.max_num_batched_tokens, scheduler.max_num_seqs,
+        dtype.itemsize,
+    )  # fmt: skip
 
 
 def _kv_mib(loaded: LoadedModel, block_size: int, dtype: torch.dtype, num_blocks: int) -> str:
