@@ -54,7 +54,10 @@ def expected_text(token_id: int, num_tokens: int) -> str:
 
 def test_each_request_is_served_by_the_model_it_names_and_the_first_by_default():
     models = [spec("alpha", 40, is_preloaded=True), spec("beta", 50)]
-    with LiveServer(None, None, models=models) as live, httpx2.Client(base_url=live.url) as http:
+    with (
+        LiveServer(None, None, model_specs=models) as live,
+        httpx2.Client(base_url=live.url) as http,
+    ):
         listed = http.get("/v1/models").json()["data"]
         assert [(m["id"], m["status"]) for m in listed] == [
             ("alpha", "loaded"),
@@ -74,7 +77,10 @@ def test_each_request_is_served_by_the_model_it_names_and_the_first_by_default()
 
 def test_an_unknown_model_is_a_404_naming_the_served_ones_in_each_apis_shape():
     models = [spec("alpha", 40, is_preloaded=True), spec("beta", 50)]
-    with LiveServer(None, None, models=models) as live, httpx2.Client(base_url=live.url) as http:
+    with (
+        LiveServer(None, None, model_specs=models) as live,
+        httpx2.Client(base_url=live.url) as http,
+    ):
         refused = completion(http, "gamma")
         assert refused.status_code == 404
         error = refused.json()["error"]
@@ -96,7 +102,10 @@ def test_a_model_that_does_not_load_fails_its_requests_clearly_and_the_others_se
     caplog.set_level(logging.INFO, logger="sluice.access")
     broken = spec("broken", 60, make=lambda: BrokenEngine())
     models = [spec("alpha", 40, is_preloaded=True), broken]
-    with LiveServer(None, None, models=models) as live, httpx2.Client(base_url=live.url) as http:
+    with (
+        LiveServer(None, None, model_specs=models) as live,
+        httpx2.Client(base_url=live.url) as http,
+    ):
         for _ in range(2):
             refused = completion(http, "broken")
             assert refused.status_code == 503
@@ -111,7 +120,10 @@ def test_a_model_that_does_not_load_fails_its_requests_clearly_and_the_others_se
 def test_the_access_log_shows_the_wait_for_a_model_to_start(caplog):
     caplog.set_level(logging.INFO, logger="sluice.access")
     models = [spec("alpha", 40, is_preloaded=True), spec("beta", 50)]
-    with LiveServer(None, None, models=models) as live, httpx2.Client(base_url=live.url) as http:
+    with (
+        LiveServer(None, None, model_specs=models) as live,
+        httpx2.Client(base_url=live.url) as http,
+    ):
         assert completion(http, "beta").status_code == 200
         assert completion(http, "beta").status_code == 200
     lines = [r.getMessage() for r in caplog.records if "/v1/completions" in r.getMessage()]
@@ -121,7 +133,10 @@ def test_the_access_log_shows_the_wait_for_a_model_to_start(caplog):
 
 def test_metrics_carry_each_models_name():
     models = [spec("alpha", 40, is_preloaded=True), spec("beta", 50)]
-    with LiveServer(None, None, models=models) as live, httpx2.Client(base_url=live.url) as http:
+    with (
+        LiveServer(None, None, model_specs=models) as live,
+        httpx2.Client(base_url=live.url) as http,
+    ):
         completion(http, "alpha")
         completion(http, "beta")
         text = http.get("/metrics").text
@@ -139,7 +154,7 @@ def test_under_one_loaded_model_switching_keeps_every_stream_whole():
         spec("beta", 50, make=lambda: FakeEngine(echoing(50), step_interval_s=0.001)),
     ]
     expect = Expectations("completion", 1, include_usage=True)
-    with LiveServer(None, None, models=models, models_max=1) as live:
+    with LiveServer(None, None, model_specs=models, models_max=1) as live:
 
         async def one_stream(session: aiohttp.ClientSession, model: str) -> tuple[str, str]:
             body = {"model": model, "prompt": "hi", "max_tokens": 24, "stream": True,
@@ -165,7 +180,10 @@ def test_under_one_loaded_model_switching_keeps_every_stream_whole():
 def test_ollamas_tags_list_every_model_ps_the_running_ones_and_keep_alive_stops_them():
     models = [spec("alpha", 40, is_preloaded=True), spec("beta", 50), spec("gamma", 60)]
     chat = {"messages": [{"role": "user", "content": "hi"}], "stream": False}
-    with LiveServer(None, None, models=models) as live, httpx2.Client(base_url=live.url) as http:
+    with (
+        LiveServer(None, None, model_specs=models) as live,
+        httpx2.Client(base_url=live.url) as http,
+    ):
         tags = http.get("/api/tags").json()["models"]
         assert [model["name"] for model in tags] == ["alpha", "beta", "gamma"]
         answer = http.post("/api/chat", json={**chat, "model": "beta:latest", "keep_alive": "1h"})

@@ -44,7 +44,7 @@ class LiveServer:
         /,  # so that `engine=EngineConfig(...)` reaches the ServerConfig
         *,
         # Several models instead (sluice/server/model_pool.py): engine and tokenizer None.
-        models: list[ModelSpec] | None = None,
+        model_specs: list[ModelSpec] | None = None,
         model_name: str = DEFAULT_MODEL_NAME,
         max_model_len: int = 4096,
         # Starting a real engine (its own process, loading weights) takes a while.
@@ -60,7 +60,7 @@ class LiveServer:
         self.model_name = model_name
         self.config = ServerConfig(host="127.0.0.1", port=0, **config)
         served = None if tokenizer is None else ServedModel(model_name, tokenizer, max_model_len)
-        self.app = create_app(self.config, engine, served, clock, tracer, models=models)
+        self.app = create_app(self.config, engine, served, clock, tracer, models=model_specs)
         self.server = make_server(self.app, self.config)
         self.startup_timeout_s = startup_timeout_s
         self.url = ""
