@@ -12,7 +12,7 @@ import torch
 
 from sluice.testing.server_process import sluice_serve
 from sluice.tokenizer import Tokenizer
-from tests.model_factory import GEMMA3_KIND, build_tiny_model, write_tiny_tokenizer
+from tests.model_factory import GEMMA3_KIND, LFM2_KIND, build_tiny_model, write_tiny_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -20,6 +20,8 @@ STARTUP_LINES = {
     "qwen3_tied": "architecture Qwen3ForCausalLM: every engine path",
     GEMMA3_KIND: "architecture Gemma3ForCausalLM: its sliding-window layers (window 8) "
     "attend on the torch path",
+    LFM2_KIND: "architecture Lfm2ForCausalLM: 3 of its 4 layers are short convolutions over a "
+    "per-sequence state",
 }
 PROMPT = "the quick brown fox"
 
