@@ -8,7 +8,8 @@ follows. Outputs are written per format (every tool-call parser, the forced
 `required` list, with and without a reasoning parser) as a sequence of known
 parts; the tokens are cut at random with every boundary (text->call,
 call->text, call->call, reasoning->text, reasoning->call) maybe inside one
-token; the deltas merge tokens at random, as a lagging reader's do. Each
+token (gpt-oss's harmony messages likewise); the deltas merge tokens at
+random, as a lagging reader's do. Each
 projection must give the written parts, in order, streamed and folded alike.
 Random fragments (broken calls, cut tags) must never fail a projection.
 """
@@ -33,6 +34,7 @@ from sluice.frontend.responses_events import ResponsesEvents
 from sluice.testing import FakeTokenizer
 from sluice.testing.messages_stream import read_message_stream
 from sluice.testing.responses_contract import check_responses_stream, parse_events
+from sluice.tools.harmony import HARMONY
 from sluice.tools.output_parsing import REQUIRED_FORMAT, OutputParsing
 from sluice.tools.parsers import TOOL_CALL_PARSERS
 from sluice.tools.reasoning import REASONING_PARSERS
@@ -330,6 +332,54 @@ def test_tokens_across_boundaries_give_the_written_parts_in_every_projection(
     tokens = tokens_of(data.draw, output.text, output.boundaries)
     stream_deltas, fold_deltas = deltas_of(data.draw, tokens), deltas_of(data.draw, tokens)
     parsing = parsing_of(tool_format, reasoning_parser, max_calls)
+    expected = kept_parts(output.parts, max_calls)
+
+    assert responses_parts(parsing, stream_deltas, fold_deltas) == (expected, expected)
+    as_input = [(*p[:2], json.loads(p[2])) if p[0] == "call" else p for p in expected]
+    assert messages_parts(parsing, stream_deltas, fold_deltas) == (as_input, as_input)
+    assert chat_messages(parsing, stream_deltas, fold_deltas) == (
+        chat_expected(expected),
+        chat_expected(expected),
+    )
+
+
+@st.composite
+def harmony_outputs(draw) -> Output:
+    """gpt-oss's harmony: maybe an analysis message, then final messages
+    (or preambles) and commentary calls, each after `<|start|>assistant`."""
+    out = Output()
+    opening = ""
+    if draw(st.booleans()):
+        text = draw(REASONING)
+        out.write("<|channel|>analysis<|message|>")
+        out.write(text, ("reasoning", text))
+        out.write("<|end|>")
+        opening = "<|start|>assistant"
+    for kind in draw(part_kinds()):
+        if kind == "text":
+            text, channel = draw(TEXTS), draw(st.sampled_from(["final", "commentary"]))
+            out.write(f"{opening}<|channel|>{channel}<|message|>")
+            out.write(text, ("text", text))
+            out.write(draw(st.sampled_from(["<|end|>", "<|return|>"])))
+        else:
+            name, arguments = draw(NAMES), draw(ARGUMENTS)
+            header = f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+            out.write(opening + header)
+            out.write(arguments, ("call", name, arguments))
+            out.write("<|call|>")
+        opening = "<|start|>assistant"
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(max_calls=st.sampled_from([None, 1]), data=st.data())
+def test_harmony_tokens_across_boundaries_give_the_written_parts_in_every_projection(
+    max_calls, data
+):
+    output = data.draw(harmony_outputs())
+    tokens = tokens_of(data.draw, output.text, output.boundaries)
+    stream_deltas, fold_deltas = deltas_of(data.draw, tokens), deltas_of(data.draw, tokens)
+    parsing = OutputParsing(HARMONY, reasoning_parser=HARMONY, max_calls=max_calls)
     expected = kept_parts(output.parts, max_calls)
 
     assert responses_parts(parsing, stream_deltas, fold_deltas) == (expected, expected)
