@@ -43,10 +43,11 @@ from sluice.tokenizer import _unicode_to_byte
 # Llama tied; Llama untied with llama3 rope scaling; Qwen2 with q/k/v bias (tied,
 # like Qwen2.5-0.5B); Mistral untied with its window switched off; Qwen3 with
 # its q/k norms, tied (like Qwen3-0.6B) and untied (like Qwen3-4B); Phi-3 with
-# its fused checkpoint matrices and every layer within a window of 8.
+# its fused checkpoint matrices and every layer within a window of 8; SmolLM3
+# with its fourth layer unrotated (NoPE).
 TINY_MODEL_KINDS = (
     "llama_tied", "llama3_untied", "qwen2_bias", "mistral", "qwen3_tied", "qwen3_untied",
-    "phi3_window",
+    "phi3_window", "smollm3",
 )  # fmt: skip
 # Gemma 3 (text) runs in its own class (sluice/models/gemma3.py): a sliding
 # layer (window 8, local RoPE base) before a global one, a query scalar other
@@ -56,9 +57,6 @@ GEMMA3_KIND = "gemma3"
 # turn, attention scores capped (at 1.0, so that the cap shows on these scores).
 GEMMA2_KIND = "gemma2"
 GEMMA3_SLIDING_WINDOW = 8
-# LFM2: short convolutions (kernel 3) around one attention layer, the hybrid
-# whose conv layers keep a per-sequence state (sluice/models/short_conv.py).
-LFM2_KIND = "lfm2"
 # Phi-3 with LongRoPE (Phi-3.5-mini's scaling) over an original context of 16
 # positions, so that a test prompt can be shorter or longer than it. Not in
 # TINY_MODEL_KINDS: transformers switches factor lists with the prompt's
@@ -71,7 +69,21 @@ PHI3_LONGROPE_ORIGINAL = 16
 PHI3_PARTIAL_KIND = "phi3_partial"
 PHI4_MINI_KIND = "phi4_mini"
 PARTIAL_ROTARY_FACTOR = 0.75
-
+# SmolLM3: four layers, the fourth without RoPE (no_rope_layer_interval 4).
+SMOLLM3_KIND = "smollm3"
+# YaRN over an original context of 16 positions (factor 16: the model's 256),
+# so that test prompts run past it: Llama (beta_fast/slow given) and Qwen3
+# (transformers' defaults, as Qwen3's config.json writes it).
+LLAMA_YARN_KIND, QWEN3_YARN_KIND = "llama_yarn", "qwen3_yarn"
+YARN_ORIGINAL = 16
+# Gemma 4 (text): five layers, sliding (window 8) and full in turn as
+# [S, F, S, S, F]; full layers with heads of 32 (sliding: 16), one KV head
+# and V from k_proj; the last two layers share the K/V of layers 2 and 1 and
+# have a double-wide MLP; per-layer embeddings of 8 a layer; logits capped at 5.
+GEMMA4_KIND = "gemma4"
+# LFM2: short convolutions (kernel 3) around one attention layer, the hybrid
+# whose conv layers keep a per-sequence state (sluice/models/short_conv.py).
+LFM2_KIND = "lfm2"
 # Qwen3-MoE: 8 experts of width 32, top-2 renormalised, the middle of three
 # layers dense (mlp_only_layers); override mlp_only_layers=[] for all sparse.
 QWEN3_MOE_KIND = "qwen3_moe"
@@ -164,16 +176,43 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
             partial_rotary_factor=PARTIAL_ROTARY_FACTOR,
             original_max_position_embeddings=PHI3_LONGROPE_ORIGINAL, tie_word_embeddings=False,
         )  # fmt: skip
-    if kind == LFM2_KIND:
-        return transformers.Lfm2Config(
-            **(_COMMON | {"num_hidden_layers": 4}), norm_eps=1e-5, block_multiple_of=32,
-            layer_types=["conv", "full_attention", "conv", "conv"], tie_word_embeddings=True,
-        )  # fmt: skip
+    if kind == SMOLLM3_KIND:
+        return transformers.SmolLM3Config(
+            **(_COMMON | {"num_hidden_layers": 4, "pad_token_id": 0}),
+            rope_theta=2e6,
+            tie_word_embeddings=True,
+        )
+    if kind == LLAMA_YARN_KIND:
+        rope = {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0, "beta_fast": 8.0,
+            "beta_slow": 2.0, "original_max_position_embeddings": YARN_ORIGINAL,
+        }  # fmt: skip
+        return transformers.LlamaConfig(**_COMMON, tie_word_embeddings=False, rope_parameters=rope)
+    if kind == QWEN3_YARN_KIND:
+        rope = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 16}
+        return transformers.Qwen3Config(
+            **_COMMON, head_dim=32, tie_word_embeddings=True, rope_theta=1e6, rope_scaling=rope
+        )
     if kind == QWEN3_MOE_KIND:
         return transformers.Qwen3MoeConfig(
             **(_COMMON | {"num_hidden_layers": 3}), head_dim=16, moe_intermediate_size=32,
             num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
             tie_word_embeddings=False, rope_theta=1e6,
+        )  # fmt: skip
+    if kind == LFM2_KIND:
+        return transformers.Lfm2Config(
+            **(_COMMON | {"num_hidden_layers": 4}), norm_eps=1e-5, block_multiple_of=32,
+            layer_types=["conv", "full_attention", "conv", "conv"], tie_word_embeddings=True,
+        )  # fmt: skip
+    if kind == GEMMA4_KIND:
+        return transformers.Gemma4TextConfig(
+            **(_COMMON | {"num_hidden_layers": 5, "pad_token_id": 0}), head_dim=16,
+            global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+            sliding_window=GEMMA3_SLIDING_WINDOW, layer_types=[
+                "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                "full_attention",
+            ], num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=512, final_logit_softcapping=5.0, tie_word_embeddings=True,
         )  # fmt: skip
     if kind == GEMMA2_KIND:
         return transformers.Gemma2Config(
@@ -216,6 +255,9 @@ def build_tiny_model(kind: str, directory: Path, seed: int = 0, **overrides: Any
                 param.copy_(1.0 + _INIT_STD * torch.randn_like(param))
             else:
                 param.normal_(0.0, _INIT_STD)
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scale
+                buffer.copy_(1.0 + _INIT_STD * torch.randn_like(buffer))
     model.eval()
     model.save_pretrained(directory, safe_serialization=True)
     return TinyModel(kind=kind, path=Path(directory), hf_model=model)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -26,12 +27,14 @@ from safetensors.numpy import load_file
 from sluice.config import ModelConfig
 from sluice.loader.gguf_convert import converted_folder, source_tensor_types
 from sluice.loader.loaded_model import load_model
-from tests.gguf_files import add_byte_bpe_vocab
+from tests.gguf_files import add_byte_bpe_vocab, llama_cpp_permute
 from tests.gguf_quants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from tests.model_factory import (
     PHI3_LONGROPE_KIND,
     PHI3_LONGROPE_ORIGINAL,
     PHI4_MINI_KIND,
+    SMOLLM3_KIND,
+    YARN_ORIGINAL,
     TinyModel,
     build_tiny_model,
 )
@@ -64,10 +67,13 @@ _FAMILY_STEMS = {
     },
 }
 _FAMILY_STEMS["gemma2"] = _FAMILY_STEMS["gemma3"]  # its layers name no q/k norms
+_FAMILY_STEMS["smollm3"] = _FAMILY_STEMS["qwen2"]
+# llama.cpp permutes these families' q/k rows for its (non-NeoX) rotation.
+_PERMUTED = ("smollm3",)
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight",
            "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}  # fmt: skip
 KINDS = {"qwen2": "qwen2_bias", "qwen3": "qwen3_untied", "gemma3": "gemma3", "gemma2": "gemma2",
-         "phi3": "phi3_window"}  # fmt: skip
+         "phi3": "phi3_window", "smollm3": SMOLLM3_KIND}  # fmt: skip
 PROMPT = [1, 17, 300, 45, 9, 88, 211, 5, 402, 77, 3, 150, 64]
 
 
@@ -103,6 +109,8 @@ def write_family_gguf(tiny: TinyModel, arch: str, path: Path, quantized: bool) -
         writer.add_sliding_window(config["sliding_window"])
     if theta.get("rope_type") == "longrope":
         _add_longrope(writer, config)
+    if theta.get("rope_type") == "yarn":
+        _add_yarn(writer, theta)
     if theta.get("partial_rotary_factor", 1.0) != 1.0:  # llama.cpp: the rotated dims
         writer.add_rope_dimension_count(int(head_dim * theta["partial_rotary_factor"]))
     if arch == "gemma2":
@@ -117,13 +125,17 @@ def write_family_gguf(tiny: TinyModel, arch: str, path: Path, quantized: bool) -
         array = tensor.numpy()
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             array = array + np.float32(1.0)  # llama.cpp stores Gemma's 1 + weight
+        heads = None
+        if arch in _PERMUTED and (".q_proj." in name or ".k_proj." in name):
+            heads = config["num_attention_heads" if ".q_proj." in name else "num_key_value_heads"]
+            array = llama_cpp_permute(array, heads)
         kind = Q.F32
         if quantized and array.ndim == 2:
             while not _fits(array, QUANT_TYPES[turn % len(QUANT_TYPES)]):
                 turn += 1
             kind, turn = QUANT_TYPES[turn % len(QUANT_TYPES)], turn + 1
         blocks, kind, values = _encode(array, kind)
-        encoded[_gguf_name(name, arch)] = values
+        encoded[_gguf_name(name, arch)] = values if heads is None else _unpermute(values, heads)
         writer.add_tensor(_gguf_name(name, arch), blocks, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -142,6 +154,23 @@ def _add_longrope(writer: GGUFWriter, config: dict) -> None:
     for key in ("long_factor", "short_factor"):
         factors = np.array(config["rope_parameters"][key], dtype=np.float32)
         writer.add_tensor(f"rope_factors_{key.split('_')[0]}.weight", factors)
+
+
+def _unpermute(rows: np.ndarray, num_heads: int) -> np.ndarray:
+    """The inverse of llama_cpp_permute: each head's interleaved halves split again."""
+    half = rows.shape[0] // num_heads // 2
+    return rows.reshape(num_heads, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def _add_yarn(writer: GGUFWriter, rope: dict) -> None:
+    # As llama.cpp's TextModel.set_gguf_parameters writes a yarn scaling.
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(rope["factor"])
+    writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if rope.get("beta_fast") is not None:
+        writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    if rope.get("beta_slow") is not None:
+        writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
 
 
 def _fits(array: np.ndarray, kind: Q) -> bool:
@@ -259,6 +288,22 @@ def test_a_phi4_mini_gguf_rotates_part_of_each_head_like_transformers(tmp_path):
     reference = reference_of(loaded)
     assert reference.model.rotary_emb.inv_freq.shape == (6,)
     assert_generates_past_the_original_length_like_transformers(loaded, reference)
+
+
+def test_a_smollm3_gguf_with_yarn_runs_like_transformers_past_its_original_length(tmp_path):
+    """SmolLM3 as llama.cpp writes it (q/k permuted, NoPE fixed at every
+    fourth layer) with a yarn scaling in its `rope.scaling.yarn_*` keys."""
+    rope = {"rope_type": "yarn", "rope_theta": 2e6, "factor": 16.0, "beta_fast": 8.0,
+            "beta_slow": 2.0, "original_max_position_embeddings": YARN_ORIGINAL}  # fmt: skip
+    tiny = build_tiny_model(SMOLLM3_KIND, tmp_path / "hf", rope_parameters=rope)
+    loaded = load_quantized_gguf(tiny, "smollm3", tmp_path)
+    config = loaded.model_config
+    assert config.nope_layers == (3,) and config.rope_scaling is not None
+    assert {k: config.rope_scaling[k] for k in ("factor", "beta_fast", "beta_slow")} == {
+        "factor": 16.0, "beta_fast": 8.0, "beta_slow": 2.0
+    }  # fmt: skip
+    assert config.rope_scaling["original_max_position_embeddings"] == YARN_ORIGINAL
+    assert_generates_past_the_original_length_like_transformers(loaded)
 
 
 @pytest.mark.slow

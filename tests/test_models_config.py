@@ -193,8 +193,8 @@ def test_dynamic_rope_scaling_is_refused_as_a_value_error():
 
 
 def test_unknown_rope_type_is_refused_naming_the_type():
-    raw = transformers5_layout(SMOLLM2_135M | {"rope_scaling": {"rope_type": "yarn", "factor": 4}})
-    with pytest.raises(UnsupportedRopeScalingError, match="'yarn'") as excinfo:
+    raw = transformers5_layout(SMOLLM2_135M | {"rope_scaling": {"rope_type": "mrope", "factor": 4}})
+    with pytest.raises(UnsupportedRopeScalingError, match="'mrope'") as excinfo:
         parse_hf_config(raw)
     assert isinstance(excinfo.value, ModelLoadError)
 

@@ -9,6 +9,7 @@ window has left, and preempted requests recompute across it.
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import msgspec
@@ -18,23 +19,30 @@ import torch
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.gemma3 import Gemma3ForCausalLM
+from sluice.models.gemma4 import Gemma4ForCausalLM
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.moe_decoder import MoeForCausalLM
 from tests.model_factory import (
     GEMMA2_KIND,
     GEMMA3_KIND,
+    GEMMA4_KIND,
     QWEN3_MOE_KIND,
+    QWEN3_YARN_KIND,
+    SMOLLM3_KIND,
     TinyModel,
     build_tiny_model,
     make_core,
 )
 from tests.model_runs import GREEDY, loaded_float32, random_prompts, run, run_one_by_one
+from tests.speculation_runs import ngram, repeating_prompt
+from tests.speculation_runs import run as run_speculating
 
 FAMILY_KINDS = (
-    "qwen3_tied", "qwen3_untied", GEMMA3_KIND, GEMMA2_KIND, "phi3_window", QWEN3_MOE_KIND,
+    "qwen3_tied", "qwen3_untied", GEMMA3_KIND, GEMMA2_KIND, "phi3_window", SMOLLM3_KIND,
+    QWEN3_YARN_KIND, QWEN3_MOE_KIND, GEMMA4_KIND,
 )  # fmt: skip
 # Kinds whose layers (all, or Gemma's local ones) attend within a window of 8.
-SLIDING_KINDS = (GEMMA3_KIND, "phi3_window")
+SLIDING_KINDS = (GEMMA3_KIND, "phi3_window", GEMMA4_KIND)
 
 
 @pytest.fixture(scope="module", params=FAMILY_KINDS)
@@ -51,6 +59,8 @@ def test_each_architecture_gets_its_own_model_class(loaded):
     expected = Gemma3ForCausalLM if loaded.name in (GEMMA3_KIND, GEMMA2_KIND) else LlamaForCausalLM
     if loaded.name == QWEN3_MOE_KIND:
         expected = MoeForCausalLM
+    if loaded.name == GEMMA4_KIND:
+        expected = Gemma4ForCausalLM
     assert type(loaded.model) is expected
 
 
@@ -62,6 +72,11 @@ def test_the_startup_note_names_the_family_and_what_it_cannot_use(loaded):
     elif loaded.name in SLIDING_KINDS:
         assert "sliding-window layers (window 8) attend on the torch path" in note
         assert "keep all their KV blocks" in note
+        if loaded.name == GEMMA4_KIND:
+            assert note.endswith(
+                "not the native RoPE + K/V-write kernel; its last 2 layers attend over earlier "
+                "layers' K/V and hold none of their own"
+            )
     elif loaded.name == QWEN3_MOE_KIND:
         assert note.endswith("not the fused native decode call nor int8 weights")
     else:
@@ -85,9 +100,10 @@ def hf_greedy(tiny: TinyModel, prompt: list[int], num_new: int) -> list[int]:
     return ids[len(prompt) :]
 
 
-def test_chunked_prefill_gives_the_same_tokens_as_whole_prompts(loaded):
+@pytest.mark.parametrize("budget", [7, 64])
+def test_chunked_prefill_gives_the_same_tokens_as_whole_prompts(loaded, budget):
     prompts = random_prompts(8, seed=2)
-    chunked = run(make_core(loaded, budget=16), prompts)
+    chunked = run(make_core(loaded, budget=budget), prompts)
     whole = run(make_core(loaded, budget=512, chunked=False), prompts)
     assert chunked == whole
 
@@ -132,3 +148,21 @@ def test_qwen3_with_heads_of_128_runs_bfloat16_native_kernels_near_float32(tmp_p
     reference = hf_logits(tiny, prompt)
     assert_close_to_scale(chunk, reference[-2:-1], 3e-2)
     assert_close_to_scale(decode, reference[-1:], 3e-2)
+
+
+def test_speculation_gives_the_tokens_of_plain_decoding(loaded, tiny):
+    """On the batch-invariant model, as the engine speculates only there
+    (engine/startup.py `speculation_blocker`): drafts from prompt lookup,
+    some accepted, some rejected, never change a greedy token."""
+    model = build_model(loaded.model_config, torch.float32, torch.device("cpu"), True)
+    model.load_weights(tiny.weights())
+    invariant = replace(loaded, model=model)
+    rng = random.Random(5)
+    prompts = [repeating_prompt(rng, length) for length in (20, 45, 70)]
+    speculating = make_core(invariant, speculative=ngram(k=4))
+    assert speculating.speculator is not None
+    drafted = run_speculating(speculating, prompts)
+    plain = run_speculating(make_core(invariant), prompts)
+    assert {i: r[:2] for i, r in drafted.items()} == {i: r[:2] for i, r in plain.items()}
+    counters = speculating.speculator.counters
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens

@@ -25,6 +25,7 @@ from sluice.models.families.registry import (
     gguf_family,
     parse_hf_config,
 )
+from tests.model_factory import write_tiny_tokenizer
 
 SLUICE = Path(registry.__file__).resolve().parents[2]
 FAMILIES_DIR = SLUICE / "models" / "families"
@@ -53,8 +54,8 @@ def test_an_old_file_names_its_family_by_model_type(family):
 
 
 def test_each_gguf_architecture_names_one_registered_family():
-    assert SUPPORTED_GGUF_ARCHITECTURES[:6] == (
-        "llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2",
+    assert SUPPORTED_GGUF_ARCHITECTURES[:7] == (
+        "llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "smollm3",
     )  # fmt: skip
     assert "lfm2" in SUPPORTED_GGUF_ARCHITECTURES
     for name in SUPPORTED_GGUF_ARCHITECTURES:
@@ -63,7 +64,9 @@ def test_each_gguf_architecture_names_one_registered_family():
 
 def test_only_the_gemma_layer_declares_it_is_not_the_fused_decode_chain():
     refused = {family.architecture for family in FAMILIES if not family.supports_fused_decode}
-    assert refused == {"Gemma3ForCausalLM", "Gemma2ForCausalLM"}
+    assert refused == {
+        "Gemma3ForCausalLM", "Gemma2ForCausalLM", "Gemma4ForCausalLM", "Qwen3MoeForCausalLM",
+    }  # fmt: skip
 
 
 def test_an_unknown_architecture_is_one_line_naming_it_and_the_supported_ones():
@@ -76,7 +79,9 @@ def test_an_unknown_architecture_is_one_line_naming_it_and_the_supported_ones():
     )
     with pytest.raises(ModelLoadError, match=r"unsupported architecture model_type 'mamba'"):
         parse_hf_config(TINY | {"model_type": "mamba"})
-    with pytest.raises(ModelLoadError, match=r"^unsupported GGUF architecture 'mamba'; .*gemma2$"):
+    with pytest.raises(
+        ModelLoadError, match=r"^unsupported GGUF architecture 'mamba'; .*gemma2, smollm3"
+    ):
         gguf_family("mamba")
 
 
@@ -86,6 +91,26 @@ def test_the_cli_refuses_an_unknown_architecture_with_exit_status_2(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert status == 2 and "\n" not in err
     assert "unsupported architecture GPT2LMHeadModel; supported: LlamaForCausalLM" in err
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"architectures": ["SmolLM3ForCausalLM"], "no_rope_layers": [1]}, "no_rope_layers"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": "x"}}, "'beta_fast'"),
+        ({"rope_scaling": {"rope_type": "mrope", "factor": 2.0}}, "'mrope'"),
+        ({"architectures": ["Gemma4ForCausalLM"], "enable_moe_block": True}, "enable_moe_block"),
+    ],
+)
+def test_sluice_serve_refuses_a_layout_or_rope_scaling_it_cannot_run_with_exit_status_2(
+    change, named, tmp_path, capsys
+):
+    config = TINY | {"architectures": ["LlamaForCausalLM"], "vocab_size": 259} | change
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    write_tiny_tokenizer(tmp_path)
+    status = main(["serve", "--model", str(tmp_path), "--port", "0", "--in-process"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err and named in err
 
 
 def _imports(path: Path) -> list[tuple[str, str]]:
@@ -121,7 +146,7 @@ def test_no_family_module_imports_another_modules_private_names(path):
 def test_family_modules_import_no_other_family():
     own = {"family", "hf_fields", "registry", "__init__"}
     families = {path.stem for path in FAMILIES_DIR.glob("*.py")} - own
-    assert families == {"llama", "qwen", "phi3", "gemma"}
+    assert families >= {"llama", "qwen", "phi3", "gemma", "smollm3"}
     for path in FAMILIES_DIR.glob("*.py"):
         if path.stem in families:
             imported = {module for module, _ in _imports(path)}

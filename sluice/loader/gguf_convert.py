@@ -8,6 +8,7 @@ GGUF is converted once into a folder under `ModelConfig.cache_dir`:
                                 model-00002.safetensors... past SHARD_BYTES each,
                                 then with model.safetensors.index.json)
     tokenizer.json              fast tokenizer built by transformers from the GGUF
+                                (loader/gguf_tokenizer.py)
     tokenizer_config.json       special tokens
     chat_template.jinja         the GGUF's tokenizer.chat_template, when it has one
     generation_config.json      eos/bos token ids
@@ -47,7 +48,7 @@ from gguf import GGUFReader
 from safetensors.numpy import save_file
 
 from sluice.errors import ModelLoadError
-from sluice.loader import gguf_llama, model_cache
+from sluice.loader import gguf_llama, gguf_tokenizer, model_cache
 from sluice.loader.weights import INDEX_FILE
 
 # Bump when the folder layout or tensor conversion changes: old caches are ignored.
@@ -231,18 +232,7 @@ def _guarded(gguf_path: Path, read: Any) -> Any:
 
 
 def _write_tokenizer(gguf_path: Path, folder: Path) -> None:
-    # transformers is needed here only; runtime loading uses `tokenizers`.
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True
-        )
-    except Exception as exc:
-        raise ModelLoadError(
-            f"cannot build a tokenizer from GGUF {gguf_path}: {_one_line(exc)}"
-        ) from exc
-    tokenizer.save_pretrained(str(folder))
+    gguf_tokenizer.write_tokenizer(gguf_path, folder)
 
 
 def _generation_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """What a GGUF means in Hugging Face terms: its config and its tensors.
 
 Architectures (`general.architecture`): llama (Llama, SmolLM2, Mistral as
-llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3, gemma2, gemma3 and phi3 (Phi-3; LongRoPE's
+llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3, gemma2, gemma3, smollm3 and phi3 (Phi-3; LongRoPE's
 rope_factors_long/short tensors become the config's "longrope" scaling), each with llama.cpp's tensor names
 and metadata keys (each family's `GgufFamily`, sluice/models/families/). Read with `gguf.GGUFReader`
 (memory-mapped, fast); no transformers here.
@@ -150,7 +150,8 @@ def _partial_rotary(hf_family: Family, rope_dim: int, head_dim: int) -> dict[str
 
 
 def _rope_scaling(reader: GGUFReader, arch: str) -> dict[str, Any]:
-    """The rope_parameters entries of a linear scaling (Gemma 3 4B+); {} for none."""
+    """The rope_parameters entries of a GGUF's rope scaling (linear: Gemma 3 4B+;
+    yarn; llama3 as rope_freqs; LongRoPE); {} for none."""
     scaling = field_value(reader, f"{arch}.rope.scaling.type", "none")
     if longrope := _longrope(reader, arch):
         return longrope
@@ -164,10 +165,37 @@ def _rope_scaling(reader: GGUFReader, arch: str) -> dict[str, Any]:
         raise ModelLoadError(f"unsupported GGUF: rope_freqs with rope scaling {scaling!r}")
     if scaling == "none":
         return {}
+    if scaling == "yarn":
+        return _yarn(reader, arch)
     factor = field_value(reader, f"{arch}.rope.scaling.factor")
     if scaling != "linear" or factor is None:
         raise ModelLoadError(f"unsupported GGUF rope scaling {scaling!r}")
     return {"rope_type": "linear", "factor": float(factor)}
+
+
+def _yarn(reader: GGUFReader, arch: str) -> dict[str, Any]:
+    """YaRN's rope_parameters entries, from the keys llama.cpp's converter
+    writes (`rope.scaling.yarn_*`); transformers has no extrapolation factor
+    but 1, so another one is refused."""
+
+    def scaling(key: str) -> Any:
+        return field_value(reader, f"{arch}.rope.scaling.{key}")
+
+    factor, original = scaling("factor"), scaling("original_context_length")
+    if factor is None or original is None:
+        raise ModelLoadError(
+            f"unsupported GGUF: yarn rope scaling needs {arch}.rope.scaling.factor and "
+            "original_context_length"
+        )
+    if scaling("yarn_ext_factor") not in (None, 1.0):
+        raise ModelLoadError(f"unsupported GGUF: yarn_ext_factor {scaling('yarn_ext_factor')}")
+    entries: dict[str, Any] = {"rope_type": "yarn", "factor": float(factor)}
+    entries["original_max_position_embeddings"] = int(original)
+    for key, hf_key in (("yarn_attn_factor", "attention_factor"),
+                        ("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):  # fmt: skip
+        if (value := scaling(key)) is not None:
+            entries[hf_key] = float(value)
+    return entries
 
 
 def _longrope(reader: GGUFReader, arch: str) -> dict[str, Any]:

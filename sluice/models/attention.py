@@ -295,26 +295,34 @@ def allocate_kv_caches(
     num_state_slots: int = 1,
 ) -> list[Tensor]:
     """One zeroed `[2, num_blocks, block_size, num_kv_heads, head_dim]` pool per
-    attention layer; a conv layer (hybrids) gets its state rows instead: one
-    snapshot per block and `num_state_slots` live states (sequence_state.py)."""
-    shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+    attention layer (its own heads: Gemma 4's full layers differ), the very
+    pool of its source for a KV-shared layer (Gemma 4); a conv layer (hybrids)
+    gets its state rows instead: one snapshot per block and `num_state_slots`
+    live states (sequence_state.py)."""
     conv = set(conv_layer_indices(config))
-    return [
-        allocate_conv_state(config, num_blocks, num_state_slots, dtype, device)
-        if index in conv
-        else torch.zeros(shape, dtype=dtype, device=device)
-        for index in range(config.num_hidden_layers)
-    ]
+    caches: list[Tensor] = []
+    for index in range(config.num_hidden_layers):
+        if index in conv:
+            caches.append(allocate_conv_state(config, num_blocks, num_state_slots, dtype, device))
+        elif (source := config.kv_source_layer(index)) != index:
+            caches.append(caches[source])
+        else:
+            shape = (2, num_blocks, block_size, *config.layer_kv_shape(index))
+            caches.append(torch.zeros(shape, dtype=dtype, device=device))
+    return caches
 
 
 def kv_cache_bytes_per_block(config: DecoderConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one block index costs summed over all layers (K and V of the
     attention layers, the state snapshot of the conv layers)."""
-    per_layer = 2 * block_size * config.num_key_value_heads * config.head_dim
-    num_attention_layers = config.num_hidden_layers - len(conv_layer_indices(config))
-    return per_layer * num_attention_layers * dtype.itemsize + state_bytes_per_sequence(
-        config, dtype
-    )
+    conv = set(conv_layer_indices(config))
+    owners = [
+        index for index in range(config.num_hidden_layers)
+        if index not in conv and config.kv_source_layer(index) == index
+    ]  # fmt: skip
+    shapes = [config.layer_kv_shape(index) for index in owners]
+    kv_values = sum(2 * block_size * heads * size for heads, size in shapes)
+    return kv_values * dtype.itemsize + state_bytes_per_sequence(config, dtype)
 
 
 def paged_attention(

@@ -93,6 +93,14 @@ class DecoderConfig:
     embedding_scale: float | None = None
     # The checkpoint holds qkv_proj and gate_up_proj whole, in our row order (Phi-3).
     fused_checkpoint: bool = False
+    # The kernel size of the "conv" layers' short convolution (its state keeps
+    # this - 1 inputs per channel); 0: no such layer. Their projections carry
+    # a bias where conv_bias (LFM2's conv_bias).
+    conv_kernel_size: int = 0
+    conv_bias: bool = False
+    # Indices of the layers that rotate nothing (SmolLM3's NoPE layers, one
+    # in four): they run on identity angles (cos 1, sin 0); empty: all rotate.
+    nope_layers: tuple[int, ...] = ()
     # Mixture of experts (sluice/models/moe.py): experts per MoE layer; 0: every MLP is dense.
     num_experts: int = 0
     # Experts each token is routed to (top-k).
@@ -105,11 +113,24 @@ class DecoderConfig:
     norm_topk_prob: bool = False
     # Layers of an MoE model whose MLP stays dense (Qwen3-MoE's mlp_only_layers).
     dense_mlp_layers: tuple[int, ...] = ()
-    # The kernel size of the "conv" layers' short convolution (its state keeps
-    # this - 1 inputs per channel); 0: no such layer. Their projections carry
-    # a bias where conv_bias (LFM2's conv_bias).
-    conv_kernel_size: int = 0
-    conv_bias: bool = False
+
+    # Gemma 4: the full-attention layers' own head size and KV heads
+    # (global_head_dim, num_global_key_value_heads); None: as the others.
+    full_head_dim: int | None = None
+    full_num_key_value_heads: int | None = None
+    # The last this many layers compute no K/V: each attends over the cache
+    # of the last earlier layer of its kind (Gemma 4's num_kv_shared_layers).
+    num_kv_shared_layers: int = 0
+    # Full-attention layers take V from k_proj's output (Gemma 4's attention_k_eq_v).
+    full_attention_k_eq_v: bool = False
+    # V heads get an RMSNorm without weight before the cache (Gemma 4).
+    v_norm: bool = False
+    # Per-layer embeddings (Gemma 4's PLE; sluice/models/gemma4.py): the width
+    # each layer gets and the vocabulary of their table; 0: none.
+    per_layer_input_size: int = 0
+    per_layer_vocab_size: int = 0
+    # The KV-shared layers' MLP is twice intermediate_size (use_double_wide_mlp).
+    double_wide_shared_mlp: bool = False
 
     def __post_init__(self) -> None:
         if self.rotary_dim is None:
@@ -124,14 +145,31 @@ class DecoderConfig:
     def attention_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
+    def is_moe_layer(self, index: int) -> bool:
+        """Layer `index`'s MLP is a mixture of experts."""
+        return self.num_experts > 0 and index not in self.dense_mlp_layers
+
     @property
     def has_sequence_state(self) -> bool:
         """Some layers carry a per-sequence state beside the KV cache (hybrids)."""
         return CONV in self.layer_types
 
-    def is_moe_layer(self, index: int) -> bool:
-        """Layer `index`'s MLP is a mixture of experts."""
-        return self.num_experts > 0 and index not in self.dense_mlp_layers
+    def layer_kv_shape(self, index: int) -> tuple[int, int]:
+        """(KV heads, head size) of layer `index`'s attention."""
+        if self.full_head_dim is not None and self.layer_types and self.layer_types[index] == FULL:
+            return self.full_num_key_value_heads or self.num_key_value_heads, self.full_head_dim
+        return self.num_key_value_heads, self.head_dim
+
+    def kv_source_layer(self, index: int) -> int:
+        """The layer whose KV cache layer `index` attends over: itself, or for
+        a KV-shared layer the last earlier unshared layer of its kind."""
+        first_shared = self.num_hidden_layers - self.num_kv_shared_layers
+        if index < first_shared:
+            return index
+        kinds = self.layer_types or (FULL,) * self.num_hidden_layers
+        sources = [i for i in range(first_shared) if kinds[i] == kinds[index]]
+        assert sources, f"no unshared {kinds[index]} layer before shared layer {index}"
+        return sources[-1]
 
     @property
     def num_query_groups(self) -> int:

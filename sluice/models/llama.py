@@ -286,6 +286,18 @@ class LlamaForCausalLM(nn.Module):
             local_cos, local_sin = rope_cos_sin(local, dtype, device)
         self.register_buffer("rope_local_cos", local_cos, persistent=False)  # same, or None
         self.register_buffer("rope_local_sin", local_sin, persistent=False)
+        # NoPE layers (SmolLM3) rotate by angle 0: one row of cos 1, sin 0,
+        # which leaves q and k bit for bit as they are on every RoPE path.
+        half = (self.config.rotary_dim or self.config.head_dim) // 2
+        identity = None
+        if self.config.nope_layers:
+            identity = torch.ones(1, half, dtype=dtype, device=device)
+        # [1, R // 2] each, or None
+        self.register_buffer("rope_identity_cos", identity, persistent=False)
+        self.register_buffer(
+            "rope_identity_sin", None if identity is None else torch.zeros_like(identity),
+            persistent=False,
+        )  # fmt: skip
 
     def forward(
         self,
@@ -300,13 +312,26 @@ class LlamaForCausalLM(nn.Module):
             hidden = self.token_embedding(input_ids)  # a table kept in its GGUF blocks
         if self.embed_scale is not None:
             hidden.mul_(self.embed_scale)
+        layer_angles = self._layer_angles(positions)
+        for layer, kv_cache, angles in zip(self.layers, kv_caches, layer_angles, strict=True):
+            hidden = layer(hidden, angles, kv_cache, attn)
+        return self.final_norm(hidden)
+
+    def _layer_angles(self, positions: Tensor) -> list[RopeAngles | Float32Angles]:
+        """Each layer's rotation of one step: the global tables, the sliding
+        layers' own (Gemma's local base), or angle 0 (NoPE layers)."""
         rope = self._rope_at(self.rope_cos, self.rope_sin, positions)
-        local_rope = rope
+        local_rope = no_rope = rope
         if self.rope_local_cos is not None:
             local_rope = self._rope_at(self.rope_local_cos, self.rope_local_sin, positions)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, local_rope if layer.is_sliding else rope, kv_cache, attn)
-        return self.final_norm(hidden)
+        if self.rope_identity_cos is not None:
+            row = torch.zeros_like(positions)  # every token at angle 0
+            no_rope = self._rope_at(self.rope_identity_cos, self.rope_identity_sin, row)
+        nope = self.config.nope_layers
+        return [
+            no_rope if index in nope else local_rope if layer.is_sliding else rope
+            for index, layer in enumerate(self.layers)
+        ]
 
     def compute_logits(self, hidden: Tensor) -> Tensor:  # [n, hidden] -> [n, vocab] float32
         logits = self.lm_head(hidden).float()

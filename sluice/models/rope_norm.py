@@ -37,7 +37,11 @@ from torch import Tensor
 from sluice.models.decoder_config import DecoderConfig, UnsupportedRopeScalingError
 from sluice.models.longrope import LONGROPE, longrope_inv_freq, rope_attention_factor
 from sluice.models.native import rms_norm_kernel
+from sluice.models.yarn import YARN, yarn_inv_freq
 
+# Gemma 4's full layers' RoPE (families/gemma4.py parses it): rope_scaling
+# {"rope_type": PROPORTIONAL, "partial_rotary_factor": float, "factor": float}.
+PROPORTIONAL = "proportional"
 # Steps of at most this many tokens take the few-op paths.
 FEW_TOKENS = 8
 
@@ -57,6 +61,10 @@ def rope_inv_freq(config: DecoderConfig) -> Tensor:  # [rotary_dim // 2] float32
         return longrope_inv_freq(config.rope_theta, dim, scaling)
     if scaling["rope_type"] == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
+    if scaling["rope_type"] == YARN:
+        return yarn_inv_freq(config.rope_theta, dim, scaling)
+    if scaling["rope_type"] == PROPORTIONAL:
+        return _proportional_inv_freq(config.rope_theta, dim, scaling)
     if scaling["rope_type"] == "freq_factors":
         # llama.cpp divides each frequency by its factor (GGUF rope_freqs).
         factors = torch.tensor(scaling["factors"], dtype=torch.float32)
@@ -66,6 +74,18 @@ def rope_inv_freq(config: DecoderConfig) -> Tensor:  # [rotary_dim // 2] float32
             )
         return inv_freq / factors
     raise UnsupportedRopeScalingError(f"unsupported rope_scaling type {scaling['rope_type']!r}")
+
+
+def _proportional_inv_freq(rope_theta: float, head_dim: int, scaling: dict) -> Tensor:
+    # Gemma 4's full layers: the first partial_rotary_factor of the head's
+    # frequency pairs turn (exponents over the whole head), the rest have
+    # frequency 0 and so pass through; all divided by `factor`, as
+    # transformers' _compute_proportional_rope_parameters.
+    rope_angles = int(scaling["partial_rotary_factor"] * head_dim // 2)
+    exponents = torch.arange(0, 2 * rope_angles, 2, dtype=torch.int64).float() / head_dim
+    turning = 1.0 / (rope_theta**exponents)  # [rope_angles]
+    still = torch.zeros(head_dim // 2 - rope_angles, dtype=torch.float32)
+    return torch.cat((turning, still)) / scaling["factor"]
 
 
 def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
@@ -84,10 +104,13 @@ def _llama3_inv_freq(inv_freq: Tensor, scaling: dict) -> Tensor:
 
 def rope_cos_sin(config: DecoderConfig, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
     """cos and sin tables, each [max_position_embeddings, rotary_dim // 2]
-    (times LongRoPE's attention factor, as transformers scales them)."""
+    (times LongRoPE's or YaRN's attention factor, as transformers scales them)."""
     positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
     angles = torch.outer(positions, rope_inv_freq(config))  # [max_pos, R // 2]
-    scale = rope_attention_factor(config.rope_scaling)
+    scaling = config.rope_scaling
+    scale = rope_attention_factor(scaling)
+    if scaling is not None and scaling["rope_type"] == YARN:
+        scale = scaling["attention_factor"]
     cos, sin = angles.cos() * scale, angles.sin() * scale
     return cos.to(dtype=dtype, device=device), sin.to(dtype=dtype, device=device)
 

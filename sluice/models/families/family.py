@@ -43,6 +43,10 @@ class GgufFamily:
     # Tensor stems outside the layers beyond (or instead of) llama's: LFM2's
     # final norm is llama.cpp's `token_embd_norm`.
     global_names: dict[str, str] = field(default_factory=dict)
+    # The architecture transformers' GGUF tokenizer converter reads the file's
+    # vocabulary as, where it does not know llama.cpp's name (SmolLM3: "llama");
+    # None: its own name (loader/gguf_tokenizer.py).
+    tokenizer_architecture: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,11 +14,13 @@ from typing import Any
 from sluice.errors import ModelLoadError
 from sluice.models.decoder_config import DecoderConfig, UnsupportedRopeScalingError
 from sluice.models.longrope import LONGROPE, LONGROPE_ALIASES, parse_longrope
+from sluice.models.yarn import YARN, parse_yarn
 
 # "freq_factors": llama.cpp's per-dimension divisors of the frequencies (a
 # GGUF's rope_freqs tensor, how its converter stores Llama 3.1+'s llama3 scaling).
-# "longrope": Phi-3.5/Phi-4-mini's (sluice/models/longrope.py).
-SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors", LONGROPE)
+# "longrope": Phi-3.5/Phi-4-mini's (sluice/models/longrope.py); "yarn":
+# sluice/models/yarn.py.
+SUPPORTED_ROPE_TYPES = ("linear", "llama3", "freq_factors", LONGROPE, YARN)
 _DEFAULT_ROPE_THETA = 10000.0
 
 
@@ -141,6 +143,8 @@ def _normalise_rope_scaling(
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type in LONGROPE_ALIASES:
         return parse_longrope(scaling, original, max_positions)
+    if rope_type == YARN:
+        return parse_yarn(scaling, original, max_positions)
     scaling = {k: v for k, v in scaling.items() if k not in ("rope_type", "type", "rope_theta")}
     if rope_type == "default":
         return None

@@ -15,13 +15,15 @@ import torch
 
 from sluice.errors import ModelLoadError
 from sluice.models.decoder_config import CONV, SLIDING, DecoderConfig
-from sluice.models.families import gemma, lfm2, llama, phi3, qwen, qwen_moe
+from sluice.models.families import gemma, gemma4, lfm2, llama, phi3, qwen, qwen_moe, smollm3
 from sluice.models.families.family import Family
 from sluice.models.families.hf_fields import check_heads
 from sluice.models.llama import LlamaForCausalLM
 
 FAMILIES: tuple[Family, ...] = (
-    *llama.FAMILIES, *qwen.FAMILIES, *phi3.FAMILIES, *gemma.FAMILIES, *lfm2.FAMILIES,
+    *llama.FAMILIES, *qwen.FAMILIES, *phi3.FAMILIES, *gemma.FAMILIES, *smollm3.FAMILIES,
+    *gemma4.FAMILIES,
+    *lfm2.FAMILIES,
     *qwen_moe.FAMILIES,
 )  # fmt: skip
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
@@ -79,6 +81,13 @@ def describe_family(config: DecoderConfig) -> str:
             f"{num_conv} of its {config.num_hidden_layers} layers are short convolutions over a "
             "per-sequence state (no KV; a state snapshot per KV block for the prefix cache), "
             "on the torch path"
+        )
+    if config.full_head_dim is not None:  # Gemma 4
+        limits.append("q and k rotate on the torch path, not the native RoPE + K/V-write kernel")
+    if config.num_kv_shared_layers:
+        limits.append(
+            f"its last {config.num_kv_shared_layers} layers attend over earlier layers' K/V "
+            "and hold none of their own"
         )
     if config.has_partial_rotary:
         limits.append(
