@@ -50,7 +50,7 @@ def test_an_unknown_static_file_is_a_404(http):
 DASHBOARD_IN_NODE = """
 const fs = require("fs"), vm = require("vm");
 const [script, before, after] = process.argv.slice(1).map((p) => fs.readFileSync(p, "utf8"));
-const element = { appendChild() {}, querySelector: () => ({}), dataset: {} };
+const element = { appendChild() {}, querySelector: () => ({}), dataset: {}, addEventListener() {} };
 const context = { document: { getElementById: () => element, createElement: () => element },
                   fetch: () => new Promise(() => {}), setInterval() {}, performance, console };
 vm.runInNewContext(script + "\\nthis.result = keyRows(parseMetrics(after), parseMetrics(before), 2);",
@@ -120,3 +120,37 @@ def test_the_dashboard_shows_the_share_of_drafted_tokens_accepted_in_the_interva
 
     assert rate((10, 4), (30, 19)) == 75.0
     assert rate((30, 19), (30, 19)) is None  # nothing drafted in the interval
+
+
+def test_the_dashboard_shows_the_chosen_models_series_and_the_servers_own(tmp_path):
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    node = shutil.which("node")
+    assert node is not None, "node runs the dashboard's script (Debian's nodejs)"
+    static = Path(__file__).resolve().parent.parent / "sluice" / "server" / "static"
+    scrape = (
+        'sluice:num_requests_running{model_name="alpha"} 3\n'
+        'sluice:num_requests_running{model_name="beta"} 5\n'
+        'sluice:requests_refused_total{reason="queue_full"} 2\n'
+    )
+    (tmp_path / "before").write_text(scrape)
+    (tmp_path / "after").write_text(scrape)
+
+    def shown(model: str) -> list[float]:
+        script = DASHBOARD_IN_NODE.replace(
+            "keyRows(parseMetrics(after), parseMetrics(before), 2)",
+            f"(selectedModel = '{model}', "
+            "[sum(parseMetrics(after), 'sluice:num_requests_running'), "
+            "sum(parseMetrics(after), 'sluice:requests_refused_total')])",
+        )
+        output = subprocess.run(
+            [node, "-e", script, str(static / "dashboard.js"),
+             str(tmp_path / "before"), str(tmp_path / "after")],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        return json.loads(output)
+
+    assert shown("") == [8, 2]  # every model
+    assert shown("beta") == [5, 2]  # one model's; the server's refusals whatever the choice

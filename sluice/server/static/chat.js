@@ -24,10 +24,23 @@ async function apiFetch(path, options = {}) {
   }
 }
 
+// Every served model in the picker (a server of several: each loads on its
+// first request), the one chosen kept; the first by default.
 async function loadModel() {
   const response = await apiFetch("/v1/models");
   const body = await response.json();
-  modelName = body.data[0].id;
+  const ids = body.data.map((model) => model.id);
+  if (!ids.includes(modelName)) modelName = ids[0];
+  const picker = $("model-picker");
+  picker.replaceChildren(...body.data.map((model) => {
+    const option = document.createElement("option");
+    option.value = model.id;
+    option.textContent = model.status && model.status !== "loaded"
+      ? `${model.id} (${model.status})` : model.id;
+    return option;
+  }));
+  picker.value = modelName;
+  picker.closest("label").hidden = ids.length < 2;
   $("model-name").textContent = modelName;
 }
 
@@ -135,6 +148,7 @@ async function send(text) {
     if (!response.ok) throw new Error((await response.json()).error.message);
     reply = await readReply(response, element, startedMs);
     showStats(element, reply);
+    loadModel().catch(() => {}); // the models' states changed (one loaded, one went)
   } catch (error) {
     if (error.name === "AbortError") {
       reply.text = element.querySelector(".content").textContent;
@@ -170,6 +184,10 @@ $("message").addEventListener("keydown", (event) => {
   }
 });
 $("stop").addEventListener("click", () => controller && controller.abort());
+$("model-picker").addEventListener("change", (event) => {
+  modelName = event.target.value;
+  $("model-name").textContent = modelName;
+});
 $("clear").addEventListener("click", () => {
   history.length = 0;
   $("conversation").replaceChildren();

@@ -24,11 +24,42 @@ function parseMetrics(text) {
   return metrics;
 }
 
+// The model the charts show ("": every model); samples without a model_name
+// label (the server's own: connections, refusals, the loop) always count.
+let selectedModel = "";
+
+function ofSelectedModel(sample) {
+  const model = sample.labels.model_name;
+  return selectedModel === "" || model === undefined || model === selectedModel;
+}
+
 // The sum of a metric's samples (only those of API key `key`, if given).
 function sum(metrics, name, key) {
   return (metrics.get(name) || [])
     .filter((sample) => key === undefined || sample.labels.key === key)
+    .filter(ofSelectedModel)
     .reduce((total, sample) => total + sample.value, 0);
+}
+
+// The model selector offers every model_name the metrics carry (shown once
+// the server serves several).
+function updateModelFilter(metrics) {
+  const names = new Set();
+  for (const samples of metrics.values()) {
+    for (const sample of samples) {
+      if (sample.labels.model_name !== undefined) names.add(sample.labels.model_name);
+    }
+  }
+  const select = document.getElementById("model-filter");
+  const known = new Set([...select.options].map((option) => option.value));
+  for (const name of [...names].sort()) {
+    if (known.has(name)) continue;
+    const option = document.createElement("option");
+    option.value = name;
+    option.textContent = name;
+    select.appendChild(option);
+  }
+  document.getElementById("model-filter-label").hidden = names.size < 2;
 }
 
 // Cumulative bucket counts by upper bound ("le"), in bound order, summed over
@@ -37,6 +68,7 @@ function buckets(metrics, name, key) {
   const byBound = new Map();
   for (const s of metrics.get(`${name}_bucket`) || []) {
     if (key !== undefined && s.labels.key !== key) continue;
+    if (!ofSelectedModel(s)) continue;
     const le = Number(s.labels.le);
     byBound.set(le, (byBound.get(le) || 0) + s.value);
   }
@@ -207,6 +239,7 @@ let previous = null, previousMs = 0;
 async function tick() {
   const response = await fetch("/metrics");
   const metrics = parseMetrics(await response.text());
+  updateModelFilter(metrics);
   const nowMs = performance.now();
   if (previous !== null) {
     const dt = (nowMs - previousMs) / 1000;
@@ -236,6 +269,14 @@ function update(card, metrics, before, dt) {
 }
 
 buildCards();
+// A new choice restarts the charts: they show one model's series from then on.
+document.getElementById("model-filter").addEventListener("change", (event) => {
+  selectedModel = event.target.value;
+  for (const card of CARDS) {
+    for (const points of Object.values(card.points)) points.length = 0;
+  }
+  previous = null;
+});
 tick();
 setInterval(() => tick().catch((error) => {
   document.getElementById("status").textContent = `cannot read /metrics: ${error}`;
