@@ -27,7 +27,9 @@ from sluice.server.reasoning_fields import (
 from sluice.server.responses_protocol import ResponsesRequest
 from sluice.server.responses_request import responses_request
 from sluice.server.to_internal import RequestOptions, chat_request
+from sluice.server.tool_fields import ToolPlan
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+from sluice.tools.output_parsing import OutputParsing
 
 QWEN3_LIKE = "{% if enable_thinking %}<think>{% endif %}"
 GPT_OSS_LIKE = "Reasoning: {{ reasoning_effort }}"
@@ -157,8 +159,10 @@ def test_thinking_budget_needs_a_start_or_an_open_prompt():
     template = TemplateReasoning(end_token_ids=(9,))
     prompt = chat().prompts[0]
     plan_ = plan(SWITCH, thinking_token_budget=4)
-    assert thinking_budget(plan_, template, "qwen3", prompt) is None
-    assert thinking_budget(plan_, template, "deepseek_r1", prompt) == ThinkingBudget(4, (), (9,))
+    qwen3, r1 = (ToolPlan(output_parsing=OutputParsing(reasoning_parser=name))
+                 for name in ("qwen3", "deepseek_r1"))  # fmt: skip
+    assert thinking_budget(plan_, template, qwen3, prompt) is None
+    assert thinking_budget(plan_, template, r1, prompt) == ThinkingBudget(4, (), (9,))
 
 
 # --- Responses and Messages --------------------------------------------------------------

@@ -38,6 +38,7 @@ from sluice.engine.sampling_params import ThinkingBudget
 from sluice.frontend.preprocess import PromptTokenizer
 from sluice.frontend.request import PromptInput
 from sluice.server import protocol
+from sluice.server.tool_fields import ToolPlan
 from sluice.tools.harmony import is_harmony_template
 from sluice.tools.reasoning import THINK_END, THINK_START
 
@@ -140,13 +141,14 @@ def reasoning_plan(
 
 
 def thinking_budget(
-    plan: ReasoningPlan,
-    template: TemplateReasoning,
-    reasoning_parser: str | None,
-    prompt: PromptInput,
+    plan: ReasoningPlan, template: TemplateReasoning, tools: ToolPlan, prompt: PromptInput
 ) -> ThinkingBudget | None:
     """The engine's budget, where it can be enforced (the module docstring)."""
-    if plan.budget_tokens is None or reasoning_parser is None or not template.end_token_ids:
+    parsing = tools.output_parsing
+    reasoning_parser = None if parsing is None else parsing.reasoning_parser
+    if tools.structured_output is not None or reasoning_parser is None:
+        return None
+    if plan.budget_tokens is None or not template.end_token_ids:
         return None
     # The reasoning starts with the output when the prompt opened it
     # (DeepSeek-R1's and Qwen3-Thinking's generation prompts), or when the

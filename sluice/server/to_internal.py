@@ -157,15 +157,11 @@ async def chat_request(
         body, max_tokens, logprobs, options.preprocessor, structured, options.generation_defaults
     )
     params = _with_prompt_logprobs(params, body, stream, None)
-    parsing = tools.output_parsing
-    if structured is None and parsing is not None:
-        budget = reasoning_fields.thinking_budget(
-            reasoning, template, parsing.reasoning_parser, prompt
-        )
-        params = msgspec.structs.replace(params, thinking_budget=budget)
+    budget = reasoning_fields.thinking_budget(reasoning, template, tools, prompt)
+    params = msgspec.structs.replace(params, thinking_budget=budget)
     request = _generation_request(body, "chat", model_name, (prompt,), n, params, stream, False)
     request = _with_default_stop(request, body, options.generation_defaults)
-    if tools.keeps_special_tokens or (parsing is not None and parsing.is_harmony):
+    if tools.reads_special_tokens:
         request = replace(request, skip_special_tokens=False)
     return replace(request, output_parsing=tools.output_parsing)
 

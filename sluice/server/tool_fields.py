@@ -60,6 +60,12 @@ class ToolPlan:
     # The parser reads special tokens: the detokenizer must keep them.
     keeps_special_tokens: bool = False
 
+    @property
+    def reads_special_tokens(self) -> bool:
+        """The text must keep special tokens: mistral's calls, harmony's channels."""
+        parsing = self.output_parsing
+        return self.keeps_special_tokens or (parsing is not None and parsing.is_harmony)
+
 
 async def tool_plan(
     body: protocol.ChatCompletionRequest,
