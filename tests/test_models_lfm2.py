@@ -17,6 +17,7 @@ import torch
 from sluice.cli import main
 from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
+from sluice.loader.choices import cpu_flags
 from sluice.loader.loaded_model import LoadedModel, load_model
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.lfm2 import Lfm2ForCausalLM
@@ -165,3 +166,27 @@ def test_an_lfm2_gguf_as_llama_cpp_writes_it_generates_like_transformers(loaded,
     assert replace(gguf_config, rms_norm_eps=1e-5) == loaded.model_config
     prompts = random_prompts(2, seed=9)
     assert run(make_core(from_gguf), prompts) == run(make_core(loaded), prompts)
+
+
+@pytest.mark.slow
+def test_the_default_path_gives_the_same_tokens_chunked_cached_and_speculating(tiny, tmp_path):
+    """As `sluice serve` loads it: bfloat16 with the row-invariant int8 matmuls
+    (where the CPU has AVX512-VNNI), speculation on. A row's bits ignore its
+    step, so chunking, prefix hits and verified drafts change no token."""
+    write_tiny_tokenizer(tiny.path, num_tokens=512)
+    default = load_model(ModelConfig(model=str(tiny.path), cache_dir=tmp_path))
+    if "avx512_vnni" not in cpu_flags():
+        pytest.skip("the row-invariant default needs AVX512-VNNI")
+    assert default.choices.row_invariant
+    prompts = random_prompts(8, seed=2)
+    whole = run(make_core(default, budget=512, chunked=False), prompts)
+    assert run(make_core(default, budget=7), prompts) == whole
+    assert run(make_core(default, prefix_caching=False), prompts) == whole
+    rng = random.Random(5)
+    repeating = [repeating_prompt(rng, length) for length in (20, 45, 70)]
+    speculating = make_core(default, speculative=ngram(k=4))
+    drafted = run_speculating(speculating, repeating)
+    plain = run_speculating(make_core(default), repeating)
+    assert {i: r[:2] for i, r in drafted.items()} == {i: r[:2] for i, r in plain.items()}
+    counters = speculating.speculator.counters
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
