@@ -210,3 +210,29 @@ def _ollama_ps(http: httpx2.Client, expected: set[str]) -> dict[str, str]:
         if set(running) == expected:
             return running
     raise AssertionError(f"running: {sorted(running)}, expected {sorted(expected)}")
+
+
+def test_a_dead_engine_fails_its_own_model_and_health_names_it_while_the_others_serve():
+    engines: list[FakeEngine] = []
+
+    def make_beta() -> FakeEngine:
+        engines.append(FakeEngine(echoing(50)))
+        return engines[-1]
+
+    models = [spec("alpha", 40, is_preloaded=True), spec("beta", 50, make=make_beta)]
+    with (
+        LiveServer(None, None, model_specs=models) as live,
+        httpx2.Client(base_url=live.url) as http,
+    ):
+        assert completion(http, "beta").status_code == 200
+        assert live.loop is not None
+        live.loop.call_soon_threadsafe(engines[0].die)
+        health = http.get("/health")
+        for _ in range(50):  # the death is handled on the server's loop
+            if health.status_code == 503:
+                break
+            health = http.get("/health")
+        assert health.status_code == 503 and "`beta`" in health.json()["error"]["message"]
+        refused = completion(http, "beta")
+        assert refused.status_code == 503 and "`beta`" in refused.json()["error"]["message"]
+        assert completion(http, "alpha").status_code == 200
