@@ -159,11 +159,30 @@ def test_a_non_llama_architecture_is_refused(tmp_path):
         gguf_llama.hf_config(reader)
 
 
-def test_rope_scaling_is_refused(tmp_path):
-    metadata = {**LLAMA_METADATA, "rope.scaling.type": "yarn"}
+def test_an_unknown_rope_scaling_is_refused(tmp_path):
+    metadata = {**LLAMA_METADATA, "rope.scaling.type": "ntk"}
     reader = write_gguf(tmp_path / "r.gguf", "llama", metadata, {})
-    with pytest.raises(ModelLoadError, match="unsupported GGUF rope scaling 'yarn'"):
+    with pytest.raises(ModelLoadError, match="unsupported GGUF rope scaling 'ntk'"):
         gguf_llama.hf_config(reader)
+
+
+def test_yarn_scaling_without_its_factor_or_original_context_is_refused(tmp_path):
+    metadata = {**LLAMA_METADATA, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}
+    reader = write_gguf(tmp_path / "r.gguf", "llama", metadata, {})
+    with pytest.raises(ModelLoadError, match="yarn rope scaling needs llama.rope.scaling.factor"):
+        gguf_llama.hf_config(reader)
+
+
+def test_yarn_scaling_becomes_the_configs_yarn_entries(tmp_path):
+    metadata = {
+        **LLAMA_METADATA, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+        "rope.scaling.original_context_length": 32, "rope.scaling.yarn_beta_fast": 16.0,
+    }  # fmt: skip
+    config = gguf_llama.hf_config(write_gguf(tmp_path / "r.gguf", "llama", metadata, {}))
+    assert config["rope_parameters"] == {
+        "rope_type": "yarn", "rope_theta": config["rope_theta"], "factor": 4.0,
+        "original_max_position_embeddings": 32, "beta_fast": 16.0,
+    }  # fmt: skip
 
 
 def test_rope_frequency_factors_become_the_configs_freq_factors(tmp_path):
