@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx2
 import pytest
@@ -27,6 +28,9 @@ from sluice.config import (
     SpeculativeConfig,
 )
 from sluice.testing.live_server import LiveServer
+
+if TYPE_CHECKING:
+    from sluice.engine.core import EngineCore
 
 BUDGET = 6
 TEMPLATE = (
@@ -66,7 +70,7 @@ def thinking_folder(tiny_folder: Path, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(thinking_folder: Path) -> Iterator[httpx2.Client]:
+def served(thinking_folder: Path) -> Iterator[tuple[httpx2.Client, EngineCore]]:
     from sluice.engine.core import EngineCore
     from sluice.engine.inproc_client import InProcessEngineClient
 
@@ -87,9 +91,12 @@ def server(thinking_folder: Path) -> Iterator[httpx2.Client]:
         ) as live,
         httpx2.Client(base_url=live.url, timeout=120) as http,
     ):  # fmt: skip
-        yield http
-        counters = core.speculator.counters
-        assert counters.num_accepted_tokens > 0, "the budgets were held under speculation"
+        yield http, core
+
+
+@pytest.fixture
+def server(served) -> httpx2.Client:
+    return served[0]
 
 
 def free_reasoning(http: httpx2.Client) -> str:
@@ -156,3 +163,13 @@ def test_a_template_variable_reaches_the_template(server):
     body = {"messages": USER, "max_tokens": 1, "chat_template_kwargs": {"shout": True}}
     usage = server.post("/v1/chat/completions", json=body).json()["usage"]
     assert usage["prompt_tokens"] == plain + len("LOUD\n")
+    tokenized = server.post("/tokenize", json={**body, "max_tokens": None}).json()
+    assert tokenized["count"] == usage["prompt_tokens"]
+
+
+def test_the_budget_holds_while_drafts_are_accepted(served):
+    http, core = served
+    counters = core.speculator.counters
+    accepted = counters.num_accepted_tokens
+    test_chat_reasoning_is_cut_at_the_token_budget(http)
+    assert counters.num_accepted_tokens > accepted

@@ -152,7 +152,9 @@ class InfoRoutes:
             return await preprocessor.encode(body.prompt, add_special_tokens)
         messages = to_internal.chat_messages(body.messages)
         add_generation_prompt = body.add_generation_prompt is not False
-        text = await preprocessor.render_chat(messages, add_generation_prompt)
+        text = await preprocessor.render_chat(
+            messages, add_generation_prompt, template_kwargs=body.chat_template_kwargs
+        )
         return await preprocessor.encode(text, bool(body.add_special_tokens))
 
     async def detokenize(self, request: Request) -> Response:

@@ -283,6 +283,8 @@ class TokenizeRequest(OpenAIModel):
     # Default: true for a prompt, false for messages (the template adds them).
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = None
+    # Extra variables of the chat template, as chat's (vLLM's).
+    chat_template_kwargs: ChatTemplateKwargs | None = None
 
 
 class DetokenizeRequest(OpenAIModel):
