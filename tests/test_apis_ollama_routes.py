@@ -261,11 +261,14 @@ def test_model_management_is_refused_saying_what_sluice_does_instead(method, pat
     assert "sluice serve --model" in response.json()["error"]
 
 
-def test_unknown_ollama_routes_and_embeddings_are_ollama_404s():
+def test_unknown_ollama_routes_are_ollama_404s_and_embed_needs_an_embedding_model():
     with serve(Recorded(ANSWER)) as live:
-        for path in ("/api/nothing", "/api/embed"):
-            response = httpx2.post(live.url + path, json={"model": MODEL})
-            assert response.status_code == 404 and set(response.json()) == {"error"}
+        response = httpx2.post(live.url + "/api/nothing", json={"model": MODEL})
+        assert response.status_code == 404 and set(response.json()) == {"error"}
+        # /api/embed is served by an embedding model (tests/test_apis_embeddings_routes.py).
+        response = httpx2.post(live.url + "/api/embed", json={"model": MODEL, "input": "hi"})
+        assert response.status_code == 400 and set(response.json()) == {"error"}
+        assert "is a generation model" in response.json()["error"]
         wrong_method = httpx2.get(live.url + "/api/chat")
     assert wrong_method.status_code == 405 and set(wrong_method.json()) == {"error"}
 

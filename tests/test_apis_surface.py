@@ -23,6 +23,7 @@ from sluice.apis.surface import (
     CHAT_CREATE,
     COMPLETIONS,
     MESSAGES,
+    POOLING_ROUTES,
     RESPONSES,
     ApiRoute,
     ApiSurface,
@@ -109,6 +110,14 @@ def test_the_generation_routes_are_the_post_routes_that_run_the_engine():
         ("POST", "/v1/messages"),
         ("POST", "/api/chat"),
         ("POST", "/api/generate"),
+        # A pooling model's (sluice/apis/embeddings): they run the engine too.
+        ("POST", "/v1/embeddings"),
+        ("POST", "/v1/rerank"),
+        ("POST", "/rerank"),
+        ("POST", "/v2/rerank"),
+        ("POST", "/v1/score"),
+        ("POST", "/api/embed"),
+        ("POST", "/api/embeddings"),
     }
     assert API_TABLE.traced_routes == API_TABLE.generation_routes
     assert {s.name: s.error_shape for s in API_TABLE.surfaces} == {
@@ -117,6 +126,11 @@ def test_the_generation_routes_are_the_post_routes_that_run_the_engine():
         "responses": ErrorShape.OPENAI,
         "messages": ErrorShape.ANTHROPIC,
         "ollama": ErrorShape.OLLAMA,
+        "embeddings": ErrorShape.OPENAI,
+        "rerank": ErrorShape.OPENAI,
+        "rerank_jina": ErrorShape.OPENAI,
+        "rerank_v2": ErrorShape.OPENAI,
+        "score": ErrorShape.OPENAI,
     }
 
 
@@ -138,7 +152,9 @@ def test_each_route_reads_its_tables_model_and_only_generation_routes_count_toke
 
         bodies.parse = recording_parse
         for route in API_TABLE.routes():
-            if route.request_model is None:
+            # A pooling model's routes: the same check on one, in
+            # tests/test_apis_embeddings_routes.py.
+            if route.request_model is None or route in POOLING_ROUTES:
                 continue
             parsed_models.clear()
             caplog.clear()

@@ -8,7 +8,12 @@
     messages     /v1/messages           POST (generation), POST count_tokens     Anthropic
     ollama       /api                   POST chat, generate (generation),        Ollama
                                         GET tags, ps, version; POST show;
-                                        pull, push, create, copy, delete (refused)
+                                        pull, push, create, copy, delete (refused);
+                                        POST embed, embeddings (a pooling model)
+    embeddings   /v1/embeddings         POST (a pooling model)                   OpenAI
+    rerank       /v1/rerank, /rerank,   POST (a pooling model), each its own     OpenAI
+                 /v2/rerank             API: no root lies under another's
+    score        /v1/score              POST (a pooling model)                   OpenAI
 
 Who reads the table (`API_TABLE`, or the table an app was built with):
 - the app's routing (`server.app.create_app`) registers exactly its routes;
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
+from sluice.apis.embeddings import protocol as pooling_protocol
 from sluice.apis.ollama import protocol as ollama_protocol
 from sluice.errors import ErrorShape
 from sluice.server.messages_protocol import CountTokensRequest, MessagesRequest
@@ -140,6 +146,26 @@ OLLAMA_PUSH = ApiRoute("POST", "/api/push")
 OLLAMA_CREATE = ApiRoute("POST", "/api/create")
 OLLAMA_COPY = ApiRoute("POST", "/api/copy")
 OLLAMA_DELETE = ApiRoute("DELETE", "/api/delete")
+# Pooling models' routes (sluice/apis/embeddings): they run the engine, so
+# they are generation routes to admission, keys, traces and the access log.
+EMBEDDINGS_CREATE = ApiRoute(
+    "POST", "/v1/embeddings", pooling_protocol.EmbeddingsRequest, is_generation=True
+)
+RERANK_CREATE = ApiRoute("POST", "/v1/rerank", pooling_protocol.RerankRequest, is_generation=True)
+RERANK_JINA = ApiRoute("POST", "/rerank", pooling_protocol.RerankRequest, is_generation=True)
+RERANK_V2 = ApiRoute("POST", "/v2/rerank", pooling_protocol.RerankRequest, is_generation=True)
+SCORE_CREATE = ApiRoute("POST", "/v1/score", pooling_protocol.ScoreRequest, is_generation=True)
+OLLAMA_EMBED = ApiRoute(
+    "POST", "/api/embed", pooling_protocol.OllamaEmbedRequest, is_generation=True
+)
+OLLAMA_EMBEDDINGS = ApiRoute(
+    "POST", "/api/embeddings", pooling_protocol.OllamaEmbeddingsRequest, is_generation=True
+)
+# The routes a pooling model serves (a generation model refuses them).
+POOLING_ROUTES = (
+    EMBEDDINGS_CREATE, RERANK_CREATE, RERANK_JINA, RERANK_V2, SCORE_CREATE, OLLAMA_EMBED,
+    OLLAMA_EMBEDDINGS,
+)  # fmt: skip
 
 COMPLETIONS = ApiSurface("completions", "/v1/completions", ErrorShape.OPENAI, (COMPLETIONS_CREATE,))
 CHAT = ApiSurface("chat", "/v1/chat/completions", ErrorShape.OPENAI, (CHAT_CREATE,))
@@ -159,8 +185,17 @@ OLLAMA = ApiSurface(
     (
         OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_TAGS, OLLAMA_SHOW, OLLAMA_PS, OLLAMA_VERSION,
         OLLAMA_PULL, OLLAMA_PUSH, OLLAMA_CREATE, OLLAMA_COPY, OLLAMA_DELETE,
+        OLLAMA_EMBED, OLLAMA_EMBEDDINGS,
     ),
 )  # fmt: skip
+EMBEDDINGS = ApiSurface("embeddings", "/v1/embeddings", ErrorShape.OPENAI, (EMBEDDINGS_CREATE,))
+RERANK = ApiSurface("rerank", "/v1/rerank", ErrorShape.OPENAI, (RERANK_CREATE,))
+RERANK_JINA_PATH = ApiSurface("rerank_jina", "/rerank", ErrorShape.OPENAI, (RERANK_JINA,))
+RERANK_V2_PATH = ApiSurface("rerank_v2", "/v2/rerank", ErrorShape.OPENAI, (RERANK_V2,))
+SCORE = ApiSurface("score", "/v1/score", ErrorShape.OPENAI, (SCORE_CREATE,))
 
 # The APIs `sluice serve` serves.
-API_TABLE = ApiTable((COMPLETIONS, CHAT, RESPONSES, MESSAGES, OLLAMA))
+API_TABLE = ApiTable((
+    COMPLETIONS, CHAT, RESPONSES, MESSAGES, OLLAMA, EMBEDDINGS, RERANK, RERANK_JINA_PATH,
+    RERANK_V2_PATH, SCORE,
+))  # fmt: skip

@@ -45,6 +45,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 from starlette.types import Receive
 
+from sluice.apis.embeddings.routes import EmbeddingsRoutes
 from sluice.apis.ollama.routes import OllamaRoutes
 from sluice.apis.surface import (
     API_TABLE,
@@ -58,7 +59,7 @@ from sluice.apis.surface import (
 from sluice.config import ServerConfig
 from sluice.engine.client_base import EngineClient, QueueTimeout, ReplicaState
 from sluice.engine.supervisor import EngineSupervisor
-from sluice.errors import EngineDeadError, ModelUnavailableError
+from sluice.errors import EngineDeadError, InvalidRequestError, ModelUnavailableError
 from sluice.frontend.observer import RequestObserver
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend, ResponseChunks
@@ -172,7 +173,13 @@ def create_app(
     app.state.shutdown = shutdown
     responses = ResponsesRoutes(routes, ResponseStore(config.responses_store_bytes))
     ollama = OllamaRoutes(routes)
-    handlers = {**routes.handlers(), **responses.handlers(), **ollama.handlers()}
+    embeddings = EmbeddingsRoutes(routes)
+    handlers = {
+        **routes.handlers(),
+        **responses.handlers(),
+        **ollama.handlers(),
+        **embeddings.handlers(),
+    }
     add_api_routes(app, apis, handlers)
     InfoRoutes(routes).add_to(app)
     add_pages(app)  # the chat at / and the dashboard at /dashboard
@@ -371,11 +378,21 @@ class Routes:
         return _json({"input_tokens": num_tokens})
 
     def admit(
-        self, request: Request, n: int, model: ModelParts | None = None
+        self, request: Request, n: int, model: ModelParts | None = None, *, is_pooling: bool = False
     ) -> QueueTimeout | None:
         """Refuse before any work if the request cannot run on `model` (None:
-        the first model's, running); its queue timeout."""
+        the first model's, running); its queue timeout. `is_pooling`: an
+        embedding, rerank or score request (a generation one to an embedding
+        or reranking model is a 400 naming the model)."""
         model = model or self.default_parts()
+        pooling = model.model.served.pooling
+        if pooling is not None and not is_pooling:
+            kind = "an embedding" if pooling.task == "embed" else "a reranking"
+            raise InvalidRequestError(
+                f"model {model.name} is {kind} model: it serves /v1/embeddings, /v1/rerank "
+                "and /v1/score, not generation",
+                param="model",
+            )
         timeout_s = admission.queue_timeout_s(
             request.headers.get(admission.QUEUE_TIMEOUT_HEADER), self.queue_timeout_s
         )
