@@ -73,6 +73,25 @@ def add_engine_flags(parser: argparse.ArgumentParser, *, is_serving: bool = Fals
     several = {"model": {"action": "append", "default": None, "help": _SERVE_MODEL_HELP}}
     for config_type in (ModelConfig, CacheConfig, SchedulerConfig, EngineConfig):
         add_flags(group, config_type, **(several if is_serving else {}))
+    # llama.cpp's name for the RAM tier, in MiB (-1: no bound, 0: off).
+    group.add_argument(
+        "--cache-ram",
+        type=_mebibytes,
+        dest="kv_offload_bytes",
+        default=argparse.SUPPRESS,
+        metavar="MiB",
+        help="--kv-offload-bytes in MiB, as llama.cpp's --cache-ram (-1: no bound, 0: off)",
+    )
+
+
+def _mebibytes(text: str) -> int:
+    try:
+        mib = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of MiB: {text!r}") from None
+    if mib < -1:
+        raise argparse.ArgumentTypeError(f"--cache-ram takes -1, 0 or more MiB, got {mib}")
+    return sys.maxsize if mib == -1 else mib << 20
 
 
 def engine_config_from(args: argparse.Namespace, *, multiprocess: bool) -> EngineConfig:

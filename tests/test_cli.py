@@ -292,3 +292,19 @@ def test_a_bad_speculative_config_is_one_error_line_and_status_2(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith("sluice serve: error: argument --speculative-config: ") and message in err
+
+
+def test_the_cache_tiers_flags_and_llama_cpps_cache_ram_in_mib(tmp_path):
+    def cache(*flags: str):
+        args = build_parser().parse_args(["generate", "--prompt", "hi", *flags])
+        return engine_config_from(args, multiprocess=False).cache
+
+    assert cache().kv_offload_bytes is None and cache().kv_cache_dir is None
+    assert cache("--kv-offload-bytes", "2GiB").kv_offload_bytes == 2 << 30
+    assert cache("--cache-ram", "512").kv_offload_bytes == 512 << 20
+    assert cache("--cache-ram", "0").kv_offload_bytes == 0
+    assert cache("--cache-ram", "-1").kv_offload_bytes == sys.maxsize
+    on_disk = cache("--kv-cache-dir", str(tmp_path), "--kv-cache-dir-bytes", "1GiB")
+    assert (on_disk.kv_cache_dir, on_disk.kv_cache_dir_bytes) == (tmp_path, 1 << 30)
+    with pytest.raises(SystemExit):
+        cache("--cache-ram", "-2")

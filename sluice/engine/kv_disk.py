@@ -146,7 +146,7 @@ class DiskBlockStore:
 
     def write(self, block_hash: bytes, payload: torch.Tensor) -> None:
         """Queue the block's bytes for writing; dropped (counted) if the queue is full."""
-        if self.block_bytes > self.capacity_bytes or self.contains(block_hash):
+        if HEADER.size + self.block_bytes > self.capacity_bytes or self.contains(block_hash):
             return
         try:
             self._queue.put_nowait((block_hash, payload.numpy().tobytes()))

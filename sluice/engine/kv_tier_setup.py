@@ -15,6 +15,7 @@ a cold cache.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import torch
@@ -74,7 +75,7 @@ def disk_fingerprint(
             config.model.batch_invariant,
             config.cache.block_size_tokens,
             block_bytes,
-            loaded.kernel_plan,
+            plan_choices(loaded.kernel_plan),
             torch.__version__,
             loaded.model_config,
         )
@@ -93,6 +94,12 @@ def model_files(model: str, folder: Path) -> list[Path]:
     if given.is_file() and given.resolve() not in {p.resolve() for p in files}:
         files.append(given)
     return files
+
+
+def plan_choices(kernel_plan: str) -> str:
+    """The kernel plan's choices without how it came ("measured at load" on
+    the first start, "cached" on the next: the same kernels)."""
+    return re.sub(r"^kernel plan \(.*?\): ", "kernel plan: ", kernel_plan)
 
 
 def _is_code(path: Path) -> bool:

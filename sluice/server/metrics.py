@@ -44,6 +44,7 @@ from sluice.server.metric_buckets import (
     TTFT_BUCKETS_S,
     request_tokens_buckets,
 )
+from sluice.server.tier_metrics import tier_families
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -123,6 +124,7 @@ class EngineStatsCollector(Collector):
                                 "Prompt tokens found in the prefix cache.",
                                 snapshot.prefix_cache_hit_tokens)  # fmt: skip
             yield from self._speculation(prefix, snapshot)
+            yield from tier_families(prefix, snapshot.kv_tiers, self._model_name)
 
     def _speculation(self, prefix: str, snapshot: EngineStatsSnapshot) -> Iterator[Metric]:
         """Speculative decoding, vLLM's names (acceptance rate = accepted / draft tokens)."""
