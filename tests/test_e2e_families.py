@@ -12,7 +12,14 @@ import torch
 
 from sluice.testing.server_process import sluice_serve
 from sluice.tokenizer import Tokenizer
-from tests.model_factory import GEMMA3_KIND, LFM2_KIND, build_tiny_model, write_tiny_tokenizer
+from tests.model_factory import (
+    GEMMA3_KIND,
+    GEMMA4_KIND,
+    LFM2_KIND,
+    SMOLLM3_KIND,
+    build_tiny_model,
+    write_tiny_tokenizer,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +29,11 @@ STARTUP_LINES = {
     "attend on the torch path",
     LFM2_KIND: "architecture Lfm2ForCausalLM: 3 of its 4 layers are short convolutions over a "
     "per-sequence state",
+    SMOLLM3_KIND: "architecture SmolLM3ForCausalLM: every engine path",
+    GEMMA4_KIND: "architecture Gemma4ForCausalLM: its sliding-window layers (window 8) attend "
+    "on the torch path, not the native attention kernels, and keep all their KV blocks; q and k "
+    "rotate on the torch path, not the native RoPE + K/V-write kernel; its last 2 layers attend "
+    "over earlier layers' K/V and hold none of their own",
 }
 PROMPT = "the quick brown fox"
 
