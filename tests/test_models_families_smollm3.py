@@ -87,3 +87,20 @@ def test_a_nope_layer_caches_its_keys_unrotated_bit_for_bit(tmp_path):
     q_rows, kv_rows = nope.num_heads * nope.head_dim, nope.num_kv_heads * nope.head_dim
     keys = qkv[:, q_rows : q_rows + kv_rows].view(BLOCK_SIZE, nope.num_kv_heads, nope.head_dim)
     assert torch.equal(runner.kv_caches[3][0, 1, :BLOCK_SIZE], keys)
+
+
+def test_with_a_window_on_its_nope_layer_the_logits_still_match_transformers(tmp_path):
+    """use_sliding_window: the NoPE layer (3) attends within 8 positions, as
+    transformers' SmolLM3 does; a 30-token prompt runs past the window."""
+    tiny = build_tiny_model(
+        SMOLLM3_KIND, tmp_path, use_sliding_window=True, sliding_window=8,
+        layer_types=[FULL, FULL, FULL, SLIDING],
+    )  # fmt: skip
+    model = load_tiny_llama(tiny)
+    assert model.config.layer_types[3] == SLIDING and model.layers[3].is_sliding
+    reference = hf_logits(tiny, PROMPT)
+    assert (prompt_logits(model, PROMPT) - reference).abs().max() <= 1e-4 * reference.abs().max()
+    unwindowed = load_tiny_llama(tiny, layer_types=(FULL,) * 4)
+    assert (
+        prompt_logits(unwindowed, PROMPT) - reference
+    ).abs().max() > 1e-2 * reference.abs().max()
