@@ -225,14 +225,17 @@ class ModelPool(Generic[P]):
 
     def _hand_over(self, entry: ModelEntry[P], error: BaseException | None) -> None:
         waiters, entry.waiters = entry.waiters, []
+        active = entry.active
+        if error is None and active is None:  # stopped before it was handed (never expected)
+            error = ModelUnavailableError(f"the model `{entry.spec.name}` stopped; retry")
         for handed in waiters:
             if handed.done():
                 continue
-            if error is not None:
-                handed.set_exception(error)
-            elif entry.active is not None:
+            if active is None or error is not None:
+                handed.set_exception(error or ModelUnavailableError(entry.spec.name))
+            else:
                 self._lease(entry)
-                handed.set_result(entry.active)
+                handed.set_result(active)
 
     async def _start_locked(self, entry: ModelEntry[P], is_startup: bool) -> None:
         name = entry.spec.name
