@@ -308,3 +308,13 @@ def test_the_cache_tiers_flags_and_llama_cpps_cache_ram_in_mib(tmp_path):
     assert (on_disk.kv_cache_dir, on_disk.kv_cache_dir_bytes) == (tmp_path, 1 << 30)
     with pytest.raises(SystemExit):
         cache("--cache-ram", "-2")
+
+
+def test_reasoning_effort_budgets_change_the_efforts_named(never_serve, capsys):
+    args = build_parser().parse_args(["serve", "--reasoning-effort-budgets", "low=5,high=none"])
+    budgets = server_config_from(args).reasoning_effort_budgets
+    assert (budgets.minimal, budgets.low, budgets.medium, budgets.high) == (256, 5, 4096, None)
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["serve", "--reasoning-effort-budgets", "huge=5"])
+    assert exit_info.value.code == 2
+    assert "--reasoning-effort-budgets: expected EFFORT=TOKENS" in capsys.readouterr().err
