@@ -81,6 +81,9 @@ YARN_ORIGINAL = 16
 # and V from k_proj; the last two layers share the K/V of layers 2 and 1 and
 # have a double-wide MLP; per-layer embeddings of 8 a layer; logits capped at 5.
 GEMMA4_KIND = "gemma4"
+# The same text decoder inside a multimodal Gemma4ForConditionalGeneration
+# checkpoint, with a one-layer vision tower whose weights sluice skips.
+GEMMA4_MULTIMODAL_KIND = "gemma4_multimodal"
 # LFM2: short convolutions (kernel 3) around one attention layer, the hybrid
 # whose conv layers keep a per-sequence state (sluice/models/short_conv.py).
 LFM2_KIND = "lfm2"
@@ -213,6 +216,15 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
                 "full_attention",
             ], num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
             vocab_size_per_layer_input=512, final_logit_softcapping=5.0, tie_word_embeddings=True,
+    if kind == GEMMA4_MULTIMODAL_KIND:
+        vision = transformers.Gemma4VisionConfig(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=2, head_dim=8,
+        )  # fmt: skip
+        return transformers.Gemma4Config(
+            text_config=tiny_hf_config(GEMMA4_KIND).to_dict(), vision_config=vision.to_dict(),
+            audio_config=None,
+        )  # fmt: skip
         )  # fmt: skip
     if kind == GEMMA2_KIND:
         return transformers.Gemma2Config(

@@ -65,7 +65,8 @@ def test_each_gguf_architecture_names_one_registered_family():
 def test_only_the_gemma_layer_declares_it_is_not_the_fused_decode_chain():
     refused = {family.architecture for family in FAMILIES if not family.supports_fused_decode}
     assert refused == {
-        "Gemma3ForCausalLM", "Gemma2ForCausalLM", "Gemma4ForCausalLM", "Qwen3MoeForCausalLM",
+        "Gemma3ForCausalLM", "Gemma2ForCausalLM", "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration", "Qwen3MoeForCausalLM",
     }  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from sluice.models.attention import allocate_kv_caches, kv_cache_bytes_per_block
 from sluice.models.decoder_config import FULL, SLIDING
 from sluice.models.families.registry import build_model, parse_hf_config
 from sluice.models.gemma4 import Gemma4ForCausalLM
-from tests.model_factory import GEMMA4_KIND, TinyModel, build_tiny_model
+from tests.model_factory import GEMMA4_KIND, GEMMA4_MULTIMODAL_KIND, TinyModel, build_tiny_model
 from tests.model_runs import (
     PagedRunner,
     assert_close_to_scale,
@@ -100,6 +100,28 @@ def test_shared_layers_read_their_sources_cache_and_cost_no_blocks(tiny):
     assert caches[0].shape == (2, 4, 2, 2, 16) and caches[1].shape == (2, 4, 2, 1, 32)
     # Layers 0 and 2 (2 KV heads of 16), layer 1 (1 of 32): K and V, 2 tokens, 4 bytes.
     assert kv_cache_bytes_per_block(config, 2, torch.float32) == (2 * 32 + 32) * 2 * 2 * 4
+
+
+def test_a_multimodal_checkpoint_runs_as_its_text_decoder(tmp_path):
+    """Gemma4ForConditionalGeneration: text_config parsed, the weights under
+    model.language_model loaded, the vision tower's skipped; text logits as
+    transformers' multimodal model gives them."""
+    tiny = build_tiny_model(GEMMA4_MULTIMODAL_KIND, tmp_path)
+    assert any(name.startswith("model.vision_tower.") for name, _ in tiny.weights())
+    config = parse_hf_config(tiny.config_dict)
+    assert config.architecture == "Gemma4ForConditionalGeneration"
+    model = build_model(config, torch.float32, "cpu", False)
+    model.load_weights(tiny.weights())
+    assert_close_to_scale(prompt_logits(model, PROMPT), hf_logits(tiny, PROMPT), 1e-4)
+
+
+def test_a_multimodal_config_reads_its_text_fields_from_text_config_or_the_top_level():
+    nested = {"architectures": ["Gemma4ForConditionalGeneration"], "text_config": BASE}
+    flat = BASE | {"architectures": ["Gemma4ForConditionalGeneration"]}
+    assert parse_hf_config(nested) == parse_hf_config(flat)
+    assert parse_hf_config(nested).full_head_dim == 512
+    with pytest.raises(ModelLoadError, match="text_config must be an object"):
+        parse_hf_config(nested | {"text_config": "gemma"})
 
 
 def test_full_layers_take_their_heads_from_per_layer_config_or_global_head_dim():

@@ -27,6 +27,7 @@ variant (`enable_moe_block`) is refused by the parser.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable
 from typing import ClassVar
 
@@ -257,6 +258,26 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
             assert isinstance(layer, Gemma4DecoderLayer)
             targets.update(_layer_targets(f"model.layers.{i}.", layer))
         return targets
+
+
+class Gemma4ConditionalTextModel(Gemma4ForCausalLM):
+    """The text decoder of a multimodal `Gemma4ForConditionalGeneration`
+    checkpoint: its weights under `model.language_model.`, its vision and
+    audio towers and their embedders skipped (text in, text out)."""
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, Tensor | BlockCodes]]) -> None:
+        super().load_weights(
+            (_TEXT_NAMES.sub("model.", name), tensor)
+            for name, tensor in weights
+            if not name.startswith(_OTHER_MODALITIES)
+        )
+
+
+# How the multimodal checkpoint names the text decoder's tensors, and the rest.
+_TEXT_NAMES = re.compile(r"^model\.language_model\.")
+_OTHER_MODALITIES = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
+                     "model.embed_audio.")  # fmt: skip
 
 
 def _layer_targets(prefix: str, layer: Gemma4DecoderLayer) -> dict[str, WeightTarget]:

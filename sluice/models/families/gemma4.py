@@ -17,20 +17,27 @@ attention over text (`use_bidirectional_attention: "all"`), biases, another
 activation, RoPE types other than these, per-layer overrides other than the
 full layers' head size and KV heads, and shared layers of a kind no earlier
 layer computes. No GGUF: llama.cpp's gemma4 layout is not read.
+
+`Gemma4ForConditionalGeneration` (the multimodal checkpoints) runs as its
+text decoder: `text_config` parsed as above, the vision and audio towers'
+weights skipped; images and audio are not read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from sluice.errors import ModelLoadError
 from sluice.models.decoder_config import FULL, SLIDING, DecoderConfig
 from sluice.models.families.family import Family
 from sluice.models.families.hf_fields import common_fields
-from sluice.models.gemma4 import Gemma4ForCausalLM
+from sluice.models.gemma4 import Gemma4ConditionalTextModel, Gemma4ForCausalLM
 from sluice.models.rope_norm import PROPORTIONAL
 
 ARCHITECTURE = "Gemma4ForCausalLM"
+# The multimodal checkpoints Google publishes: text decoder only (gemma4.py).
+CONDITIONAL = "Gemma4ForConditionalGeneration"
 # Gemma4TextConfig's defaults where config.json says nothing.
 _DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "head_dim": 256, "sliding_window": 512,
@@ -151,5 +158,19 @@ def _check_kv_sharing(config: DecoderConfig) -> None:
         )
 
 
+def parse_gemma4_conditional(d: dict[str, Any]) -> DecoderConfig:
+    """A multimodal checkpoint's text decoder: its `text_config` (else the text
+    fields at the top level), run as text only."""
+    text = d.get("text_config", d)
+    if not isinstance(text, dict):
+        raise ModelLoadError(f"{CONDITIONAL}'s text_config must be an object, got {text!r}")
+    tied = d.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
+    config = parse_gemma4(text | {"tie_word_embeddings": tied})
+    return dataclasses.replace(config, architecture=CONDITIONAL)
+
+
 GEMMA4 = Family(ARCHITECTURE, "gemma4_text", parse_gemma4, Gemma4ForCausalLM)
-FAMILIES = (GEMMA4,)
+GEMMA4_CONDITIONAL = Family(
+    CONDITIONAL, "gemma4", parse_gemma4_conditional, Gemma4ConditionalTextModel
+)
+FAMILIES = (GEMMA4, GEMMA4_CONDITIONAL)
