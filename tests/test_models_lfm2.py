@@ -19,6 +19,7 @@ from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
 from sluice.loader.choices import cpu_flags
 from sluice.loader.loaded_model import LoadedModel, load_model
+from sluice.models.attention import kv_cache_bytes_per_block
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.lfm2 import Lfm2ForCausalLM
 from sluice.models.short_conv import ShortConvLayer
@@ -190,3 +191,18 @@ def test_the_default_path_gives_the_same_tokens_chunked_cached_and_speculating(t
     assert {i: r[:2] for i, r in drafted.items()} == {i: r[:2] for i, r in plain.items()}
     counters = speculating.speculator.counters
     assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+
+
+def test_without_prefix_caching_the_conv_layers_keep_no_snapshots(loaded):
+    """Nothing reads a snapshot without prefix caching: the conv layers hold
+    only their live states, and a block costs its K/V alone."""
+    core = make_core(loaded, prefix_caching=False, max_seqs=5)
+    conv_rows = [cache.shape[0] for cache in core.runner.kv_caches if cache.dim() == 3]
+    assert conv_rows == [5, 5, 5]
+    config = loaded.model_config
+    with_snapshots = kv_cache_bytes_per_block(config, 4, torch.float32)
+    without = kv_cache_bytes_per_block(config, 4, torch.float32, with_snapshots=False)
+    assert with_snapshots - without == 3 * 2 * config.hidden_size * 4
+    prompts = random_prompts(6, seed=4)
+    chunked = run(make_core(loaded, prefix_caching=False, budget=7, max_seqs=5), prompts)
+    assert chunked == run(make_core(loaded, budget=512, chunked=False), prompts)

@@ -140,6 +140,7 @@ class EngineCore:
             device=device,
             eos_token_ids=loaded.eos_token_ids,
             num_state_slots=num_slots,
+            state_snapshots=config.cache.enable_prefix_caching,
         )
         # Prefix-cache tiers below the pool (host RAM, disk); None: the pool only.
         self.tiers = build_tiers(config, loaded, dtype, self.runner.kv_caches)

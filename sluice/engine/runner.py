@@ -53,17 +53,21 @@ class ModelRunner:
         device: torch.device,
         eos_token_ids: frozenset[int],
         num_state_slots: int = 0,
+        state_snapshots: bool = True,
     ):
         self.model = model
         self.block_size_tokens = block_size_tokens
         self.device = device
         # Hybrid models: slots of the per-sequence state (0: no such layer).
         self.has_states = num_state_slots > 0
+        # Their snapshot per KV block, for prefix-cache hits (prefix caching on).
+        self.state_snapshots = state_snapshots
         # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]; a
         # conv layer's [num_blocks + num_state_slots, L - 1, hidden] states
         self.kv_caches = allocate_kv_caches(
-            model_config, num_blocks, block_size_tokens, dtype, device, max(1, num_state_slots)
-        )
+            model_config, num_blocks, block_size_tokens, dtype, device, max(1, num_state_slots),
+            state_snapshots,
+        )  # fmt: skip
         self.sampler = Sampler(model_config.vocab_size, eos_token_ids, device)
 
     @torch.inference_mode()
@@ -88,6 +92,7 @@ class ModelRunner:
                 slots=[s.state_slot for s in scheduled],
                 starts=[s.starts_state for s in scheduled],
                 keeps_inputs=[bool(s.draft_token_ids) for s in scheduled],
+                has_snapshots=self.state_snapshots,
             )
         # 2. Run the model over the mixed prefill/decode batch.
         hidden = self.model(input_ids, positions, self.kv_caches, attn)  # [num_tokens, hidden]

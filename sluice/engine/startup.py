@@ -26,7 +26,7 @@ def num_kv_blocks(
     the available memory (loader/memory_plan.py). Raises ModelLoadError if it
     cannot hold one request of max_model_len."""
     cache = config.cache
-    bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, cache.block_size_tokens, dtype)
+    bytes_per_block = bytes_per_block_of(config, loaded, dtype)
     if cache.kv_cache_memory_bytes is not None:
         budget = cache.kv_cache_memory_bytes
     elif device.type == "cuda":
@@ -65,10 +65,15 @@ def describe_state_cache(config: EngineConfig, loaded: LoadedModel, dtype: torch
     if not num_slots:
         return ""
     per_sequence = state_bytes_per_sequence(loaded.model_config, dtype)
-    return (
+    slots = (
         f", state cache {num_slots} slots of {per_sequence / 1024:.0f} KiB "
-        f"({num_slots * per_sequence / 2**20:.1f} MiB), a {per_sequence / 1024:.0f} KiB "
-        "snapshot in every KV block (the prefix cache's states at block ends)"
+        f"({num_slots * per_sequence / 2**20:.1f} MiB), "
+    )
+    if not config.cache.enable_prefix_caching:
+        return slots + "no snapshots (prefix caching off)"
+    return slots + (
+        f"a {per_sequence / 1024:.0f} KiB snapshot in every KV block (the prefix cache's "
+        "states at block ends)"
     )
 
 
@@ -95,7 +100,7 @@ def startup_line(
         f"engine ready: model {loaded.name}, {choices.dtype}{weights}{activations} on {device} "
         f"with {torch.get_num_threads()} threads ({choices.reason}), max_model_len "
         f"{loaded.max_model_len}, {num_blocks} KV blocks of {block_size} tokens "
-        f"({num_blocks * block_size} tokens, {_kv_mib(loaded, block_size, dtype, num_blocks)})"
+        f"({num_blocks * block_size} tokens, {_kv_mib(config, loaded, dtype, num_blocks)})"
         f"{describe_state_cache(config, loaded, dtype)}, max_num_batched_tokens "
         f"{config.scheduler.max_num_batched_tokens}, max_num_seqs {config.scheduler.max_num_seqs}, "
         f"{describe_speculation(config.speculative_config, loaded.step_seconds, blocker)}, "
@@ -107,9 +112,7 @@ def memory_figures(
     config: EngineConfig, loaded: LoadedModel, num_blocks: int, dtype: torch.dtype
 ) -> memory_plan.MemoryPlan:
     """Weights, KV pool and step workspace as built, and what is still free."""
-    bytes_per_block = kv_cache_bytes_per_block(
-        loaded.model_config, config.cache.block_size_tokens, dtype
-    )
+    bytes_per_block = bytes_per_block_of(config, loaded, dtype)
     return memory_plan.MemoryPlan(
         weights_bytes=loaded.model.weight_bytes(),
         kv_bytes=num_blocks * bytes_per_block,
@@ -126,9 +129,17 @@ def _workspace(config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype) ->
     )  # fmt: skip
 
 
-def _kv_mib(loaded: LoadedModel, block_size: int, dtype: torch.dtype, num_blocks: int) -> str:
-    bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, block_size, dtype)
-    return f"{num_blocks * bytes_per_block / 2**20:.0f} MiB"
+def bytes_per_block_of(config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype) -> int:
+    """A KV block's bytes over all layers; a hybrid's state snapshot counts
+    with prefix caching only (nothing reads it without)."""
+    cache = config.cache
+    return kv_cache_bytes_per_block(
+        loaded.model_config, cache.block_size_tokens, dtype, cache.enable_prefix_caching
+    )
+
+
+def _kv_mib(config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype, num_blocks: int) -> str:
+    return f"{num_blocks * bytes_per_block_of(config, loaded, dtype) / 2**20:.0f} MiB"
 
 
 def speculation_blocker(loaded: LoadedModel) -> str | None:

@@ -293,17 +293,21 @@ def allocate_kv_caches(
     dtype: torch.dtype,
     device,
     num_state_slots: int = 1,
+    with_snapshots: bool = True,
 ) -> list[Tensor]:
     """One zeroed `[2, num_blocks, block_size, num_kv_heads, head_dim]` pool per
     attention layer (its own heads: Gemma 4's full layers differ), the very
     pool of its source for a KV-shared layer (Gemma 4); a conv layer (hybrids)
-    gets its state rows instead: one snapshot per block and `num_state_slots`
-    live states (sequence_state.py)."""
+    gets its state rows instead: one snapshot per block (`with_snapshots`: the
+    prefix cache's) and `num_state_slots` live states (sequence_state.py)."""
+    num_snapshots = num_blocks if with_snapshots else 0
     conv = set(conv_layer_indices(config))
     caches: list[Tensor] = []
     for index in range(config.num_hidden_layers):
         if index in conv:
-            caches.append(allocate_conv_state(config, num_blocks, num_state_slots, dtype, device))
+            caches.append(
+                allocate_conv_state(config, num_snapshots, num_state_slots, dtype, device)
+            )
         elif (source := config.kv_source_layer(index)) != index:
             caches.append(caches[source])
         else:
@@ -312,9 +316,11 @@ def allocate_kv_caches(
     return caches
 
 
-def kv_cache_bytes_per_block(config: DecoderConfig, block_size: int, dtype: torch.dtype) -> int:
+def kv_cache_bytes_per_block(
+    config: DecoderConfig, block_size: int, dtype: torch.dtype, with_snapshots: bool = True
+) -> int:
     """Bytes one block index costs summed over all layers (K and V of the
-    attention layers, the state snapshot of the conv layers)."""
+    attention layers, and with snapshots the conv layers' state at its end)."""
     conv = set(conv_layer_indices(config))
     owners = [
         index for index in range(config.num_hidden_layers)
@@ -322,7 +328,8 @@ def kv_cache_bytes_per_block(config: DecoderConfig, block_size: int, dtype: torc
     ]  # fmt: skip
     shapes = [config.layer_kv_shape(index) for index in owners]
     kv_values = sum(2 * block_size * heads * size for heads, size in shapes)
-    return kv_values * dtype.itemsize + state_bytes_per_sequence(config, dtype)
+    snapshot = state_bytes_per_sequence(config, dtype) if with_snapshots else 0
+    return kv_values * dtype.itemsize + snapshot
 
 
 def paged_attention(

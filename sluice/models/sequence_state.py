@@ -101,6 +101,9 @@ class SequenceStates:
     starts: list[bool]
     # Per sequence: it verifies drafts; its inputs are kept for `roll_back`.
     keeps_inputs: list[bool] = field(default_factory=list)
+    # The cache has a snapshot row per KV block (prefix caching on); without
+    # them no state starts past position 0 and none is written.
+    has_snapshots: bool = True
     # Built by the first conv layer of the step (`conv_plan`), then shared.
     _plan: ConvPlan | None = None
     # Per conv layer: (its cache, the kept ext rows [K, hidden]) for `roll_back`.
@@ -160,6 +163,7 @@ def _build_plan(
         slot_row = num_rows - 1 - states.slots[b]
         source = slot_row
         if states.starts[b] and c > 0:
+            assert states.has_snapshots, "a state past position 0 starts from a snapshot"
             assert c % block_size == 0, f"a state starting at {c} is not at a block's end"
             source = table[c // block_size - 1]
         rows["start"] += range(offset, offset + n)
@@ -169,7 +173,8 @@ def _build_plan(
         rows["tap"] += range(offset, offset + q)
         rows["end"] += range(offset + q, offset + q + n)
         rows["target"].append(slot_row)
-        for end in range((c // block_size + 1) * block_size, c + q + 1, block_size):
+        ends = range((c // block_size + 1) * block_size, c + q + 1, block_size)
+        for end in ends if states.has_snapshots else ():
             rows["snap"] += range(offset + end - c, offset + end - c + n)
             rows["block"].append(table[end // block_size - 1])
         if keeps[b]:
