@@ -216,6 +216,7 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
                 "full_attention",
             ], num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
             vocab_size_per_layer_input=512, final_logit_softcapping=5.0, tie_word_embeddings=True,
+        )  # fmt: skip
     if kind == GEMMA4_MULTIMODAL_KIND:
         vision = transformers.Gemma4VisionConfig(
             hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -224,7 +225,6 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
         return transformers.Gemma4Config(
             text_config=tiny_hf_config(GEMMA4_KIND).to_dict(), vision_config=vision.to_dict(),
             audio_config=None,
-        )  # fmt: skip
         )  # fmt: skip
     if kind == GEMMA2_KIND:
         return transformers.Gemma2Config(
