@@ -181,7 +181,13 @@ def _build_plan(
             kept_offsets[b] = len(rows["kept"])
             rows["kept"] += range(offset, offset + n + q)
         offset += n + q
+    return _to_plan(rows, zero, kept_offsets, offset, device)
 
+
+def _to_plan(
+    rows: dict[str, list[int]], zero: list[bool], kept_offsets: dict[int, int],
+    num_ext_rows: int, device,
+) -> ConvPlan:  # fmt: skip
     def tensor(key: str) -> Tensor:
         return torch.tensor(rows[key], dtype=torch.int64, device=device)
 
@@ -197,5 +203,5 @@ def _build_plan(
         snapshot_targets=tensor("block"),
         kept_rows=tensor("kept") if rows["kept"] else None,
         kept_offsets=kept_offsets,
-        num_ext_rows=offset,
+        num_ext_rows=num_ext_rows,
     )
