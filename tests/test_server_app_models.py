@@ -113,6 +113,9 @@ def test_a_model_that_does_not_load_fails_its_requests_clearly_and_the_others_se
             assert "`broken` failed to load" in message and "blk.3.ffn_up.weight" in message
         assert completion(http, "alpha").status_code == 200
         assert http.get("/health").status_code == 200
+        listed = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+        assert "blk.3.ffn_up.weight" in listed["broken"]["load_error"]
+        assert "load_error" not in listed["alpha"]
         (line,) = [r.getMessage() for r in caplog.records if " 503 " in r.getMessage()][:1]
         assert "model_wait_ms=" in line  # it waited for the start that failed
 

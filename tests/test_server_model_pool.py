@@ -112,6 +112,15 @@ def test_preloaded_models_start_with_the_pool_and_their_failure_stops_the_startu
         run(broken.start())
 
 
+def test_preloading_starts_as_many_models_as_the_limits_hold_in_order():
+    models = Models()
+    specs = [models.spec(name, is_preloaded=True) for name in ("alpha", "beta", "gamma")]
+    pool = pool_of(*specs, max_loaded=2)
+    run(pool.start())
+    assert states(pool) == {"alpha": "loaded", "beta": "loaded", "gamma": "unloaded"}
+    assert models.num_starts("gamma") == 0  # not started to be stopped at once
+
+
 def test_under_one_loaded_model_the_least_recently_used_is_stopped_for_the_next():
     models = Models()
     pool = pool_of(models.spec("alpha"), models.spec("beta"), models.spec("gamma"), max_loaded=2)

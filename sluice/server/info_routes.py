@@ -68,10 +68,11 @@ class InfoRoutes:
         app.add_api_route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"])
 
     async def list_models(self) -> Response:
-        """Every model served, running or not (`status`: loaded, loading, unloaded)."""
+        """Every model served, running or not (`status`: loaded, loading,
+        unloading, unloaded; `load_error`: why its latest start failed)."""
         cards = []
         for status in self.models.statuses():
-            cards.append({
+            card = {
                 "id": status.name,
                 "object": "model",
                 "created": self.created,
@@ -80,7 +81,10 @@ class InfoRoutes:
                 "parent": None,
                 "max_model_len": None if status.served is None else status.served.max_model_len,
                 "status": status.state,
-            })  # fmt: skip
+            }
+            if status.last_error is not None:
+                card["load_error"] = status.last_error
+            cards.append(card)
         return _json({"object": "list", "data": cards})
 
     async def health(self) -> Response:

@@ -200,10 +200,16 @@ class ModelPool(Generic[P]):
     # -- starting and stopping ----------------------------------------------------
 
     async def start(self) -> None:
-        """Start the preloaded models (startup); their failure is raised as is."""
+        """Start the preloaded models (startup), as many as the limits hold
+        (the first in order; the rest start on their first request); a
+        failure is raised as is."""
         for entry in self._entries.values():
-            if entry.spec.is_preloaded or entry.spec.is_pinned:
+            if not (entry.spec.is_preloaded or entry.spec.is_pinned):
+                continue
+            if entry.spec.is_pinned or not self.loaded() or self._fits(entry):
                 await self._start(entry, is_startup=True)
+            else:
+                logger.info("model %s not preloaded: the model limits are full", entry.spec.name)
 
     async def _start(self, entry: ModelEntry[P], is_startup: bool = False) -> None:
         """Start `entry`'s engine unless it runs, then hand a lease to each
