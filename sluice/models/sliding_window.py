@@ -1,4 +1,5 @@
-"""Attention over the last `window` positions only, for Gemma 3's local layers.
+"""Attention over the last `window` positions only, for Gemma 3's local layers
+(and every gpt-oss layer: its attention sinks run here, sluice/models/gpt_oss.py).
 
 The KV cache keeps every block of a sliding layer, as it does a global
 layer's: the engine's block accounting, prefix cache and preemption stay
@@ -37,15 +38,18 @@ def sliding_window_attention(
     window: int,
     is_batch_invariant: bool = False,
     softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:  # [num_tokens, num_heads, head_dim]
     """Store the new K/V (unless already written), then attend each query
-    over the keys of its window (scores capped at `softcap` first, if set)."""
+    over the keys of its window (scores capped at `softcap` first, if set;
+    `sinks` [num_heads], if set: one more logit per head in the softmax's
+    denominator, gpt-oss's attention sinks, which attend to nothing)."""
     if not kv_written:
         _write_kv(kv_cache, k, v, meta.slot_mapping)
     out = torch.empty_like(q)
     decodes = [] if is_batch_invariant else [b for b, n in enumerate(meta.query_lens) if n == 1]
     if decodes:
-        _decode_windows(q, out, kv_cache, meta, decodes, window, scale, softcap)
+        _decode_windows(q, out, kv_cache, meta, decodes, window, scale, softcap, sinks)
     for b, (query_len, seq_len) in enumerate(zip(meta.query_lens, meta.seq_lens_list, strict=True)):
         if not is_batch_invariant and query_len == 1:
             continue  # done above
@@ -58,7 +62,9 @@ def sliding_window_attention(
         for position, row, num_queries in spans:
             rows = slice(row, row + num_queries)
             table = meta.block_tables[b]
-            out[rows] = _window_span(q[rows], kv_cache, table, position, window, scale, softcap)
+            out[rows] = _window_span(
+                q[rows], kv_cache, table, position, window, scale, softcap, sinks
+            )
     return out
 
 
@@ -71,6 +77,7 @@ def _decode_windows(
     window: int,
     scale: float,
     softcap: float | None,
+    sinks: Tensor | None = None,
 ) -> None:
     """Every one-token sequence in one SDPA call: each gathers the blocks its
     window touches (padded to the most any needs), a mask keeps the window."""
@@ -90,10 +97,10 @@ def _decode_windows(
     key_pos = first_blocks[:, None] * block_size + torch.arange(kv.shape[2], device=device)
     mask = (key_pos >= first_keys[:, None]) & (key_pos < seq_lens[:, None])  # [n, K]
     token_rows = meta.query_start_loc[rows]  # [n]
-    if softcap is not None:
+    if softcap is not None or sinks is not None:
         keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [n, Hkv, K, D]
         capped = _capped_attention(q[token_rows][:, :, None], keys, values,
-                                   mask[:, None, None, :], scale, softcap)  # fmt: skip
+                                   mask[:, None, None, :], scale, softcap, sinks)  # fmt: skip
         out[token_rows] = capped[:, :, 0]  # [n, Hq, D]
         return
     # Grouped-query heads as query positions of their KV head (decode_attention_torch).
@@ -116,6 +123,7 @@ def _window_span(
     window: int,
     scale: float,
     softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:  # [num_queries, num_heads, head_dim]
     num_queries = q.shape[0]
     end = first_position + num_queries  # keys [first_key, end)
@@ -125,9 +133,9 @@ def _window_span(
     query_pos = torch.arange(first_position, end, device=q.device)[:, None]  # [L, 1]
     # Always a mask: without one _sdpa is causal from the top left (L < S here).
     mask = (key_pos <= query_pos) & (key_pos > query_pos - window)  # [L, S]
-    if softcap is not None:
+    if softcap is not None or sinks is not None:
         heads_first = [x.transpose(0, 1)[None] for x in (q, keys, values)]  # [1, H, L|S, D]
-        return _capped_attention(*heads_first, mask, scale, softcap)[0].transpose(0, 1)
+        return _capped_attention(*heads_first, mask, scale, softcap, sinks)[0].transpose(0, 1)
     return _sdpa(q, keys, values, mask, scale)
 
 
@@ -137,17 +145,26 @@ def _capped_attention(
     values: Tensor,  # [B, Hkv, S, D]
     mask: Tensor,  # bool, broadcast to [B, Hq, L, S]
     scale: float,
-    softcap: float,
+    softcap: float | None,
+    sinks: Tensor | None = None,  # [Hq]
 ) -> Tensor:  # [B, Hq, L, D]
     """Attention with scores capped at softcap * tanh(scores / softcap), as
-    transformers' Gemma 2 computes it (no fused kernel caps scores)."""
+    transformers' Gemma 2 computes it, and/or with a sink logit per head
+    beside the keys, dropped after the softmax, as its gpt-oss does (no fused
+    kernel here does either)."""
     groups = q.shape[1] // keys.shape[1]
     keys = keys.repeat_interleave(groups, dim=1)  # [B, Hq, S, D]
     values = values.repeat_interleave(groups, dim=1)
     scores = torch.matmul(q, keys.transpose(2, 3)) * scale  # [B, Hq, L, S]
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
-    weights = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is None:
+        weights = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+    else:
+        sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        with_sink = torch.cat([scores, sink], dim=-1)  # [B, Hq, L, S + 1]
+        weights = with_sink.softmax(dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype)
     return torch.matmul(weights, values)
 
 

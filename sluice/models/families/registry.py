@@ -15,7 +15,17 @@ import torch
 
 from sluice.errors import ModelLoadError
 from sluice.models.decoder_config import CONV, SLIDING, DecoderConfig
-from sluice.models.families import gemma, gemma4, lfm2, llama, phi3, qwen, qwen_moe, smollm3
+from sluice.models.families import (
+    gemma,
+    gemma4,
+    gpt_oss,
+    lfm2,
+    llama,
+    phi3,
+    qwen,
+    qwen_moe,
+    smollm3,
+)
 from sluice.models.families.family import Family
 from sluice.models.families.hf_fields import check_heads
 from sluice.models.llama import LlamaForCausalLM
@@ -25,6 +35,7 @@ FAMILIES: tuple[Family, ...] = (
     *gemma4.FAMILIES,
     *lfm2.FAMILIES,
     *qwen_moe.FAMILIES,
+    *gpt_oss.FAMILIES,
 )  # fmt: skip
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 _BY_MODEL_TYPE = {family.model_type: family for family in FAMILIES}

@@ -1,0 +1,224 @@
+"""gpt-oss (sluice/models/gpt_oss.py) on a tiny random GptOssConfig: 8 experts
+top-2 with biases, the clamped SwiGLU (limit 1, so that it clamps), sliding
+(window 8) and full layers in turn, attention sinks, YaRN past an original
+context of 32. Its float32 logits and greedy tokens are transformers 5.24's,
+and every engine path (chunked prefill, prefix hits, preemption, n-gram
+speculation) gives the tokens of plain runs."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+import transformers
+from safetensors.torch import save_file
+
+from sluice.cli import main
+from sluice.errors import ModelLoadError
+from sluice.loader.loaded_model import LoadedModel
+from sluice.models.families.registry import build_model, parse_hf_config
+from sluice.models.gpt_oss import GptOssDecoderLayer, GptOssForCausalLM, clamped_swiglu
+from sluice.models.moe_decoder import describe_experts
+from tests.model_factory import TinyModel, make_core, write_tiny_tokenizer
+from tests.model_runs import (
+    GREEDY,
+    PagedRunner,
+    assert_close_to_scale,
+    greedy,
+    hf_logits,
+    loaded_float32,
+    prompt_logits,
+    random_prompts,
+    run,
+    run_one_by_one,
+)
+from tests.speculation_runs import ngram, repeating_prompt
+from tests.speculation_runs import run as run_speculating
+
+WINDOW = 8
+
+
+def build_tiny_gpt_oss(directory: Path, seed: int = 0) -> TinyModel:
+    config = transformers.GptOssConfig(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=256,
+        num_local_experts=8, num_experts_per_tok=2, sliding_window=WINDOW, swiglu_limit=1.0,
+        rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 32,
+        },
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", dtype=torch.float32
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            else:  # sinks too: a logit of about one beside scores of about 0.1 shows
+                param.normal_(0.0, 1.0 if name.endswith("sinks") else 0.1)
+    model.eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    return TinyModel(kind="gpt_oss", path=Path(directory), hf_model=model)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> TinyModel:
+    return build_tiny_gpt_oss(tmp_path_factory.mktemp("gpt_oss"))
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny) -> LoadedModel:
+    return loaded_float32(tiny)
+
+
+def test_layers_slide_and_attend_fully_in_turn_every_one_with_sinks(loaded):
+    layers = loaded.model.layers
+    assert type(loaded.model) is GptOssForCausalLM
+    assert all(isinstance(layer, GptOssDecoderLayer) for layer in layers)
+    assert [layer.is_sliding for layer in layers] == [True, False, True]
+    assert loaded.model_config.sliding_window == WINDOW
+
+
+def test_float32_logits_match_transformers_past_the_window_and_the_original_context(loaded, tiny):
+    prompts = [*random_prompts(2, seed=4), [random.Random(1).randrange(3, 512) for _ in range(70)]]
+    for prompt in prompts:
+        assert_close_to_scale(prompt_logits(loaded.model, prompt), hf_logits(tiny, prompt), 1e-5)
+
+
+def test_a_chunk_after_a_prefill_and_decodes_match_transformers(loaded, tiny):
+    prompt = random_prompts(1, seed=8)[0] + list(range(3, 30))
+    runner, table = PagedRunner(loaded.model), []
+    runner.step([prompt[:13]], [0], [table])
+    chunk = runner.step([prompt[13:]], [13], [table])
+    assert_close_to_scale(chunk[0], hf_logits(tiny, prompt)[-1], 1e-5)
+
+
+def test_greedy_tokens_equal_transformers_generate(loaded, tiny):
+    for prompt in random_prompts(2, seed=9):
+        with torch.no_grad():
+            out = tiny.hf_model.generate(
+                torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
+                pad_token_id=0, eos_token_id=None,
+            )  # fmt: skip
+        assert greedy(PagedRunner(loaded.model), prompt, 16) == out[0, len(prompt) :].tolist()
+
+
+def test_without_its_sinks_or_its_clamp_the_model_would_differ(loaded, tiny):
+    """Each of the two shows on these weights: a test that ignored one would fail."""
+    prompt = random_prompts(1, seed=2)[0]
+    reference = hf_logits(tiny, prompt)
+    layer = loaded.model.layers[1]
+    saved = layer.sinks.clone()
+    layer.sinks.fill_(float("-inf"))  # exp(-inf) = 0: no sink
+    try:
+        no_sinks = prompt_logits(loaded.model, prompt)
+    finally:
+        layer.sinks.copy_(saved)
+    assert (no_sinks - reference).abs().max() > 1e-3 * reference.abs().max()
+    gate_up = torch.linspace(-3, 3, 64).view(1, 64)
+    assert not torch.equal(clamped_swiglu(1.702, 1.0, gate_up), clamped_swiglu(1.702, 9.0, gate_up))
+
+
+def test_the_startup_note_counts_the_experts(loaded):
+    note = describe_experts(loaded.model)
+    assert note is not None and note.startswith("mixture of experts: 8 experts, 2 per token;")
+    # Per layer: gate_up [8, 64, 64] and down [8, 64, 32] with biases [8, 64] each, float32.
+    assert loaded.model.expert_bytes() == 3 * 4 * 8 * (64 * 64 + 64 * 32 + 64 + 64)
+
+
+@pytest.mark.parametrize("budget", [7, 64])
+def test_chunked_prefill_gives_the_same_tokens_as_whole_prompts(loaded, budget):
+    prompts = random_prompts(6, seed=1)
+    chunked = run(make_core(loaded, budget=budget), prompts)
+    whole = run(make_core(loaded, budget=512, chunked=False), prompts)
+    assert chunked == whole
+
+
+def test_a_prefix_cache_hit_gives_the_same_tokens_and_logprobs(loaded):
+    base = random_prompts(1, seed=11)[0] * 3
+    prompts = [base, base, base[:30] + [7, 8, 9], base + [1]]
+    params = msgspec.structs.replace(GREEDY, logprobs=2, max_tokens=8)
+    cached = run_one_by_one(make_core(loaded), prompts, params)
+    plain = run_one_by_one(make_core(loaded, prefix_caching=False), prompts, params)
+    assert [c for _, _, c in cached][1:] == [(len(base) - 1) // 4 * 4, 28, len(base) // 4 * 4]
+    for (tokens, logprobs, _), (want_tokens, want_logprobs, _) in zip(cached, plain, strict=True):
+        assert tokens == want_tokens
+        assert logprobs == pytest.approx(want_logprobs, abs=1e-5)
+
+
+def test_preempted_requests_resume_with_the_same_greedy_tokens(loaded):
+    prompts = random_prompts(12, seed=3)
+    roomy = run(make_core(loaded, num_blocks=512), prompts)
+    core = make_core(replace(loaded, max_model_len=128), num_blocks=40)
+    assert run(core, prompts) == roomy
+    assert core.scheduler.num_preemptions > 0
+    assert core.kv.num_free_blocks == 40
+
+
+def test_speculation_gives_the_plain_runs_tokens(loaded, tiny):
+    """Batch-invariant, as the engine speculates only there; some drafts are rejected."""
+    model = build_model(loaded.model_config, torch.float32, torch.device("cpu"), True)
+    model.load_weights(tiny.weights())
+    invariant = replace(loaded, model=model)
+    rng = random.Random(5)
+    prompts = [repeating_prompt(rng, length) for length in (20, 45, 70)]
+    speculating = make_core(invariant, speculative=ngram(k=4))
+    assert speculating.speculator is not None
+    drafted = run_speculating(speculating, prompts)
+    plain = run_speculating(make_core(invariant), prompts)
+    assert {i: r[:2] for i, r in drafted.items()} == {i: r[:2] for i, r in plain.items()}
+    counters = speculating.speculator.counters
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+
+
+def test_the_batch_invariant_model_matches_transformers_too(loaded, tiny):
+    model = build_model(loaded.model_config, torch.float32, torch.device("cpu"), True)
+    model.load_weights(tiny.weights())
+    prompt = random_prompts(1, seed=12)[0]
+    assert_close_to_scale(prompt_logits(model, prompt), hf_logits(tiny, prompt), 1e-5)
+
+
+def test_a_missing_sink_or_a_misshapen_expert_stack_is_named(tiny):
+    config = parse_hf_config(tiny.config_dict)
+    dropped = "model.layers.1.self_attn.sinks"
+    with pytest.raises(ModelLoadError, match=f"missing {dropped}; unexpected none"):
+        build_model(config, torch.float32, "cpu", False).load_weights(
+            (name, t) for name, t in tiny.weights() if name != dropped
+        )
+
+    def weights():
+        for name, tensor in tiny.weights():
+            if name == "model.layers.0.mlp.experts.down_proj":
+                tensor = tensor[:4]
+            yield name, tensor
+
+    with pytest.raises(ModelLoadError, match=r"experts\.down_proj has shape \(4, 64, 32\)"):
+        build_model(config, torch.float32, "cpu", False).load_weights(weights())
+
+
+@pytest.mark.parametrize(
+    ("config_change", "message"),
+    [
+        ({"quantization_config": {"quant_method": "mxfp4"}}, "quant_method 'mxfp4'"),
+        ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]},
+         "unsupported layer_types ['chunked_attention']"),
+    ],
+)  # fmt: skip
+def test_sluice_serve_refuses_a_config_it_cannot_run_with_exit_status_2(
+    tiny, tmp_path, capsys, config_change, message
+):
+    (tmp_path / "config.json").write_text(json.dumps(tiny.config_dict | config_change))
+    save_file(dict(tiny.weights()), str(tmp_path / "model.safetensors"))
+    write_tiny_tokenizer(tmp_path, num_tokens=512)
+    status = main(["serve", "--model", str(tmp_path), "--port", "0", "--in-process",
+                   "--cache-dir", str(tmp_path / "cache")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err
+    assert message in err
