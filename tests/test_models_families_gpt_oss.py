@@ -48,6 +48,13 @@ def test_gpt_oss_20b_counts_20_9b_parameters_4_2b_active_with_the_embeddings():
     assert (round(total / 1e9, 2), round(active / 1e9, 2)) == (20.91, 4.19)
 
 
+def test_openai_s_mxfp4_quantization_config_is_read():
+    config = parse_hf_config(GPT_OSS_20B | {"quantization_config": {
+        "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"], "quant_method": "mxfp4",
+    }})  # fmt: skip
+    assert config.num_experts == 32
+
+
 def test_transformers_defaults_fill_what_the_file_leaves_out():
     d = {k: v for k, v in GPT_OSS_20B.items()
          if k not in ("layer_types", "rope_theta", "attention_bias", "swiglu_limit")}  # fmt: skip
@@ -60,8 +67,9 @@ def test_transformers_defaults_fill_what_the_file_leaves_out():
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"quantization_config": {"quant_method": "mxfp4"}},
-         "unsupported quantization_config (quant_method 'mxfp4')"),
+        ({"quantization_config": {"quant_method": "bitsandbytes"}},
+         "unsupported quantization_config (quant_method 'bitsandbytes') for GptOssForCausalLM; "
+         "supported: its experts in MXFP4"),
         ({"layer_types": [SLIDING, "chunked_attention"] * 12},
          "unsupported layer_types ['chunked_attention']"),
         ({"layer_types": [SLIDING]}, "layer_types must list one kind for each of the 24 layers"),

@@ -24,6 +24,7 @@ from sluice.loader.loaded_model import LoadedModel
 from sluice.models.families.registry import build_model, parse_hf_config
 from sluice.models.gpt_oss import GptOssDecoderLayer, GptOssForCausalLM, clamped_swiglu
 from sluice.models.moe_decoder import describe_experts
+from sluice.models.mxfp4 import E2M1_VALUES
 from tests.model_factory import TinyModel, make_core, write_tiny_tokenizer
 from tests.model_runs import (
     GREEDY,
@@ -135,7 +136,7 @@ def test_the_startup_note_counts_the_experts(loaded):
 
 @pytest.mark.parametrize("budget", [7, 64])
 def test_chunked_prefill_gives_the_same_tokens_as_whole_prompts(loaded, budget):
-    prompts = random_prompts(6, seed=1)
+    prompts = random_prompts(4, seed=1)
     chunked = run(make_core(loaded, budget=budget), prompts)
     whole = run(make_core(loaded, budget=512, chunked=False), prompts)
     assert chunked == whole
@@ -154,12 +155,12 @@ def test_a_prefix_cache_hit_gives_the_same_tokens_and_logprobs(loaded):
 
 
 def test_preempted_requests_resume_with_the_same_greedy_tokens(loaded):
-    prompts = random_prompts(12, seed=3)
+    prompts = random_prompts(8, seed=3)
     roomy = run(make_core(loaded, num_blocks=512), prompts)
-    core = make_core(replace(loaded, max_model_len=128), num_blocks=40)
+    core = make_core(replace(loaded, max_model_len=128), num_blocks=32)
     assert run(core, prompts) == roomy
     assert core.scheduler.num_preemptions > 0
-    assert core.kv.num_free_blocks == 40
+    assert core.kv.num_free_blocks == 32
 
 
 def test_speculation_gives_the_plain_runs_tokens(loaded, tiny):
@@ -168,7 +169,7 @@ def test_speculation_gives_the_plain_runs_tokens(loaded, tiny):
     model.load_weights(tiny.weights())
     invariant = replace(loaded, model=model)
     rng = random.Random(5)
-    prompts = [repeating_prompt(rng, length) for length in (20, 45, 70)]
+    prompts = [repeating_prompt(rng, length) for length in (20, 45)]
     speculating = make_core(invariant, speculative=ngram(k=4))
     assert speculating.speculator is not None
     drafted = run_speculating(speculating, prompts)
@@ -206,7 +207,7 @@ def test_a_missing_sink_or_a_misshapen_expert_stack_is_named(tiny):
 @pytest.mark.parametrize(
     ("config_change", "message"),
     [
-        ({"quantization_config": {"quant_method": "mxfp4"}}, "quant_method 'mxfp4'"),
+        ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quant_method 'bitsandbytes'"),
         ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]},
          "unsupported layer_types ['chunked_attention']"),
     ],
@@ -222,3 +223,54 @@ def test_sluice_serve_refuses_a_config_it_cannot_run_with_exit_status_2(
     err = capsys.readouterr().err.strip()
     assert status == 2 and "\n" not in err
     assert message in err
+
+
+def to_mxfp4(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[E, out, in] -> (blocks [E, out, in / 32, 16], scales [E, out, in / 32], the
+    values they hold): each group of 32 scaled by the power of two that fits
+    its largest value in 6, then rounded to the nearest E2M1 value."""
+    groups = weights.unflatten(-1, (-1, 32))  # [E, out, G, 32]
+    exponents = torch.ceil(torch.log2(groups.abs().amax(-1) / 6.0))  # [E, out, G]
+    table = torch.tensor(E2M1_VALUES)
+    codes = (groups / torch.exp2(exponents)[..., None] - table[:8][:, None, None, None, None]).abs()
+    codes = codes.argmin(0)  # [E, out, G, 32]: the nearest magnitude, then the sign bit
+    codes = torch.where(groups < 0, codes + 8, codes).to(torch.uint8)
+    values = table[codes.long()] * torch.exp2(exponents)[..., None]
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks.contiguous(), (exponents + 127).to(torch.uint8), values.flatten(-2)
+
+
+def test_an_mxfp4_checkpoint_as_openai_publishes_it_runs_dequantized(tmp_path):
+    """Expert stacks as `*_blocks`/`*_scales` ([out, in], gate/up interleaved
+    rows) with quantization_config mxfp4: the model dequantizes them (into
+    float32 here; not kept in 4 bits) and gives transformers' logits on the
+    same values."""
+    tiny = build_tiny_gpt_oss(tmp_path / "float")
+    state = dict(tiny.weights())
+    experts = tiny.hf_model.model.layers[0].mlp.experts
+    with torch.no_grad():
+        for index, layer in enumerate(tiny.hf_model.model.layers):
+            stem = f"model.layers.{index}.mlp.experts."
+            for proj in ("gate_up_proj", "down_proj"):
+                param = getattr(layer.mlp.experts, proj)  # [E, in, out]
+                blocks, scales, values = to_mxfp4(param.transpose(1, 2))
+                param.copy_(values.transpose(1, 2))  # transformers runs the rounded values
+                del state[stem + proj]
+                state[stem + proj + "_blocks"], state[stem + proj + "_scales"] = blocks, scales
+    assert experts.gate_up_proj.abs().max() > 0
+    folder = tmp_path / "mxfp4"
+    folder.mkdir()
+    config = tiny.config_dict | {"quantization_config": {"quant_method": "mxfp4"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(state, str(folder / "model.safetensors"))
+    ours = loaded_float32(replace(tiny, path=folder))
+    prompt = random_prompts(1, seed=13)[0]
+    assert_close_to_scale(prompt_logits(ours.model, prompt), hf_logits(tiny, prompt), 1e-5)
+    unpaired = {
+        k: v for k, v in state.items() if not k.endswith("layers.2.mlp.experts.down_proj_scales")
+    }
+    with pytest.raises(ModelLoadError, match=r"missing model\.layers\.2\.mlp\.experts\.down_proj; "
+                       r"unexpected model\.layers\.2\.mlp\.experts\.down_proj_blocks"):  # fmt: skip
+        build_model(parse_hf_config(config), torch.float32, "cpu", False).load_weights(
+            unpaired.items()
+        )

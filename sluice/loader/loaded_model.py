@@ -32,7 +32,7 @@ from sluice.loader.gguf_convert import cache_folder_for, converted_folder, sourc
 from sluice.loader.gguf_tensors import gguf_weights
 from sluice.loader.sources import ModelSource, resolve_source
 from sluice.loader.weights import checkpoint_files, iter_weights
-from sluice.models import calibration, longrope
+from sluice.models import calibration, longrope, mxfp4
 from sluice.models.decoder_config import DecoderConfig
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.kernel_plan import KernelPlan
@@ -209,11 +209,13 @@ def resolve_max_model_len(requested: int | None, model_config: DecoderConfig) ->
 def _weights_estimate(source: ModelSource, files: list[Path], dtype: torch.dtype) -> int:
     """Bytes the weights take once loaded: a GGUF's blocks as the file holds
     them; a converted GGUF's float32 checkpoint in the model dtype; an HF
-    folder's files as they are."""
+    folder's files as they are, MXFP4 experts dequantized (gpt-oss)."""
     if not files:
         return source.path.stat().st_size
     stored = sum(path.stat().st_size for path in files)
-    return stored * dtype.itemsize // 4 if source.kind == "gguf" else stored
+    if source.kind == "gguf":
+        return stored * dtype.itemsize // 4
+    return stored + mxfp4.growth_bytes(files, dtype)
 
 
 def _check_block_source(source: ModelSource) -> None:

@@ -24,9 +24,11 @@ The checkpoint stacks each layer's experts as transformers holds them:
     model.layers.N.self_attn.sinks                      [Hq]
 
 `load_weights` turns these into moe.py's layout ([E, out, in], gate rows
-then up rows) as they stream in. OpenAI's release stores the expert
-matrices in MXFP4 (`*_blocks`/`*_scales`); those are refused by the family
-parser, not yet read.
+then up rows) as they stream in. OpenAI's release stores the two expert
+matrices in MXFP4 (`gate_up_proj_blocks` [E, 2 I, H / 32, 16] with
+`gate_up_proj_scales` [E, 2 I, H / 32], the same for down_proj, [out, in]
+order): they are dequantized (mxfp4.py) into the model dtype as they load,
+not kept in 4 bits.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from sluice.models.linear import uninitialised_weight
 from sluice.models.llama import LlamaDecoderLayer
 from sluice.models.moe import MoeBlock
 from sluice.models.moe_decoder import MoeDecoderLayer, MoeForCausalLM
+from sluice.models.mxfp4 import dequantize_mxfp4
 from sluice.models.sliding_window import sliding_window_attention
 from sluice.models.weight_targets import WeightTarget
 
@@ -150,10 +153,23 @@ def in_stacked_layout(
 ) -> Iterator[tuple[str, Tensor | BlockCodes]]:
     """transformers' expert stacks in moe.py's layout: [E, in, out] matrices
     transposed to [E, out, in], and the interleaved gate/up outputs (gate
-    at even places, up at odd) split into gate rows, then up rows. A tensor
-    of another rank passes as it is, for the load to name its shape."""
+    at even places, up at odd) split into gate rows, then up rows. MXFP4
+    stacks (`*_blocks` with `*_scales`, already [E, out, in]) are
+    dequantized once both have arrived. A tensor of another rank passes as
+    it is, for the load to name its shape."""
+    halves: dict[str, Tensor] = {}  # an MXFP4 stack's blocks or scales, waiting for the other
     for name, tensor in weights:
-        if isinstance(tensor, Tensor):
+        stem, _, part = name.rpartition("_")
+        if isinstance(tensor, Tensor) and stem.endswith("_proj") and part in MXFP4_PARTS:
+            other = halves.pop(f"{stem}_{MXFP4_PARTS[part]}", None)
+            if other is None:
+                halves[name] = tensor
+                continue
+            blocks, scales = (tensor, other) if part == "blocks" else (other, tensor)
+            name, tensor = stem, dequantize_mxfp4(stem, blocks, scales)  # [E, out, in]
+            if stem.endswith("gate_up_proj"):
+                tensor = _gate_rows_then_up(tensor)
+        elif isinstance(tensor, Tensor):
             if name.endswith("mlp.experts.gate_up_proj") and tensor.dim() == 3:
                 tensor = _gate_rows_then_up(tensor.transpose(1, 2))  # [E, 2 I, H]
             elif name.endswith("mlp.experts.gate_up_proj_bias") and tensor.dim() == 2:
@@ -161,6 +177,10 @@ def in_stacked_layout(
             elif name.endswith("mlp.experts.down_proj") and tensor.dim() == 3:
                 tensor = tensor.transpose(1, 2)  # [E, H, I]
         yield name, tensor
+    yield from halves.items()  # unpaired: the load names them unexpected
+
+
+MXFP4_PARTS = {"blocks": "scales", "scales": "blocks"}  # each part and the one it pairs with
 
 
 def _gate_rows_then_up(tensor: Tensor) -> Tensor:  # [E, 2 I, ...] interleaved -> split

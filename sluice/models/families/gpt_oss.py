@@ -9,7 +9,9 @@ default 7.0, as transformers' GptOssConfig), which layers slide
 q/k/v/o biases (`attention_bias`, default true) and YaRN RoPE (default
 theta 150000). `hidden_act` is not read: transformers' experts ignore it.
 Training-only fields (`router_aux_loss_coef`, `output_router_logits`) are
-ignored; what would change the output and is not run is one line.
+ignored; what would change the output and is not run is one line. A
+`quantization_config` of "mxfp4" (OpenAI's release: the experts in MXFP4)
+is read by dequantizing the experts into the model dtype as they load.
 """
 
 from __future__ import annotations
@@ -56,14 +58,16 @@ def parse_gpt_oss(d: dict[str, Any]) -> GptOssConfig:
 
 
 def _refuse_quantized_experts(d: dict[str, Any]) -> None:
+    """MXFP4 experts (OpenAI's release) are read, dequantized; any other scheme is refused."""
     quantization = d.get("quantization_config")
     if quantization is None:
         return
     method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
-    raise ModelLoadError(
-        f"unsupported quantization_config (quant_method {method!r}) for {GPT_OSS}: its MXFP4 "
-        "expert weights are not read yet; use a checkpoint with the experts in bfloat16"
-    )
+    if method != "mxfp4":
+        raise ModelLoadError(
+            f"unsupported quantization_config (quant_method {method!r}) for {GPT_OSS}; "
+            "supported: its experts in MXFP4 ('mxfp4') or unquantized"
+        )
 
 
 def _layer_types(value: Any, num_layers: int) -> tuple[str, ...]:
