@@ -1,8 +1,8 @@
 """The pooling model runner: one step's sequences -> one vector each.
 
-An encoder (BERT) runs the step as one padded batch: padding is masked out
-of attention and dropped before pooling, so a sequence's vector does not
-depend on its neighbours. A decoder runs the step as one flat prefill over a
+An encoder (BERT) runs the step as one flat batch (`EncoderBatch`: no
+padding but inside attention, where it is masked out), so a sequence's
+vector does not depend on its neighbours. A decoder runs the step as one flat prefill over a
 scratch paged KV cache sized for exactly these sequences and dropped after
 the step (nothing is kept: a pooling request never decodes). Its vector is
 the pooled hidden states (an embedder) or, for a yes/no reranker, the
@@ -20,7 +20,7 @@ from sluice.engine.pooling_params import PoolingInput
 from sluice.loader.loaded_model import LoadedModel
 from sluice.loader.pooling_model import LoadedPoolingModel
 from sluice.models.attention import AttentionMetadata, allocate_kv_caches
-from sluice.models.bert import BertEncoder
+from sluice.models.bert import BertEncoder, EncoderBatch
 from sluice.models.pooling import pool
 
 # Tokens per block of a decoder's scratch KV cache.
@@ -43,22 +43,15 @@ class PoolingRunner:
         return self._decode(self.loaded.decoder, inputs, seq_lens)
 
     def _encode(self, encoder: BertEncoder, inputs: list[PoolingInput], seq_lens: list[int]):
-        batch, length = len(inputs), max(seq_lens)
         device = encoder.embeddings.word_embeddings.weight.device
-        ids = torch.zeros(batch, length, dtype=torch.int64)  # [B, L], padded with 0
-        types = torch.zeros(batch, length, dtype=torch.int64)  # [B, L]
-        is_token = torch.zeros(batch, length, dtype=torch.bool)  # [B, L]
-        for row, (one, n) in enumerate(zip(inputs, seq_lens, strict=True)):
-            ids[row, :n] = torch.tensor(one.token_ids)
-            if one.token_type_ids is not None:
-                types[row, :n] = torch.tensor(one.token_type_ids)
-            is_token[row, :n] = True
-        ids, types, is_token = ids.to(device), types.to(device), is_token.to(device)
-        hidden = encoder(ids, types, is_token)  # [B, L, H]
+        batch = EncoderBatch.build(
+            [one.token_ids for one in inputs], [one.token_type_ids for one in inputs], device
+        )
+        hidden = encoder(batch)  # [T, H]
         if self.spec.pair_format == "pair":
-            logits = encoder.classify(hidden)  # [B, 1]
+            logits = encoder.classify(hidden, batch)  # [B, 1]
             return torch.sigmoid(logits) if self.spec.apply_sigmoid else logits
-        return pool(hidden[is_token], seq_lens, self.spec.pooling)  # [B, H]
+        return pool(hidden, seq_lens, self.spec.pooling)  # [B, H]
 
     def _decode(self, decoder: LoadedModel, inputs: list[PoolingInput], seq_lens: list[int]):
         model = decoder.model

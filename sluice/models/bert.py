@@ -5,13 +5,15 @@ attention over whole sequences, no KV cache.
 (`embeddings.*`, `encoder.layer.N.*`, `pooler.dense`, `classifier`; only
 `attention.self` is `attention.self_attention` here), so a checkpoint loads
 by name (`load_weights`, which also takes the `bert.` prefix of a
-`BertForSequenceClassification`). `forward` takes a padded batch
+`BertForSequenceClassification`). `forward` takes a flat batch
 and returns the last hidden states; `classify` is a sequence classifier's
 head over the [CLS] state (pooler, then classifier), as transformers' is.
 
 Numerics follow transformers' `BertModel` in eval mode: post-LayerNorm layers,
-exact (erf) GELU, absolute positions from 0, padding masked out of attention
-keys, so a sequence's states do not depend on the rest of its batch.
+exact (erf) GELU, absolute positions from 0. A step's sequences run flat
+(`EncoderBatch`): the dense layers and norms see exactly their tokens, no
+padding; attention pads them to the longest and masks the padding out of
+the keys, so a sequence's states do not depend on the rest of its batch.
 """
 
 from __future__ import annotations
@@ -76,6 +78,53 @@ class BertConfig:
             raise ModelLoadError(f"config.json lacks a BERT field: {exc!r}") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class EncoderBatch:
+    """One step's sequences, flat: sequence b's tokens are rows [start_b,
+    start_b + len_b). The dense layers run on exactly these rows; attention
+    alone scatters them into a padded [B, L] layout, padding masked out."""
+
+    input_ids: Tensor  # [T] int64
+    token_type_ids: Tensor  # [T] int64
+    positions: Tensor  # [T] int64, from 0 in each sequence
+    # Each token's row in the padded layout: b * L + its position.
+    padded_index: Tensor  # [T] int64
+    key_mask: Tensor  # [B, 1, 1, L] bool: False on padding
+    # Each sequence's first row (its [CLS] token).
+    starts: Tensor  # [B] int64
+
+    @classmethod
+    def build(
+        cls, sequences: list[list[int]], token_types: list[list[int] | None], device
+    ) -> EncoderBatch:
+        lengths = torch.tensor([len(ids) for ids in sequences])  # [B]
+        batch, length = len(sequences), int(lengths.max())
+        owner = torch.repeat_interleave(torch.arange(batch), lengths)  # [T]
+        starts = lengths.cumsum(0) - lengths  # [B]
+        positions = torch.arange(int(lengths.sum())) - starts[owner]  # [T]
+        types = [
+            [0] * len(ids) if t is None else t
+            for ids, t in zip(sequences, token_types, strict=True)
+        ]
+        is_token = torch.arange(length)[None, :] < lengths[:, None]  # [B, L]
+        return cls(
+            input_ids=torch.tensor([t for ids in sequences for t in ids]).to(device),
+            token_type_ids=torch.tensor([t for row in types for t in row]).to(device),
+            positions=positions.to(device),
+            padded_index=(owner * length + positions).to(device),
+            key_mask=is_token[:, None, None, :].to(device),
+            starts=starts.to(device),
+        )
+
+    @property
+    def num_seqs(self) -> int:
+        return self.key_mask.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.key_mask.shape[-1]
+
+
 class _Embeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -85,10 +134,9 @@ class _Embeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, h)
         self.LayerNorm = nn.LayerNorm(h, eps=config.layer_norm_eps)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:  # [B, L] -> [B, L, H]
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # [L]
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-        return self.LayerNorm(x + self.position_embeddings(positions))
+    def forward(self, batch: EncoderBatch) -> Tensor:  # -> [T, H]
+        x = self.word_embeddings(batch.input_ids) + self.token_type_embeddings(batch.token_type_ids)
+        return self.LayerNorm(x + self.position_embeddings(batch.positions))
 
 
 class _SelfAttention(nn.Module):
@@ -136,21 +184,23 @@ class _Layer(nn.Module):
         self.output = _DenseNorm(config.intermediate_size, h, eps)
         self.act = _ACTIVATIONS[config.hidden_act]
 
-    def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:  # [B, L, H]; mask [B, 1, 1, L]
-        x = self.attention.output(self._attend(x, key_mask), x)  # [B, L, H]
-        inner = self.act(self.intermediate.dense(x))  # [B, L, I]
+    def forward(self, x: Tensor, batch: EncoderBatch) -> Tensor:  # [T, H] -> [T, H]
+        x = self.attention.output(self._attend(x, batch), x)  # [T, H]
+        inner = self.act(self.intermediate.dense(x))  # [T, I]
         return self.output(inner, x)
 
-    def _attend(self, x: Tensor, key_mask: Tensor) -> Tensor:
+    def _attend(self, x: Tensor, batch: EncoderBatch) -> Tensor:  # [T, H] -> [T, H]
         projections = self.attention.self_attention
-        batch, length, hidden = x.shape
+        num_rows, hidden = batch.num_seqs * batch.max_len, x.shape[1]
 
-        def heads(linear: nn.Linear) -> Tensor:  # [B, L, H] -> [B, heads, L, H / heads]
-            return linear(x).view(batch, length, self.num_heads, -1).transpose(1, 2)
+        def heads(linear: nn.Linear) -> Tensor:  # [T, H] -> [B, heads, L, H / heads]
+            padded = x.new_zeros(num_rows, hidden).index_copy_(0, batch.padded_index, linear(x))
+            view = padded.view(batch.num_seqs, batch.max_len, self.num_heads, -1)
+            return view.transpose(1, 2)
 
         q, k, v = heads(projections.query), heads(projections.key), heads(projections.value)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)  # [B, heads, L, D]
-        return out.transpose(1, 2).reshape(batch, length, hidden)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.key_mask)  # [B, heads, L, D]
+        return out.transpose(1, 2).reshape(num_rows, hidden)[batch.padded_index]  # [T, H]
 
 
 class _Encoder(nn.Module):
@@ -173,21 +223,15 @@ class BertEncoder(nn.Module):
         self.to(dtype=dtype, device=device)
         self.dtype = dtype
 
-    def forward(
-        self,
-        input_ids: Tensor,  # [B, L] int64, padded
-        token_type_ids: Tensor,  # [B, L] int64
-        is_token: Tensor,  # [B, L] bool: False on padding
-    ) -> Tensor:  # [B, L, H] last hidden states
-        key_mask = is_token[:, None, None, :]  # [B, 1, 1, L]: padding is never attended to
-        x = self.embeddings(input_ids, token_type_ids)
+    def forward(self, batch: EncoderBatch) -> Tensor:  # [T, H] last hidden states
+        x = self.embeddings(batch)
         for layer in self.encoder.layer:
-            x = layer(x, key_mask)
+            x = layer(x, batch)
         return x
 
-    def classify(self, hidden: Tensor) -> Tensor:  # [B, L, H] -> [B, num_labels] float32
+    def classify(self, hidden: Tensor, batch: EncoderBatch) -> Tensor:  # -> [B, labels] float32
         assert self.pooler is not None and self.classifier is not None, "no classifier head"
-        pooled = torch.tanh(self.pooler.dense(hidden[:, 0]))  # [B, H]: the [CLS] state
+        pooled = torch.tanh(self.pooler.dense(hidden[batch.starts]))  # [B, H]: the [CLS] states
         return self.classifier(pooled).float()
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
