@@ -90,6 +90,9 @@ LFM2_KIND = "lfm2"
 # Qwen3-MoE: 8 experts of width 32, top-2 renormalised, the middle of three
 # layers dense (mlp_only_layers); override mlp_only_layers=[] for all sparse.
 QWEN3_MOE_KIND = "qwen3_moe"
+# Qwen2-MoE: q/k/v bias, 8 experts top-2 not renormalised, a shared expert
+# of width 48 behind its sigmoid gate, every layer sparse.
+QWEN2_MOE_KIND = "qwen2_moe"
 
 _COMMON: dict[str, Any] = {
     "hidden_size": 64,
@@ -196,6 +199,12 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
         return transformers.Qwen3Config(
             **_COMMON, head_dim=32, tie_word_embeddings=True, rope_theta=1e6, rope_scaling=rope
         )
+    if kind == QWEN2_MOE_KIND:
+        return transformers.Qwen2MoeConfig(
+            **_COMMON, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+            norm_topk_prob=False, shared_expert_intermediate_size=48, tie_word_embeddings=False,
+            rope_theta=1e6,
+        )  # fmt: skip
     if kind == QWEN3_MOE_KIND:
         return transformers.Qwen3MoeConfig(
             **(_COMMON | {"num_hidden_layers": 3}), head_dim=16, moe_intermediate_size=32,

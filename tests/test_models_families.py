@@ -26,6 +26,7 @@ from tests.model_factory import (
     GEMMA2_KIND,
     GEMMA3_KIND,
     GEMMA4_KIND,
+    QWEN2_MOE_KIND,
     QWEN3_MOE_KIND,
     QWEN3_YARN_KIND,
     SMOLLM3_KIND,
@@ -39,7 +40,7 @@ from tests.speculation_runs import run as run_speculating
 
 FAMILY_KINDS = (
     "qwen3_tied", "qwen3_untied", GEMMA3_KIND, GEMMA2_KIND, "phi3_window", SMOLLM3_KIND,
-    QWEN3_YARN_KIND, QWEN3_MOE_KIND, GEMMA4_KIND,
+    QWEN3_YARN_KIND, QWEN3_MOE_KIND, QWEN2_MOE_KIND, GEMMA4_KIND,
 )  # fmt: skip
 # Kinds whose layers (all, or Gemma's local ones) attend within a window of 8.
 SLIDING_KINDS = (GEMMA3_KIND, "phi3_window", GEMMA4_KIND)
@@ -57,7 +58,7 @@ def loaded(tiny: TinyModel) -> LoadedModel:
 
 def test_each_architecture_gets_its_own_model_class(loaded):
     expected = Gemma3ForCausalLM if loaded.name in (GEMMA3_KIND, GEMMA2_KIND) else LlamaForCausalLM
-    if loaded.name == QWEN3_MOE_KIND:
+    if loaded.name in (QWEN3_MOE_KIND, QWEN2_MOE_KIND):
         expected = MoeForCausalLM
     if loaded.name == GEMMA4_KIND:
         expected = Gemma4ForCausalLM
@@ -77,7 +78,7 @@ def test_the_startup_note_names_the_family_and_what_it_cannot_use(loaded):
                 "not the native RoPE + K/V-write kernel; its last 2 layers attend over earlier "
                 "layers' K/V and hold none of their own"
             )
-    elif loaded.name == QWEN3_MOE_KIND:
+    elif loaded.name in (QWEN3_MOE_KIND, QWEN2_MOE_KIND):
         assert note.endswith("not the fused native decode call nor int8 weights")
     else:
         assert note.endswith("every engine path")

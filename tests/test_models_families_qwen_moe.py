@@ -1,4 +1,4 @@
-"""Qwen3-MoE's config.json parser (sluice/models/families/qwen_moe.py): the
+"""Qwen3-MoE's and Qwen2-MoE's config.json parsers (sluice/models/families/qwen_moe.py): the
 expert fields under either name, which layers stay dense, and one line for
 what the layer does not run."""
 
@@ -8,6 +8,7 @@ import pytest
 
 from sluice.errors import ModelLoadError
 from sluice.models.families.registry import parse_hf_config
+from sluice.models.moe_decoder import parameter_counts
 
 QWEN3_30B_A3B = {
     "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
@@ -27,6 +28,11 @@ def test_qwen3_30b_a3b_parses_as_128_experts_top_8_renormalised():
     assert config.router_scoring == "softmax_topk" and config.qk_norm
     assert config.dense_mlp_layers == ()
     assert all(config.is_moe_layer(i) for i in range(48))
+
+
+def test_qwen3_30b_a3b_counts_30_5b_parameters_3_3b_active():
+    total, active = parameter_counts(parse_hf_config(QWEN3_30B_A3B))
+    assert (round(total / 1e9, 2), round(active / 1e9, 2)) == (30.53, 3.35)
 
 
 def test_transformers_5_names_the_expert_count_num_local_experts():
@@ -57,3 +63,14 @@ def test_mlp_only_layers_and_the_sparse_step_keep_dense_layers():
 def test_experts_the_layer_does_not_run_are_one_line(changes, message):
     with pytest.raises(ModelLoadError, match=message):
         parse_hf_config(QWEN3_30B_A3B | changes)
+
+
+def test_qwen2_moe_biases_q_k_v_and_keeps_a_shared_expert():
+    d = QWEN3_30B_A3B | {
+        "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+        "shared_expert_intermediate_size": 5632, "norm_topk_prob": False,
+    }  # fmt: skip
+    config = parse_hf_config(d)
+    assert config.shared_expert_intermediate_size == 5632 and not config.norm_topk_prob
+    assert config.attention_bias and not config.o_proj_bias and not config.qk_norm
+    assert not parse_hf_config(d | {"qkv_bias": False}).attention_bias

@@ -81,6 +81,20 @@ def test_the_grouped_experts_equal_a_token_by_token_reference():
     torch.testing.assert_close(moe(x, _swiglu), reference(moe, x), rtol=1e-5, atol=1e-5)
 
 
+def test_a_shared_expert_adds_its_gated_output_to_every_token():
+    """Qwen2-MoE: sigmoid(x . w) times a SwiGLU MLP every token runs."""
+    moe = block(shared_expert_intermediate_size=48)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for weight in (moe.shared.gate_up, moe.shared.down, moe.shared.gate):
+            weight.copy_(torch.randn(weight.shape, generator=generator) * 0.1)
+    x = rows(30)
+    gate, up = F.linear(x, moe.shared.gate_up).chunk(2, dim=-1)
+    shared = torch.sigmoid(x @ moe.shared.gate.T) * F.linear(F.silu(gate) * up, moe.shared.down)
+    want = reference(moe, x) + shared
+    torch.testing.assert_close(moe(x, _swiglu), want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_row_gets_the_bits_it_has_alone_in_any_batch():
     """bfloat16 with the CPU's own SwiGLU kernel, at widths where the matmuls'
     blocking changes with the row count (this test fails without the tiles):
@@ -115,6 +129,7 @@ def test_a_token_reads_only_the_experts_it_chose():
         ({"num_experts_per_tok": 0}, "num_experts_per_tok 0 must be between 1"),
         ({"moe_intermediate_size": 0}, "moe_intermediate_size must be positive"),
         ({"router_scoring": "sigmoid"}, "unsupported expert routing 'sigmoid'"),
+        ({"shared_expert_intermediate_size": -1}, "shared_expert_intermediate_size must not be"),
     ],
 )
 def test_an_expert_count_or_routing_the_block_does_not_run_is_one_line(changes, message):

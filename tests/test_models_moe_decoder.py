@@ -6,12 +6,15 @@ row-invariant default bitwise alone and in crowds."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
+from sluice.cli import main
 from sluice.errors import ModelLoadError
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
@@ -26,7 +29,14 @@ from sluice.models.moe_decoder import (
 )
 from sluice.models.native.int8 import int8_gemm_kernels
 from tests.invariance_runs import probe_output, random_prompt
-from tests.model_factory import QWEN3_MOE_KIND, TinyModel, build_tiny_model, make_core
+from tests.model_factory import (
+    QWEN2_MOE_KIND,
+    QWEN3_MOE_KIND,
+    TinyModel,
+    build_tiny_model,
+    make_core,
+    write_tiny_tokenizer,
+)
 from tests.model_runs import (
     PagedRunner,
     assert_close_to_scale,
@@ -75,10 +85,29 @@ def test_parameter_counts_are_transformers_and_k_of_the_experts(loaded, tiny):
     unused_experts = 8 - 2
     assert active == total - 2 * unused_experts * 3 * 64 * 32  # two MoE layers
     note = describe_experts(loaded.model)
-    assert note.startswith("mixture of experts: 8 experts, 2 per token; ")
-    assert "MiB in float32" in note
+    assert note == (
+        "mixture of experts: 8 experts, 2 per token; 226.85K parameters, 153.12K active; "
+        "expert weights 0.4 MiB in float32"
+    )
     expert_bytes = 2 * 8 * 3 * 64 * 32 * 4
     assert loaded.model.expert_bytes() == expert_bytes
+
+
+def test_qwen2_moe_with_its_shared_expert_matches_transformers(tmp_path):
+    """q/k/v bias, top-2 without renormalising, a gated shared expert."""
+    tiny = build_tiny_model(QWEN2_MOE_KIND, tmp_path)
+    loaded = loaded_float32(tiny)
+    assert loaded.model.layers[0].moe.shared is not None
+    prompt = random_prompts(1, seed=6)[0]
+    assert_close_to_scale(prompt_logits(loaded.model, prompt), hf_logits(tiny, prompt), 1e-5)
+    with torch.no_grad():
+        out = tiny.hf_model.generate(
+            torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+            pad_token_id=0, eos_token_id=None,
+        )  # fmt: skip
+    assert greedy(PagedRunner(loaded.model), prompt, 12) == out[0, len(prompt) :].tolist()
+    total, _ = parameter_counts(loaded.model_config)
+    assert total == sum(p.numel() for p in tiny.hf_model.parameters())
 
 
 def test_a_dense_model_has_no_experts_note(tmp_path):
@@ -156,3 +185,24 @@ def test_a_greedy_request_is_bitwise_the_same_alone_and_in_random_crowds(row_inv
     for trial in range(6):
         crowd = [random_prompt(rng, rng.randrange(3, 60)) for _ in range(rng.randrange(1, 14))]
         assert probe_output(core(), probe, crowd, rng) == alone, f"trial {trial}"
+
+
+@pytest.mark.parametrize(
+    ("config_change", "dropped", "message"),
+    [
+        ({"num_experts_per_tok": 9}, None, "num_experts_per_tok 9 must be between 1 and"),
+        ({}, "model.layers.2.mlp.experts.5.up_proj.weight", "missing model.layers.2.mlp.experts.5"),
+    ],
+)
+def test_sluice_serve_refuses_experts_it_cannot_run_with_exit_status_2(
+    tiny, tmp_path, capsys, config_change, dropped, message
+):
+    (tmp_path / "config.json").write_text(json.dumps(tiny.config_dict | config_change))
+    save_file({name: t for name, t in tiny.weights() if name != dropped},
+              str(tmp_path / "model.safetensors"))  # fmt: skip
+    write_tiny_tokenizer(tmp_path, num_tokens=512)
+    status = main(["serve", "--model", str(tmp_path), "--port", "0", "--in-process",
+                   "--cache-dir", str(tmp_path / "cache")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err
+    assert message in err

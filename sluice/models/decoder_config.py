@@ -113,6 +113,8 @@ class DecoderConfig:
     norm_topk_prob: bool = False
     # Layers of an MoE model whose MLP stays dense (Qwen3-MoE's mlp_only_layers).
     dense_mlp_layers: tuple[int, ...] = ()
+    # Width of a shared expert every token runs, gated by sigmoid(x . w) (Qwen2-MoE); 0: none.
+    shared_expert_intermediate_size: int = 0
 
     # Gemma 4: the full-attention layers' own head size and KV heads
     # (global_head_dim, num_global_key_value_heads); None: as the others.

@@ -7,6 +7,9 @@ each family's normalisation is one `router_scoring` value:
   (OLMoE);
 - "topk_softmax": the k largest logits, then a softmax over those k (gpt-oss).
 
+A shared expert (Qwen2-MoE), where a family has one, runs on every token and
+adds sigmoid(x . w) times its output, after the routed experts.
+
 The experts run as one grouped computation: the (token, rank) assignments are
 sorted by expert, each chosen expert multiplies the rows routed to it in one
 pass, and the outputs go back to their (token, rank) places. Only the chosen
@@ -60,6 +63,11 @@ def check_experts(config: DecoderConfig) -> None:
         raise ModelLoadError(
             f"moe_intermediate_size must be positive, got {config.moe_intermediate_size}"
         )
+    if config.shared_expert_intermediate_size < 0:
+        raise ModelLoadError(
+            "shared_expert_intermediate_size must not be negative, got "
+            f"{config.shared_expert_intermediate_size}"
+        )
     if config.router_scoring not in ROUTER_SCORINGS:
         raise ModelLoadError(
             f"unsupported expert routing {config.router_scoring!r}; "
@@ -84,6 +92,10 @@ class MoeBlock(nn.Module):
         # [E, 2 I, H]: each expert's gate rows, then its up rows.
         self.gate_up = uninitialised_weight(experts, 2 * width, hidden, dtype=dtype, device=device)
         self.down = uninitialised_weight(experts, hidden, width, dtype=dtype, device=device)
+        # Qwen2-MoE's shared expert; None: none.
+        self.shared: SharedExpert | None = None
+        if width := config.shared_expert_intermediate_size:
+            self.shared = SharedExpert(hidden, width, dtype, device)
 
     def forward(self, x: Tensor, swiglu: Callable[[Tensor], Tensor]) -> Tensor:  # [T, H] -> [T, H]
         expert_ids, weights = self.route(x)  # [T, k] each
@@ -91,6 +103,8 @@ class MoeBlock(nn.Module):
         total = outputs[:, 0].float().mul_(weights[:, :1])  # [T, H] float32
         for rank in range(1, self.top_k):  # in rank order: the same sum in any step
             total.add_(outputs[:, rank].float().mul_(weights[:, rank : rank + 1]))
+        if self.shared is not None:
+            total.add_(in_row_tiles(functools.partial(self.shared, swiglu), x, _TILE))
         return total.to(x.dtype)
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -139,3 +153,21 @@ class MoeBlock(nn.Module):
 
     def expert_bytes(self) -> int:
         return self.gate_up.nbytes + self.down.nbytes
+
+
+class SharedExpert(nn.Module):
+    """An expert every token runs, scaled by sigmoid(x . w) (Qwen2-MoE)."""
+
+    def __init__(self, hidden: int, width: int, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.gate_up = uninitialised_weight(2 * width, hidden, dtype=dtype, device=device)
+        self.down = uninitialised_weight(hidden, width, dtype=dtype, device=device)
+        # [1, H] float32, as the router.
+        self.gate = uninitialised_weight(1, hidden, dtype=torch.float32, device=device)
+
+    def forward(
+        self, swiglu: Callable[[Tensor], Tensor], x: Tensor
+    ) -> Tensor:  # [tile, H] -> [tile, H] float32
+        gate = torch.sigmoid(F.linear(x.float(), self.gate))  # [tile, 1]
+        out = F.linear(swiglu(F.linear(x, self.gate_up)), self.down)  # [tile, H]
+        return out.float().mul_(gate)

@@ -1,4 +1,4 @@
-"""Our decoder with mixture-of-experts MLPs: `MoeForCausalLM` (Qwen3-MoE, OLMoE).
+"""Our decoder with mixture-of-experts MLPs: `MoeForCausalLM` (Qwen3-MoE, Qwen2-MoE).
 
 Attention, norms and RoPE are llama.py's; a layer whose MLP is a mixture of
 experts (`DecoderConfig.is_moe_layer`) runs `moe.MoeBlock` in its place, and
@@ -9,6 +9,8 @@ checkpoint's tensors, as Hugging Face stores them:
     model.layers.N.mlp.experts.M.gate_proj.weight       [I, H]  rows 0..I of gate_up[M]
     model.layers.N.mlp.experts.M.up_proj.weight         [I, H]  rows I..2I of gate_up[M]
     model.layers.N.mlp.experts.M.down_proj.weight       [H, I]  down[M]
+    model.layers.N.mlp.shared_expert.*_proj.weight              Qwen2-MoE's shared expert
+    model.layers.N.mlp.shared_expert_gate.weight        [1, H]  its gate
 
 (a GGUF's stacked `ffn_*_exps` tensors are split into these by the loader).
 An MoE layer's steps of decode rows take its Python path, not the fused
@@ -53,6 +55,12 @@ class MoeDecoderLayer(LlamaDecoderLayer):
             targets[name + "gate_proj.weight"] = WeightTarget(gate_up, 0, width)
             targets[name + "up_proj.weight"] = WeightTarget(gate_up, width, 2 * width)
             targets[name + "down_proj.weight"] = WeightTarget(moe.down[expert])
+        if (shared := moe.shared) is not None:  # Qwen2-MoE's shared expert and its gate
+            name, rows = f"{prefix}mlp.shared_expert.", shared.down.shape[1]
+            targets[name + "gate_proj.weight"] = WeightTarget(shared.gate_up, 0, rows)
+            targets[name + "up_proj.weight"] = WeightTarget(shared.gate_up, rows, 2 * rows)
+            targets[name + "down_proj.weight"] = WeightTarget(shared.down)
+            targets[f"{prefix}mlp.shared_expert_gate.weight"] = WeightTarget(shared.gate)
         return targets
 
 
@@ -85,6 +93,10 @@ def parameter_counts(config: DecoderConfig) -> tuple[int, int]:
         hidden * head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
     )
     norms = 2 * hidden + (2 * head_dim if config.qk_norm else 0)
+    if config.attention_bias:  # q, k and v
+        attention += head_dim * (config.num_attention_heads + 2 * config.num_key_value_heads)
+    if config.o_proj_bias:
+        attention += hidden
     embedding = config.vocab_size * hidden * (1 if config.tie_word_embeddings else 2)
     total = active = embedding + hidden
     for index in range(config.num_hidden_layers):
@@ -95,9 +107,11 @@ def parameter_counts(config: DecoderConfig) -> tuple[int, int]:
             active += 3 * hidden * config.intermediate_size
             continue
         expert = 3 * hidden * config.moe_intermediate_size
-        router = config.num_experts * hidden
-        total += router + config.num_experts * expert
-        active += router + config.num_experts_per_tok * expert
+        every_token = config.num_experts * hidden  # the router, and a shared expert's MLP
+        if shared := config.shared_expert_intermediate_size:
+            every_token += 3 * hidden * shared + hidden
+        total += every_token + config.num_experts * expert
+        active += every_token + config.num_experts_per_tok * expert
     return total, active
 
 
@@ -107,8 +121,18 @@ def describe_experts(model: LlamaForCausalLM) -> str | None:
     if not isinstance(model, MoeForCausalLM):
         return None
     total, active = parameter_counts(config)
+    num_bytes = model.expert_bytes()
+    size = f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
     return (
         f"mixture of experts: {config.num_experts} experts, {config.num_experts_per_tok} per "
-        f"token; {total / 1e9:.2f}B parameters, {active / 1e9:.2f}B active; expert weights "
-        f"{model.expert_bytes() / 2**20:.0f} MiB in {str(model.dtype).removeprefix('torch.')}"
+        f"token; {_count(total)} parameters, {_count(active)} active; expert weights {size} "
+        f"in {str(model.dtype).removeprefix('torch.')}"
     )
+
+
+def _count(number: int) -> str:
+    """30.53B, 3.35B, 226.85K: parameters as model cards write them."""
+    for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if number >= size:
+            return f"{number / size:.2f}{unit}"
+    return str(number)

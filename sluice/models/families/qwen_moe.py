@@ -1,12 +1,15 @@
-"""Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention with
-mixture-of-experts MLPs (sluice/models/moe_decoder.py runs it).
+"""Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B) and Qwen2-MoE (Qwen1.5-MoE-A2.7B,
+Qwen2-57B-A14B): Qwen3's or Qwen2's attention with mixture-of-experts MLPs
+(sluice/models/moe_decoder.py runs both).
 
 What the parser reads beyond Qwen3's: the experts (`num_experts`, written
 `num_local_experts` by transformers 5), how many a token takes
 (`num_experts_per_tok`), their width (`moe_intermediate_size`), whether the
 k weights are scaled to sum to one (`norm_topk_prob`), and which layers keep
 a dense MLP of `intermediate_size` (`mlp_only_layers`, and every layer but
-each `decoder_sparse_step`-th). Routing is softmax over all experts, then top-k.
+each `decoder_sparse_step`-th). Routing is softmax over all experts, then
+top-k. Qwen2-MoE adds a shared expert (`shared_expert_intermediate_size`)
+that every token runs, gated by a sigmoid, and biases q/k/v (`qkv_bias`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from sluice.models.families.hf_fields import check_swiglu, common_fields, full_c
 from sluice.models.moe import SOFTMAX_TOPK, check_experts
 from sluice.models.moe_decoder import MoeForCausalLM
 
-QWEN3_MOE = "Qwen3MoeForCausalLM"
+QWEN3_MOE, QWEN2_MOE = "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"
 
 
 def parse_qwen3_moe(d: dict[str, Any]) -> DecoderConfig:
@@ -30,6 +33,22 @@ def parse_qwen3_moe(d: dict[str, Any]) -> DecoderConfig:
     fields = common_fields(d, QWEN3_MOE)
     fields["sliding_window"] = full_context_window(d, fields["max_position_embeddings"])
     config = DecoderConfig(**fields, qk_norm=True, **expert_fields(d, fields["num_hidden_layers"]))
+    check_experts(config)
+    return config
+
+
+def parse_qwen2_moe(d: dict[str, Any]) -> DecoderConfig:
+    check_swiglu(d)
+    fields = common_fields(d, QWEN2_MOE)
+    fields["sliding_window"] = full_context_window(d, fields["max_position_embeddings"])
+    fields["attention_bias"] = bool(d.get("qkv_bias", True))
+    fields["o_proj_bias"] = False
+    shared = d.get("shared_expert_intermediate_size")
+    config = DecoderConfig(
+        **fields,
+        **expert_fields(d, fields["num_hidden_layers"]),
+        shared_expert_intermediate_size=_int(shared, "shared_expert_intermediate_size", 0),
+    )
     check_experts(config)
     return config
 
@@ -95,4 +114,6 @@ QWEN3_MOE_FAMILY = Family(
         config_entries=_gguf_qwen3_moe_config,
     ),
 )
-FAMILIES = (QWEN3_MOE_FAMILY,)
+# From HF folders only: no qwen2moe GGUF is read yet.
+QWEN2_MOE_FAMILY = Family(QWEN2_MOE, "qwen2_moe", parse_qwen2_moe, MoeForCausalLM)
+FAMILIES = (QWEN3_MOE_FAMILY, QWEN2_MOE_FAMILY)
