@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from sluice.cli import main
+from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import ModelLoadError
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
@@ -46,6 +47,9 @@ from tests.model_runs import (
     prompt_logits,
     random_prompts,
 )
+from tests.speculation_runs import make_core as make_speculation_core
+from tests.speculation_runs import ngram, repeating_prompt
+from tests.speculation_runs import run as run_speculation
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +189,20 @@ def test_a_greedy_request_is_bitwise_the_same_alone_and_in_random_crowds(row_inv
     for trial in range(6):
         crowd = [random_prompt(rng, rng.randrange(3, 60)) for _ in range(rng.randrange(1, 14))]
         assert probe_output(core(), probe, crowd, rng) == alone, f"trial {trial}"
+
+
+def test_speculation_keeps_the_row_invariant_defaults_greedy_bits(row_invariant):
+    """Verified drafts route like any row: tokens and logprobs bitwise those
+    of plain decoding (prompts prefilled whole: a budget of 512)."""
+    rng = random.Random(1)
+    prompts = [repeating_prompt(rng, rng.randrange(20, 90)) for _ in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=2)
+    plain = run_speculation(make_speculation_core(row_invariant, None, budget=512), prompts, params)
+    core = make_speculation_core(row_invariant, ngram(k=6), budget=512)
+    speculated = run_speculation(core, prompts, params)
+    assert core.speculator.counters.num_accepted_tokens > 0
+    for i in plain:
+        assert speculated[i][:3] == plain[i][:3], f"request {i}"
 
 
 @pytest.mark.parametrize(
