@@ -7,6 +7,7 @@ speculation) gives the tokens of plain runs."""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from dataclasses import replace
@@ -20,11 +21,15 @@ from safetensors.torch import save_file
 
 from sluice.cli import main
 from sluice.errors import ModelLoadError
+from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
+from sluice.models import calibration
 from sluice.models.families.registry import build_model, parse_hf_config
 from sluice.models.gpt_oss import GptOssDecoderLayer, GptOssForCausalLM, clamped_swiglu
 from sluice.models.moe_decoder import describe_experts
 from sluice.models.mxfp4 import E2M1_VALUES
+from sluice.models.native.int8 import int8_gemm_kernels
+from tests.invariance_runs import probe_output, random_prompt
 from tests.model_factory import TinyModel, make_core, write_tiny_tokenizer
 from tests.model_runs import (
     GREEDY,
@@ -132,6 +137,48 @@ def test_the_startup_note_counts_the_experts(loaded):
     assert note is not None and note.startswith("mixture of experts: 8 experts, 2 per token;")
     # Per layer: gate_up [8, 64, 64] and down [8, 64, 32] with biases [8, 64] each, float32.
     assert loaded.model.expert_bytes() == 3 * 4 * 8 * (64 * 64 + 64 * 32 + 64 + 64)
+
+
+def test_bfloat16_is_no_further_from_float32_than_transformers_bfloat16(loaded, tiny):
+    """On CPU in bfloat16 q and k rotate in the native RoPE + K/V write
+    kernel, then the sinks' torch path reads the cache it wrote."""
+    model = build_model(loaded.model_config, torch.bfloat16, torch.device("cpu"), False)
+    model.load_weights(tiny.weights())
+    assert all(layer.rope_write_kv is not None for layer in model.layers)
+    prompt = random_prompts(1, seed=3)[0] + list(range(3, 40))
+    reference = hf_logits(tiny, prompt)
+    hf_bfloat16 = copy.deepcopy(tiny.hf_model).to(torch.bfloat16)
+    with torch.no_grad():
+        theirs = hf_bfloat16(torch.tensor([prompt])).logits[0].float()
+    ours = prompt_logits(model, prompt)
+    assert (ours - reference).abs().max() <= (theirs - reference).abs().max()
+
+
+@pytest.fixture(scope="module")
+def row_invariant(loaded, tiny) -> LoadedModel:
+    """The default on CPU: bfloat16, attention int8 on fixed row tiles."""
+    if int8_gemm_kernels() is None:
+        pytest.skip("no native int8 matmul (AVX512-VNNI) here")
+    model = build_model(loaded.model_config, torch.bfloat16, torch.device("cpu"), False)
+    model.load_weights(tiny.weights())
+    rng = random.Random(7)
+    calibration.quantize_row_invariant(model, [rng.randrange(3, 512) for _ in range(300)])
+    return replace(loaded, model=model, choices=ModelChoices("bfloat16", None, "as asked"))
+
+
+def test_the_row_invariant_default_gives_a_request_the_same_bits_alone_and_in_crowds(
+    row_invariant,
+):
+    rng = random.Random(16)
+    probe = random_prompt(rng, 37)
+
+    def core():
+        return make_core(row_invariant, budget=4096, chunked=False, prefix_caching=False)
+
+    alone = probe_output(core(), probe, [], rng)
+    for trial in range(3):
+        crowd = [random_prompt(rng, rng.randrange(3, 60)) for _ in range(rng.randrange(1, 10))]
+        assert probe_output(core(), probe, crowd, rng) == alone, f"trial {trial}"
 
 
 @pytest.mark.parametrize("budget", [7, 64])
