@@ -24,7 +24,7 @@ from sluice.errors import ModelLoadError
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models import calibration
-from sluice.models.families.registry import build_model, parse_hf_config
+from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.gpt_oss import GptOssDecoderLayer, GptOssForCausalLM, clamped_swiglu
 from sluice.models.moe_decoder import describe_experts
 from sluice.models.mxfp4 import E2M1_VALUES
@@ -90,6 +90,12 @@ def test_layers_slide_and_attend_fully_in_turn_every_one_with_sinks(loaded):
     assert all(isinstance(layer, GptOssDecoderLayer) for layer in layers)
     assert [layer.is_sliding for layer in layers] == [True, False, True]
     assert loaded.model_config.sliding_window == WINDOW
+    assert describe_family(loaded.model_config) == (
+        "architecture GptOssForCausalLM: attention sinks run every layer's attention on the torch "
+        "path, not the native attention kernels; its sliding-window layers (window 8) keep all "
+        "their KV blocks; its MoE layers run the experts in the model dtype on the torch path "
+        "(tiles of 8 rows), not the fused native decode call nor int8 weights"
+    )
 
 
 def test_float32_logits_match_transformers_past_the_window_and_the_original_context(loaded, tiny):

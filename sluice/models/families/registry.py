@@ -28,6 +28,7 @@ from sluice.models.families import (
 )
 from sluice.models.families.family import Family
 from sluice.models.families.hf_fields import check_heads
+from sluice.models.gpt_oss import GptOssConfig
 from sluice.models.llama import LlamaForCausalLM
 
 FAMILIES: tuple[Family, ...] = (
@@ -76,7 +77,13 @@ def build_model(
 def describe_family(config: DecoderConfig) -> str:
     """The architecture, and which engine paths it cannot use, for the startup line."""
     limits = []
-    if config.attn_logit_softcapping is not None:
+    if isinstance(config, GptOssConfig):  # its sinks: no native attention kernel adds them
+        limits.append(
+            "attention sinks run every layer's attention on the torch path, not the native "
+            f"attention kernels; its sliding-window layers (window {config.sliding_window}) keep "
+            "all their KV blocks"
+        )
+    elif config.attn_logit_softcapping is not None:
         limits.append(
             "attention soft-capping runs every layer's attention on the torch path, not the "
             "native attention kernels; its sliding-window layers keep all their KV blocks"
