@@ -34,7 +34,7 @@ FLOOD_BLOCKS = 64
 
 
 def tier_core(
-    loaded: LoadedModel, *, num_blocks: int, budget: int, ram_bytes: int = 1 << 30, **cache
+    loaded: LoadedModel, *, num_blocks: int, budget: int, ram_bytes: int | None = 1 << 30, **cache
 ) -> EngineCore:
     """An in-process core on `loaded` with a pool of `num_blocks` blocks and a RAM tier."""
     bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, BLOCK_SIZE, torch.bfloat16)
@@ -231,3 +231,35 @@ def test_reset_prefix_cache_empties_the_ram_tier(row_invariant):
     core.handle(ResetPrefixCache(), [], [])
     _, cached = run(core, prompt, "again")
     assert cached == 0
+
+
+def test_the_tiers_are_described_at_start(tmp_path):
+    from sluice.engine.kv_disk import DiskBlockStore
+    from sluice.engine.kv_tier_setup import describe_tiers
+
+    tiers = KVTiers([torch.zeros(2, 4, BLOCK_SIZE, 1, 2)], BLOCK_SIZE, HostBlockStore(1 << 30))
+    assert describe_tiers(tiers) == (
+        "prefix cache tiers: RAM up to 1.0 GiB (16,777,216 blocks of 4 tokens)"
+    )
+    tiers.disk = DiskBlockStore(tmp_path, bytes(16), tiers.block_bytes, 2 << 30)
+    assert describe_tiers(tiers).endswith(f"disk {tiers.disk.folder} up to 2.0 GiB")
+    tiers.close()
+
+
+def test_available_memory_is_read_from_meminfo(tmp_path):
+    from sluice.engine.kv_tiers import available_memory_bytes
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 100 kB\nMemAvailable:   2048 kB\n")
+    assert available_memory_bytes(meminfo) == 2048 * 1024
+    assert available_memory_bytes(tmp_path / "absent") is None
+
+
+def test_the_default_engine_has_the_ram_tier_on(row_invariant):
+    core = tier_core(row_invariant, num_blocks=FLOOD_BLOCKS, budget=64, ram_bytes=None)
+    assert core.tiers is not None and core.tiers.ram is not None and core.tiers.disk is None
+    assert 0 < core.tiers.ram.capacity_bytes <= 8 << 30
+    without_prefix_caching = tier_core(
+        row_invariant, num_blocks=FLOOD_BLOCKS, budget=64, enable_prefix_caching=False
+    )
+    assert without_prefix_caching.tiers is None

@@ -15,6 +15,7 @@ a cold cache.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from sluice.engine.kv_tiers import (
     default_ram_bytes,
 )
 from sluice.loader import LoadedModel
+
+logger = logging.getLogger("sluice.engine")
 
 # The files of a model folder whose contents decide the weights.
 MODEL_FILE_SUFFIXES = (".safetensors", ".gguf", ".json", ".bin")
@@ -56,7 +59,23 @@ def build_tiers(
         )
     if tiers.ram is None and tiers.disk is None:
         return None
+    logger.info("%s", describe_tiers(tiers))
     return tiers
+
+
+def describe_tiers(tiers: KVTiers) -> str:
+    """ "prefix cache tiers: RAM up to 5.0 GiB (14,563 blocks of 16 tokens), disk
+    DIR up to 16.0 GiB" for the log at start."""
+    parts = []
+    if tiers.ram is not None:
+        num_blocks = tiers.ram.capacity_bytes // max(1, tiers.block_bytes)
+        parts.append(
+            f"RAM up to {tiers.ram.capacity_bytes / 2**30:.1f} GiB ({num_blocks:,} blocks of "
+            f"{tiers.block_size_tokens} tokens)"
+        )
+    if tiers.disk is not None:
+        parts.append(f"disk {tiers.disk.folder} up to {tiers.disk.capacity_bytes / 2**30:.1f} GiB")
+    return "prefix cache tiers: " + ", ".join(parts)
 
 
 def disk_fingerprint(
