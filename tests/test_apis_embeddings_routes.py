@@ -26,12 +26,18 @@ from sluice.apis.surface import POOLING_ROUTES
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.engine.pooling_core import PoolingCore, engine_core_for
+from sluice.server.launch import describe_model
 from sluice.server.model_pool import ModelSpec
 from sluice.server.served_model import ServedModel
 from sluice.testing import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer
-from tests.pooling_models import build_tiny_bert, minilm_folder
+from tests.pooling_models import (
+    build_tiny_bert,
+    build_tiny_embedder,
+    build_tiny_reranker,
+    minilm_folder,
+)
 from tests.sluice_server import SERVER_ENV, stop, wait_until_healthy
 
 REFERENCE = json.loads(
@@ -321,3 +327,20 @@ def test_each_pooling_route_reads_its_tables_model_and_counts_its_tokens(server,
             assert "prompt_tokens=-" not in access_line(caplog), route.path
     finally:
         bodies.parse = parse
+
+
+def test_the_server_describes_each_pooling_model_as_its_engine_loads_it(minilm, tmp_path):
+    """`sluice serve` reads a model's small files in the server process and its
+    weights in the engine's: the two readings agree (check_served_by) for an
+    encoder, a decoder embedder and a decoder reranker."""
+    embedder = build_tiny_embedder(tmp_path / "embedder").path
+    reranker = build_tiny_reranker(tmp_path / "reranker").path
+    for folder, task in ((minilm, "auto"), (embedder, "auto"), (reranker, "score")):
+        model = ModelConfig(
+            model=str(folder), task=task, dtype="float32", quantization=None,
+            activation_quantization=None, cache_dir=tmp_path / "cache",
+        )  # fmt: skip
+        served = describe_model(model)
+        core = engine_core_for(EngineConfig(model=model, multiprocess=False))
+        served.check_served_by(core.info)
+        assert isinstance(core, PoolingCore) and served.pooling == core.spec
