@@ -29,6 +29,8 @@ from torch import Tensor, nn
 from sluice.errors import ModelLoadError
 
 BERT_ARCHITECTURES = ("BertModel", "BertForSequenceClassification")
+# The architectures with a classification head (cross-encoders: score, not embed).
+_CLASSIFIERS = frozenset({"BertForSequenceClassification"})
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"gelu": F.gelu, "relu": F.relu}
 
 
@@ -58,7 +60,7 @@ class BertConfig:
         if d.get("hidden_act", "gelu") not in _ACTIVATIONS:
             raise ModelLoadError(f"unsupported BERT activation {d.get('hidden_act')!r}")
         num_labels = 0
-        if architecture == "BertForSequenceClassification":
+        if architecture in _CLASSIFIERS:
             num_labels = len(d.get("id2label") or {}) or int(d.get("num_labels", 2))
         try:
             return cls(

@@ -30,7 +30,7 @@ def forward_chunks(
     """(start, end, hidden [end - start, hidden]) for each chunk of `token_ids`,
     fed through the model in order over a paged KV cache of its own."""
     num_blocks = -(-len(token_ids) // _BLOCK_SIZE)
-    device = model.lm_head.weight.device
+    device = model.norm.device  # the final norm: a tensor on every path (lm_head may be blocks)
     caches = allocate_kv_caches(model.config, num_blocks, _BLOCK_SIZE, model.dtype, device)
     table = [list(range(num_blocks))]
     ids = torch.tensor(token_ids, dtype=torch.int64, device=device)
@@ -46,7 +46,7 @@ def token_logprobs(
     model: LlamaForCausalLM, token_ids: list[int], chunk_tokens: int = 8
 ) -> list[float]:
     """log p(token_i | tokens before it) for i = 1 .. len(token_ids) - 1."""
-    targets = torch.tensor(token_ids[1:], dtype=torch.int64, device=model.lm_head.weight.device)
+    targets = torch.tensor(token_ids[1:], dtype=torch.int64, device=model.norm.device)
     logprobs: list[float] = []
     for start, end, hidden in forward_chunks(model, token_ids[:-1], chunk_tokens):
         log_probs = torch.log_softmax(model.compute_logits(hidden), dim=-1)  # [n, vocab] f32
