@@ -342,7 +342,6 @@ def run_server(config: ServerConfig) -> int:
     _configure_logging()
     from sluice.server.api_keys import KeyRing
     from sluice.server.app import create_app
-
     from sluice.server.model_catalog import model_paths, model_specs
 
     KeyRing(config.api_key, config.api_key_file)  # a broken key file fails before any load
