@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from sluice.errors import ModelLoadError
@@ -59,9 +59,12 @@ def growth_bytes(files: list[Path], dtype: torch.dtype) -> int:
     for path in files:
         if path.suffix != ".safetensors":
             continue
-        with safe_open(str(path), framework="pt") as checkpoint:
-            for name in checkpoint.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
-                if name.endswith("_blocks"):
-                    num_bytes = math.prod(checkpoint.get_slice(name).get_shape())
-                    growth += num_bytes * (2 * dtype.itemsize - 1)
+        try:
+            with safe_open(str(path), framework="pt") as checkpoint:
+                for name in checkpoint.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
+                    if name.endswith("_blocks"):
+                        num_bytes = math.prod(checkpoint.get_slice(name).get_shape())
+                        growth += num_bytes * (2 * dtype.itemsize - 1)
+        except (SafetensorError, OSError):
+            continue  # unreadable: the weights' reader reports it, naming the file
     return growth
