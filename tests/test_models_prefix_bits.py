@@ -101,7 +101,10 @@ def test_the_default_gives_a_prompt_below_512_the_same_kv_in_any_chunking(row_in
 
 
 @pytest.mark.xfail(
-    strict=True,
+    # Not strict: which prefill kernel runs past 512 is the kernel plan's
+    # choice, measured at load on each CPU and under each load (a clean CI
+    # clone measured a plan whose kernel gave these budgets the same bits).
+    strict=False,
     raises=AssertionError,
     reason="issue 44: past position 512 prefill attention runs in flash kernels whose "
     "rounding follows the chunk; a restored prefix is exact there only with --batch-invariant",
@@ -128,7 +131,7 @@ def test_batch_invariant_mode_gives_an_8k_prompt_the_same_kv_in_any_chunking(lon
 
 @pytest.mark.slow
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,  # the kernel plan's choice, measured at load (see above)
     raises=AssertionError,
     reason="issue 44: the embedded model's default prefill kernels past 512 round by chunk",
 )

@@ -21,6 +21,7 @@ class Stats:
     spec_decode_num_draft_tokens: int = 20
     spec_decode_num_accepted_tokens: int = 9
     spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = (5, 3, 1, 0)
+    kv_tiers: None = None  # an engine without prefix-cache tiers (EngineStatsSnapshot's field)
 
 
 def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
