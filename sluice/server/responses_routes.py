@@ -15,9 +15,8 @@ names the request's API key as the owner: a key sees only its own responses.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from fastapi import Request
@@ -30,49 +29,18 @@ from sluice.apis.surface import (
     RESPONSES_RETRIEVE,
     ApiRoute,
 )
-from sluice.engine.client_base import QueueTimeout
-from sluice.frontend.request import GenerationRequest
 from sluice.frontend.responses_events import ResponsesEvents
-from sluice.frontend.serving import ResponseChunks
 from sluice.server import to_internal
-from sluice.server.body import BodyReader
+from sluice.server.app_routes import AppRoutes
 from sluice.server.middleware import api_key_of
-from sluice.server.model_parts import ModelOptions, ModelParts
+from sluice.server.model_parts import ModelOptions
 from sluice.server.response_store import ResponseStore, StoredResponse
 from sluice.server.responses_protocol import InputTokensRequest, ResponsesRequest
 from sluice.server.responses_request import ResponsesPlan, responses_request
 
 
-class GenerationRoutes(Protocol):
-    """What these routes use of the app's (`app.Routes`): its body reader,
-    the model a request names, admission and the way a generation is answered."""
-
-    bodies: BodyReader
-
-    def model_for(
-        self, request: Request, name: str | None
-    ) -> contextlib.AbstractAsyncContextManager[ModelParts]: ...
-
-    async def options_for(self, name: str | None) -> ModelOptions: ...
-
-    def admit(
-        self, request: Request, n: int, model: ModelParts | None = None
-    ) -> QueueTimeout | None: ...
-
-    async def respond(
-        self,
-        request: Request,
-        generation: GenerationRequest,
-        queue_timeout: QueueTimeout | None,
-        chunks: ResponseChunks | None = None,
-        media_type: str = ...,
-        *,
-        model: ModelParts | None = None,
-    ) -> Response: ...
-
-
 class ResponsesRoutes:
-    def __init__(self, routes: GenerationRoutes, store: ResponseStore):
+    def __init__(self, routes: AppRoutes, store: ResponseStore):
         self._routes = routes
         self._store = store
 

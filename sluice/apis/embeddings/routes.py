@@ -25,8 +25,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import numpy as np
 from fastapi import Request
@@ -63,23 +62,10 @@ from sluice.engine.client_base import EngineClient, QueueTimeout
 from sluice.engine.outputs import PooledOutput, RequestDelta
 from sluice.engine.pooling_params import PoolingInput, PoolingParams
 from sluice.errors import InvalidRequestError
-from sluice.server.body import BodyReader, ParsedBody
+from sluice.server.app_routes import AppRoutes
+from sluice.server.body import ParsedBody
 from sluice.server.model_parts import ModelParts
 from sluice.tokenizer import Tokenizer
-
-
-class AppRoutes(Protocol):
-    """What these routes use of the app's (`app.Routes`)."""
-
-    bodies: BodyReader
-
-    def model_for(
-        self, request: Request, name: str | None
-    ) -> AbstractAsyncContextManager[ModelParts]: ...
-
-    def admit(
-        self, request: Request, n: int, model: ModelParts | None = None, *, is_pooling: bool = False
-    ) -> QueueTimeout | None: ...
 
 
 class EmbeddingsRoutes:

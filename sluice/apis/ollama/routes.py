@@ -22,11 +22,10 @@ shape (`{"error": message}`, `ErrorShape.OLLAMA` in the API table).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from fastapi import Request
@@ -61,14 +60,10 @@ from sluice.apis.surface import (
     OLLAMA_VERSION,
     ApiRoute,
 )
-from sluice.engine.client_base import QueueTimeout
 from sluice.errors import InvalidRequestError
-from sluice.frontend.request import GenerationRequest
-from sluice.frontend.serving import ResponseChunks
-from sluice.server.body import BodyReader
+from sluice.server.app_routes import AppRoutes
 from sluice.server.model_entry import ModelStatus
-from sluice.server.model_parts import ModelOptions, ModelParts
-from sluice.server.model_pool import ModelPool
+from sluice.server.model_parts import ModelOptions
 
 # A model loaded for ever expires, as Ollama writes it, in a far future.
 _FOREVER_S = datetime(2318, 1, 1, tzinfo=UTC).timestamp()
@@ -80,37 +75,8 @@ _MODEL_ADMIN_ANSWER = (
 )
 
 
-class GenerationRoutes(Protocol):
-    """What these routes use of the app's (`app.Routes`)."""
-
-    bodies: BodyReader
-    # Every model served, running or not (sluice/server/model_pool.py).
-    models: ModelPool[ModelParts]
-
-    def model_for(
-        self, request: Request, name: str | None, *, keep_alive_s: float | None = None
-    ) -> contextlib.AbstractAsyncContextManager[ModelParts]: ...
-
-    async def options_for(self, name: str | None) -> ModelOptions: ...
-
-    def admit(
-        self, request: Request, n: int, model: ModelParts | None = None
-    ) -> QueueTimeout | None: ...
-
-    async def respond(
-        self,
-        request: Request,
-        generation: GenerationRequest,
-        queue_timeout: QueueTimeout | None,
-        chunks: ResponseChunks | None = None,
-        media_type: str = ...,
-        *,
-        model: ModelParts | None = None,
-    ) -> Response: ...
-
-
 class OllamaRoutes:
-    def __init__(self, routes: GenerationRoutes):
+    def __init__(self, routes: AppRoutes):
         self._routes = routes
         self._started_at = created_at()
 
