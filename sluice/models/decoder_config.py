@@ -29,6 +29,9 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 # A layer kind without attention: a short gated convolution over a
 # per-sequence state (LFM2; sluice/models/short_conv.py).
 CONV = "conv"
+# A Mamba-2 layer over a per-sequence conv tail and SSM state (Granite 4.0-H;
+# sluice/models/mamba2.py).
+MAMBA = "mamba"
 
 
 class UnsupportedRopeScalingError(ModelLoadError, ValueError):
