@@ -30,20 +30,17 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response
-from starlette.types import Receive
 
 from sluice.apis.embeddings.routes import EmbeddingsRoutes
 from sluice.apis.ollama.routes import OllamaRoutes
@@ -73,6 +70,7 @@ from sluice.server import (
 from sluice.server.admission import AdmissionCollector, AdmissionGate
 from sluice.server.api_keys import KeyRing
 from sluice.server.body import BodyReader
+from sluice.server.connection import unless_disconnected
 from sluice.server.errors import install_error_handlers
 from sluice.server.event_stream import (
     EVENT_STREAM_MEDIA_TYPE,
@@ -100,7 +98,6 @@ from sluice.tracing import otlp_tracer
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
-T = TypeVar("T")
 # An API route's handler (the route's path parameters as keyword arguments).
 Handler = Callable[..., Awaitable[Response]]
 
@@ -456,7 +453,7 @@ class Routes:
         # Wait for the first event before sending headers: an error up to here
         # propagates from it and becomes a real HTTP error (errors.py).
         try:
-            first_event = await _unless_disconnected(run.request.receive, anext(events))
+            first_event = await unless_disconnected(run.request.receive, anext(events))
         except BaseException:
             await events.aclose()
             raise
@@ -474,7 +471,7 @@ class Routes:
         )
 
     async def _complete(self, run: _Run) -> Response:
-        body = await _unless_disconnected(
+        body = await unless_disconnected(
             run.request.receive,
             run.model.frontend.complete(
                 run.generation, run.queue_timeout, run.chunks, run.observer, run.trace_context
@@ -485,32 +482,6 @@ class Routes:
         if run.log is not None:
             run.log.num_completion_tokens = completion_tokens(body)
         return Response(body, media_type="application/json")
-
-
-async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T | None:
-    """`work`'s result, or None (work cancelled) if the client disconnects first.
-
-    Waits on the ASGI receive channel, which yields `http.disconnect` once the
-    body was read and the client goes away: no polling.
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        return None
-    return task.result()
-
-
-async def _wait_for_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 @dataclass(frozen=True, slots=True)

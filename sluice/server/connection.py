@@ -12,6 +12,9 @@
   are `send_buffer_bytes` (ServerConfig), so a client that stops reading
   pauses its stream's transport after a bounded amount: from there its
   deltas coalesce in sluice rather than queueing in buffers.
+- `unless_disconnected(receive, work)`: `work`'s result, or None once the
+  client has gone (the work cancelled): the generation and pooling routes'
+  way to abort an engine request whose client left before its answer.
 - `StuckWriteWatch`: one timer per stream that notices a write waiting longer
   than `timeout_s` (the client stopped reading: uvicorn waits for a paused
   transport to drain before each write, forever). Only a write that has to
@@ -25,11 +28,12 @@ other stream and the engine carry on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
-from starlette.types import Scope, Send
+from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 ABORT_EXTENSION = "sluice.abort_connection"
@@ -37,6 +41,8 @@ WRITE_EXTENSION = "sluice.write_body"
 # A timer may fire a little early (uvloop counts milliseconds): a write this
 # close to its deadline counts as stuck rather than re-arming the timer.
 _TIMER_SLACK_S = 0.002
+
+T = TypeVar("T")
 
 
 def abort_connection(scope: Scope) -> bool:
@@ -46,6 +52,32 @@ def abort_connection(scope: Scope) -> bool:
         return False
     abort()
     return True
+
+
+async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None (work cancelled) if the client disconnects first.
+
+    Waits on the ASGI receive channel, which yields `http.disconnect` once the
+    body was read and the client goes away: no polling.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class BodyWriter(Protocol):

@@ -11,8 +11,10 @@ the engine's steps (sluice/engine/pooling_core.py). Each route: parse and
 check the fields -> the model the request names (`Routes.model_for`: the
 one place a name is resolved) -> admit (`Routes.admit`: the gate's queue
 bound and timeout, the key's seat, as generation) -> write the inputs
-(inputs.py, off the loop for a large body) -> one engine request -> the
-body (bodies.py).
+(inputs.py, off the loop for a large body) -> one engine request
+(engine_request.py: aborted if the client leaves first, counted in the
+metrics) -> the body (bodies.py). Ollama's routes hand their `keep_alive`
+to the model pool, as /api/chat does.
 
 A pooling route on a generation model is a 400 naming the model (vLLM serves
 no embeddings from a generation model by default either); a generation route
@@ -21,9 +23,7 @@ on a pooling model is the app's 400 (`app.Routes.admit`).
 
 from __future__ import annotations
 
-import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -32,6 +32,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from sluice.apis.embeddings import bodies
+from sluice.apis.embeddings.engine_request import answering_disconnects, pool
 from sluice.apis.embeddings.inputs import (
     PoolingModelView,
     pair_inputs,
@@ -47,7 +48,7 @@ from sluice.apis.embeddings.protocol import (
     RerankRequest,
     ScoreRequest,
 )
-from sluice.apis.ollama.to_internal import LATEST_TAG
+from sluice.apis.ollama.to_internal import LATEST_TAG, keep_alive_s
 from sluice.apis.surface import (
     EMBEDDINGS_CREATE,
     OLLAMA_EMBED,
@@ -58,8 +59,7 @@ from sluice.apis.surface import (
     SCORE_CREATE,
     ApiRoute,
 )
-from sluice.engine.client_base import EngineClient, QueueTimeout
-from sluice.engine.outputs import PooledOutput, RequestDelta
+from sluice.engine.outputs import PooledOutput
 from sluice.engine.pooling_params import PoolingInput, PoolingParams
 from sluice.errors import InvalidRequestError
 from sluice.server.app_routes import AppRoutes
@@ -76,7 +76,7 @@ class EmbeddingsRoutes:
 
     def handlers(self) -> dict[ApiRoute, Callable[..., Awaitable[Response]]]:
         """The API routes served here (the app registers them from its API table)."""
-        return {
+        handlers = {
             EMBEDDINGS_CREATE: self.embeddings,
             RERANK_CREATE: self.rerank,
             RERANK_JINA: self.rerank,
@@ -85,6 +85,7 @@ class EmbeddingsRoutes:
             OLLAMA_EMBED: self.ollama_embed,
             OLLAMA_EMBEDDINGS: self.ollama_embeddings,
         }
+        return {route: answering_disconnects(handler) for route, handler in handlers.items()}
 
     # -- routes ------------------------------------------------------------------
 
@@ -137,7 +138,8 @@ class EmbeddingsRoutes:
         value = body.value
         texts = [value.input] if isinstance(value.input, str) else value.input
         texts = [text for text in texts if text]  # Ollama skips an empty text
-        async with self._routes.model_for(request, _ollama_name(value.model)) as parts:
+        name, keep_alive = _ollama_name(value.model), keep_alive_s(value.keep_alive)
+        async with self._routes.model_for(request, name, keep_alive_s=keep_alive) as parts:
             model = self._embedder(parts)
             params = _params(model, value.dimensions)
             if not texts:
@@ -158,7 +160,8 @@ class EmbeddingsRoutes:
     async def ollama_embeddings(self, request: Request) -> Response:
         body = await self._routes.bodies.parse(request, OllamaEmbeddingsRequest)
         value = body.value
-        async with self._routes.model_for(request, _ollama_name(value.model)) as parts:
+        name, keep_alive = _ollama_name(value.model), keep_alive_s(value.keep_alive)
+        async with self._routes.model_for(request, name, keep_alive_s=keep_alive) as parts:
             model = self._embedder(parts)
             if not value.prompt:
                 return _json(bodies.ollama_embedding_body(np.zeros((0, 0))))
@@ -215,7 +218,7 @@ class EmbeddingsRoutes:
             return write()
 
         inputs = await self._routes.bodies.convert(body, convert, parts.model.conversion)
-        return _pool(request, parts.gate, inputs, params or PoolingParams(), queue_timeout)
+        return pool(request, parts, inputs, params or PoolingParams(), queue_timeout)
 
     async def _scores(
         self,
@@ -238,47 +241,10 @@ class EmbeddingsRoutes:
         return bodies.cosine(vectors[: len(pairs)], vectors[len(pairs) :]), num_tokens
 
 
-async def _pool(
-    request: Request,
-    gate: EngineClient,
-    inputs: list[PoolingInput],
-    params: PoolingParams,
-    queue_timeout: QueueTimeout | None,
-) -> tuple[PooledOutput, int]:
-    """Run one engine request; (its pooled vectors, its tokens)."""
-    num_tokens = sum(len(one.token_ids) for one in inputs)
-    _account(request, num_tokens)
-    sink = _PooledSink()
-    request_id = f"pool-{uuid.uuid4().hex}"
-    gate.add_pooling_request(request_id, inputs, params, sink, queue_timeout=queue_timeout)
-    try:
-        delta = await sink.result
-    except asyncio.CancelledError:
-        gate.abort([request_id])
-        raise
-    assert delta.pooled is not None, "a pooling request finishes with its vectors"
-    return delta.pooled, num_tokens
-
-
 def _params(model: PoolingModelView, dimensions: int | None) -> PoolingParams:
     if dimensions is not None and (problem := model.spec.check_dimensions(dimensions)):
         raise InvalidRequestError(f"{problem} (asked for {dimensions})", param="dimensions")
     return PoolingParams(dimensions=dimensions)
-
-
-class _PooledSink:
-    """The engine's one answer to a pooling request, as a future."""
-
-    def __init__(self) -> None:
-        self.result: asyncio.Future[RequestDelta] = asyncio.get_running_loop().create_future()
-
-    def on_delta(self, delta: RequestDelta) -> None:
-        if delta.pooled is not None and not self.result.done():
-            self.result.set_result(delta)
-
-    def on_error(self, error: BaseException) -> None:
-        if not self.result.done():
-            self.result.set_exception(error)
 
 
 def _embedding_inputs(
@@ -334,16 +300,6 @@ def _score_pairs(text_1: str | list[str], text_2: str | list[str]) -> list[tuple
             param="text_2",
         )
     return list(zip(firsts, seconds, strict=True))
-
-
-def _account(request: Request, num_tokens: int) -> None:
-    """The access log's prompt tokens, and the API key's token reservation."""
-    log = getattr(request.state, "request_log", None)
-    if log is not None:
-        log.num_prompt_tokens = num_tokens
-    lease = getattr(request.state, "key_lease", None)
-    if lease is not None:
-        lease.reserve(num_tokens, 0)
 
 
 def _json(body: bytes) -> Response:
