@@ -19,8 +19,10 @@ from pathlib import Path
 
 import httpx2
 import numpy as np
+import ollama
 import openai
 import pytest
+from langchain_ollama import OllamaEmbeddings
 
 from sluice.apis.surface import POOLING_ROUTES
 from sluice.config import EngineConfig, ModelConfig
@@ -176,6 +178,12 @@ def test_generation_routes_refuse_an_embedding_model_in_their_own_shapes(server)
         server, "/api/chat", {"model": MINILM, "messages": [{"role": "user", "content": "hi"}]}
     )
     assert ollama.status_code == 400 and "is an embedding model" in ollama.json()["error"]
+    generate = post(server, "/api/generate", {"model": MINILM, "prompt": "hi"})
+    assert generate.status_code == 400 and "is an embedding model" in generate.json()["error"]
+    for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/responses", {"input": "hi"})):
+        refused = post(server, path, {"model": MINILM, **body})
+        assert refused.status_code == 400, path
+        assert "is an embedding model" in refused.json()["error"]["message"], path
 
 
 def test_ollama_embed_truncates_by_default_and_refuses_when_asked_not_to(server):
@@ -203,6 +211,21 @@ def test_ollama_embed_truncates_by_default_and_refuses_when_asked_not_to(server)
     assert wrong.status_code == 400 and "input" in wrong.json()["error"]
 
 
+def test_the_ollama_client_and_langchain_embed_as_sentence_transformers(server):
+    texts, expected = REFERENCE["texts"][:3], REFERENCE["embeddings"][:3]
+    client = ollama.Client(host=server.url)
+    answer = client.embed(model=MINILM, input=texts)
+    assert answer.model == MINILM and answer.prompt_eval_count > len(texts)
+    for got, reference in zip(answer.embeddings, expected, strict=True):
+        assert cosine_distance(got, reference) < 1e-5
+    old = client.embeddings(model=MINILM, prompt=texts[0])
+    assert cosine_distance(old.embedding, expected[0]) < 1e-5
+    langchain = OllamaEmbeddings(model=MINILM, base_url=server.url)
+    for got, reference in zip(langchain.embed_documents(texts), expected, strict=True):
+        assert cosine_distance(got, reference) < 1e-5
+    assert cosine_distance(langchain.embed_query(texts[1]), expected[1]) < 1e-5
+
+
 def test_an_embedding_model_reranks_and_scores_by_cosine_similarity(server):
     documents = ["The cat sat on the mat.", "Stock markets fell today.", "A kitten is a young cat."]
     body = {"model": MINILM, "query": "cats", "documents": documents, "top_n": 2}
@@ -216,6 +239,21 @@ def test_an_embedding_model_reranks_and_scores_by_cosine_similarity(server):
     assert [item["index"] for item in score["data"]] == [0, 1, 2]
     by_score = sorted(range(3), key=lambda i: -score["data"][i]["score"])
     assert by_score[:2] == indices
+
+
+def test_a_too_long_rerank_or_score_pair_names_the_limit_unless_truncated(reranker):
+    body = {"query": "which", "documents": ["short", LONG_TEXT]}
+    refused = post(reranker, "/v1/rerank", body)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "documents"
+    assert "cross takes at most 64" in refused.json()["error"]["message"]  # the tiny one's
+    score = post(reranker, "/v1/score", {"text_1": "which", "text_2": LONG_TEXT})
+    assert score.status_code == 400 and "at most 64" in score.json()["error"]["message"]
+    cut = post(reranker, "/v1/rerank", {**body, "truncate_prompt_tokens": -1})
+    assert cut.status_code == 200, cut.text
+    assert cut.json()["usage"]["total_tokens"] == 5 + 64  # [CLS] which [SEP] short [SEP]
+    scored = post(reranker, "/v1/score",
+                  {"text_1": "which", "text_2": LONG_TEXT, "truncate_prompt_tokens": 12})  # fmt: skip
+    assert scored.status_code == 200 and scored.json()["usage"]["prompt_tokens"] == 12
 
 
 def test_a_cross_encoder_reranks_by_its_own_scores_and_refuses_to_embed(reranker):
@@ -245,6 +283,12 @@ def test_a_generation_model_refuses_embeddings_in_each_api_shape():
         )
         rerank_error = post(live, "/v1/rerank", {"query": "q", "documents": ["d"]})
         assert rerank_error.status_code == 400
+        assert "is a generation model" in rerank_error.json()["error"]["message"]
+        score_error = post(live, "/v1/score", {"text_1": "q", "text_2": "d"})
+        assert score_error.status_code == 400
+        assert "is a generation model" in score_error.json()["error"]["message"]
+        old_error = post(live, "/api/embeddings", {"model": live.model_name, "prompt": "text"})
+        assert old_error.status_code == 400 and "generation model" in old_error.json()["error"]
 
 
 @contextlib.contextmanager
