@@ -120,6 +120,62 @@ def test_a_model_that_does_not_load_fails_its_requests_clearly_and_the_others_se
         assert "model_wait_ms=" in line  # it waited for the start that failed
 
 
+def test_a_model_that_does_not_load_answers_in_each_apis_error_shape_and_is_tried_once():
+    engines: list[FakeEngine] = []
+
+    def make_broken() -> FakeEngine:
+        engines.append(BrokenEngine())
+        return engines[-1]
+
+    models = [spec("alpha", 40, is_preloaded=True), spec("broken", 60, make=make_broken)]
+    hi = [{"role": "user", "content": "hi"}]
+    with (
+        LiveServer(None, None, model_specs=models, models_max=1) as live,
+        httpx2.Client(base_url=live.url) as http,
+    ):
+        chat = http.post("/v1/chat/completions", json={"model": "broken", "messages": hi})
+        assert chat.status_code == 503 and int(chat.headers["Retry-After"]) >= 1
+        assert "blk.3.ffn_up.weight" in chat.json()["error"]["message"]
+        messages = http.post(
+            "/v1/messages", json={"model": "broken", "max_tokens": 4, "messages": hi}
+        )
+        assert messages.status_code == 503
+        assert messages.json()["type"] == "error"
+        assert "blk.3.ffn_up.weight" in messages.json()["error"]["message"]
+        ollama = http.post("/api/chat", json={"model": "broken", "messages": hi})
+        assert ollama.status_code == 503
+        assert "blk.3.ffn_up.weight" in ollama.json()["error"]  # Ollama's {"error": "..."}
+        assert completion(http, "alpha").status_code == 200
+        # Remembered: the later requests started no engine, the first stopped alpha once.
+        assert len(engines) == 1
+        assert completion(http, "alpha").status_code == 200
+        loads = _metric_values(http.get("/metrics").text, "sluice:model_loads_total")
+        assert loads == {"alpha": 2.0, "broken": 0.0}
+
+
+def test_switching_between_two_loaded_models_costs_no_reload():
+    models = [spec("alpha", 40), spec("beta", 50)]
+    with (
+        LiveServer(None, None, model_specs=models, models_max=2) as live,
+        httpx2.Client(base_url=live.url) as http,
+    ):
+        for name, token_id in [("alpha", 40), ("beta", 50)] * 8:
+            answer = completion(http, name)
+            assert answer.json()["choices"][0]["text"] == expected_text(token_id, 4)
+        loads = _metric_values(http.get("/metrics").text, "sluice:model_loads_total")
+    assert loads == {"alpha": 1.0, "beta": 1.0}
+
+
+def _metric_values(text: str, name: str) -> dict[str, float]:
+    """{model_name: value} of the series `name` in a Prometheus exposition."""
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line.rsplit(" ", 1)
+            values[labels.split('model_name="')[1].split('"')[0]] = float(value)
+    return values
+
+
 def test_the_access_log_shows_the_wait_for_a_model_to_start(caplog):
     caplog.set_level(logging.INFO, logger="sluice.access")
     models = [spec("alpha", 40, is_preloaded=True), spec("beta", 50)]
@@ -132,6 +188,54 @@ def test_the_access_log_shows_the_wait_for_a_model_to_start(caplog):
     lines = [r.getMessage() for r in caplog.records if "/v1/completions" in r.getMessage()]
     assert len(lines) == 2
     assert "model_wait_ms=" in lines[0] and "model_wait_ms=" not in lines[1]
+
+
+class Clock:
+    """The server's seconds, moved by the test (here: by the engines' starts)."""
+
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def slow_to_load(clock: Clock, load_s: float):
+    """An engine whose start takes `load_s` on `clock`, then never answers."""
+
+    class SlowToLoad(FakeEngine):
+        async def start(self) -> None:
+            clock.now_s += load_s
+            await super().start()
+
+    return lambda: SlowToLoad(echoing(50), prefill_steps=10**9, step_interval_s=0.01)
+
+
+def test_one_queue_timeout_bounds_the_wait_for_the_model_and_then_for_the_first_token(caplog):
+    caplog.set_level(logging.INFO, logger="sluice.access")
+    clock = Clock()
+    models = [
+        spec("alpha", 40, is_preloaded=True),
+        spec("beta", 50, make=slow_to_load(clock, 4.75)),
+        spec("gamma", 60, make=slow_to_load(clock, 6.0)),
+    ]
+    header = {"X-Sluice-Queue-Timeout": "5"}
+    with (
+        LiveServer(None, None, model_specs=models, clock=clock) as live,
+        httpx2.Client(base_url=live.url, headers=header) as http,
+    ):
+        # 4.75 s of its 5 went to the load: the engine gets the 0.25 s left.
+        beta = completion(http, "beta")
+        assert beta.status_code == 503, beta.text
+        assert "waited 0.25 s without being served" in beta.json()["error"]["message"]
+        # The load took longer than the whole timeout: refused before any engine work.
+        gamma = completion(http, "gamma")
+        assert gamma.status_code == 503, gamma.text
+        message = gamma.json()["error"]["message"]
+        assert "waited 6 s for its model to load, its whole queue timeout (5 s)" in message
+        assert gamma.headers["Retry-After"] == "1"
+    lines = [r.getMessage() for r in caplog.records if "/v1/completions" in r.getMessage()]
+    assert "model_wait_ms=4750.0" in lines[0] and "model_wait_ms=6000.0" in lines[1]
 
 
 def test_metrics_carry_each_models_name():

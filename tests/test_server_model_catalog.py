@@ -92,3 +92,27 @@ def test_the_several_models_flags_reach_the_pools_limits(monkeypatch):
     # No --models-memory: 90% of what the OS could give when the server starts.
     monkeypatch.setattr(model_catalog, "available_memory_bytes", lambda: 10_000)
     assert pool_limits(serve_flags(), gate_capacity=8).memory_budget_bytes == 9_000
+
+
+def test_a_truncated_weights_file_fails_its_models_check_naming_the_file(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    save_file({"w": torch.zeros(256)}, str(folder / "model.safetensors"))
+    model_catalog.check_weights(folder)  # whole: passes
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[:-100])
+    with pytest.raises(ModelLoadError, match="model.safetensors.*not fully covered"):
+        model_catalog.check_weights(folder)
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"GGUX" + b"\x03\x00\x00\x00" + b"\xff" * 12)
+    with pytest.raises(ModelLoadError, match="unreadable GGUF file .*broken.gguf"):
+        model_catalog.check_weights(gguf)
+
+
+def test_each_spec_checks_its_own_weights(models):
+    specs = {spec.name: spec for spec in model_specs(config(models_dir=models), never_described)}
+    with pytest.raises(ModelLoadError, match="tiny-llama/model.safetensors"):
+        specs["tiny-llama"].check()

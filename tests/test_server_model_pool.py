@@ -59,8 +59,19 @@ class Models:
         return len(self.engines.get(name, []))
 
 
-def pool_of(*specs: ModelSpec, **limits) -> ModelPool[str]:
-    return ModelPool(list(specs), PoolLimits(gate_capacity=8, **limits), lambda n, s, g: n)
+class Clock:
+    """Seconds the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def pool_of(*specs: ModelSpec, clock: Clock | None = None, **limits) -> ModelPool[str]:
+    limits = PoolLimits(gate_capacity=8, **limits)
+    return ModelPool(list(specs), limits, lambda n, s, g: n, clock=clock)
 
 
 def states(pool: ModelPool) -> dict[str, str]:
@@ -210,22 +221,122 @@ async def _enter_and_leave(pool: ModelPool, name: str, wait_s: float | None = No
 
 def test_a_failed_start_names_the_model_and_its_cause_and_the_others_keep_serving():
     models = Models()
-    pool = pool_of(models.spec("good"), models.spec("broken", BrokenEngine))
+    clock = Clock()
+    pool = pool_of(models.spec("good"), models.spec("broken", BrokenEngine), clock=clock)
 
     async def body() -> None:
         async with pool.use("good", None):
             pass
-        for _ in range(2):  # each new request tries again, and fails the same way
-            with pytest.raises(ModelUnavailableError) as refused:
-                await _enter_and_leave(pool, "broken")
-            assert "`broken`" in refused.value.message
-            assert "truncated" in refused.value.message
+        with pytest.raises(ModelUnavailableError) as refused:
+            await _enter_and_leave(pool, "broken")
+        assert "`broken` failed to load" in refused.value.message
+        assert "truncated" in refused.value.message
         status = {s.name: s for s in pool.statuses()}
         assert status["broken"].state == "unloaded"
         assert "truncated" in (status["broken"].last_error or "")
         async with pool.use("good", None):
             pass
         assert states(pool)["good"] == "loaded"
+        assert models.num_starts("broken") == 1
+
+    run(body())
+
+
+def test_a_failed_start_is_remembered_for_a_while_so_its_requests_do_not_retry_it():
+    models = Models()
+    clock = Clock()
+    pool = pool_of(models.spec("broken", BrokenEngine), clock=clock, failure_memory_s=30.0)
+
+    async def body() -> None:
+        with pytest.raises(ModelUnavailableError):
+            await _enter_and_leave(pool, "broken")
+        clock.now_s += 10.0
+        for _ in range(5):
+            with pytest.raises(ModelUnavailableError) as refused:
+                await _enter_and_leave(pool, "broken")
+            assert "truncated" in refused.value.message
+            assert "not tried again for 20 s" in refused.value.message
+            assert refused.value.retry_after_s == 20
+        assert models.num_starts("broken") == 1
+        clock.now_s += 20.0  # forgotten: the next request tries again
+        with pytest.raises(ModelUnavailableError, match="truncated"):
+            await _enter_and_leave(pool, "broken")
+        assert models.num_starts("broken") == 2
+
+    run(body())
+
+
+def test_a_model_whose_files_fail_their_check_never_stops_a_loaded_one():
+    models = Models()
+
+    def check() -> None:
+        raise ModelLoadError("model.safetensors: incomplete metadata, file not fully covered")
+
+    pool = pool_of(models.spec("good"), models.spec("broken", check=check), max_loaded=1)
+
+    async def body() -> None:
+        async with pool.use("good", None):
+            pass
+        for _ in range(3):
+            with pytest.raises(ModelUnavailableError, match="not fully covered"):
+                await _enter_and_leave(pool, "broken")
+        assert states(pool) == {"good": "loaded", "broken": "unloaded"}
+        assert models.num_starts("broken") == 0  # no engine started for it
+        assert pool.num_loads("good") == 1 and models.engines["good"][0].is_alive
+
+    run(body())
+
+
+def test_a_model_whose_engine_fails_stops_a_loaded_one_at_most_once_while_remembered():
+    models = Models()
+    clock = Clock()
+    specs = models.spec("good"), models.spec("broken", BrokenEngine)
+    pool = pool_of(*specs, clock=clock, max_loaded=1)
+
+    async def body() -> None:
+        for _ in range(4):  # the requests alternate between the two
+            async with pool.use("good", None):
+                pass
+            with pytest.raises(ModelUnavailableError, match="truncated"):
+                await _enter_and_leave(pool, "broken")
+        assert models.num_starts("broken") == 1
+        # Stopped for the first try only (unknowable before its engine ran).
+        assert pool.num_loads("good") == 2
+        assert states(pool) == {"good": "loaded", "broken": "unloaded"}
+
+    run(body())
+
+
+def test_switching_between_two_loaded_models_starts_neither_again():
+    models = Models()
+    pool = pool_of(models.spec("alpha"), models.spec("beta"), max_loaded=2)
+
+    async def body() -> None:
+        for name in ["alpha", "beta"] * 10:
+            async with pool.use(name, None) as lease:
+                assert lease.model.parts == name
+        assert (pool.num_loads("alpha"), pool.num_loads("beta")) == (1, 1)
+        assert {s.name: s.num_loads for s in pool.statuses()} == {"alpha": 1, "beta": 1}
+
+    run(body())
+
+
+def test_the_lease_says_how_long_its_request_waited_for_the_start_on_the_pools_clock():
+    clock = Clock()
+
+    class SlowStartEngine(FakeEngine):
+        async def start(self) -> None:
+            clock.now_s += 3.25  # the weights took 3.25 s to load
+            await super().start()
+
+    models = Models()
+    pool = pool_of(models.spec("slow", SlowStartEngine), clock=clock)
+
+    async def body() -> None:
+        async with pool.use("slow", 60.0) as lease:
+            assert lease.waited_s == pytest.approx(3.25)
+        async with pool.use("slow", 60.0) as lease:
+            assert lease.waited_s is None  # running: no wait
 
     run(body())
 

@@ -23,7 +23,8 @@ Invariants:
   supervisor (restart or exit when it dies) and the loop watchdog.
 - Every engine request passes the `AdmissionGate`: a full queue or a draining
   server is a 503 with Retry-After before any work; a request that waits past
-  its queue timeout for its first token gets one clear error.
+  its queue timeout for its first token gets one clear error. A wait for its
+  model to start counts against the same timeout: one deadline.
 - A stream whose writes stay stuck for `send_timeout_s` is cut and its engine
   requests aborted; other streams never wait for it.
 """
@@ -80,14 +81,16 @@ from sluice.server.event_stream import (
 from sluice.server.info_routes import InfoRoutes, sluice_version
 from sluice.server.key_limits import KeyLease, KeyLimiter
 from sluice.server.loop_watchdog import LoopWatchdog
-from sluice.server.metrics import ReadCounter, ReadInfos, SeriesObserver, ServerMetrics
+from sluice.server.metrics import ServerMetrics
 from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog, middleware_stack
 from sluice.server.model_catalog import pool_limits
 from sluice.server.model_entry import ModelSpec
 from sluice.server.model_parts import ModelOptions, ModelParts, model_options, model_parts
 from sluice.server.model_pool import ModelPool
 from sluice.server.pages import add_pages
+from sluice.server.read_metrics import ReadCounter, ReadInfos, ReadModelCounters
 from sluice.server.replicas import ReplicaCollector
+from sluice.server.request_series import SeriesObserver
 from sluice.server.request_spans import RequestTrace, TracedObserver
 from sluice.server.response_store import ResponseStore
 from sluice.server.responses_routes import ResponsesRoutes
@@ -126,12 +129,18 @@ def create_app(
     if tracer is None and endpoint is not None:
         tracer = otlp_tracer(endpoint, "sluice-server")
     keys = KeyRing(config.api_key, config.api_key_file)
-    routes = Routes(config, models, on_exit=lambda: shutdown.exit(1), is_keyed=keys.is_enabled)
+    routes = Routes(
+        config, models, on_exit=lambda: shutdown.exit(1), is_keyed=keys.is_enabled, clock=clock
+    )
     pool = routes.models
     shutdown = GracefulShutdown(pool, config.drain_timeout_s, _PoolSupervisors(pool))
     registry = routes.metrics.registry
     registry.register(ReadCounter("sluice:engine_restarts", "Dead engines brought back.",
                                   lambda: pool.num_restarts))  # fmt: skip
+    registry.register(ReadModelCounters(
+        "sluice:model_loads", "Engine starts of each model (a switch to a loaded model: none).",
+        lambda: {name: pool.num_loads(name) for name in pool.names},
+    ))  # fmt: skip
     watchdog = LoopWatchdog(registry)
     registry.register(AdmissionCollector(pool))
     registry.register(ReplicaCollector(routes.replicas))
@@ -222,7 +231,9 @@ class Routes:
         models: list[ModelSpec],
         on_exit: Callable[[], None] = lambda: None,
         is_keyed: bool = False,
+        clock: Callable[[], float] | None = None,
     ):
+        """`clock`: seconds, the pool's (its waits for starts; default the loop's time)."""
         self.config = config
         self.send_timeout_s = config.send_timeout_s
         self.queue_timeout_s = config.queue_timeout_s
@@ -235,7 +246,7 @@ class Routes:
         num_replicas = 1 if config.data_parallel is None else config.data_parallel.num_replicas
         capacity = num_replicas * admission.capacity_of(config.engine.scheduler)
         self.models: ModelPool[ModelParts] = ModelPool(
-            models, pool_limits(config, capacity), self._prepare, self._supervise
+            models, pool_limits(config, capacity), self._prepare, self._supervise, clock
         )
 
     def handlers(self) -> dict[ApiRoute, Handler]:
@@ -260,7 +271,8 @@ class Routes:
     ) -> AsyncIterator[ModelParts]:
         """The running model `name` names (404 naming the served ones), held
         while the route works; started first if need be, waiting at most the
-        request's queue timeout (the access log shows the wait). `keep_alive_s`:
+        request's queue timeout (the access log shows the wait, and its wait
+        for the first token gets what is left: `admit`). `keep_alive_s`:
         how long it stays loaded once idle (None: the server's default; 0: stop
         it after this request; inf: ever); `is_any_name_served`: an unknown
         name means the first model (the agent APIs)."""
@@ -271,6 +283,7 @@ class Routes:
         log = _request_log(request)
         on_wait = None if log is None else functools.partial(setattr, log, "model_wait_s")
         async with self.models.use(resolved, wait_s, keep_alive_s, on_wait) as lease:
+            request.state.model_wait_s = lease.waited_s  # off its queue timeout (admit)
             yield lease.model.parts
 
     async def options_for(self, name: str | None) -> ModelOptions:
@@ -390,9 +403,7 @@ class Routes:
                 "and /v1/score, not generation",
                 param="model",
             )
-        timeout_s = admission.queue_timeout_s(
-            request.headers.get(admission.QUEUE_TIMEOUT_HEADER), self.queue_timeout_s
-        )
+        timeout_s = self._queue_timeout_left(request)
         if not model.gate.is_alive:
             raise EngineDeadError(f"the engine of `{model.name}` is not running; retry later")
         model.gate.check_open(n)
@@ -400,6 +411,22 @@ class Routes:
         if lease is not None:  # a choice is a request to the key's limits
             lease.seat_choices(n)
         return None if timeout_s is None else QueueTimeout(timeout_s)
+
+    def _queue_timeout_left(self, request: Request) -> float | None:
+        """What is left of the request's queue timeout after its wait for its
+        model to start: one deadline bounds both waits (None: no timeout)."""
+        timeout_s = admission.queue_timeout_s(
+            request.headers.get(admission.QUEUE_TIMEOUT_HEADER), self.queue_timeout_s
+        )
+        waited_s: float | None = getattr(request.state, "model_wait_s", None)
+        if timeout_s is None or waited_s is None:
+            return timeout_s
+        if waited_s >= timeout_s:
+            raise admission.QueueTimeoutError(
+                f"the request waited {waited_s:.3g} s for its model to load, its whole "
+                f"queue timeout ({timeout_s:g} s); retry later"
+            )
+        return timeout_s - waited_s
 
     async def respond(
         self,

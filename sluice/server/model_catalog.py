@@ -16,6 +16,11 @@ every model with --preload, starts with the server.
 A model's estimated bytes, for the pool's memory budget: its weights' files
 (a GGUF's file, a folder's safetensors) plus the KV pool its engine allocates
 (--kv-cache-memory, else the CPU default).
+
+Before a model's start stops any other, its weights' files are checked
+cheaply (`check_weights`: a safetensors header must cover its file, a GGUF
+file must start as one), so a truncated download is refused without
+unloading a model that works.
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ def model_specs(
                 make_engine=functools.partial(_engine, engine),
                 estimated_bytes=weight_bytes(source.path) + kv_bytes,
                 is_preloaded=config.preload or len(named) == 1,
+                check=functools.partial(check_weights, source.path),
             )
         )
     return specs
@@ -114,6 +120,29 @@ def weight_bytes(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.iterdir() if p.suffix in _WEIGHT_SUFFIXES)
+
+
+def check_weights(path: Path) -> None:
+    """A ModelLoadError naming the first weights file of `path` (a GGUF file
+    or an HF folder) whose header does not parse or does not cover the file;
+    reads headers only. A GGUF's tensor table is not walked (gguf's reader
+    takes seconds on a large vocabulary): its magic and version only."""
+    if path.is_file():
+        with open(path, "rb") as gguf:
+            head = gguf.read(8)
+        if len(head) < 8 or head[:4] != b"GGUF" or int.from_bytes(head[4:], "little") not in (2, 3):
+            raise ModelLoadError(f"unreadable GGUF file {path}: no GGUF v2/v3 header")
+        return
+    from safetensors import SafetensorError, safe_open
+
+    from sluice.loader.weights import checkpoint_files
+
+    for weights in checkpoint_files(path):
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as error:
+            raise ModelLoadError(f"unreadable weights file {weights}: {error}") from None
 
 
 def split_name(text: str) -> tuple[str | None, str]:

@@ -36,6 +36,9 @@ class ModelSpec:
     is_preloaded: bool = False
     # Never stopped (an engine handed to `create_app` already built).
     is_pinned: bool = False
+    # Checks its files cheaply (headers, sizes; in a thread) before its start
+    # stops any other model: a ModelLoadError names what is wrong. None: no check.
+    check: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,10 @@ class PoolLimits:
     memory_budget_bytes: int | None = None
     # keep_alive of a request that names none (None: loaded until evicted).
     default_keep_alive_s: float | None = None
+    # How long a failed start is remembered: its requests get its error at
+    # once (Retry-After: the rest of it) instead of each trying again, and
+    # stopping the loaded models again, to fail the same way.
+    failure_memory_s: float = 30.0
 
 
 @dataclass(slots=True, eq=False)
@@ -83,6 +90,8 @@ class ModelStatus:
     last_error: str | None
     # When its keep_alive runs out, on the loop's clock (None: not scheduled).
     expires_at: float | None
+    # Engine starts that succeeded (a switch to a running model adds none).
+    num_loads: int = 0
 
 
 class ModelEntry(Generic[P]):
@@ -99,6 +108,9 @@ class ModelEntry(Generic[P]):
         self.last_used = 0  # the pool's use counter at its latest lease
         self.is_evicting = False
         self.last_error: str | None = None
+        # When its latest start failed, on the pool's clock (None: it did not).
+        self.failed_at: float | None = None
+        self.num_loads = 0  # engine starts that succeeded
         self.expiry: asyncio.TimerHandle | None = None
         # When `expiry` fires, on the loop's clock (uvloop's handles do not say).
         self.expires_at: float | None = None
@@ -148,4 +160,4 @@ class ModelEntry(Generic[P]):
         elif self.loading is not None and self.active is None:
             state = "loading"
         return ModelStatus(self.spec.name, state, self.served, self.spec.estimated_bytes,
-                           self.last_error, self.expires_at)  # fmt: skip
+                           self.last_error, self.expires_at, self.num_loads)  # fmt: skip
