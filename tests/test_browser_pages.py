@@ -4,13 +4,16 @@ embedded model, float32 so a greedy stream equals its non-streamed twin.
 
 The chat's streamed greedy reply equals the API's non-streamed answer; its
 stop button disconnects and the server aborts the request (its own metrics
-say so); the dashboard's charts fill from /metrics. Screenshots of both go
+say so); the dashboard's charts fill from /metrics. Over two models on fake
+engines (no weights), the chat page's picker sends to the model chosen and
+the dashboard's selector lists both. Screenshots of both go
 to the test's temporary folder, or, with SLUICE_DOCS_SCREENSHOTS=1, to
 docs/chat.png and docs/dashboard.png (a plain run leaves the tree clean).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -18,6 +21,11 @@ import httpx2
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
+from sluice.server.model_entry import ModelSpec
+from sluice.server.served_model import ServedModel
+from sluice.testing import FakeEngine
+from sluice.testing.fake_tokenizer import ChatFakeTokenizer
+from sluice.testing.live_server import LiveServer
 from sluice.testing.server_process import sluice_serve
 
 pytestmark = pytest.mark.slow
@@ -47,13 +55,19 @@ def server_url(embedded_model_config, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(server_url):
+def browser():
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM)
-        page = browser.new_page(viewport={"width": 1200, "height": 860})
-        page.set_default_timeout(240_000)  # CPU decoding of a whole reply
-        yield page
+        yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(server_url, browser):
+    page = browser.new_page(viewport={"width": 1200, "height": 860})
+    page.set_default_timeout(240_000)  # CPU decoding of a whole reply
+    yield page
+    page.close()
 
 
 def metric(url: str, name: str) -> float:
@@ -136,3 +150,36 @@ def test_the_dashboards_charts_fill_from_the_metrics(page, server_url, screensho
     )
     page.screenshot(path=screenshots / "dashboard.png", full_page=True)
     page.evaluate("() => { window.trafficOn = false; }")
+
+
+def fake_model(name: str, token_id: int, **fields) -> ModelSpec:
+    """A model on a fake engine that answers `token_id` forever (each model its own)."""
+    served = ServedModel(name, ChatFakeTokenizer(), 256)
+    make = lambda: FakeEngine(lambda request_id, prompt, params: itertools.repeat(token_id))  # noqa: E731
+    return ModelSpec(name, lambda: served, make, **fields)
+
+
+def test_the_chat_page_picks_the_second_model_and_it_answers(browser):
+    models = [fake_model("alpha", 40, is_preloaded=True), fake_model("beta", 50)]
+    with LiveServer(None, None, model_specs=models) as live:
+        page = browser.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(live.url + "/")
+        page.wait_for_function("document.getElementById('model-picker').options.length === 2")
+        assert page.input_value("#model-picker") == "alpha"  # the first by default
+        page.select_option("#model-picker", "beta")
+        send(page, "Which model are you?", max_tokens=4)
+        reply = page.wait_for_selector(".message.assistant[data-done=true]")
+        assert reply.query_selector(".content").text_content() == ChatFakeTokenizer().decode(
+            [50] * 4
+        )
+        # The server says beta served it, and alpha nothing.
+        assert metric(live.url, 'sluice:generation_tokens_total{model_name="beta"}') == 4
+        assert metric(live.url, 'sluice:generation_tokens_total{model_name="alpha"}') == 0
+        # The dashboard offers each model the metrics name.
+        page.goto(live.url + "/dashboard")
+        page.wait_for_function(
+            "[...document.getElementById('model-filter').options].map((o) => o.value)"
+            ".join(',') === ',alpha,beta'"
+        )
+        page.close()
