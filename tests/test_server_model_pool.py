@@ -404,3 +404,18 @@ def test_draining_refuses_new_starts_and_shutdown_stops_every_engine():
         assert states(pool) == {"alpha": "unloaded", "beta": "unloaded"}
 
     run(body())
+
+
+def test_refusals_stay_counted_after_their_model_is_stopped():
+    models = Models()
+    pool = pool_of(models.spec("alpha"), models.spec("beta"), max_loaded=1)
+
+    async def body() -> None:
+        async with pool.use("alpha", None) as lease:
+            lease.model.gate.num_refused["queue_full"] += 2  # as its gate counts them
+        async with pool.use("beta", None):
+            pass
+        assert states(pool)["alpha"] == "unloaded"
+        assert pool.num_refused["queue_full"] == 2  # a counter never goes back
+
+    run(body())

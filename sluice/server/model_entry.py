@@ -118,6 +118,8 @@ class ModelEntry(Generic[P]):
         self.is_unleased = asyncio.Event()
         self.is_unleased.set()
         self.num_restarts_before = 0  # restarts of its engines already stopped
+        # Refusals of its gates already stopped, by reason (/metrics' counters never go back).
+        self.num_refused_before: dict[str, int] = {}
 
     @property
     def is_idle(self) -> bool:

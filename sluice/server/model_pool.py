@@ -231,9 +231,13 @@ class ModelPool(Generic[P]):
 
     @property
     def num_refused(self) -> dict[str, int]:
+        """Requests the models' gates refused, by reason, stopped gates' too."""
         total = {"queue_full": 0, "queue_timeout": 0, "shutting_down": 0}
-        for _, active in self.loaded():
-            for reason, count in active.gate.num_refused.items():
+        for entry in self._entries.values():
+            counts = [entry.num_refused_before]
+            if entry.active is not None:
+                counts.append(entry.active.gate.num_refused)
+            for reason, count in (item for c in counts for item in c.items()):
                 total[reason] = total.get(reason, 0) + count
         return total
 

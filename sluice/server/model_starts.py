@@ -210,6 +210,8 @@ class ModelStarts(Generic[P]):
             entry.num_restarts_before += active.supervisor.num_restarts
             await active.supervisor.stop()
         await active.gate.shutdown()
+        for reason, count in active.gate.num_refused.items():
+            entry.num_refused_before[reason] = entry.num_refused_before.get(reason, 0) + count
         logger.info("model %s unloaded", entry.spec.name)
 
     async def stop_all(self) -> None:
