@@ -201,3 +201,31 @@ def add_byte_bpe_vocab(writer: GGUFWriter, vocab_size: int, specials: list[str])
     writer.add_token_merges([f"{a} {b}" for a, b in pairs])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+
+
+_MOE_STEMS = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp",
+}  # fmt: skip
+_EXPERT_STEMS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps",
+                 "down_proj": "ffn_down_exps"}  # fmt: skip
+_MOE_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight",
+               "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}  # fmt: skip
+
+
+def moe_gguf_tensors(tiny: TinyModel) -> dict[str, np.ndarray]:
+    """A tiny Qwen3-MoE (8 experts) as llama.cpp's qwen3moe names its tensors:
+    GGUF name -> float32 array, the experts stacked per layer and projection."""
+    config = tiny.config_dict
+    weights = {name: t.numpy() for name, t in tiny.weights()}
+    tensors = {gguf: weights[hf] for hf, gguf in _MOE_GLOBAL.items()}
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}."
+        for stem, gguf in _MOE_STEMS.items():
+            tensors[f"blk.{layer}.{gguf}.weight"] = weights[f"{prefix}{stem}.weight"]
+        for proj, gguf in _EXPERT_STEMS.items():
+            stacked = [weights[f"{prefix}mlp.experts.{e}.{proj}.weight"] for e in range(8)]
+            tensors[f"blk.{layer}.{gguf}.weight"] = np.stack(stacked)  # [E, out, in]
+    return tensors

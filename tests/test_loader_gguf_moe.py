@@ -20,44 +20,19 @@ from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
 from sluice.loader.loaded_model import load_model
 from sluice.models.moe_decoder import MoeForCausalLM
-from sluice.models.native.qblock import qblock_available
-from tests.gguf_files import add_byte_bpe_vocab
+from sluice.models.native.qblock import qblock_available, qblock_rows
+from tests.gguf_files import add_byte_bpe_vocab, moe_gguf_tensors
 from tests.model_factory import QWEN3_MOE_KIND, TinyModel, build_tiny_model
 from tests.model_runs import PagedRunner, greedy
 
 Q = GGMLQuantizationType
 PROMPT = [1, 17, 300, 45, 9, 88, 211, 5, 402, 77, 3, 150, 64]
-_STEMS = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp",
-}  # fmt: skip
-_EXPERT_STEMS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps",
-                 "down_proj": "ffn_down_exps"}  # fmt: skip
-_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight",
-           "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> TinyModel:
     # Every layer sparse: llama.cpp's qwen3moe has no dense layers.
     return build_tiny_model(QWEN3_MOE_KIND, tmp_path_factory.mktemp("moe"), mlp_only_layers=[])
-
-
-def gguf_tensors(tiny: TinyModel) -> dict[str, np.ndarray]:
-    """GGUF name -> float32 array, the experts stacked per layer and projection."""
-    config = tiny.config_dict
-    weights = {name: t.numpy() for name, t in tiny.weights()}
-    tensors = {gguf: weights[hf] for hf, gguf in _GLOBAL.items()}
-    for layer in range(config["num_hidden_layers"]):
-        prefix = f"model.layers.{layer}."
-        for stem, gguf in _STEMS.items():
-            tensors[f"blk.{layer}.{gguf}.weight"] = weights[f"{prefix}{stem}.weight"]
-        for proj, gguf in _EXPERT_STEMS.items():
-            stacked = [weights[f"{prefix}mlp.experts.{e}.{proj}.weight"] for e in range(8)]
-            tensors[f"blk.{layer}.{gguf}.weight"] = np.stack(stacked)  # [E, out, in]
-    return tensors
 
 
 def write_moe_gguf(tiny: TinyModel, path: Path, expert_type: Q = Q.F32) -> dict[str, np.ndarray]:
@@ -80,7 +55,7 @@ def write_moe_gguf(tiny: TinyModel, path: Path, expert_type: Q = Q.F32) -> dict[
     writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     add_byte_bpe_vocab(writer, config["vocab_size"], ["<|endoftext|>", "<s>", "</s>"])
     stored = {}
-    for name, array in gguf_tensors(tiny).items():
+    for name, array in moe_gguf_tensors(tiny).items():
         is_attention = ".attn_" in name and array.ndim == 2
         kind = Q.F32
         if "_exps" in name or (is_attention and expert_type != Q.MXFP4):
@@ -145,15 +120,16 @@ def test_quantized_experts_run_like_transformers_on_the_values_they_encode(tiny,
 
 
 @pytest.mark.skipif(not qblock_available(), reason="no AVX512-VNNI block kernels here")
-def test_kept_blocks_serve_attention_while_the_experts_dequantize(tiny, tmp_path):
-    """`--quantization gguf`: the attention matrices stay in their Q8_0 blocks,
-    the stacked experts load dequantized (a 4-bit expert kernel is not built yet)."""
+def test_kept_blocks_serve_attention_and_the_experts(tiny, tmp_path):
+    """`--quantization gguf`: the attention matrices and every expert's stay in
+    their Q8_0 blocks (models/moe_blocks.py), holding the file's values."""
     stored = write_moe_gguf(tiny, tmp_path / "moe.gguf", Q.Q8_0)
     loaded = load(tmp_path / "moe.gguf", tmp_path, quantization="gguf")
     layer = loaded.model.layers[0]
     assert type(layer.qkv_proj).__name__ == "QBlockLinear"
-    want = stored["blk.0.ffn_gate_exps.weight"]
-    np.testing.assert_array_equal(layer.moe.gate_up[:, :32].detach().numpy(), want)
+    (gate_up,) = layer.moe.kept.gate_up[3].parts  # expert 3: gate rows, then up rows
+    rows = qblock_rows(gate_up, torch.arange(32))
+    np.testing.assert_array_equal(rows.numpy(), stored["blk.0.ffn_gate_exps.weight"][3])
 
 
 def test_an_expert_type_sluice_does_not_read_is_one_line_naming_it(tiny, tmp_path):

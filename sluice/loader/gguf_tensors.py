@@ -2,7 +2,8 @@
 
 `gguf_weights` yields each tensor as the model loads it: a matrix in a block
 type the native kernel keeps (loader/gguf_blocks.py: Q4_0/1, Q5_0/1, Q8_0,
-Q4_K, Q5_K, Q6_K) as its `BlockCodes`, everything else (norms, biases,
+Q4_K, Q5_K, Q6_K) as its `BlockCodes` (a stack of experts, `ffn_*_exps`,
+as each expert's codes: models/moe_blocks.py keeps them), everything else (norms, biases,
 float matrices, block types without a kernel) dequantized to float32, in
 HF's layout and orientation either way. Nothing is written to disk: the
 file is the weights' only copy.
@@ -36,6 +37,8 @@ def gguf_weights(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[s
         if keeps_blocks(tensor, name):
             codes = decode_blocks(tensor.data, tensor.tensor_type.name, int(tensor.shape[0]))
             yield name, codes if heads is None else permuted_rows(codes, heads)
+        elif keeps_expert_blocks(tensor, name):
+            yield from expert_codes(tensor, name)
         else:  # a copy: an F32 tensor's array is a view of the read-only map
             for hf_name, array in per_expert(name, hf_array(tensor, name, heads, gguf)):
                 yield hf_name, torch.from_numpy(array.copy())
@@ -50,6 +53,25 @@ def keeps_blocks(tensor: Any, hf_name: str) -> bool:
         and not hf_name.endswith("norm.weight")
         and not hf_name.endswith("mlp.gate.weight")  # a router: float32 (moe.py)
     )
+
+
+def keeps_expert_blocks(tensor: Any, hf_name: str) -> bool:
+    """Whether a stack of experts ([E, out, in]) loads as each expert's block codes."""
+    return (
+        tensor.tensor_type.name in FORMATS
+        and len(tensor.shape) == 3
+        and ".mlp.experts." in hf_name
+        and hf_name.endswith(".weight")
+    )
+
+
+def expert_codes(tensor: Any, hf_name: str) -> Iterator[tuple[str, BlockCodes]]:
+    """(HF name of expert M's matrix, its block codes) for every expert of a stack,
+    decoded one expert at a time from the memory-mapped bytes."""
+    num_experts, cols = int(tensor.shape[2]), int(tensor.shape[0])
+    per_expert_bytes = np.asarray(tensor.data).reshape(num_experts, 1, -1)  # a view of the map
+    for name, raw in per_expert(hf_name, per_expert_bytes):
+        yield name, decode_blocks(raw, tensor.tensor_type.name, cols)
 
 
 def permuted_rows(codes: BlockCodes, num_heads: int) -> BlockCodes:

@@ -402,8 +402,7 @@ class LlamaForCausalLM(nn.Module):
                 f"missing {few_names(missing)}; unexpected {few_names(unexpected)}"
             )
         self.is_loaded = True
-        if block_codes:
-            adopt_block_codes(self, block_codes)
+        self._adopt_block_codes(block_codes)
         for layer in self.layers:
             layer.finish_loading()
         self.final_norm = RMSNorm(self.norm, self.config.rms_norm_eps, self.batch_invariant)
@@ -411,6 +410,11 @@ class LlamaForCausalLM(nn.Module):
             for module in self.modules():
                 if isinstance(module, Linear):
                     module.prepack()
+
+    def _adopt_block_codes(self, arrived: list[tuple[str, WeightTarget, QBlockMatrix]]) -> None:
+        """Swap in the modules that run the matrices that came as block codes."""
+        if arrived:
+            adopt_block_codes(self, arrived)
 
     @torch.no_grad()
     def quantize(self, mode: str) -> None:

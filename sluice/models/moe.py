@@ -29,7 +29,11 @@ never on how many tokens shared the step or which experts the others chose):
 The expert weights are stacked, one tensor per projection, in the model
 dtype: `gate_up` [E, 2 I, H] (rows: gate, then up) and `down` [E, H, I].
 Weight-only int8/int4 (`--quantization`) and the int8 activation scheme
-apply to the attention matrices; the experts keep the model dtype.
+apply to the attention matrices; the experts keep the model dtype, unless
+they stay quantized as the file has them: `keep_experts` swaps the stacks
+for a module that runs each expert from its own 4-bit weights
+(moe_blocks.py: a GGUF's blocks; mxfp4_experts.py: gpt-oss's MXFP4), one
+call per projection over all the rows routed to the expert.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class MoeBlock(nn.Module):
         check_experts(config)
         experts, hidden = config.num_experts, config.hidden_size
         width = config.moe_intermediate_size
+        self.num_experts = experts
         self.top_k = config.num_experts_per_tok
         self.scoring = config.router_scoring
         self.norm_topk_prob = config.norm_topk_prob
@@ -96,6 +101,15 @@ class MoeBlock(nn.Module):
         self.shared: SharedExpert | None = None
         if width := config.shared_expert_intermediate_size:
             self.shared = SharedExpert(hidden, width, dtype, device)
+        # The experts in their file's quantization (`keep_experts`); None: the stacks.
+        self.kept: KeptExperts | None = None
+
+    def keep_experts(self, kept: KeptExperts) -> None:
+        """Run the experts from `kept` from now on and drop the float stacks."""
+        self.kept = kept
+        empty = torch.empty(0, dtype=self.gate_up.dtype, device=self.gate_up.device)
+        self.gate_up = nn.Parameter(empty, requires_grad=False)
+        self.down = nn.Parameter(empty.clone(), requires_grad=False)
 
     def forward(self, x: Tensor, swiglu: Callable[[Tensor], Tensor]) -> Tensor:  # [T, H] -> [T, H]
         expert_ids, weights = self.route(x)  # [T, k] each
@@ -130,20 +144,26 @@ class MoeBlock(nn.Module):
         num_tokens, hidden = x.shape
         flat = expert_ids.flatten()  # [T k]: assignment t * k + r
         order = flat.argsort(stable=True)  # assignments grouped by expert
-        counts = torch.bincount(flat, minlength=self.gate_up.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         rows = x.index_select(0, order // self.top_k)  # [T k, H], grouped by expert
         grouped = torch.empty_like(rows)
         start = 0
         for expert, count in enumerate(counts):
             if count:
-                run = functools.partial(self._expert, expert, swiglu)
-                grouped[start : start + count] = in_row_tiles(
-                    run, rows[start : start + count], _TILE
+                grouped[start : start + count] = self._expert_rows(
+                    expert, swiglu, rows[start : start + count]
                 )
                 start += count
         outputs = torch.empty_like(grouped)
         outputs[order] = grouped  # back to (token, rank) order
         return outputs.view(num_tokens, self.top_k, hidden)
+
+    def _expert_rows(
+        self, expert: int, swiglu: Callable[[Tensor], Tensor], x: Tensor
+    ) -> Tensor:  # [n, H]: every row routed to `expert` -> [n, H]
+        if self.kept is not None:
+            return self.kept(expert, swiglu, x)
+        return in_row_tiles(functools.partial(self._expert, expert, swiglu), x, _TILE)
 
     def _expert(
         self, expert: int, swiglu: Callable[[Tensor], Tensor], x: Tensor
@@ -152,7 +172,29 @@ class MoeBlock(nn.Module):
         return F.linear(swiglu(gate_up), self.down[expert])  # [tile, I] -> [tile, H]
 
     def expert_bytes(self) -> int:
-        return self.gate_up.nbytes + self.down.nbytes
+        kept = 0 if self.kept is None else self.kept.nbytes()
+        return kept + self.gate_up.nbytes + self.down.nbytes
+
+    def expert_format(self) -> str:
+        """How the experts' weights are held: 'bfloat16', 'GGUF blocks (Q4_K, Q6_K)'."""
+        if self.kept is not None:
+            return self.kept.describe()
+        return str(self.gate_up.dtype).removeprefix("torch.")
+
+
+class KeptExperts(nn.Module):
+    """The experts of a layer in their file's quantization (a subclass per scheme)."""
+
+    def forward(
+        self, expert: int, swiglu: Callable[[Tensor], Tensor], x: Tensor
+    ) -> Tensor:  # [n, H]: the rows routed to `expert` -> [n, H]
+        raise NotImplementedError
+
+    def nbytes(self) -> int:
+        return sum(buffer.nbytes for buffer in self.buffers())
+
+    def describe(self) -> str:
+        raise NotImplementedError
 
 
 class SharedExpert(nn.Module):

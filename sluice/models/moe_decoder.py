@@ -28,6 +28,8 @@ from sluice.models.decoder_config import DecoderConfig
 from sluice.models.linear import Linear
 from sluice.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from sluice.models.moe import MoeBlock
+from sluice.models.moe_blocks import EXPERT_NAME, adopt_expert_blocks
+from sluice.models.native.qblock import QBlockMatrix
 from sluice.models.weight_targets import WeightTarget
 
 
@@ -39,7 +41,7 @@ class MoeDecoderLayer(LlamaDecoderLayer):
         self.moe = MoeBlock(config, p["dtype"], p["device"])
 
     def matrices(self) -> tuple[Linear, ...]:
-        return (self.qkv_proj, self.o_proj)  # the experts keep the model dtype (moe.py)
+        return (self.qkv_proj, self.o_proj)  # the experts are the MoE block's (moe.py)
 
     def _mlp(self, x: Tensor) -> Tensor:  # [T, hidden]; row tiles inside (moe.py)
         return self.moe(x, self.swiglu)
@@ -47,7 +49,7 @@ class MoeDecoderLayer(LlamaDecoderLayer):
     def expert_targets(self, prefix: str) -> dict[str, WeightTarget]:
         """This layer's router and expert tensors, by HF name under `prefix`."""
         moe = self.moe
-        width = moe.down.shape[2]
+        width = moe.down.shape[2]  # [E, H, I]: the stacks, before any are dropped
         targets = {f"{prefix}mlp.gate.weight": WeightTarget(moe.router)}
         for expert in range(moe.gate_up.shape[0]):
             name = f"{prefix}mlp.experts.{expert}."
@@ -67,6 +69,12 @@ class MoeDecoderLayer(LlamaDecoderLayer):
 class MoeForCausalLM(LlamaForCausalLM):
     layer_class: ClassVar[type[LlamaDecoderLayer]] = MoeDecoderLayer
 
+    def _adopt_block_codes(self, arrived: list[tuple[str, WeightTarget, QBlockMatrix]]) -> None:
+        """Experts that came as GGUF blocks stay in them (moe_blocks.py)."""
+        is_expert = [EXPERT_NAME.fullmatch(name) is not None for name, _, _ in arrived]
+        adopt_expert_blocks(self.layers, [e for e, x in zip(arrived, is_expert, strict=True) if x])
+        super()._adopt_block_codes([e for e, x in zip(arrived, is_expert, strict=True) if not x])
+
     def _make_layer(self, index: int, dtype: torch.dtype, device) -> LlamaDecoderLayer:
         if self.config.is_moe_layer(index):
             return super()._make_layer(index, dtype, device)
@@ -83,6 +91,12 @@ class MoeForCausalLM(LlamaForCausalLM):
         """Bytes the experts' weights hold."""
         return sum(layer.moe.expert_bytes() for layer in self.layers
                    if isinstance(layer, MoeDecoderLayer))  # fmt: skip
+
+    def expert_format(self) -> str:
+        """How the experts are held, every MoE layer's way once, in layer order."""
+        kinds = [layer.moe.expert_format() for layer in self.layers
+                 if isinstance(layer, MoeDecoderLayer)]  # fmt: skip
+        return " and ".join(dict.fromkeys(kinds))
 
 
 def parameter_counts(config: DecoderConfig) -> tuple[int, int]:
@@ -126,7 +140,7 @@ def describe_experts(model: LlamaForCausalLM) -> str | None:
     return (
         f"mixture of experts: {config.num_experts} experts, {config.num_experts_per_tok} per "
         f"token; {_count(total)} parameters, {_count(active)} active; expert weights {size} "
-        f"in {str(model.dtype).removeprefix('torch.')}"
+        f"in {model.expert_format()}"
     )
 
 
