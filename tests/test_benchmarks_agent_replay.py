@@ -1,0 +1,80 @@
+"""benchmarks/agent_replay.py: the servers it starts, and (slow) the whole pipeline on the
+real `sluice serve`: the first two turns of the recorded Claude Code session replayed cold,
+warm, after a restart with a disk tier, then probed, with the tables built from it."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # the modules import their siblings
+replay = importlib.import_module("agent_replay")
+run = importlib.import_module("_agent_replay_run")
+report = importlib.import_module("_agent_report")
+session_file = importlib.import_module("_agent_session")
+
+SESSIONS = ROOT / "benchmarks" / "data" / "agent_sessions"
+
+
+def test_the_recorded_sessions_have_ten_turns_in_their_agents_dialect():
+    for name, dialect in (("codex", "responses"), ("claude-code", "messages")):
+        session, requests = session_file.read_recording(SESSIONS / f"{name}.jsonl.gz")
+        turns = session_file.generation_turns(requests)
+        assert (session.agent, session.dialect, len(session.prompts)) == (name, dialect, 10)
+        assert list(turns) == list(range(1, 11))
+        assert {r.dialect for rs in turns.values() for r in rs} == {dialect}
+        assert session.model == "SmolLM2-135M-Instruct"
+
+
+def test_the_servers_are_the_default_sluice_its_disk_tier_and_the_installed_peers(tmp_path):
+    fake_llama = tmp_path / "llama-server"
+    fake_llama.write_text("")
+    args = replay.parse_args(["x.jsonl.gz", "--out", str(tmp_path), "--llama-server",
+                              str(fake_llama), "--llama-gguf", "m.gguf",
+                              "--vllm-venv", str(tmp_path / "none")])  # fmt: skip
+    specs = replay.build_specs(args, tmp_path / "kv")
+    assert [s.name for s in specs] == ["sluice", "sluice --kv-cache-dir",
+                                       "llama-server --cache-ram 8192"]  # fmt: skip
+    assert specs[0].command.endswith("serve --host 127.0.0.1 --port {port}")
+    assert specs[1].command == specs[0].command + f" --kv-cache-dir {tmp_path / 'kv'}"
+    assert "-m m.gguf" in specs[2].command and "--cache-ram 8192" in specs[2].command
+    assert "messages" in specs[2].dialects and "responses" in specs[2].dialects
+
+
+def test_a_missing_llama_server_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        replay.parse_args(["x", "--out", str(tmp_path), "--llama-server", str(tmp_path / "no")])
+    assert "--no-llama" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_recorded_turns_replay_cold_warm_and_restarted_on_sluice(
+    embedded_model_config, tmp_path
+):
+    session, requests = session_file.read_recording(SESSIONS / "claude-code.jsonl.gz")
+    turns = {n: rs for n, rs in session_file.generation_turns(requests).items() if n <= 2}
+    command = (f"{sys.executable} -m sluice.cli serve --host 127.0.0.1 --port {{port}} "
+               f"--cache-dir {embedded_model_config.cache_dir} --kv-cache-dir {tmp_path / 'kv'}")  # fmt: skip
+    spec = run.ServerSpec("sluice --kv-cache-dir", command, replay.SLUICE_DIALECTS)
+    args = replay.parse_args(["x", "--out", str(tmp_path), "--no-llama", "--max-tokens", "2"])
+    result = replay.measure_server(spec, session, turns, args, tmp_path)
+    cold, warm, restart = (result.phase(p) for p in run.PHASES)
+    for phase in (cold, warm, restart):
+        assert sorted(phase) == [(1, 1), (2, 1)]
+        for item in phase.values():
+            assert item.facts.error is None and item.facts.first_content_s is not None
+            assert 3000 < item.facts.num_prompt_tokens < 8192
+    # Cold: turn 1 computes everything, turn 2 reads turn 1's prefix. Warm and
+    # after the restart (from the disk tier) all but the last partial block are cached.
+    assert cold[1, 1].facts.num_cached_tokens == 0
+    assert cold[2, 1].facts.num_cached_tokens > 3000
+    for item in (*warm.values(), *restart.values()):
+        assert item.num_new_tokens <= 64, item.facts
+    probes = result.phase("prefill:cold")
+    assert probes[1, 1].facts.num_prompt_tokens == cold[1, 1].num_new_tokens
+    assert "Goals:" in report.server_table(result)
