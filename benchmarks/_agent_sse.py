@@ -14,7 +14,8 @@ arrived, and keeps:
   `cache_read_input_tokens`; chat and completions: the usage chunk's
   `prompt_tokens` and `prompt_tokens_details.cached_tokens`, or where a
   server sends none (llama-server) its `timings`: `prompt_n` computed,
-  `cache_n` reused, and `prompt_ms`, its own prefill time).
+  `cache_n` reused); and in any dialect llama-server's `timings.prompt_ms`,
+  its own prefill time.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class StreamWatch:
         if self.facts.first_content_s is None and self._is_content(data):
             self.facts.first_content_s = elapsed_s
         getattr(self, f"_usage_{self.dialect}")(data)
+        timings = data.get("timings")  # llama-server's, on its last event in every dialect
+        if isinstance(timings, dict) and timings.get("prompt_ms") is not None:
+            self.facts.server_prefill_ms = timings["prompt_ms"]
 
     def _is_content(self, data: dict[str, Any]) -> bool:
         if self.dialect == "responses":
@@ -104,6 +108,5 @@ class StreamWatch:
             if self.facts.num_prompt_tokens is None:
                 self.facts.num_prompt_tokens = timings["prompt_n"] + cached
                 self.facts.num_cached_tokens = cached
-            self.facts.server_prefill_ms = timings.get("prompt_ms")
 
     _usage_completions = _usage_chat

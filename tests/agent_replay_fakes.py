@@ -89,3 +89,17 @@ def fake_upstream():
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+def serve_forever(port: int) -> None:
+    """The fake as a server process (with /health), for the replay's start-and-stop path."""
+    app = make_app(Upstream())
+    app.router.add_get("/health", lambda request: web.Response(text="ok"))
+    web.run_app(app, host="127.0.0.1", port=port, print=None)
+
+
+if __name__ == "__main__":
+    import sys
+
+    # Called as `SCRIPT serve --host H --port PORT [more flags]`, as sluice is.
+    serve_forever(int(sys.argv[sys.argv.index("--port") + 1]))

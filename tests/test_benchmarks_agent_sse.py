@@ -118,3 +118,14 @@ def test_an_error_event_is_kept_and_no_ttft_is_made_up():
 def test_an_unknown_dialect_is_refused():
     with pytest.raises(ValueError, match="dialect"):
         sse.StreamWatch("grpc")
+
+
+def test_llama_server_prefill_time_is_read_from_a_responses_stream_too():
+    usage = {"input_tokens": 17, "input_tokens_details": {"cached_tokens": 3}}
+    timings = {"cache_n": 3, "prompt_n": 14, "prompt_ms": 118.5}
+    facts = _watched("responses", [
+        (0.2, {"type": "response.output_text.delta", "delta": "Hello"}),
+        (0.3, {"type": "response.completed", "response": {"usage": usage}, "timings": timings}),
+    ])  # fmt: skip
+    assert (facts.num_prompt_tokens, facts.num_cached_tokens) == (17, 3)
+    assert facts.server_prefill_ms == 118.5
