@@ -22,6 +22,7 @@ from sluice.config import default_cache_dir
 _SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in (
+        "avx512_attention.c",
         "paged_decode_attention.c",
         "prefill_attention.c",
         "prefill_attention_amx.c",
@@ -45,6 +46,7 @@ _HEADERS = tuple(
         "int8_epilogue.h",
         "amx_tiles.h",
         "amx_attention.h",
+        "avx512_attention.h",
         "paged_tables.h",
     )
 )

@@ -4,7 +4,9 @@
  * attend over the seq_lens[b] cached keys of b, read block by block through
  * the block table. Scores, softmax and the weighted sum of V are in float32
  * (the inputs' bfloat16 values are exact in float32); each output is rounded
- * once, to nearest even, to the model dtype.
+ * once, to nearest even, to the model dtype. Bfloat16 heads of 64 and 128
+ * take prefill_attention.c's fixed key blocks instead (below), so a decode
+ * row gets the bits its query gets in any prefill chunk (issue 44).
  *
  * Layouts (row-major, contiguous unless said):
  *   q        [num_seqs, num_heads, head_dim], sequence b's heads at q + b * q_stride
@@ -96,181 +98,85 @@
 
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-/* The bfloat16 path on CPUs with AVX512-BF16, for head_dim a multiple of 32:
- * keys in tiles of 16, an online softmax (a running maximum and sum per
- * query head, flash-decoding's rescaling), so each K and V row is read once
- * for the G query heads and no score buffer is needed.
- *   - scores: vdpbf16ps multiplies the bfloat16 query and key pairs exactly
- *     into float32 sums, 16 lanes per key; `sum16` then turns 16 keys' lane
- *     vectors into one vector of their 16 sums (a transpose-and-add tree, 45
- *     shuffles and adds against 16 separate horizontal sums);
- *   - softmax: `exp16`, the vector form of vector_exp.h's polynomial;
- *   - the weighted sum of V in float32, the tile's value rows converted once.
- * Against the scalar-sum kernel below, the embedded model's shapes (9 query
- * and 3 KV heads of 64), 64 sequences of 100 tokens, bf16: 268-328 us per
- * layer instead of 550-732 with the cache in L3; 660-730 instead of 950-1280
- * with 30 layers' caches read in turn, as in a step. */
+/* The bfloat16 path on CPUs with AVX512-BF16, for heads of 64 or 128: the
+ * fixed key blocks of avx512_attention.h. A decode row of a sequence of L
+ * keys is the query at position L - 1 of a prefill over those keys, and it
+ * runs through the same compiled step as prefill_attention.c's rows, over
+ * the same packed layouts (keys in steps of 32 at absolute positions): so it
+ * gets exactly the bits that query gets in any prefill chunk (issue 44). A
+ * token an agent's turn decoded and its next turn sends back as prompt then
+ * has the same K/V both times, and so does every layer after.
+ *
+ * Each step's 32 keys and values of a KV head are packed as they are read
+ * from the paged cache (a 16 x 16 transpose, an interleave), once for the
+ * G query heads that read them (a state of up to 8 rows per 8 query heads),
+ * and the next step's rows are prefetched meanwhile. */
 #include <immintrin.h>
 
-#define TILE 16
-/* The head sizes with a tiled path (others take attend_one_bf16). */
-#define MAX_TILE_DIM 128
+#include "avx512_attention.h"
 
-static inline __m512 sum16(__m512 v[TILE]) {
-    __m512 s1[8], s2[4];
-    for (int i = 0; i < 8; i++)
-        s1[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                              _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++)
-        s2[i] = _mm512_add_ps(_mm512_shuffle_ps(s1[2 * i], s1[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_ps(s1[2 * i], s1[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(u, w, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(u, w, _MM_SHUFFLE(3, 1, 3, 1)));
-}
+/* Row states one task keeps (its KV heads times ceil(G / 8)). */
+#define MAX_TASK_STATES 8
 
-static inline __m512 load_bf16x16(const uint16_t *p) {
-    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* Query heads one task keeps state for (a task's KV heads times the group). */
-#define MAX_TASK_HEADS 32
-
-/* KV heads [h0, h0 + nh) of one sequence. A task takes every KV head of its
- * sequence when there are enough sequences to go round the threads: then a
- * token's keys (and values) for all its heads are one contiguous read, where
- * one head's rows alone are a third of each stretch of memory (measured: the
- * hardware prefetcher then fetched much that no one read). head_dim is a
- * constant in each caller below, so the loops over it unroll. */
-static inline __attribute__((always_inline)) void attend_tiles(
-    const uint16_t *q, const uint16_t *keys, const uint16_t *values, const int64_t *table,
-    int64_t len, int64_t block_size, int64_t token_stride, int64_t group, const int64_t head_dim,
-    int64_t h0, int64_t nh, float scale, uint16_t *out) {
-    const int64_t pairs = head_dim / 32, chunks = head_dim / 16, num_q = nh * group;
-    __m512 acc[MAX_TASK_HEADS][MAX_TILE_DIM / 16];
-    float top[MAX_TASK_HEADS], total[MAX_TASK_HEADS];
-    for (int64_t j = 0; j < num_q; j++) {
-        top[j] = -INFINITY;
-        total[j] = 0.0f;
-        for (int64_t c = 0; c < chunks; c++) acc[j][c] = _mm512_setzero_ps();
-    }
-    const __m512 scales = _mm512_set1_ps(scale);
+/* KV heads [h0, h0 + nh) of one sequence of len keys. A task takes several
+ * KV heads of its sequence when there are enough sequences to go round the
+ * threads: then a token's keys (and values) for all its heads are one
+ * contiguous read, where one head's rows alone are a third of each stretch
+ * of memory (measured: the hardware prefetcher then fetched much that no
+ * one read). */
+static void attend_task_bf16(const uint16_t *q, const uint16_t *keys, const uint16_t *values,
+                             const int64_t *table, int64_t len, int64_t block_size,
+                             int64_t token_stride, int64_t group, int64_t head_dim, int64_t h0,
+                             int64_t nh, float scale, uint16_t *out) {
+    const int64_t per_head = (group + AVX_ROWS - 1) / AVX_ROWS;
+    struct avx_rows states[MAX_TASK_STATES];
+    for (int64_t h = 0; h < nh; h++)
+        for (int64_t part = 0; part < per_head; part++) {
+            const int64_t first = part * AVX_ROWS;
+            const int64_t rows = group - first < AVX_ROWS ? group - first : AVX_ROWS;
+            avx_rows_start(&states[h * per_head + part], rows, head_dim,
+                           q + (h * group + first) * head_dim, head_dim, len - 1, 0);
+        }
+    uint32_t kp[AVX_STEP_KEYS * AVX_MAX_DIM / 2] __attribute__((aligned(64)));
+    uint32_t vp[AVX_STEP_KEYS * AVX_MAX_DIM / 2] __attribute__((aligned(64)));
     const int64_t span_bytes = nh * head_dim * (int64_t)sizeof(uint16_t);
     keys += h0 * head_dim;
     values += h0 * head_dim;
-    /* Where each key of the current and the next tile sits (offsets in
-     * elements); the next tile is prefetched while this one is computed. */
-    int64_t offsets[2][TILE];
-    int64_t block = 0, in_block = 0;
-    for (int64_t t = 0; t < 2; t++)
-        for (int64_t i = 0; i < TILE && t * TILE + i < len; i++) {
-            offsets[t][i] = (table[block] * block_size + in_block) * token_stride;
-            if (++in_block == block_size) in_block = 0, block++;
-        }
-    for (int64_t start = 0, cur = 0; start < len; start += TILE, cur ^= 1) {
-        const int64_t n = len - start < TILE ? len - start : TILE;
-        int64_t here[TILE];
-        for (int64_t i = 0; i < n; i++) here[i] = offsets[cur][i];
-        /* The tile after the next one: its offsets replace this tile's. */
-        const int64_t ahead = start + 2 * TILE;
-        for (int64_t i = 0; i < TILE && ahead + i < len; i++) {
-            offsets[cur][i] = (table[block] * block_size + in_block) * token_stride;
-            if (++in_block == block_size) in_block = 0, block++;
-        }
-        const int64_t next_n = len - start - TILE < TILE ? len - start - TILE : TILE;
-        for (int64_t i = 0; i < next_n; i++) {
-            const char *k = (const char *)(keys + offsets[cur ^ 1][i]);
-            const char *v = (const char *)(values + offsets[cur ^ 1][i]);
+    int64_t here[AVX_STEP_KEYS], next[AVX_STEP_KEYS]; /* element offsets of a step's tokens */
+    const int64_t steps = (len + AVX_STEP_KEYS - 1) / AVX_STEP_KEYS;
+    for (int64_t i = 0; i < AVX_STEP_KEYS; i++)
+        next[i] = i < len ? (table[i / block_size] * block_size + i % block_size) * token_stride : -1;
+    for (int64_t step = 0; step < steps; step++) {
+        for (int64_t i = 0; i < AVX_STEP_KEYS; i++) here[i] = next[i];
+        for (int64_t i = 0; i < AVX_STEP_KEYS; i++) { /* the next step's tokens, prefetched */
+            const int64_t key = (step + 1) * AVX_STEP_KEYS + i;
+            next[i] = key < len ? (table[key / block_size] * block_size + key % block_size) * token_stride : -1;
+            if (next[i] < 0) continue;
+            const char *k = (const char *)(keys + next[i]), *v = (const char *)(values + next[i]);
             for (int64_t line = 0; line < span_bytes; line += 64) {
                 _mm_prefetch(k + line, _MM_HINT_T0);
                 _mm_prefetch(v + line, _MM_HINT_T0);
             }
         }
-        const __mmask16 valid = (__mmask16)((1u << n) - 1);
-        /* 1. Every query head's 16 scores (independent across heads). */
-        float weights[MAX_TASK_HEADS][TILE], rescale[MAX_TASK_HEADS];
-        for (int64_t j = 0; j < num_q; j++) {
-            const uint16_t *qj = q + j * head_dim;
-            const int64_t kv_offset = (j / group) * head_dim;
-            __m512 part[TILE];
-            for (int64_t i = 0; i < TILE; i++) {
-                __m512 dot = _mm512_setzero_ps();
-                if (i < n) {
-                    const uint16_t *krow = keys + here[i] + kv_offset;
-                    for (int64_t c = 0; c < pairs; c++)
-                        dot = _mm512_dpbf16_ps(dot, (__m512bh)_mm512_loadu_si512(qj + 32 * c),
-                                               (__m512bh)_mm512_loadu_si512(krow + 32 * c));
-                }
-                part[i] = dot;
-            }
-            _mm512_storeu_ps(weights[j], _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid,
-                                                             _mm512_mul_ps(sum16(part), scales)));
-        }
-        /* 2. The online softmax's update, head by head. */
-        for (int64_t j = 0; j < num_q; j++) {
-            const __m512 s = _mm512_loadu_ps(weights[j]);
-            const float new_top = fmaxf(top[j], _mm512_reduce_max_ps(s));
-            rescale[j] = top[j] == -INFINITY ? 0.0f : expf(top[j] - new_top);
-            const __m512 w = exp16(_mm512_sub_ps(s, _mm512_set1_ps(new_top)));
-            total[j] = total[j] * rescale[j] + _mm512_reduce_add_ps(w);
-            top[j] = new_top;
-            _mm512_storeu_ps(weights[j], w);
-        }
-        /* 3. The weighted values: each value row converted once per KV head,
-         * two partial sums per output chunk (halves the FMA chains). */
         for (int64_t h = 0; h < nh; h++) {
-            __m512 vf[TILE][MAX_TILE_DIM / 16];
-            for (int64_t i = 0; i < n; i++)
-                for (int64_t c = 0; c < chunks; c++)
-                    vf[i][c] = load_bf16x16(values + here[i] + h * head_dim + 16 * c);
-            for (int64_t i = n; i < TILE; i++)
-                for (int64_t c = 0; c < chunks; c++) vf[i][c] = _mm512_setzero_ps();
-            for (int64_t g = 0; g < group; g++) {
-                const int64_t j = h * group + g;
-                __m512 even[MAX_TILE_DIM / 16], odd[MAX_TILE_DIM / 16];
-                for (int64_t c = 0; c < chunks; c++) {
-                    even[c] = _mm512_mul_ps(acc[j][c], _mm512_set1_ps(rescale[j]));
-                    odd[c] = _mm512_setzero_ps();
-                }
-                for (int64_t i = 0; i < n; i += 2) {
-                    const __m512 w0 = _mm512_set1_ps(weights[j][i]);
-                    const __m512 w1 = _mm512_set1_ps(weights[j][i + 1]);  /* 0 past n */
-                    for (int64_t c = 0; c < chunks; c++) {
-                        even[c] = _mm512_fmadd_ps(w0, vf[i][c], even[c]);
-                        odd[c] = _mm512_fmadd_ps(w1, vf[i + 1][c], odd[c]);
-                    }
-                }
-                for (int64_t c = 0; c < chunks; c++) acc[j][c] = _mm512_add_ps(even[c], odd[c]);
+            const uint16_t *key_rows[AVX_STEP_KEYS], *value_rows[AVX_STEP_KEYS];
+            for (int64_t i = 0; i < AVX_STEP_KEYS; i++) {
+                key_rows[i] = here[i] < 0 ? NULL : keys + here[i] + h * head_dim;
+                value_rows[i] = here[i] < 0 ? NULL : values + here[i] + h * head_dim;
             }
+            avx_pack_step(key_rows, value_rows, head_dim, kp, vp);
+            for (int64_t part = 0; part < per_head; part++)
+                avx_rows_step(&states[h * per_head + part], kp, vp, step, scale);
         }
     }
-    for (int64_t j = 0; j < num_q; j++) {
-        const float inv = 1.0f / total[j];
-        float row[MAX_TILE_DIM];
-        for (int64_t c = 0; c < chunks; c++)
-            _mm512_storeu_ps(row + 16 * c, _mm512_mul_ps(acc[j][c], _mm512_set1_ps(inv)));
-        for (int64_t d = 0; d < head_dim; d++) bf16_store(out + j * head_dim + d, row[d]);
-    }
-}
-
-static void attend_task_bf16(const uint16_t *q, const uint16_t *keys, const uint16_t *values,
-                             const int64_t *table, int64_t len, int64_t block_size,
-                             int64_t token_stride, int64_t group, int64_t head_dim, int64_t h0,
-                             int64_t nh, float scale, uint16_t *out) {
-    if (head_dim == 64)
-        attend_tiles(q, keys, values, table, len, block_size, token_stride, group, 64, h0, nh,
-                     scale, out);
-    else
-        attend_tiles(q, keys, values, table, len, block_size, token_stride, group, 128, h0, nh,
-                     scale, out);
+    for (int64_t h = 0; h < nh; h++)
+        for (int64_t part = 0; part < per_head; part++)
+            avx_rows_finish(&states[h * per_head + part], out + (h * group + part * AVX_ROWS) * head_dim,
+                            head_dim);
 }
 
 static int has_tiles(int64_t head_dim, int64_t group) {
-    return (head_dim == 64 || head_dim == 128) && group <= MAX_TASK_HEADS;
+    return (head_dim == 64 || head_dim == 128) && (group + AVX_ROWS - 1) / AVX_ROWS <= MAX_TASK_STATES;
 }
 
 /* Below this many sequences, a task is one KV head (more tasks than threads). */
@@ -288,7 +194,7 @@ static void decode_attention_bf16_tiles(const uint16_t *q, const uint16_t *cache
     const uint16_t *values = cache + num_blocks * block_size * token_stride;
     int64_t per_task = 1;
     if (num_seqs >= MIN_SEQS_FOR_WHOLE_TASKS) {
-        per_task = MAX_TASK_HEADS / group;
+        per_task = MAX_TASK_STATES / ((group + AVX_ROWS - 1) / AVX_ROWS);
         if (per_task > num_kv_heads) per_task = num_kv_heads;
     }
     const int64_t tasks_per_seq = (num_kv_heads + per_task - 1) / per_task;

@@ -2,20 +2,16 @@
  * (at position offset + i of its sequence) attends to keys 0..offset + i.
  * The chunk's own keys are the last num_queries of the num_keys given, so
  * one call covers a whole prompt (offset 0) and a chunk behind cached
- * context alike, and no tile of keys that every query of a block masks is
+ * context alike, and no step of keys that every query of a block masks is
  * computed.
  *
- * Flash attention's scheme: per (query head, block of 8 queries), key tiles
- * of 16 in order, an online softmax (running maximum and sum per query),
- * float32 accumulators. Both products run on vdpbf16ps, which multiplies
- * pairs of bfloat16 into float32 sums:
- *   - scores: lanes are 16 keys, pairs are 2 dimensions; keys are packed
- *     once per call into [tile][dim pair][16 keys] so a tile's pair is one
- *     load, and each query's dimension pair is a broadcast;
- *   - weighted values: lanes are 16 dimensions, pairs are 2 keys; values are
- *     packed into [tile][key pair][dim chunk][16 dims], and the
- *     probabilities are rounded to bfloat16 for it (as bfloat16 flash
- *     kernels do; their float32 sum, the denominator, is not rounded).
+ * Flash attention in fixed key blocks (avx512_attention.h): per (query head,
+ * block of 8 queries), keys in steps of 32 at absolute positions, an online
+ * softmax per row, float32 accumulators, both products on vdpbf16ps. Every
+ * row runs through avx512_attention.c's step, as paged_decode_attention.c's
+ * rows do: a query gets the same bits in any chunk, beside any other
+ * queries, and as a decode row (issue 44). Keys and values are packed once
+ * per call per KV head, step by step, into that file's layouts.
  * torch's CPU flash kernel ran at about 100 GFLOPS on the embedded model's
  * heads (64 dimensions), a quarter of its bfloat16 matmuls' rate, and was
  * about half of a 2,000-token prompt's prefill.
@@ -32,132 +28,43 @@
 #include <stdlib.h>
 
 #include "sluice_abi.h"
-#include "bf16.h"
-#include "vector_exp.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-#include <immintrin.h>
+#include "avx512_attention.h"
 
-#define KEYS 16 /* keys per tile: one zmm of float32 scores */
-#define ROWS 8  /* queries per block */
+#define ROWS AVX_ROWS /* queries per block */
 
 int prefill_attention_available(void) { return 1; }
 
-static inline uint32_t pair_of(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
-
-/* One KV head's keys and values into the two packed layouts (zero past num_keys). */
+/* One KV head's keys and values, step by step, into avx512_attention.c's
+ * layouts (zero past num_keys). */
 static void pack_head(const uint16_t *k, int64_t k_stride, const uint16_t *v, int64_t v_stride,
                       int64_t num_keys, int64_t head_dim, uint32_t *kp, uint32_t *vp) {
-    const int64_t tiles = (num_keys + 2 * KEYS - 1) / (2 * KEYS) * 2, dim_pairs = head_dim / 2;
-    const int64_t chunks = head_dim / 16;
-    for (int64_t t = 0; t < tiles; t++) {
-        uint32_t *kt = kp + t * dim_pairs * KEYS;
-        uint32_t *vt = vp + t * (KEYS / 2) * chunks * 16;
-        for (int64_t j = 0; j < KEYS; j++) {
-            const int64_t key = t * KEYS + j;
-            const uint16_t *row = key < num_keys ? k + key * k_stride : NULL;
-            for (int64_t p = 0; p < dim_pairs; p++)
-                kt[p * KEYS + j] = row ? pair_of(row[2 * p], row[2 * p + 1]) : 0;
+    const int64_t steps = (num_keys + AVX_STEP_KEYS - 1) / AVX_STEP_KEYS;
+    const int64_t words = avx_step_words(head_dim);
+    for (int64_t step = 0; step < steps; step++) {
+        const uint16_t *key_rows[AVX_STEP_KEYS], *value_rows[AVX_STEP_KEYS];
+        for (int64_t i = 0; i < AVX_STEP_KEYS; i++) {
+            const int64_t key = step * AVX_STEP_KEYS + i;
+            key_rows[i] = key < num_keys ? k + key * k_stride : NULL;
+            value_rows[i] = key < num_keys ? v + key * v_stride : NULL;
         }
-        for (int64_t pair = 0; pair < KEYS / 2; pair++) {
-            const int64_t key = t * KEYS + 2 * pair;
-            const uint16_t *even = key < num_keys ? v + key * v_stride : NULL;
-            const uint16_t *odd = key + 1 < num_keys ? v + (key + 1) * v_stride : NULL;
-            for (int64_t d = 0; d < head_dim; d++)
-                vt[(pair * chunks + d / 16) * 16 + d % 16] =
-                    pair_of(even ? even[d] : 0, odd ? odd[d] : 0);
-        }
+        avx_pack_step(key_rows, value_rows, head_dim, kp + step * words, vp + step * words);
     }
 }
 
-/* One block of `rows` (<= ROWS) queries of one head, keys two tiles (32) at
- * a time: each query's dimension pair, broadcast once, multiplies both
- * tiles' keys (16 independent vdpbf16ps chains, half a broadcast per
- * product). head_dim is a constant in each caller below, so the loops over
- * it unroll. The packed keys and values extend to an even number of tiles. */
-static inline __attribute__((always_inline)) void attend_block(
-    const uint16_t *q, int64_t q_stride, const uint32_t *kp, const uint32_t *vp, int64_t first,
-    int64_t rows, int64_t offset, int64_t num_keys, const int64_t head_dim, float scale,
-    uint16_t *out, int64_t out_stride) {
-    const int64_t dim_pairs = head_dim / 2, chunks = head_dim / 16;
-    const int64_t tile_words = dim_pairs * KEYS; /* one tile of packed K or V */
-    __m512 o[ROWS][128 / 16];
-    float top[ROWS], total[ROWS];
-    const uint16_t *qrow[ROWS];
-    for (int64_t r = 0; r < ROWS; r++) {
-        qrow[r] = q + (first + (r < rows ? r : rows - 1)) * q_stride;
-        top[r] = -INFINITY;
-        total[r] = 0.0f;
-        for (int64_t c = 0; c < chunks; c++) o[r][c] = _mm512_setzero_ps();
-    }
-    const int64_t last_visible = offset + first + rows - 1; /* the block's last query sees up to here */
-    const int64_t end = last_visible + 1 < num_keys ? last_visible + 1 : num_keys;
-    const int64_t steps = (end + 2 * KEYS - 1) / (2 * KEYS);
-    const __m512 scales = _mm512_set1_ps(scale);
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    for (int64_t step = 0; step < steps; step++) {
-        const uint32_t *k0 = kp + 2 * step * tile_words, *k1 = k0 + tile_words;
-        __m512 s0[ROWS], s1[ROWS];
-        for (int64_t r = 0; r < ROWS; r++) s0[r] = s1[r] = _mm512_setzero_ps();
-        for (int64_t p = 0; p < dim_pairs; p++) {
-            const __m512bh keys0 = (__m512bh)_mm512_loadu_si512(k0 + p * KEYS);
-            const __m512bh keys1 = (__m512bh)_mm512_loadu_si512(k1 + p * KEYS);
-            for (int64_t r = 0; r < ROWS; r++) {
-                const __m512bh two = (__m512bh)_mm512_castps_si512(
-                    _mm512_broadcastss_ps(_mm_load_ss((const float *)(qrow[r] + 2 * p))));
-                s0[r] = _mm512_dpbf16_ps(s0[r], two, keys0);
-                s1[r] = _mm512_dpbf16_ps(s1[r], two, keys1);
-            }
-        }
-        const uint32_t *v0 = vp + 2 * step * tile_words;
-        const __m512i index0 = _mm512_add_epi32(lane, _mm512_set1_epi32((int32_t)(2 * step * KEYS)));
-        const __m512i index1 = _mm512_add_epi32(index0, _mm512_set1_epi32(KEYS));
-        for (int64_t r = 0; r < rows; r++) {
-            /* Keys after this query's position (or past the last key) are masked. */
-            const int64_t limit = offset + first + r < num_keys - 1 ? offset + first + r : num_keys - 1;
-            const __m512i limits = _mm512_set1_epi32((int32_t)limit);
-            const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
-            const __m512 x0 = _mm512_mask_mov_ps(minus_inf, _mm512_cmple_epi32_mask(index0, limits),
-                                                 _mm512_mul_ps(s0[r], scales));
-            const __m512 x1 = _mm512_mask_mov_ps(minus_inf, _mm512_cmple_epi32_mask(index1, limits),
-                                                 _mm512_mul_ps(s1[r], scales));
-            const float seen = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
-            const float new_top = seen > top[r] ? seen : top[r];
-            if (new_top == -INFINITY) continue; /* nothing visible yet */
-            const __m512 shift = _mm512_set1_ps(new_top);
-            /* exp(old - new) for every lane (0 when there was no old maximum). */
-            const __m512 factor = exp16(_mm512_set1_ps(top[r] - new_top));
-            const __m512 w0 = exp16(_mm512_sub_ps(x0, shift)), w1 = exp16(_mm512_sub_ps(x1, shift));
-            total[r] = total[r] * _mm512_cvtss_f32(factor) + _mm512_reduce_add_ps(_mm512_add_ps(w0, w1));
-            top[r] = new_top;
-            uint32_t pairs[KEYS];
-            _mm512_storeu_si512(pairs, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
-            __m512 acc[128 / 16], acc_odd[128 / 16]; /* even and odd key pairs */
-            for (int64_t c = 0; c < chunks; c++) {
-                acc[c] = _mm512_mul_ps(o[r][c], factor);
-                acc_odd[c] = _mm512_setzero_ps();
-            }
-            for (int64_t pair = 0; pair < KEYS; pair += 2) {
-                const __m512bh weight = (__m512bh)_mm512_set1_epi32((int32_t)pairs[pair]);
-                const __m512bh weight_odd = (__m512bh)_mm512_set1_epi32((int32_t)pairs[pair + 1]);
-                for (int64_t c = 0; c < chunks; c++) {
-                    acc[c] = _mm512_dpbf16_ps(
-                        acc[c], weight, (__m512bh)_mm512_loadu_si512(v0 + (pair * chunks + c) * 16));
-                    acc_odd[c] = _mm512_dpbf16_ps(
-                        acc_odd[c], weight_odd,
-                        (__m512bh)_mm512_loadu_si512(v0 + ((pair + 1) * chunks + c) * 16));
-                }
-            }
-            for (int64_t c = 0; c < chunks; c++) o[r][c] = _mm512_add_ps(acc[c], acc_odd[c]);
-        }
-    }
-    for (int64_t r = 0; r < rows; r++) {
-        const __m512 inv = _mm512_set1_ps(1.0f / total[r]);
-        float row[128];
-        for (int64_t c = 0; c < chunks; c++) _mm512_storeu_ps(row + 16 * c, _mm512_mul_ps(o[r][c], inv));
-        uint16_t *dst = out + (first + r) * out_stride;
-        for (int64_t d = 0; d < head_dim; d++) bf16_store(dst + d, row[d]);
-    }
+/* One block of `rows` (<= ROWS) queries of one head: the steps up to the
+ * block's last query's position, each row updated only by the steps it sees. */
+static void attend_block(const uint16_t *q, int64_t q_stride, const uint32_t *kp,
+                         const uint32_t *vp, int64_t first, int64_t rows, int64_t offset,
+                         int64_t head_dim, float scale, uint16_t *out, int64_t out_stride) {
+    struct avx_rows state;
+    avx_rows_start(&state, rows, head_dim, q + first * q_stride, q_stride, offset + first, 1);
+    const int64_t steps = (offset + first + rows - 1) / AVX_STEP_KEYS + 1;
+    const int64_t words = avx_step_words(head_dim);
+    for (int64_t step = 0; step < steps; step++)
+        avx_rows_step(&state, kp + step * words, vp + step * words, step, scale);
+    avx_rows_finish(&state, out + first * out_stride, out_stride);
 }
 
 int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k,
@@ -169,8 +76,8 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
         num_queries < 1 || num_keys < num_queries)
         return -1;
     const int64_t offset = num_keys - num_queries, group = num_heads / num_kv_heads;
-    const int64_t tiles = (num_keys + 2 * KEYS - 1) / (2 * KEYS) * 2; /* even: keys go 32 at a time */
-    const int64_t head_words = tiles * KEYS * head_dim / 2; /* uint32 pairs per head, K or V */
+    const int64_t steps = (num_keys + AVX_STEP_KEYS - 1) / AVX_STEP_KEYS;
+    const int64_t head_words = steps * avx_step_words(head_dim); /* uint32 pairs per head, K or V */
     uint32_t *kp = malloc(sizeof(uint32_t) * (size_t)(head_words * num_kv_heads));
     uint32_t *vp = malloc(sizeof(uint32_t) * (size_t)(head_words * num_kv_heads));
     if (kp == NULL || vp == NULL) {
@@ -193,13 +100,8 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
             const int64_t first = block * ROWS;
             const int64_t rows = num_queries - first < ROWS ? num_queries - first : ROWS;
             const int64_t kv = h / group;
-            if (head_dim == 64)
-                attend_block(q + h * 64, q_stride, kp + kv * head_words, vp + kv * head_words,
-                             first, rows, offset, num_keys, 64, scale, out + h * 64, out_stride);
-            else
-                attend_block(q + h * 128, q_stride, kp + kv * head_words, vp + kv * head_words,
-                             first, rows, offset, num_keys, 128, scale, out + h * 128,
-                             out_stride);
+            attend_block(q + h * head_dim, q_stride, kp + kv * head_words, vp + kv * head_words,
+                         first, rows, offset, head_dim, scale, out + h * head_dim, out_stride);
         }
     }
     free(kp);
