@@ -25,7 +25,7 @@ Who reads the table (`API_TABLE`, or the table an app was built with):
 
 A generation route is one that runs the engine: its handler passes admission
 (`AdmissionGate`), reserves the key's tokens and fills the access log's token
-counts (`app.Routes.respond`). Every route with a request model reads a JSON
+counts (`routes.Routes.respond`). Every route with a request model reads a JSON
 body and refuses one not declared JSON with a 415 (`BodyReader.parse`).
 
 Invariants: every route path lies under its API's root; no API's root lies

@@ -1,4 +1,4 @@
-"""What an API's routes use of the app (`app.Routes`), declared once: its
+"""What an API's routes use of the app (`routes.Routes`), declared once: its
 body reader, the models it serves, the model a request names, admission and
 the way a generation is answered. The Responses, Ollama and embeddings
 routes each take an `AppRoutes`; the app's `Routes` is the one implementation.

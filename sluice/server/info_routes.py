@@ -39,7 +39,7 @@ def sluice_version() -> str:
 
 
 class AppParts(Protocol):
-    """What these routes read of the app's (`app.Routes`)."""
+    """What these routes read of the app's (`routes.Routes`)."""
 
     models: ModelPool[ModelParts]
     metrics: ServerMetrics

@@ -5,7 +5,7 @@
     DELETE /v1/responses/{id}          forget it
     POST   /v1/responses/input_tokens  the prompt's token count (vLLM, llama.cpp)
 
-Generation goes the way of chat (`app.Routes.respond`): the same admission,
+Generation goes the way of chat (`routes.Routes.respond`): the same admission,
 first-token deadline, disconnect abort, access log and metrics. The store is
 owned by the event loop: a follow-up's stored conversation is read here,
 before the body is converted (possibly in a worker thread), and a response is

@@ -18,7 +18,7 @@ to the model pool, as /api/chat does.
 
 A pooling route on a generation model is a 400 naming the model (vLLM serves
 no embeddings from a generation model by default either); a generation route
-on a pooling model is the app's 400 (`app.Routes.admit`).
+on a pooling model is the app's 400 (`routes.Routes.admit`).
 """
 
 from __future__ import annotations

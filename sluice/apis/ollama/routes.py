@@ -7,7 +7,7 @@
     GET  /api/version               the Ollama version whose API this follows
     /api/pull, push, create, copy, delete   a 400 saying what sluice does instead
 
-Generation goes the way of chat (`app.Routes.respond`): the same admission,
+Generation goes the way of chat (`routes.Routes.respond`): the same admission,
 first-token deadline, disconnect abort, access log, metrics and stream
 writer (lines coalesce under a lagging reader as SSE events do); the lines
 are projected by `lines.OllamaLines`. A request with nothing to generate (no

@@ -1,0 +1,135 @@
+"""One admitted generation, answered: its API key's seats and tokens reserved,
+its observer chosen (the model's, its key's, wrapped by its trace), then the
+frontend's stream or body sent (`GenerationRun.reply`).
+
+Invariants:
+- Nothing is sent before the first event exists, so an error before the first
+  token (engine dead, queue full, queue timeout) is a real HTTP error, not a
+  200 stream.
+- A client that goes away is noticed by waiting on the ASGI `receive` channel
+  for `http.disconnect` (connection.py, never by polling) and cancels the
+  request, which the frontend turns into an engine abort; its access log
+  line says 499. Streams are closed in every case.
+- A stream whose writes stay stuck for `send_timeout_s` is cut and its engine
+  requests aborted; other streams never wait for it (event_stream.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+from starlette.responses import Response
+
+from sluice.engine.client_base import QueueTimeout
+from sluice.frontend.observer import RequestObserver
+from sluice.frontend.request import GenerationRequest
+from sluice.frontend.serving import ResponseChunks
+from sluice.server.connection import unless_disconnected
+from sluice.server.event_stream import (
+    EVENT_STREAM_MEDIA_TYPE,
+    EventStreamResponse,
+    completion_tokens,
+)
+from sluice.server.key_limits import KeyLease
+from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog
+from sluice.server.model_parts import ModelParts
+from sluice.server.request_spans import RequestTrace, TracedObserver
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRun:
+    """One generation route's request, admitted, on its way to the frontend."""
+
+    request: Request
+    # The running model it names (its frontend, metrics and gate).
+    model: ModelParts
+    generation: GenerationRequest
+    queue_timeout: QueueTimeout | None
+    # A builder the route made (None: the one its kind names).
+    chunks: ResponseChunks | None = None
+    # The stream's (Ollama's NDJSON lines; default SSE).
+    media_type: str = EVENT_STREAM_MEDIA_TYPE
+
+    async def reply(self, send_timeout_s: float) -> Response:
+        """Reserve the key's share, run the generation and answer with its
+        stream or its body."""
+        generation = self.generation
+        if len(generation.prompts) > 1:  # n was checked; n times the prompts may not fit
+            self.model.gate.check_open(generation.num_choices)
+        num_prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
+        lease = key_lease(self.request)
+        if lease is not None:  # before any engine work: the key's seats and tokens
+            lease.seat_choices(generation.num_choices)
+            num_max_new_tokens = generation.num_choices * generation.params.max_tokens
+            lease.reserve(num_prompt_tokens, num_max_new_tokens)
+        log = request_log(self.request)
+        if log is not None:
+            log.num_prompt_tokens = num_prompt_tokens
+        observer: RequestObserver | None = None
+        if lease is not None:  # the key's series (None: the model's own)
+            observer = self.model.metrics.observer_for(lease.key_name, lease.charge)
+        trace: RequestTrace | None = getattr(self.request.state, "request_trace", None)
+        trace_context = None
+        if trace is not None:
+            trace.received(generation.response_id, generation.model_name, num_prompt_tokens)
+            observer = TracedObserver(observer or self.model.metrics, trace)
+            trace_context = trace.traceparent
+        if generation.stream:
+            return await self._stream(observer, trace_context, log, send_timeout_s)
+        return await self._complete(observer, trace_context, log)
+
+    async def _stream(
+        self,
+        observer: RequestObserver | None,
+        trace_context: str | None,
+        log: RequestLog | None,
+        send_timeout_s: float,
+    ) -> Response:
+        events = self.model.frontend.stream(
+            self.generation, self.queue_timeout, self.chunks, observer, trace_context
+        )
+        # Wait for the first event before sending headers: an error up to here
+        # propagates from it and becomes a real HTTP error (errors.py).
+        try:
+            first_event = await unless_disconnected(self.request.receive, anext(events))
+        except BaseException:
+            await events.aclose()
+            raise
+        if first_event is None:
+            await events.aclose()
+            return Response(status_code=CLIENT_CLOSED_STATUS)
+        usage_log = log if self.generation.include_usage else None
+        return EventStreamResponse(
+            first_event,
+            events,
+            send_timeout_s,
+            usage_log,
+            on_write_wait=self.model.metrics.stream_write_waits.inc,
+            media_type=self.media_type,
+        )
+
+    async def _complete(
+        self, observer: RequestObserver | None, trace_context: str | None, log: RequestLog | None
+    ) -> Response:
+        body = await unless_disconnected(
+            self.request.receive,
+            self.model.frontend.complete(
+                self.generation, self.queue_timeout, self.chunks, observer, trace_context
+            ),
+        )
+        if body is None:
+            return Response(status_code=CLIENT_CLOSED_STATUS)
+        if log is not None:
+            log.num_completion_tokens = completion_tokens(body)
+        return Response(body, media_type="application/json")
+
+
+def request_log(request: Request) -> RequestLog | None:
+    """The request's access log line (None: no middleware, as in some tests)."""
+    return getattr(request.state, "request_log", None)
+
+
+def key_lease(request: Request) -> KeyLease | None:
+    """The request's hold on its API key's limits (None: no keys)."""
+    return getattr(request.state, "key_lease", None)
