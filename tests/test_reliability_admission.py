@@ -36,10 +36,13 @@ from sluice.testing.contract import Expectations, check_stream
 from sluice.testing.event_loops import run, run_in_virtual_time
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
-from sluice.testing.live_server import LiveServer
+from sluice.testing.live_server import DEFAULT_MODEL_NAME, LiveServer
 from sluice.testing.recording_sink import RecordingSink
 from sluice.testing.server_process import ServerProcess
 from sluice.testing.stream_reader import completion_body, read_stream
+
+# The label of the one model the servers here serve.
+MODEL = f'model_name="{DEFAULT_MODEL_NAME}"'
 
 NUM_STREAMS = 200
 MAX_NUM_SEQS = 8
@@ -91,8 +94,10 @@ def test_overflow_gets_503_at_once_and_every_accepted_stream_completes_exactly(t
     shortest_accepted_s = min(r.ended_s - r.sent_s for r in accepted)
     assert refusal_s < shortest_accepted_s, (refusal_s, shortest_accepted_s)
     # Nothing stuck: every admitted request was released.
-    assert "sluice:num_requests_in_flight 0.0" in metrics
-    assert f'sluice:requests_refused_total{{reason="queue_full"}} {len(refused)}.0' in metrics
+    assert f"sluice:num_requests_in_flight{{{MODEL}}} 0.0" in metrics
+    assert (
+        f'sluice:requests_refused_total{{{MODEL},reason="queue_full"}} {len(refused)}.0' in metrics
+    )
 
 
 # -- queue timeouts over HTTP ------------------------------------------------
@@ -316,13 +321,13 @@ def test_n_beyond_the_admission_capacity_is_a_400_naming_n_even_on_an_idle_serve
     assert engine.added_request_ids == [f"{fits.json()['id']}-{i}" for i in range(4)]
     assert fits.status_code == 200 and len(fits.json()["choices"]) == 4
     # A request that can never be served is the client's error, not a refusal for load.
-    assert 'sluice:requests_refused_total{reason="queue_full"} 0.0' in metrics
+    assert f'sluice:requests_refused_total{{{MODEL},reason="queue_full"}} 0.0' in metrics
 
 
 def test_refusals_count_once_per_api_request_whatever_its_n(slow_prefill):
     def refused(reason: str) -> float:
         metrics = httpx2.get(slow_prefill.url + "/metrics").text
-        line = f'sluice:requests_refused_total{{reason="{reason}"}} '
+        line = f'sluice:requests_refused_total{{{MODEL},reason="{reason}"}} '
         return float(metrics.split(line)[1].split()[0])
 
     before = refused("queue_timeout")
@@ -355,4 +360,4 @@ def test_a_full_queue_refuses_an_api_request_once_whatever_its_n():
     assert refused.status_code == 503 and "queue is full" in refused.json()["error"]["message"]
     # It was refused before any of its choices reached the engine.
     assert len(engine.added_request_ids) == 3
-    assert 'sluice:requests_refused_total{reason="queue_full"} 1.0' in metrics
+    assert f'sluice:requests_refused_total{{{MODEL},reason="queue_full"}} 1.0' in metrics

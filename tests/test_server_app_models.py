@@ -250,6 +250,12 @@ def test_metrics_carry_each_models_name():
     for name in ("alpha", "beta"):
         assert f'vllm:generation_tokens_total{{model_name="{name}"}} 4.0' in text
         assert f'vllm:num_requests_running{{model_name="{name}"}}' in text
+        # Admission and restarts are each model's too, not one server-wide sum.
+        assert f'sluice:num_requests_in_flight{{model_name="{name}"}} 0.0' in text
+        refused = f'sluice:requests_refused_total{{model_name="{name}",reason="queue_full"}} 0.0'
+        assert refused in text
+        assert f'sluice:engine_restarts_total{{model_name="{name}"}} 0.0' in text
+        assert f'sluice:model_loads_total{{model_name="{name}"}} 1.0' in text
 
 
 def test_under_one_loaded_model_switching_keeps_every_stream_whole():

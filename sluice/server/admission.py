@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -302,7 +302,7 @@ class AdmissionGate(EngineClient):
 
 
 class AdmissionCounts(Protocol):
-    """What /metrics reads of admission: one gate's, or the sum over a server's models."""
+    """What /metrics reads of one model's admission (its gates', stopped ones' too)."""
 
     @property
     def num_in_flight(self) -> int: ...
@@ -312,22 +312,26 @@ class AdmissionCounts(Protocol):
 
 
 class AdmissionCollector(Collector):
-    """/metrics: requests in flight and requests the gate refused, by reason."""
+    """/metrics: each model's requests in flight and requests its gate refused,
+    by reason (labelled `model_name`); `read()` gives {model name: counts}."""
 
-    def __init__(self, gate: AdmissionCounts):
-        self._gate = gate
+    def __init__(self, read: Callable[[], Mapping[str, AdmissionCounts]]):
+        self._read = read
 
     def collect(self) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily(
-            "sluice:num_requests_in_flight", "Engine requests admitted and not yet ended."
+            "sluice:num_requests_in_flight",
+            "Engine requests admitted and not yet ended.",
+            labels=["model_name"],
         )
-        in_flight.add_metric([], self._gate.num_in_flight)
-        yield in_flight
         refused = CounterMetricFamily(
             "sluice:requests_refused",
             "Requests refused (queue full, shutting down) or cut (queue timeout).",
-            labels=["reason"],
+            labels=["model_name", "reason"],
         )
-        for reason, count in self._gate.num_refused.items():
-            refused.add_metric([reason], count)
+        for model_name, counts in self._read().items():
+            in_flight.add_metric([model_name], counts.num_in_flight)
+            for reason, count in counts.num_refused.items():
+                refused.add_metric([model_name, reason], count)
+        yield in_flight
         yield refused

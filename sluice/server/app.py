@@ -50,7 +50,7 @@ from sluice.server.model_entry import ModelSpec
 from sluice.server.model_parts import ModelParts
 from sluice.server.model_pool import ModelPool
 from sluice.server.pages import add_pages
-from sluice.server.read_metrics import ReadCounter, ReadInfos, ReadModelCounters
+from sluice.server.read_metrics import ReadInfos, ReadModelCounters
 from sluice.server.replicas import ReplicaCollector
 from sluice.server.response_store import ResponseStore
 from sluice.server.responses_routes import ResponsesRoutes
@@ -93,14 +93,16 @@ def create_app(
     pool = routes.models
     shutdown = GracefulShutdown(pool, config.drain_timeout_s, _PoolSupervisors(pool))
     registry = routes.metrics.registry
-    registry.register(ReadCounter("sluice:engine_restarts", "Dead engines brought back.",
-                                  lambda: pool.num_restarts))  # fmt: skip
+    registry.register(ReadModelCounters(
+        "sluice:engine_restarts", "Dead engines brought back.",
+        lambda: {name: entry.num_restarts for name, entry in pool.counts_by_model().items()},
+    ))  # fmt: skip
     registry.register(ReadModelCounters(
         "sluice:model_loads", "Engine starts of each model (a switch to a loaded model: none).",
         lambda: {name: pool.num_loads(name) for name in pool.names},
     ))  # fmt: skip
     watchdog = LoopWatchdog(registry)
-    registry.register(AdmissionCollector(pool))
+    registry.register(AdmissionCollector(pool.counts_by_model))
     registry.register(ReplicaCollector(routes.replicas))
     registry.register(ReadInfos(
         "sluice:kernel_plan", "The kernels each engine chose at load (--kernel-plan).",

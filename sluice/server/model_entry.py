@@ -127,6 +127,31 @@ class ModelEntry(Generic[P]):
         return self.num_leases == 0 and (self.active is None or self.active.gate.num_in_flight == 0)
 
     @property
+    def num_restarts(self) -> int:
+        """Dead engines of it brought back, stopped engines' too."""
+        active = self.active
+        running = (
+            0 if active is None or active.supervisor is None else active.supervisor.num_restarts
+        )
+        return self.num_restarts_before + running
+
+    @property
+    def num_in_flight(self) -> int:
+        """Engine requests its running gate admitted and not yet ended."""
+        return 0 if self.active is None else self.active.gate.num_in_flight
+
+    @property
+    def num_refused(self) -> dict[str, int]:
+        """Requests its gates refused, by reason, stopped gates' too."""
+        total = {"queue_full": 0, "queue_timeout": 0, "shutting_down": 0}
+        counts = [self.num_refused_before]
+        if self.active is not None:
+            counts.append(self.active.gate.num_refused)
+        for reason, count in (item for c in counts for item in c.items()):
+            total[reason] = total.get(reason, 0) + count
+        return total
+
+    @property
     def is_running(self) -> bool:
         """A request for it is served without waiting for a start."""
         return self.active is not None and not self.is_evicting

@@ -221,9 +221,7 @@ class ModelPool(Generic[P]):
 
     @property
     def num_restarts(self) -> int:
-        return sum(e.num_restarts_before + (e.active.supervisor.num_restarts
-                   if e.active is not None and e.active.supervisor is not None else 0)
-                   for e in self._entries.values())  # fmt: skip
+        return sum(entry.num_restarts for entry in self._entries.values())
 
     @property
     def num_in_flight(self) -> int:
@@ -232,14 +230,15 @@ class ModelPool(Generic[P]):
     @property
     def num_refused(self) -> dict[str, int]:
         """Requests the models' gates refused, by reason, stopped gates' too."""
-        total = {"queue_full": 0, "queue_timeout": 0, "shutting_down": 0}
+        total: dict[str, int] = {}
         for entry in self._entries.values():
-            counts = [entry.num_refused_before]
-            if entry.active is not None:
-                counts.append(entry.active.gate.num_refused)
-            for reason, count in (item for c in counts for item in c.items()):
+            for reason, count in entry.num_refused.items():
                 total[reason] = total.get(reason, 0) + count
         return total
+
+    def counts_by_model(self) -> dict[str, ModelEntry[P]]:
+        """Each model's counts (in flight, refused, restarts: /metrics), by name."""
+        return dict(self._entries)
 
     def start_draining(self) -> None:
         self._starts.is_draining = True

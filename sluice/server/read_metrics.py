@@ -1,5 +1,5 @@
 """Metrics whose owner keeps the numbers, read when Prometheus scrapes:
-a counter (`ReadCounter`), one counter per model (`ReadModelCounters`) and
+one counter per model (`ReadModelCounters`) and
 an info metric with a sample per label set (`ReadInfos`). Nothing is pushed,
 so a number has one owner and the exposition is never stale.
 """
@@ -10,20 +10,6 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-
-class ReadCounter(Collector):
-    """A counter its owner keeps, read when Prometheus scrapes."""
-
-    def __init__(self, name: str, documentation: str, read: Callable[[], float]):
-        self._name = name
-        self._documentation = documentation
-        self._read = read
-
-    def collect(self) -> Iterator[Metric]:
-        counter = CounterMetricFamily(self._name, self._documentation)
-        counter.add_metric([], self._read())
-        yield counter
 
 
 class ReadInfos(Collector):
