@@ -72,6 +72,9 @@ def test_two_real_models_take_turns_in_one_slot_and_every_stream_stays_exact(
         assert refused.status_code == 503
         message = refused.json()["error"]["message"]
         assert "`broken` failed to load" in message and "weights" in message, message
+        # Its weights' check failed before its start stopped beta, the loaded one.
+        statuses = {m["id"]: m["status"] for m in http.get("/v1/models").json()["data"]}
+        assert statuses == {"alpha": "unloaded", "beta": "loaded", "broken": "unloaded"}
         unknown = http.post("/v1/completions", json={"model": "gamma", "prompt": "hi"})
         assert unknown.status_code == 404
         assert "`alpha`, `beta`, `broken`" in unknown.json()["error"]["message"]
