@@ -9,10 +9,6 @@ window has left, and preempted requests recompute across it.
 
 from __future__ import annotations
 
-import random
-from dataclasses import replace
-
-import msgspec
 import pytest
 import torch
 
@@ -22,6 +18,12 @@ from sluice.models.gemma3 import Gemma3ForCausalLM
 from sluice.models.gemma4 import Gemma4ForCausalLM
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.moe_decoder import MoeForCausalLM
+from tests.engine_paths import (
+    check_chunked_prefill_equals_whole_prompts,
+    check_preemption_resumes_exactly,
+    check_prefix_cache_hit_equals_cold,
+    check_speculation_keeps_greedy_tokens,
+)
 from tests.model_factory import (
     GEMMA2_KIND,
     GEMMA3_KIND,
@@ -34,9 +36,7 @@ from tests.model_factory import (
     build_tiny_model,
     make_core,
 )
-from tests.model_runs import GREEDY, loaded_float32, random_prompts, run, run_one_by_one
-from tests.speculation_runs import ngram, repeating_prompt
-from tests.speculation_runs import run as run_speculating
+from tests.model_runs import loaded_float32, random_prompts, run
 
 FAMILY_KINDS = (
     "qwen3_tied", "qwen3_untied", GEMMA3_KIND, GEMMA2_KIND, "phi3_window", SMOLLM3_KIND,
@@ -103,32 +103,15 @@ def hf_greedy(tiny: TinyModel, prompt: list[int], num_new: int) -> list[int]:
 
 @pytest.mark.parametrize("budget", [7, 64])
 def test_chunked_prefill_gives_the_same_tokens_as_whole_prompts(loaded, budget):
-    prompts = random_prompts(8, seed=2)
-    chunked = run(make_core(loaded, budget=budget), prompts)
-    whole = run(make_core(loaded, budget=512, chunked=False), prompts)
-    assert chunked == whole
+    check_chunked_prefill_equals_whole_prompts(loaded, budget)
 
 
 def test_a_prefix_cache_hit_gives_the_same_tokens_and_logprobs(loaded):
-    base = random_prompts(1, seed=11)[0] * 3
-    prompts = [base, base, base[:30] + [7, 8, 9], base + [1]]
-    params = msgspec.structs.replace(GREEDY, logprobs=2, max_tokens=8)
-    cached = run_one_by_one(make_core(loaded), prompts, params)
-    plain = run_one_by_one(make_core(loaded, prefix_caching=False), prompts, params)
-    assert [c for _, _, c in cached][1:] == [
-        (len(base) - 1) // 4 * 4, 28, len(base) // 4 * 4
-    ]  # fmt: skip
-    for (tokens, logprobs, _), (want_tokens, want_logprobs, _) in zip(cached, plain, strict=True):
-        assert tokens == want_tokens
-        assert logprobs == pytest.approx(want_logprobs, abs=1e-5)
+    check_prefix_cache_hit_equals_cold(loaded)
 
 
 def test_preempted_requests_resume_with_the_same_greedy_tokens(loaded):
-    prompts = random_prompts(12, seed=3)
-    roomy = run(make_core(loaded, num_blocks=512), prompts)
-    core = make_core(replace(loaded, max_model_len=128), num_blocks=40)
-    assert run(core, prompts) == roomy
-    assert core.kv.num_free_blocks == 40
+    check_preemption_resumes_exactly(loaded, num_prompts=12, num_blocks=40)
 
 
 def test_qwen3_with_heads_of_128_runs_bfloat16_native_kernels_near_float32(tmp_path):
@@ -152,18 +135,4 @@ def test_qwen3_with_heads_of_128_runs_bfloat16_native_kernels_near_float32(tmp_p
 
 
 def test_speculation_gives_the_tokens_of_plain_decoding(loaded, tiny):
-    """On the batch-invariant model, as the engine speculates only there
-    (engine/startup.py `speculation_blocker`): drafts from prompt lookup,
-    some accepted, some rejected, never change a greedy token."""
-    model = build_model(loaded.model_config, torch.float32, torch.device("cpu"), True)
-    model.load_weights(tiny.weights())
-    invariant = replace(loaded, model=model)
-    rng = random.Random(5)
-    prompts = [repeating_prompt(rng, length) for length in (20, 45, 70)]
-    speculating = make_core(invariant, speculative=ngram(k=4))
-    assert speculating.speculator is not None
-    drafted = run_speculating(speculating, prompts)
-    plain = run_speculating(make_core(invariant), prompts)
-    assert {i: r[:2] for i, r in drafted.items()} == {i: r[:2] for i, r in plain.items()}
-    counters = speculating.speculator.counters
-    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+    check_speculation_keeps_greedy_tokens(loaded, tiny, lengths=(20, 45, 70))

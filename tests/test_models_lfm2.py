@@ -10,7 +10,6 @@ import json
 import random
 from dataclasses import replace
 
-import msgspec
 import pytest
 import torch
 
@@ -20,9 +19,15 @@ from sluice.errors import ModelLoadError
 from sluice.loader.choices import cpu_flags
 from sluice.loader.loaded_model import LoadedModel, load_model
 from sluice.models.attention import kv_cache_bytes_per_block
-from sluice.models.families.registry import build_model, describe_family, parse_hf_config
+from sluice.models.families.registry import describe_family, parse_hf_config
 from sluice.models.lfm2 import Lfm2ForCausalLM
 from sluice.models.short_conv import ShortConvLayer
+from tests.engine_paths import (
+    check_chunked_prefill_equals_whole_prompts,
+    check_preemption_resumes_exactly,
+    check_prefix_cache_hit_equals_cold,
+    check_speculation_keeps_greedy_tokens,
+)
 from tests.gguf_files import write_tiny_lfm2_gguf
 from tests.model_factory import (
     LFM2_KIND,
@@ -32,14 +37,12 @@ from tests.model_factory import (
     write_tiny_tokenizer,
 )
 from tests.model_runs import (
-    GREEDY,
     PagedRunner,
     assert_close_to_scale,
     hf_logits,
     loaded_float32,
     random_prompts,
     run,
-    run_one_by_one,
 )
 from tests.speculation_runs import ngram, repeating_prompt
 from tests.speculation_runs import run as run_speculating
@@ -89,50 +92,22 @@ def test_greedy_tokens_through_the_engine_match_transformers_generate(loaded, ti
 
 @pytest.mark.parametrize("budget", [7, 64])
 def test_chunked_prefill_gives_the_same_tokens_as_whole_prompts(loaded, budget):
-    prompts = random_prompts(8, seed=2)
-    chunked = run(make_core(loaded, budget=budget), prompts)
-    whole = run(make_core(loaded, budget=512, chunked=False), prompts)
-    assert chunked == whole
+    check_chunked_prefill_equals_whole_prompts(loaded, budget)
 
 
 def test_a_prefix_cache_hit_starts_from_the_snapshot_and_gives_the_same_tokens(loaded):
-    base = random_prompts(1, seed=11)[0] * 3
-    prompts = [base, base, base[:30] + [7, 8, 9], base + [1]]
-    params = msgspec.structs.replace(GREEDY, logprobs=2, max_tokens=8)
-    cached = run_one_by_one(make_core(loaded), prompts, params)
-    plain = run_one_by_one(make_core(loaded, prefix_caching=False), prompts, params)
-    assert [c for _, _, c in cached][1:] == [(len(base) - 1) // 4 * 4, 28, len(base) // 4 * 4]
-    for (tokens, logprobs, _), (want_tokens, want_logprobs, _) in zip(cached, plain, strict=True):
-        assert tokens == want_tokens
-        assert logprobs == pytest.approx(want_logprobs, abs=1e-5)
+    check_prefix_cache_hit_equals_cold(loaded)
 
 
 def test_preempted_requests_resume_with_the_same_greedy_tokens(loaded):
-    prompts = random_prompts(12, seed=3)
-    roomy = run(make_core(loaded, num_blocks=512), prompts)
-    core = make_core(replace(loaded, max_model_len=128), num_blocks=40)
-    assert run(core, prompts) == roomy
-    assert core.scheduler.num_preemptions > 0
-    assert core.kv.num_free_blocks == 40
+    core = check_preemption_resumes_exactly(loaded, num_prompts=12, num_blocks=40)
     assert core.scheduler.states is not None
     assert core.scheduler.states.num_free_slots == core.scheduler.states.num_slots
 
 
 def test_speculation_rolls_rejected_drafts_out_of_the_state(loaded, tiny):
-    """Batch-invariant, as the engine speculates only there: some drafts are
-    rejected, so states roll back, and no greedy token changes."""
-    model = build_model(loaded.model_config, torch.float32, torch.device("cpu"), True)
-    model.load_weights(tiny.weights())
-    invariant = replace(loaded, model=model)
-    rng = random.Random(5)
-    prompts = [repeating_prompt(rng, length) for length in (20, 45, 70)]
-    speculating = make_core(invariant, speculative=ngram(k=4))
-    assert speculating.speculator is not None
-    drafted = run_speculating(speculating, prompts)
-    plain = run_speculating(make_core(invariant), prompts)
-    assert {i: r[:2] for i, r in drafted.items()} == {i: r[:2] for i, r in plain.items()}
-    counters = speculating.speculator.counters
-    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+    """Some drafts are rejected, so states roll back, and no greedy token changes."""
+    check_speculation_keeps_greedy_tokens(loaded, tiny, lengths=(20, 45, 70))
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from sluice.models.moe_decoder import (
     parameter_counts,
 )
 from sluice.models.native.int8 import int8_gemm_kernels
+from tests.engine_paths import check_greedy_equals_transformers_generate
 from tests.invariance_runs import probe_output, random_prompt
 from tests.model_factory import (
     QWEN2_MOE_KIND,
@@ -74,13 +75,7 @@ def test_float32_logits_match_transformers(loaded, tiny):
 
 
 def test_greedy_tokens_equal_transformers_generate(loaded, tiny):
-    for prompt in random_prompts(2, seed=9):
-        with torch.no_grad():
-            out = tiny.hf_model.generate(
-                torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
-                pad_token_id=0, eos_token_id=None,
-            )  # fmt: skip
-        assert greedy(PagedRunner(loaded.model), prompt, 16) == out[0, len(prompt) :].tolist()
+    check_greedy_equals_transformers_generate(loaded, tiny)
 
 
 def test_parameter_counts_are_transformers_and_k_of_the_experts(loaded, tiny):
