@@ -220,10 +220,6 @@ class ModelPool(Generic[P]):
     # -- the server's whole life: restarts, drain, shutdown ---------------------------
 
     @property
-    def num_restarts(self) -> int:
-        return sum(entry.num_restarts for entry in self._entries.values())
-
-    @property
     def num_in_flight(self) -> int:
         return sum(active.gate.num_in_flight for _, active in self.loaded())
 
