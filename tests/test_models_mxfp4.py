@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from sluice.errors import ModelLoadError
+from sluice.models import mxfp4
 from sluice.models.mxfp4 import dequantize_mxfp4, growth_bytes
 
 
@@ -46,7 +47,11 @@ def test_blocks_and_scales_that_do_not_pair_are_one_line(blocks, scales, message
         dequantize_mxfp4("model.layers.0.mlp.experts.down_proj", blocks, scales)
 
 
-def test_the_memory_plan_counts_blocks_at_two_values_a_byte_in_the_model_dtype(tmp_path):
+def test_the_memory_plan_counts_blocks_at_two_values_a_byte_in_the_model_dtype(
+    tmp_path, monkeypatch
+):
+    """Where the native kernel is not built, so the experts load dequantized."""
+    monkeypatch.setattr(mxfp4, "mxfp4_available", lambda: False)
     blocks = torch.zeros(4, 8, 2, 16, dtype=torch.uint8)  # 1024 bytes: 2048 values
     save_file(
         {"e.down_proj_blocks": blocks, "e.down_proj_scales": torch.zeros(4, 8, 2, dtype=torch.uint8),
@@ -56,3 +61,5 @@ def test_the_memory_plan_counts_blocks_at_two_values_a_byte_in_the_model_dtype(t
     files = [tmp_path / "model.safetensors"]
     assert growth_bytes(files, torch.bfloat16) == 2048 * 2 - 1024
     assert growth_bytes(files, torch.float32) == 2048 * 4 - 1024
+    monkeypatch.setattr(mxfp4, "mxfp4_available", lambda: True)
+    assert growth_bytes(files, torch.bfloat16) == 0  # kept in 4 bits: the file's bytes

@@ -27,8 +27,9 @@ The checkpoint stacks each layer's experts as transformers holds them:
 then up rows) as they stream in. OpenAI's release stores the two expert
 matrices in MXFP4 (`gate_up_proj_blocks` [E, 2 I, H / 32, 16] with
 `gate_up_proj_scales` [E, 2 I, H / 32], the same for down_proj, [out, in]
-order): they are dequantized (mxfp4.py) into the model dtype as they load,
-not kept in 4 bits.
+order): they stay in 4 bits, run by the int8 x MXFP4 kernel
+(mxfp4_experts.py, native/mxfp4_gemm.c), or are dequantized (mxfp4.py) into
+the model dtype where the native library is not built.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ from sluice.models.linear import uninitialised_weight
 from sluice.models.llama import LlamaDecoderLayer
 from sluice.models.moe import MoeBlock
 from sluice.models.moe_decoder import MoeDecoderLayer, MoeForCausalLM
-from sluice.models.mxfp4 import dequantize_mxfp4
+from sluice.models.mxfp4 import check_pair, dequantize_mxfp4
+from sluice.models.mxfp4_experts import StackTarget, keep_mxfp4
+from sluice.models.native.mxfp4 import mxfp4_available, mxfp4_groups
 from sluice.models.sliding_window import sliding_window_attention
 from sluice.models.weight_targets import WeightTarget
 
@@ -116,6 +119,8 @@ class GptOssDecoderLayer(MoeDecoderLayer):
         self.clamped_swiglu = functools.partial(
             clamped_swiglu, config.swiglu_alpha, config.swiglu_limit
         )
+        # The expert stacks' load targets and their names' prefix (`expert_targets`).
+        self.stacks = (StackTarget(self.moe.gate_up), StackTarget(self.moe.down), "mlp.experts.")
 
     def _build_mlp(self, config: DecoderConfig, p: dict) -> None:
         self.moe = GptOssExperts(config, p["dtype"], p["device"])
@@ -129,13 +134,15 @@ class GptOssDecoderLayer(MoeDecoderLayer):
         moe = self.moe
         assert isinstance(moe, GptOssExperts)
         mlp = prefix + "mlp."
+        # The stacks' targets also take MXFP4 groups; `finish_experts` reads them.
+        self.stacks = (StackTarget(moe.gate_up), StackTarget(moe.down), mlp + "experts.")
         return {
             prefix + "self_attn.sinks": WeightTarget(self.sinks),
             mlp + "router.weight": WeightTarget(moe.router),
             mlp + "router.bias": WeightTarget(moe.router_bias),
-            mlp + "experts.gate_up_proj": WeightTarget(moe.gate_up),
+            mlp + "experts.gate_up_proj": self.stacks[0],
             mlp + "experts.gate_up_proj_bias": WeightTarget(moe.gate_up_bias),
-            mlp + "experts.down_proj": WeightTarget(moe.down),
+            mlp + "experts.down_proj": self.stacks[1],
             mlp + "experts.down_proj_bias": WeightTarget(moe.down_bias),
         }
 
@@ -145,17 +152,23 @@ class GptOssForCausalLM(MoeForCausalLM):
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Tensor | BlockCodes]]) -> None:
-        super().load_weights(in_stacked_layout(weights))
+        super().load_weights(in_stacked_layout(weights, keep_mxfp4=mxfp4_available()))
+        for layer in self.layers:
+            assert isinstance(layer, GptOssDecoderLayer) and isinstance(layer.moe, GptOssExperts)
+            gate_up, down, prefix = layer.stacks
+            biases = (layer.moe.gate_up_bias, layer.moe.down_bias)
+            keep_mxfp4(layer.moe, gate_up, down, biases, prefix)
 
 
 def in_stacked_layout(
-    weights: Iterable[tuple[str, Tensor | BlockCodes]],
+    weights: Iterable[tuple[str, Tensor | BlockCodes]], keep_mxfp4: bool = False
 ) -> Iterator[tuple[str, Tensor | BlockCodes]]:
     """transformers' expert stacks in moe.py's layout: [E, in, out] matrices
     transposed to [E, out, in], and the interleaved gate/up outputs (gate
     at even places, up at odd) split into gate rows, then up rows. MXFP4
-    stacks (`*_blocks` with `*_scales`, already [E, out, in]) are
-    dequantized once both have arrived. A tensor of another rank passes as
+    stacks (`*_blocks` with `*_scales`, already [E, out, in]) are joined
+    into the kernel's groups ([E, out, in / 32, 17] uint8, `keep_mxfp4`) or
+    dequantized, once both have arrived. A tensor of another rank passes as
     it is, for the load to name its shape."""
     halves: dict[str, Tensor] = {}  # an MXFP4 stack's blocks or scales, waiting for the other
     for name, tensor in weights:
@@ -166,7 +179,9 @@ def in_stacked_layout(
                 halves[name] = tensor
                 continue
             blocks, scales = (tensor, other) if part == "blocks" else (other, tensor)
-            name, tensor = stem, dequantize_mxfp4(stem, blocks, scales)  # [E, out, in]
+            check_pair(stem, blocks, scales)
+            kept = mxfp4_groups(blocks, scales) if keep_mxfp4 else None  # [E, out, G, 17]
+            name, tensor = stem, dequantize_mxfp4(stem, blocks, scales) if kept is None else kept
             if stem.endswith("gate_up_proj"):
                 tensor = _gate_rows_then_up(tensor)
         elif isinstance(tensor, Tensor):

@@ -278,6 +278,13 @@ FUNCTIONS: dict[str, Function] = {
         "const uint8_t *packed, int64_t n, int64_t k, int bits, int sub, int super_block, "
         "int has_scales, int has_min, int offset, const int64_t *ids, int64_t count, float *out",
     ),
+    # mxfp4_gemm.c: mxfp4.py
+    "mxfp4_gemm_available": Function("int", "void"),
+    "mxfp4_gemm": Function(
+        "int",
+        "const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *weights, int64_t n, "
+        "void *out, int out_bf16, int64_t out_stride",
+    ),
 }
 
 

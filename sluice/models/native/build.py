@@ -35,6 +35,7 @@ _SOURCES = tuple(
         "int8_amx.c",
         "decode_layer.c",
         "qblock_gemm.c",
+        "mxfp4_gemm.c",
     )
 )
 _HEADERS = tuple(

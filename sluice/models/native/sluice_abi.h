@@ -168,4 +168,9 @@ int qblock_rows(const uint8_t *packed, int64_t n, int64_t k, int bits, int sub, 
                 int has_scales, int has_min, int offset, const int64_t *ids, int64_t count,
                 float *out);
 
+/* mxfp4_gemm.c (mxfp4.py): int8 activations times MXFP4 groups (gpt-oss's experts) */
+int mxfp4_gemm_available(void);
+int mxfp4_gemm(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *weights,
+               int64_t n, void *out, int out_bf16, int64_t out_stride);
+
 #endif
