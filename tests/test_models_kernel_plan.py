@@ -1,13 +1,12 @@
-"""The prefill attention plan (sluice/models/kernel_plan.py): chosen per band
-of prompt lengths from times on an injected clock, so no test here depends
-on this machine's speed.
+"""The kernel plan (sluice/models/kernel_plan.py): chosen from times on an
+injected clock, so no test here depends on this machine's speed.
 
-- each CPU's shape of results: AMX (torch's SDPA on AMX tiles wins long
-  prompts, the native kernel short ones; with the AMX kernel as a third
-  candidate, it takes the long ones), Zen 4 (native wins every length),
-  torch everywhere, bands apart (no monotonicity assumed); a tie goes to
-  torch, then to AMX; medians decide;
-- a plan sends each chunk length to its band's kernel, and says so in one line;
+- attention: one chunk-blind family for every row, prefill and decode, from
+  each CPU's shape of results: Zen 4 (no AMX: the AVX512 pair), an AMX CPU
+  (the AMX pair wins overall), AMX winning prefill but losing decode by
+  more (AVX512), a tie (AVX512); medians decide; torch is never measured;
+- a plan sends each chunk length to its band's kernel, says so in one line,
+  and says where a pinned plan is not chunk-blind;
 - the kept file round-trips, a damaged one is none, and its name changes
   with the CPU's flags line, the thread count and the head shapes.
 """
@@ -20,13 +19,9 @@ import torch
 from sluice.models import kernel_plan
 from sluice.models.decoder_config import DecoderConfig
 from sluice.models.families.registry import parse_hf_config
-from sluice.models.kernel_plan import NATIVE, TORCH, KernelPlan, measure_prefill, parse_bands
+from sluice.models.kernel_plan import NATIVE, ROWS, TORCH, KernelPlan, parse_bands
 
 AMX_KERNEL = kernel_plan.AMX
-
-# Native / torch time per prompt length, as each CPU's kind gave them (issue 27).
-AMX = {256: 0.8, 1024: 2.4, 4096: 3.8}
-ZEN4 = {256: 0.5, 1024: 0.6, 4096: 0.7}
 
 
 class FakeClock:
@@ -37,90 +32,83 @@ class FakeClock:
         return self.now
 
 
-def measure(ratios, amx_ratios=None, **kwargs):
-    """measure_prefill over candidates whose native / torch time at n is
-    ratios[n] (and the AMX kernel's, amx_ratios[n], where given)."""
-    clock = FakeClock()
+def measure(prefill_ratios, decode_ratios, amx=True, clock=None):
+    """measure_attention over candidates whose AMX / AVX512 time is
+    prefill_ratios[n] for an n-token prompt and decode_ratios[n] for n rows."""
+    clock = clock or FakeClock()
 
-    def native(n):
-        clock.now += 1e-6 * n * n * ratios[n]
-
-    def amx(n):
-        clock.now += 1e-6 * n * n * amx_ratios[n]
-
-    def sdpa(n):
-        clock.now += 1e-6 * n * n
-
-    amx_candidate = None if amx_ratios is None else amx
-    lengths = sorted(ratios)
-    return measure_prefill(native, sdpa, lengths, clock=clock, amx=amx_candidate, **kwargs)
-
-
-def test_on_amx_torch_serves_long_prompts_and_native_short_ones():
-    bands = measure(AMX)
-    assert bands == ((0, NATIVE), (1024, TORCH))
-    plan = KernelPlan(bands, "measured at load")
-    assert [plan.prefill_kernel(n) for n in (1, 255, 1023, 1024, 6300)] == [
-        NATIVE, NATIVE, NATIVE, TORCH, TORCH,
-    ]  # fmt: skip
-    assert plan.describe() == (
-        "kernel plan (measured at load): prefill attention native below 1024 tokens, "
-        "torch from 1024"
-    )
-
-
-def test_on_zen4_native_serves_every_length():
-    assert measure(ZEN4) == ((0, NATIVE),)
-    assert KernelPlan(measure(ZEN4), "cached").describe() == (
-        "kernel plan (cached): prefill attention native at every length"
-    )
-
-
-def test_torch_everywhere_ties_to_torch_and_bands_apart():
-    assert measure({256: 1.5, 1024: 2.0, 4096: 3.0}) == ((0, TORCH),)
-    assert measure({256: 1.0, 1024: 1.0}) == ((0, TORCH),)  # native must win to serve
-    apart = measure({256: 0.9, 1024: 1.2, 4096: 0.9})
-    assert apart == ((0, NATIVE), (1024, TORCH), (4096, NATIVE))
-    assert KernelPlan(apart).prefill_kernel(2000) == TORCH
-    assert KernelPlan(apart).prefill_kernel(5000) == NATIVE
-
-
-def test_where_the_amx_kernel_wins_long_prompts_it_serves_them():
-    # AMX kernel / torch time per length: slower than native when short, the
-    # fastest of the three from 1,024 tokens.
-    bands = measure(AMX, {256: 1.1, 1024: 0.7, 4096: 0.6})
-    assert bands == ((0, NATIVE), (1024, AMX_KERNEL))
-    plan = KernelPlan(bands, "measured at load")
-    assert [plan.prefill_kernel(n) for n in (255, 1024, 7800)] == [NATIVE, AMX_KERNEL, AMX_KERNEL]
-    assert plan.describe() == (
-        "kernel plan (measured at load): prefill attention native below 1024 tokens, amx from 1024"
-    )
-    # Where it wins nowhere, it serves nowhere; ties go to torch, then to AMX.
-    assert measure(AMX, {256: 2.0, 1024: 1.5, 4096: 1.2}) == ((0, NATIVE), (1024, TORCH))
-    assert measure(AMX, {256: 1.5, 1024: 1.0, 4096: 1.0}) == ((0, NATIVE), (1024, TORCH))
-    clock = FakeClock()
-
-    def seconds(took):
+    def takes(seconds):
         def run(n):
-            clock.now += took
+            clock.now += seconds(n)
 
         return run
 
-    tie = measure_prefill(seconds(2.0), seconds(3.0), (256,), clock=clock, amx=seconds(2.0))
-    assert tie == ((0, AMX_KERNEL),)
+    native = (takes(lambda n: 1e-6 * n * n), takes(lambda n: 1e-5 * n))
+    fast = (
+        takes(lambda n: 1e-6 * n * n * prefill_ratios[n]),
+        takes(lambda n: 1e-5 * n * decode_ratios[n]),
+    )  # fmt: skip
+    return kernel_plan.measure_attention(
+        native, fast if amx else None, sorted(prefill_ratios), sorted(decode_ratios), clock=clock
+    )
+
+
+def test_without_amx_the_avx512_pair_serves_every_row_and_torch_is_never_timed():
+    assert measure({256: 0.5}, {1: 0.5}, amx=False) == NATIVE
+    plan = KernelPlan(((0, NATIVE),), "cached")
+    assert plan.is_chunk_blind
+    assert plan.describe() == "kernel plan (cached): prefill attention native at every length"
+
+
+def test_where_the_amx_pair_wins_overall_it_serves_every_length_and_every_decode():
+    # The Sapphire Rapids shape: AMX prefill slower on short prompts, much
+    # faster on long ones; AMX decode 31 against 49 us a row, 113 against 529 at 17.
+    assert measure({256: 1.1, 1024: 0.7, 4096: 0.6}, {1: 0.63, 9: 0.21}) == AMX_KERNEL
+    plan = KernelPlan(((0, AMX_KERNEL),), "measured at load", decode_attention=AMX_KERNEL)
+    assert plan.is_chunk_blind
+    assert [plan.prefill_kernel(n) for n in (1, 255, 1024, 7800)] == [AMX_KERNEL] * 4
+    assert plan.describe() == (
+        "kernel plan (measured at load): prefill attention amx at every length; "
+        "decode attention on AMX tiles"
+    )
+
+
+def test_amx_must_win_overall_not_somewhere():
+    # Faster on long prompts, slower by more on decodes: the AVX512 pair.
+    assert measure({256: 1.5, 1024: 0.9, 4096: 0.9}, {1: 1.6, 9: 1.4}) == NATIVE
+    # A tie goes to AVX512.
+    assert measure({256: 1.0}, {1: 1.0}) == NATIVE
+    assert measure({256: 2.0, 4096: 0.6}, {1: 1.0}) == NATIVE  # 2x slower short, 1.7x faster long
 
 
 def test_medians_decide_so_one_slow_run_does_not():
     clock = FakeClock()
-    runs = iter([1.0, 1.0, 100.0])  # warm-up, then one slow timed run of 3
+    runs = iter([1.0, 1.0, 100.0, 1.0])  # warm-up, then one slow timed run of 3
 
     def native(n):
-        clock.now += next(runs, 1.0)
-
-    def sdpa(n):
         clock.now += 2.0
 
-    assert measure_prefill(native, sdpa, lengths=(256,), clock=clock) == ((0, NATIVE),)
+    def amx(n):
+        clock.now += next(runs, 1.0)
+
+    assert kernel_plan.measure_attention((native, native), (amx, amx), (256,), (1,),
+                                         clock=clock) == AMX_KERNEL  # fmt: skip
+
+
+def test_a_pinned_plan_that_mixes_kernels_says_it_is_not_chunk_blind():
+    apart = KernelPlan(((0, NATIVE), (1024, TORCH), (4096, NATIVE)), "from plan.json")
+    assert not apart.is_chunk_blind
+    assert [apart.prefill_kernel(n) for n in (5, 2000, 5000)] == [NATIVE, TORCH, NATIVE]
+    assert apart.describe() == (
+        "kernel plan (from plan.json): prefill attention native below 1024 tokens, torch "
+        "from 1024, native from 4096; attention not chunk-blind (a row's bits follow its chunk)"
+    )
+    mixed_decode = KernelPlan(((0, NATIVE),), "x", decode_attention=AMX_KERNEL)
+    assert not mixed_decode.is_chunk_blind
+    assert not KernelPlan(((0, TORCH),), "x").is_chunk_blind
+    rows = KernelPlan(((0, ROWS),), "no native prefill kernel for torch.float32 heads of 16")
+    assert rows.is_chunk_blind
+    assert rows.describe().endswith("prefill attention rows at every length")
 
 
 def test_the_kept_file_round_trips_and_a_damaged_one_is_none(tmp_path):
@@ -142,6 +130,7 @@ def test_the_kept_file_round_trips_and_a_damaged_one_is_none(tmp_path):
     assert parse_bands({"prefill_attention": [[0, "torch"], [4096, "amx"]]}) == (
         (0, TORCH), (4096, AMX_KERNEL),
     )  # fmt: skip
+    assert parse_bands({"prefill_attention": [[0, "rows"]]}) == ((0, ROWS),)
 
 
 def config(heads: int = 9, kv_heads: int = 3) -> DecoderConfig:
@@ -195,8 +184,8 @@ def measure_rows(ratios):
 def test_the_int8_matmul_bands_follow_each_cpus_times():
     bands = measure_rows(AMX_INT8)
     assert bands == ((0, kernel_plan.VNNI), (8, kernel_plan.AMX))
-    assert KernelPlan(((0, TORCH),), "measured at load", bands).describe() == (
-        "kernel plan (measured at load): prefill attention torch at every length; "
+    assert KernelPlan(((0, NATIVE),), "measured at load", bands).describe() == (
+        "kernel plan (measured at load): prefill attention native at every length; "
         "int8 matmul vnni below 8 rows, amx from 8"
     )
     assert measure_rows(APART_INT8) == (
@@ -253,30 +242,6 @@ def test_step_seconds_round_trip_and_bad_ones_are_refused(tmp_path):
     for bad in ("[[1, 0.0]]", "[[8, 1e-5], [1, 1e-5]]", '[[1, "fast"]]', "[[0, 1e-5]]"):
         path.write_text('{"prefill_attention": [[0, "torch"]], "step_seconds": ' + bad + "}")
         assert kernel_plan.read_plan(path, "cached") is None, bad
-
-
-def measure_decode_rows(native_seconds, amx_seconds):
-    """measure_decode over candidates taking native_seconds[n] and
-    amx_seconds[n] for n rows of one sequence."""
-    clock = FakeClock()
-
-    def native(n):
-        clock.now += native_seconds[n]
-
-    def amx(n):
-        clock.now += amx_seconds[n]
-
-    return kernel_plan.measure_decode(native, amx, sorted(native_seconds), clock=clock)
-
-
-def test_decode_attention_goes_to_amx_only_where_it_wins_every_step_shape():
-    # The AMX machine: faster alone and much faster verifying (30 against 49
-    # us at one row, 113 against 529 at 17).
-    assert measure_decode_rows({1: 49, 9: 300}, {1: 30, 9: 70}) == kernel_plan.AMX
-    # Faster only at verification: single decodes would pay, so native.
-    assert measure_decode_rows({1: 49, 9: 300}, {1: 79, 9: 90}) == NATIVE
-    assert measure_decode_rows({1: 49, 9: 300}, {1: 49, 9: 90}) == NATIVE  # a tie: native
-    assert kernel_plan.measure_decode(lambda n: None, None) == NATIVE  # no AMX tiles
 
 
 def test_the_decode_kernel_round_trips_and_shows_on_the_startup_line(tmp_path):

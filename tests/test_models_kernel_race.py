@@ -6,8 +6,11 @@
   measure measures again; a FILE pins its plan, a bad one is a one-line
   load error naming the flag; the startup reason says the plan and the
   model's layers run on it;
-- without a native candidate (heads of 16, float32, kernels off) there is
-  nothing to measure: torch at every length, and the reason says why;
+- measured plans are chunk-blind: one family (AVX512 or AMX) for prefill
+  and decode, torch's SDPA never a candidate;
+- without a native prefill candidate (heads of 16, float32) there is
+  nothing to measure: every prefill token a decode-kernel row (ROWS), and
+  the reason says why;
 - the flag is derived from the config field (`sluice serve --kernel-plan`).
 """
 
@@ -23,13 +26,13 @@ from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
 from sluice.loader import load_model
 from sluice.models import kernel_race
-from sluice.models.kernel_plan import AMX, NATIVE, TORCH, KernelPlan
+from sluice.models.kernel_plan import AMX, NATIVE, ROWS, TORCH, KernelPlan
 from sluice.models.native import find_compiler
 from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
 from tests.model_factory import write_tiny_tokenizer
 
-# The bands an AMX CPU's measurement gives (test_models_kernel_plan.py).
-AMX_BANDS = ((0, NATIVE), (1024, TORCH))
+# The family an AMX CPU's measurement gives (test_models_kernel_plan.py).
+AMX_BANDS = ((0, AMX),)
 
 
 @pytest.fixture(scope="module")
@@ -52,16 +55,16 @@ def measurements(monkeypatch):
     """Each measurement the loads make (of real candidates), answering AMX's bands."""
     calls = []
 
-    def fake_measure(native, sdpa, lengths, amx=None):
+    def fake_measure(native, amx, lengths):
         calls.append(list(lengths))
-        native(lengths[0]), sdpa(lengths[0])  # the candidates run on the model's shapes
-        # The AMX kernel is a candidate exactly where it runs.
+        native[0](lengths[0]), native[1](1)  # prefill and decode run on the model's shapes
+        # The AMX pair is a candidate exactly where it runs.
         assert (amx is None) == (prefill_attention_amx_kernel(torch.bfloat16) is None)
         if amx is not None:
-            amx(lengths[0])
-        return AMX_BANDS
+            amx[0](lengths[0]), amx[1](1)
+        return AMX
 
-    monkeypatch.setattr(kernel_race, "measure_prefill", fake_measure)
+    monkeypatch.setattr(kernel_race, "measure_attention", fake_measure)
     return calls
 
 
@@ -83,12 +86,14 @@ def test_auto_measures_once_keeps_the_plan_and_the_next_load_reads_it(
     first = load(wide_heads_folder, tmp_path)
     # Only the lengths the model can hold are measured (max_position_embeddings 300).
     assert measurements == [[256]]
-    assert "kernel plan (measured at load): prefill attention native below 1024 tokens, " \
-        "torch from 1024" in first.choices.reason  # fmt: skip
-    assert first.model.layers[0].attend.keywords["kernels"].prefill_attention == AMX_BANDS
+    assert "kernel plan (measured at load): prefill attention amx at every length; " \
+        "decode attention on AMX tiles" in first.choices.reason  # fmt: skip
+    kernels = first.model.layers[0].attend.keywords["kernels"]
+    assert kernels.prefill_attention == AMX_BANDS and kernels.decode_attention == AMX
+    assert kernels.is_chunk_blind
     again = load(wide_heads_folder, tmp_path)
     assert measurements == [[256]]  # read back, not measured
-    assert "kernel plan (cached): prefill attention native below 1024" in again.choices.reason
+    assert "kernel plan (cached): prefill attention amx at every length" in again.choices.reason
     load(wide_heads_folder, tmp_path, kernel_plan="measure")
     assert measurements == [[256], [256]]
 
@@ -101,7 +106,7 @@ def test_a_file_pins_its_plan_and_a_bad_file_is_a_load_error(
     loaded = load(wide_heads_folder, tmp_path, kernel_plan=str(pinned))
     assert not measurements
     assert f"kernel plan (from {pinned}): prefill attention torch below 4096 tokens, " \
-        "native from 4096" in loaded.choices.reason  # fmt: skip
+        "native from 4096; attention not chunk-blind" in loaded.choices.reason  # fmt: skip
     plan = loaded.model.layers[0].attend.keywords["kernels"]
     assert plan == KernelPlan(((0, TORCH), (4096, NATIVE)), f"from {pinned}")
     pinned.write_text("{not json")
@@ -111,12 +116,14 @@ def test_a_file_pins_its_plan_and_a_bad_file_is_a_load_error(
         load(wide_heads_folder, tmp_path, kernel_plan=str(tmp_path / "missing.json"))
 
 
-def test_without_a_native_candidate_torch_serves_every_length(
+@native_prefill_here
+def test_without_a_native_prefill_candidate_decode_kernel_rows_serve_every_length(
     tiny_folder, wide_heads_folder, tmp_path, measurements
 ):
     narrow = load(tiny_folder, tmp_path)  # heads of 16
     assert "kernel plan (no native prefill kernel for torch.bfloat16 heads of 16): " \
-        "prefill attention torch at every length" in narrow.choices.reason  # fmt: skip
+        "prefill attention rows at every length" in narrow.choices.reason  # fmt: skip
+    assert narrow.model.layers[0].attend.keywords["kernels"].prefill_attention == ((0, ROWS),)
     in_float32 = load(wide_heads_folder, tmp_path, dtype="float32")
     assert "no native prefill kernel for torch.float32 heads of 64" in in_float32.choices.reason
     assert not measurements
@@ -139,8 +146,9 @@ def test_the_real_measurement_runs_and_keeps_a_plan(wide_heads_folder, tmp_path)
     plan = kernel_race.plan_kernels("measure", config, torch.bfloat16, tmp_path, 300)
     # Which kernel wins depends on this CPU; that the plan is measured and kept does not.
     assert plan.source == "measured at load" and plan.prefill_attention in (
-        ((0, NATIVE),), ((0, AMX),), ((0, TORCH),),
+        ((0, NATIVE),), ((0, AMX),),
     )  # fmt: skip
+    assert plan.is_chunk_blind
     (kept,) = (tmp_path / "calibration").glob("kernel-plan-*.json")
     assert parse_bands(json.loads(kept.read_text())) == plan.prefill_attention
 

@@ -18,26 +18,34 @@ Invariants of `paged_attention`:
   elsewhere (or without a C compiler) as one block gather and one batched
   SDPA call, padded to the longest with a mask;
   longer chunks (prefills) run one call each: on CPU in bfloat16 (heads of
-  64 or 128) a flash-attention C kernel (native/prefill_attention.c, causal
-  over the cached context and the chunk together) at the lengths where the
-  kernel plan measured at load says it wins (kernel_plan.py), elsewhere
-  torch's SDPA;
+  64 or 128) a flash-attention C kernel (native/prefill_attention.c or its
+  AMX twin, causal over the cached context and the chunk together), the
+  family the kernel plan measured at load (kernel_plan.py); on CPU with
+  other heads or dtypes every token one row of the native decode kernel
+  over exactly its own keys (`_prefill_rows`); torch's SDPA only where no
+  native kernel runs or a pinned plan names it;
 - the gather plans and masks depend on the batch only, not the layer: they
   are built once per step, in `AttentionMetadata.__post_init__`.
 
+Chunk-blind attention (issue 44): on CPU with the native kernels, a token's
+attention bits depend only on its own query and the keys and values at
+positions up to it, whatever its batch, its prefill chunk, whether its
+context came from a cache tier, or whether a decode step computed it. The
+prefill and decode kernels of one family visit keys in blocks at fixed
+absolute positions, through one per-row step (native/avx512_attention.h,
+native/amx_attention.h), so a row gets the same bits from either kernel; the
+kernel plan keeps torch's flash SDPA (whose reduction follows the chunk)
+out of its measured plans. Which kernel computes a row is then a matter of
+speed only: tokens of a multi-token chunk at positions below
+`DECODE_ROW_POSITIONS`, and every token of a chunk of at most
+`MAX_DECODE_ROW_CHUNK` (a speculative step's verification), run in the
+decode kernel's call, the others in the prefill kernel.
+
 `batch_invariant_attention` is the batch-invariant mode's: every new token,
 prefill or decode, is one row of the decode kernel over exactly its own
-keys (context plus the chunk's tokens up to itself), so a token's bits are
-the same whatever its batch, its prefill chunk, or whether its context came
-from the prefix cache. The flash SDPA of prefill chunks reduces in another
-order than the decode kernel: a token computed in a chunk would differ from
-the same token decoded.
-
-Tokens of a multi-token chunk at positions below `DECODE_ROW_POSITIONS`,
-and every token of a chunk of at most `MAX_DECODE_ROW_CHUNK` (a speculative
-step's verification), run in the decode kernel's call too, each one row over
-exactly its own keys: each gets the bits decoding it would, whatever the
-chunking or the prefix cache.
+keys. Chunk-blind attention gives the same bits, so for attention the mode
+only repeats the default (its other kernels, matmuls and norms, still
+differ).
 
 Padding reads real (zeroed or stale) cache rows and masks them out, which is
 safe because the cache never holds NaN or inf: it starts zeroed and only ever
@@ -54,7 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sluice.models.decoder_config import DecoderConfig
-from sluice.models.kernel_plan import AMX, NATIVE, KernelPlan
+from sluice.models.kernel_plan import AMX, NATIVE, TORCH, KernelPlan
 from sluice.models.native import (
     decode_attention_amx_kernel,
     decode_attention_kernel,
@@ -82,7 +90,9 @@ NATIVE_WHERE_IT_RUNS = KernelPlan()
 # is chunked, whether its prefix came from the cache, and after preemption
 # (issue 28). Above it, the flash kernels: the decode kernel re-reads the
 # keys for every row, which costs more than flash attention from about 512
-# positions (benchmarks/attention_kernels.py).
+# positions (benchmarks/attention_kernels.py). Where the prefill kernel is
+# chunk-blind (module docstring) both give a row the same bits; these
+# constants then choose speed only.
 MAX_DECODE_ROW_CHUNK = 65  # 1 + the longest draft SpeculativeConfig allows (64)
 DECODE_ROW_POSITIONS = 512
 
@@ -118,6 +128,8 @@ class PrefillPlan:
     # Cache blocks holding the sequence; None when context_len == 0, since then
     # the chunk's own new K/V are the whole sequence.
     block_ids: Tensor | None  # [ceil(seq_len / block_size)] int64
+    # The same blocks whatever the context (rows of the decode kernel read them).
+    seq_blocks: Tensor | None = None  # [ceil(seq_len / block_size)] int64
 
 
 @dataclass(slots=True)
@@ -277,11 +289,10 @@ def _plan_prefills(meta: AttentionMetadata) -> list[PrefillPlan]:
         num_rows = _num_row_tokens(query_len, seq_len - query_len)
         context_len = seq_len - query_len + num_rows
         if num_rows < query_len:
-            block_ids = None
-            if context_len > 0:
-                block_ids = meta.block_tables[b, : -(-seq_len // meta.block_size)]
+            seq_blocks = meta.block_tables[b, : -(-seq_len // meta.block_size)]
+            block_ids = seq_blocks if context_len > 0 else None
             start, end = token_start + num_rows, token_start + query_len
-            plans.append(PrefillPlan(start, end, context_len, seq_len, block_ids))
+            plans.append(PrefillPlan(start, end, context_len, seq_len, block_ids, seq_blocks))
         token_start += query_len
     return plans
 
@@ -479,11 +490,33 @@ def _prefill_attention(
             return kernel(q, k, v, scale)
         keys, values = _cached_kv(kv_cache, plan.block_ids, plan.seq_len)
         return kernel(q, keys, values, scale)
+    if (
+        q.device.type == "cpu"
+        and kernels.prefill_kernel(plan.seq_len) != TORCH
+        and (rows := decode_kernel(q.dtype, q.shape[2], kernels)) is not None
+    ):
+        return _prefill_rows(q, kv_cache, plan, scale, rows)
     if plan.block_ids is None:  # nothing cached before this chunk: it is the whole sequence
         return _sdpa(q, k, v, None, scale)
     if q.device.type == "cpu":
         return _cached_prefix_then_chunk(q, k, v, kv_cache, plan, scale)
     return _cached_prefix_masked(q, kv_cache, plan, scale)
+
+
+def _prefill_rows(
+    q: Tensor,  # [query_len, num_heads, head_dim]
+    kv_cache: Tensor,
+    plan: PrefillPlan,
+    scale: float,
+    kernel,
+) -> Tensor:  # [query_len, num_heads, head_dim]
+    """Every token of a chunk one row of the native decode kernel over exactly
+    its own keys (the chunk's K/V are in the cache already): chunk-blind where
+    no prefill kernel runs on these heads or this dtype."""
+    assert plan.seq_blocks is not None, "a step's plans carry their blocks"
+    seq_lens = torch.arange(plan.context_len + 1, plan.seq_len + 1)  # [query_len]
+    block_ids = plan.seq_blocks.expand(q.shape[0], -1)  # [query_len, num_blocks]
+    return kernel(q, kv_cache, block_ids, seq_lens, scale)
 
 
 def _native_prefill_kernel(q: Tensor, kernels: KernelPlan, num_keys: int):

@@ -1,23 +1,39 @@
-"""Which prefill attention kernel serves which prompt lengths on this CPU: measured at load.
+"""Which attention and int8 kernels serve this CPU: measured at load.
 
-Up to three candidates compute a prefill chunk's attention: the native flash
-kernel (native/prefill_attention.c, AVX512-BF16), the same on AMX-BF16 tiles
-(native/prefill_attention_amx.c, "amx", where the CPU and OS grant tiles),
-and torch's flash SDPA. Which is fastest depends on the CPU, not on the
-code: on Zen 4 the native kernel wins; on a Sapphire Rapids with AMX
-torch's SDPA runs on AMX tiles through oneDNN and beats the AVX512 kernel
-on long prompts by 2.4-3.8x (issue 27: 512 tokens native 2.49 ms against
-1.04 ms, 2,000 tokens 33.98 against 8.96 ms per layer), and the AMX kernel
-beats both there. So the load times each on the model's own head shapes at
-`PREFILL_LENGTHS` and gives each band of lengths (from one measured length
-to the next; the first from 0, the last without end) to the fastest, no
-monotonicity assumed; a tie goes to torch (a native kernel must win to
-serve), and between the two native kernels to AMX. The plan is kept in the
-cache beside the calibration (`plan_file`), keyed by the CPU's model name
-and flags lines, the kernels' sources, torch's and sluice's versions, the
-head shapes and the thread count, so later starts and replicas read it back
-instead of measuring; `--kernel-plan measure` measures again, `--kernel-plan
-FILE` pins one (the cache file's format).
+Attention is chunk-blind in every measured plan (issue 44): a row's bits
+depend only on its own query and the keys and values at positions up to
+it, never on the chunk that computed it, the rows beside it, or whether a
+prefill or a decode step did. So one kernel family serves every attention
+row of the process, prefill and decode alike: the AVX512 pair
+(native/prefill_attention.c and native/paged_decode_attention.c, one
+compiled per-row step, avx512_attention.c) or, where the CPU and OS grant
+AMX tiles, the AMX pair (native/prefill_attention_amx.c and
+native/decode_attention_amx.c, amx_attention.h). Both visit keys in blocks
+at fixed absolute positions with an online softmax in a fixed order per
+row. Where neither prefill kernel runs (heads other than 64 or 128,
+float32), every prefill token is one row of the native decode kernel over
+exactly its own keys (ROWS): chunk-blind too, slower on long prompts.
+
+torch's flash SDPA is no candidate: its reduction follows the chunk (a
+row's bits differ with how the prompt was cut), so a restored prefix would
+not equal a cold recompute. It serves only where no native kernel runs at
+all, or where a `--kernel-plan FILE` names it (the startup line then says
+the attention is not chunk-blind). Mixing families by prompt length has the
+same flaw (a chunk's kernel would follow its length), so the measurement
+chooses one family for every length (`measure_attention`): AMX where its
+times against the AVX512 pair's, at `PREFILL_LENGTHS` (whole prompts) and
+`DECODE_ROWS` (one decode; a verification's nine rows, over DECODE_KEYS
+keys), have a geometric mean below 1; a tie goes to AVX512. On Zen 4 there
+is no AMX; on a Sapphire Rapids the AMX prefill kernel ran 1.6-1.9x torch's
+flash SDPA from 2,000 to 8,000 keys and the AMX decode kernel 31 against 49
+us a row (prefill_attention_amx.c, decode_attention_amx.c).
+
+The plan is kept in the cache beside the calibration (`plan_file`), keyed
+by the CPU's model name and flags lines, the kernels' sources, torch's and
+sluice's versions, the head shapes and the thread count, so later starts
+and replicas read it back instead of measuring; `--kernel-plan measure`
+measures again, `--kernel-plan FILE` pins one (the cache file's format;
+its `prefill_attention` bands may still name kernels by prompt length).
 
 The plan also says which int8 matmul serves which step sizes in the
 row-invariant scheme (`int8_matmul`, bands of int8 code rows): the VNNI
@@ -26,23 +42,9 @@ at load on one of the model's own matrices at `INT8_ROWS`. Both give the
 same exact sums through one epilogue, so this choice never changes a row's
 bits: only its speed, so replicas may choose apart and still agree.
 
-And it says which kernel runs every decode row (`decode_attention`): the
-AVX512 one (native/paged_decode_attention.c) or, where the CPU grants AMX
-tiles, native/decode_attention_amx.c, timed at load at one row and at a
-verification's nine over 1,024 keys and chosen only where it wins both
-(`measure_decode`). The AMX one gives a row the bits the AMX prefill kernel
-gives its query, and the rows of one sequence in a step share its packed
-values, so a verification's rows cost little more than one. One kernel
-serves every decode row of the process: a row's bits never depend on its
-step.
-
-The attention candidates compute the same attention within bfloat16 rounding (tests
-compare each with float32 attention); a native kernel that disagrees with
-torch at load is not a candidate. Note (issue 28): a chunk's kernel follows
-its sequence's length, so a row's bits can differ with how its prompt was
-chunked, as they already do between flash reductions of different chunks;
-chunks that all fall in AMX bands keep their bits (that kernel's key blocks
-sit at fixed positions, so a row does not see how its prompt was cut).
+The attention candidates compute the same attention within bfloat16
+rounding (tests compare each with float32 attention); a native kernel that
+disagrees with torch at load is not a candidate.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import statistics
 import tempfile
@@ -67,6 +70,8 @@ from sluice.models.decoder_config import DecoderConfig
 logger = logging.getLogger(__name__)
 
 NATIVE, TORCH = "native", "torch"
+# Every prefill token one row of the native decode kernel (no prefill kernel for these heads).
+ROWS = "rows"
 VNNI, AMX = "vnni", "amx"
 # Int8 code rows per step timed at load (a decode step's few rows up to a prefill chunk's).
 INT8_ROWS = (1, 2, 4, 8, 16, 32, 64, 512)
@@ -87,7 +92,8 @@ Bands = tuple[tuple[int, str], ...]
 class KernelPlan:
     """The kernel each band of prefill lengths runs on (module docstring)."""
 
-    # (first number of keys, NATIVE, AMX or TORCH), ascending; the first from 0.
+    # (first number of keys, NATIVE, AMX, ROWS or TORCH), ascending; the
+    # first from 0. A measured plan has one band, of decode_attention's family.
     prefill_attention: Bands = ((0, NATIVE),)
     # How the plan came: "measured at load", "cached", "from FILE", or why none was measured.
     source: str = "native kernel wherever it runs"
@@ -106,8 +112,20 @@ class KernelPlan:
     decode_attention: str = NATIVE
 
     def prefill_kernel(self, num_keys: int) -> str:
-        """The kernel (NATIVE, AMX or TORCH) of a prefill chunk over `num_keys` keys."""
+        """The kernel (NATIVE, AMX, ROWS or TORCH) of a prefill chunk over `num_keys` keys."""
         return band_of(self.prefill_attention, num_keys)
+
+    @property
+    def is_chunk_blind(self) -> bool:
+        """Whether every attention row gets the same bits in any chunk and as
+        a decode row: one family for every length, prefill and decode."""
+        names = {name for _, name in self.prefill_attention}
+        if len(names) != 1:
+            return False
+        (kernel,) = names
+        if kernel == ROWS:
+            return self.decode_attention == NATIVE
+        return kernel in (NATIVE, AMX) and kernel == self.decode_attention
 
     def describe(self) -> str:
         """For the startup line: "kernel plan (measured at load): prefill
@@ -124,6 +142,8 @@ class KernelPlan:
             line += f"; int8 matmul {_describe(self.int8_matmul, 'rows')}"
         if self.decode_attention == AMX:
             line += "; decode attention on AMX tiles"
+        if not self.is_chunk_blind:
+            line += "; attention not chunk-blind (a row's bits follow its chunk)"
         return line
 
     def to_json(self) -> str:
@@ -194,20 +214,6 @@ def _medians(
     return [statistics.median(times) for times in seconds]
 
 
-def measure_prefill(
-    native: Callable[[int], object],
-    sdpa: Callable[[int], object],
-    lengths: Sequence[int] = PREFILL_LENGTHS,
-    repeats: int = _REPEATS,
-    clock: Callable[[], float] = time.perf_counter,
-    amx: Callable[[int], object] | None = None,
-) -> Bands:
-    """The fastest of `native(n)`, `amx(n)` (where there is one) and
-    `sdpa(n)` at each of `lengths` (a tie goes to torch, then to AMX)."""
-    candidates = [(NATIVE, native)] + ([] if amx is None else [(AMX, amx)]) + [(TORCH, sdpa)]
-    return measure_bands(candidates, lengths, repeats, clock)
-
-
 def measure_int8(
     amx: Callable[[int], object] | None,
     vnni: Callable[[int], object],
@@ -225,21 +231,28 @@ def measure_int8(
     return bands, tuple(seconds)
 
 
-def measure_decode(
-    native: Callable[[int], object],
-    amx: Callable[[int], object] | None,
+def measure_attention(
+    native: tuple[Callable[[int], object], Callable[[int], object]],
+    amx: tuple[Callable[[int], object], Callable[[int], object]] | None,
+    lengths: Sequence[int] = PREFILL_LENGTHS,
     sizes: Sequence[int] = DECODE_ROWS,
     repeats: int = _REPEATS,
     clock: Callable[[], float] = time.perf_counter,
 ) -> str:
-    """The decode attention kernel for every step: AMX where it is faster than
-    the native kernel at every one of `sizes` (`native(n)`, `amx(n)`: n rows
-    of one sequence, as a step verifying n - 1 drafted tokens), else NATIVE."""
+    """The attention family of every row (module docstring): AMX where its
+    (prefill, decode) candidates' times against the AVX512 pair's, prefill
+    at each of `lengths` (`prefill(n)`: a whole prompt of n tokens) and
+    decode at each of `sizes` (`decode(n)`: n rows of one sequence), have a
+    geometric mean below 1; else NATIVE (a tie too)."""
     if amx is None:
         return NATIVE
-    candidates = ((AMX, amx), (NATIVE, native))
-    faster = all(a < b for a, b in (_medians(candidates, n, repeats, clock) for n in sizes))
-    return AMX if faster else NATIVE
+    log_ratio = 0.0
+    for kind, points in ((0, lengths), (1, sizes)):
+        candidates = ((AMX, amx[kind]), (NATIVE, native[kind]))
+        for n in points:
+            amx_seconds, native_seconds = _medians(candidates, n, repeats, clock)
+            log_ratio += math.log(max(amx_seconds, 1e-12) / max(native_seconds, 1e-12))
+    return AMX if log_ratio < 0 else NATIVE
 
 
 def parse_bands(value: object, key: str = "prefill_attention") -> Bands | None:
@@ -250,7 +263,7 @@ def parse_bands(value: object, key: str = "prefill_attention") -> Bands | None:
     if not isinstance(value, dict) or not isinstance(value.get(key), list):
         return None
     bands = value[key]
-    names = (NATIVE, AMX, TORCH) if key == "prefill_attention" else (VNNI, AMX)
+    names = (NATIVE, AMX, ROWS, TORCH) if key == "prefill_attention" else (VNNI, AMX)
     if not all(
         isinstance(band, list) and len(band) == 2 and type(band[0]) is int
         and band[1] in names for band in bands
@@ -332,7 +345,7 @@ def pinned_plan(path: str) -> KernelPlan:
     if plan is None:
         raise ModelLoadError(
             f"--kernel-plan {path}: not a kernel plan file (JSON: "
-            '{"prefill_attention": [[0, "native"], [1024, "amx"]], "int8_matmul": '
+            '{"prefill_attention": [[0, "amx"]], "int8_matmul": '
             '[[0, "vnni"], [8, "amx"]], "decode_attention": "amx"}; or choose auto or measure)'
         )
     return plan

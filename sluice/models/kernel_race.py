@@ -3,16 +3,21 @@
 auto reads the plan kept for this CPU, kernels, versions and head shapes,
 and measures (then keeps) one where none is kept; measure always measures
 and keeps the new plan; FILE pins the plan a file holds. Where no native
-prefill kernel can run (no compiler, another dtype, heads other than 64 or
-128, no AVX512-BF16), there is nothing to measure: torch at every length.
+prefill kernel can run (another dtype, heads other than 64 or 128, no
+AVX512-BF16), there is nothing to measure: every prefill token is a row of
+the native decode kernel (ROWS, chunk-blind), or, with no native kernels at
+all (no compiler, SLUICE_NATIVE_KERNELS=0), torch at every length.
 Where the model runs the row-invariant scheme on a CPU with AMX-INT8, the
 plan also times its two int8 matmuls (`int8_candidates`).
 
-The candidates run on the model's own head shapes (query and KV heads, head
-size), on random inputs of each measured length: whole causal prompts, as
-the first chunk of a long prompt is. Before timing, each native kernel (the
-AVX512 one, and the AMX one where the CPU grants tiles) must agree with
-torch's attention within bfloat16 rounding, or it is no candidate.
+The candidates are the chunk-blind attention families (kernel_plan.py):
+the AVX512 pair, and the AMX pair where the CPU grants tiles; torch's
+flash SDPA is only the reference they must agree with. They run on the
+model's own head shapes (query and KV heads, head size), on random inputs
+of each measured length: whole causal prompts, as the first chunk of a long
+prompt is, and decode rows over the paged cache. Before timing, each native
+kernel must agree with torch's attention (the AMX decode kernel with the
+AVX512 one) within bfloat16 rounding, or its family is no candidate.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 from sluice.models.attention import prefill_attention_torch
 from sluice.models.decoder_config import DecoderConfig
 from sluice.models.kernel_plan import (
+    AMX,
     AUTO,
     DECODE_KEYS,
     DECODE_ROWS,
@@ -34,11 +40,11 @@ from sluice.models.kernel_plan import (
     MEASURE,
     NATIVE,
     PREFILL_LENGTHS,
+    ROWS,
     TORCH,
     KernelPlan,
-    measure_decode,
+    measure_attention,
     measure_int8,
-    measure_prefill,
     pinned_plan,
     plan_file,
     read_plan,
@@ -70,7 +76,7 @@ class PrefillCandidates:
     """Causal attention over n tokens on the model's head shapes, each way."""
 
     native: Candidate  # native/prefill_attention.c
-    sdpa: Candidate  # torch's flash SDPA
+    sdpa: Candidate  # torch's flash SDPA: the reference, not a candidate (not chunk-blind)
     amx: Candidate | None  # native/prefill_attention_amx.c; None: no AMX tiles here
 
 
@@ -94,23 +100,31 @@ def plan_kernels(
         return pinned_plan(setting)
     candidates = prefill_candidates(config, dtype)
     if isinstance(candidates, str) and int8 is None:
-        return KernelPlan(((0, TORCH),), candidates)
+        return KernelPlan(((0, _without_prefill_kernel(dtype)),), candidates)
     lengths = [n for n in PREFILL_LENGTHS if n <= max_model_len] or [max_model_len]
     path = plan_file(cache_dir, config, dtype, lengths, "" if int8 is None else int8.shape)
     if setting == AUTO and (kept := read_plan(path, "cached")) is not None:
         return kept
-    prefill = (
-        ((0, TORCH),)
-        if isinstance(candidates, str)
-        else measure_prefill(candidates.native, candidates.sdpa, lengths, amx=candidates.amx)
-    )
+    family = _without_prefill_kernel(dtype)
+    if not isinstance(candidates, str):
+        decode = decode_candidates(config, dtype)
+        family = measure_attention(
+            (candidates.native, decode[0]),
+            None if candidates.amx is None or decode[1] is None else (candidates.amx, decode[1]),
+            lengths,
+        )  # fmt: skip
     int8_bands, seconds = ((), ()) if int8 is None else measure_int8(int8.amx, int8.vnni)
-    decode = decode_candidates(config, dtype)
-    decode_kernel = NATIVE if decode is None else measure_decode(*decode)
-    plan = KernelPlan(prefill, "measured at load", int8_bands, seconds, decode_kernel)
+    decode_kernel = AMX if family == AMX else NATIVE
+    plan = KernelPlan(((0, family),), "measured at load", int8_bands, seconds, decode_kernel)
     write_plan(path, plan)
     logger.info("%s; kept in %s (pin it with --kernel-plan FILE)", plan.describe(), path)
     return plan
+
+
+def _without_prefill_kernel(dtype: torch.dtype) -> str:
+    """Where no native prefill kernel runs: decode-kernel rows where that
+    kernel runs (chunk-blind), else torch's flash attention."""
+    return ROWS if decode_attention_kernel(dtype) is not None else TORCH
 
 
 def prefill_candidates(config: DecoderConfig, dtype: torch.dtype) -> PrefillCandidates | str:
@@ -159,14 +173,13 @@ def _gap(kernel: Candidate, other: Candidate, n: int = min(PREFILL_LENGTHS)) -> 
 
 def decode_candidates(
     config: DecoderConfig, dtype: torch.dtype
-) -> tuple[Candidate, Candidate | None] | None:
+) -> tuple[Candidate, Candidate | None]:
     """Decode attention over the paged cache on the model's head shapes, n rows
     of one sequence of DECODE_KEYS keys: (native, AMX or None where the CPU
-    grants no tiles or it disagrees with the native kernel); None where no
-    native decode kernel runs."""
+    grants no tiles or it disagrees with the native kernel). Asked only
+    where a native prefill kernel runs (bfloat16, heads of 64 or 128)."""
     native, amx = decode_attention_kernel(dtype), decode_attention_amx_kernel(dtype)
-    if native is None or config.head_dim not in HEAD_DIMS:
-        return None
+    assert native is not None and config.head_dim in HEAD_DIMS, "a native prefill kernel runs"
     generator = torch.Generator().manual_seed(1)
     rows, block_size = max(DECODE_ROWS), 16
     num_blocks = (DECODE_KEYS + rows + block_size - 1) // block_size
