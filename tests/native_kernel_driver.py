@@ -23,7 +23,14 @@ from sluice.models.block_codes import FORMATS, BlockCodes
 from sluice.models.native import abi
 from sluice.models.native.int8 import int8_gemm_kernels, int8_row_kernels
 from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
-from sluice.models.native.qblock import QBlockMatrix, qblock_available, qblock_matmul, qblock_rows
+from sluice.models.native.qblock import (
+    QBlockMatrix,
+    part_array,
+    qblock_available,
+    qblock_matmul,
+    qblock_matmul_parts,
+    qblock_rows,
+)
 from sluice.models.native.rope import rope_write_kv_kernel
 from sluice.models.qblock_pack import super_block_bytes
 
@@ -267,6 +274,12 @@ def qblock() -> None:
                 wide = torch.empty(3, n + 7, dtype=dtype)
                 qblock_matmul(randn(3, k, dtype=dtype), matrix, wide[:, 2 : 2 + n])
             qblock_rows(matrix, torch.tensor([n - 1, 0]))
+    # Parts of two formats in one call (one quantization each), 1 and 6 rows.
+    parts = [QBlockMatrix.from_codes(random_codes(FORMATS[name], n, 512))
+             for name, n in (("Q4_K", 33), ("Q6_K", 16), ("Q8_0", 7))]  # fmt: skip
+    for count in (1, 6):
+        out = torch.empty(count, 56, dtype=BF16)
+        qblock_matmul_parts(randn(count, 512, dtype=BF16), part_array(parts), out)
 
 
 def main() -> None:

@@ -12,8 +12,10 @@ from sluice.models.native import native_status
 from sluice.models.native.build import find_compiler
 from sluice.models.native.qblock import (
     QBlockMatrix,
+    part_array,
     qblock_available,
     qblock_matmul,
+    qblock_matmul_parts,
     qblock_rows,
 )
 from tests.gguf_quants import quantized
@@ -95,6 +97,40 @@ def test_a_rows_bits_are_the_same_alone_and_among_others(name):
     for start, count in [(0, 1), (3, 2), (17, 6), (60, 10), (69, 1)]:
         alone = qblock_matmul(torch.from_numpy(x[start : start + count]), matrix)
         assert torch.equal(alone, together[start : start + count]), (start, count)
+
+
+@requires_kernel
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q4_1"])
+@pytest.mark.parametrize("n", [16, 32, 48, 80])
+def test_a_rows_bits_do_not_depend_on_the_rows_and_tiles_blocked_with_it(name, n):
+    # The kernel runs rows 4 at a time times tiles 2 at a time (one tile
+    # where a count is odd): every row count 1-9 against the one-row calls.
+    _, matrix, x = problem(name, n, 512, 9, seed=11)
+    singles = torch.cat([qblock_matmul(torch.from_numpy(x[i : i + 1]), matrix) for i in range(9)])
+    for rows in range(1, 10):
+        got = qblock_matmul(torch.from_numpy(x[:rows]), matrix)
+        assert torch.equal(got, singles[:rows]), rows
+
+
+@requires_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_parts_in_one_call_equal_each_part_alone(dtype):
+    # A Q4_K_M attention mixes Q4_K and Q6_K (one quantization of the rows
+    # serves both); Q8_0's 32-value blocks need a second one.
+    names, widths = ["Q4_K", "Q6_K", "Q8_0", "Q4_K"], [32, 20, 16, 45]
+    matrices = [
+        problem(name, n, 512, 1, seed=i)[1]
+        for i, (name, n) in enumerate(zip(names, widths, strict=True))
+    ]
+    x = torch.from_numpy(problem("Q4_K", 1, 512, 6, seed=9)[2]).to(dtype)
+    wide = torch.full((6, sum(widths) + 3), 7.0, dtype=dtype)
+    out = qblock_matmul_parts(x, part_array(matrices), wide[:, :-3])  # rows strided
+    alone = torch.cat([qblock_matmul(x, matrix) for matrix in matrices], dim=1)
+    assert torch.equal(out, alone) and bool((wide[:, -3:] == 7).all())
+    for row in range(6):
+        one = torch.empty((1, sum(widths)), dtype=dtype)
+        qblock_matmul_parts(x[row : row + 1], part_array(matrices), one)
+        assert torch.equal(one, alone[row : row + 1]), row
 
 
 @requires_kernel

@@ -32,7 +32,9 @@ GATED = {
     "prefill_attention_available": {"prefill_attention_bf16"},
     "prefill_attention_amx_available": {"prefill_attention_amx_bf16"},
     "int8_amx_available": {"int8_amx_gemm_bf16"},
-    "qblock_gemm_available": {"qblock_super_bytes", "qblock_gemm", "qblock_rows"},
+    "qblock_gemm_available": {
+        "qblock_super_bytes", "qblock_gemm", "qblock_linear", "qblock_rows",
+    },
     "int8_gemm_available": {
         "int8_packed_bytes", "pack_int8_weights", "int8_gemm_bf16", "int8_linear_bf16",
         "decoder_layer_rows_bf16",

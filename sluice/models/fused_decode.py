@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from sluice.models.attention import AttentionMetadata, decodes_on_amx, paged_attention
 from sluice.models.linear import Linear
 from sluice.models.native import _library, decode_attention_kernel, silu_mul_kernel
-from sluice.models.native.abi import DecoderLayer, Int8Matrix, LayerMatrix, QBlockPart
+from sluice.models.native.abi import DecoderLayer, Int8Matrix, LayerMatrix
 from sluice.models.qblock_linear import QBlockLinear
 from sluice.models.rope_norm import Float32Angles
 
@@ -160,17 +160,7 @@ def _layer_matrix(linear: nn.Module, parts: ctypes.Array | None) -> LayerMatrix:
 
 def _qblock_parts(linear: nn.Module) -> ctypes.Array | None:
     """A QBlockLinear's parts as a C array (its packed tensors stay the module's)."""
-    if not isinstance(linear, QBlockLinear):
-        return None
-    parts = (QBlockPart * len(linear.parts))()
-    for struct, part in zip(parts, linear.parts, strict=True):
-        fmt = part.format
-        struct.packed = part.packed.data_ptr()
-        struct.out_features = part.out_features
-        struct.bits, struct.sub, struct.super_block = fmt.bits, fmt.sub_block, fmt.super_block
-        struct.has_scales, struct.has_min = int(fmt.has_scales), int(fmt.has_min)
-        struct.offset = fmt.offset
-    return parts
+    return linear.part_array if isinstance(linear, QBlockLinear) else None
 
 
 def bind_fused_decode(layers: Iterable[nn.Module]) -> int:

@@ -23,7 +23,12 @@ from torch import Tensor, nn
 
 from sluice.errors import ModelLoadError
 from sluice.models.linear import Linear
-from sluice.models.native.qblock import QBlockMatrix, qblock_matmul, qblock_rows
+from sluice.models.native.qblock import (
+    QBlockMatrix,
+    part_array,
+    qblock_matmul_parts,
+    qblock_rows,
+)
 from sluice.models.qblock_pack import TILE
 from sluice.models.weight_targets import WeightTarget
 
@@ -45,12 +50,13 @@ class QBlockLinear(nn.Module):
         assert all(part.in_features == self.in_features for part in parts), "parts' widths"
         self.bias = bias
 
+        # The parts as the kernel's C array, made once (the buffers above keep their bytes alive).
+        self.part_array = part_array(parts)
+
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out]
         out = torch.empty((x.shape[0], self.out_features), dtype=x.dtype)
-        start = 0
-        for part in self.parts:
-            qblock_matmul(x, part, out[:, start : start + part.out_features])
-            start += part.out_features
+        # One call: the rows quantized once for every part (q, k, v; gate, up).
+        qblock_matmul_parts(x, self.part_array, out)
         if self.bias is not None:
             out += self.bias
         return out

@@ -273,6 +273,11 @@ FUNCTIONS: dict[str, Function] = {
         "int bits, int sub, int super_block, int has_scales, int has_min, int offset, "
         "void *out, int out_bf16, int64_t out_stride",
     ),
+    "qblock_linear": Function(
+        "int",
+        "const void *x, int x_bf16, int64_t rows, int64_t k, const QBlockPart *parts, "
+        "int64_t num_parts, void *out, int out_bf16, int64_t out_stride",
+    ),
     "qblock_rows": Function(
         "int",
         "const uint8_t *packed, int64_t n, int64_t k, int bits, int sub, int super_block, "

@@ -24,8 +24,8 @@
 #include "sluice_abi.h" /* Int8Matrix, DecoderLayer and the other files' kernels */
 #include "bf16.h"
 
-/* out = x W^T: the W8A8 kernel, or each GGUF-block part into its column
- * slice (QBlockLinear.forward's calls, in its order). */
+/* out = x W^T: the W8A8 kernel, or the GGUF-block parts, each into its
+ * column slice (QBlockLinear.forward's one call). */
 static int matmul(const LayerMatrix *matrix, const uint16_t *x, int64_t rows,
                   int64_t amx_min_rows, uint16_t *out) {
     const Int8Matrix *m = &matrix->int8;
@@ -33,17 +33,9 @@ static int matmul(const LayerMatrix *matrix, const uint16_t *x, int64_t rows,
         return int8_linear_bf16(x, rows, m->in_features, m->in_features, m->inv_smooth,
                                 m->packed, m->compensation, m->col_scales, m->bias,
                                 m->out_features, out, (int)m->pairs, amx_min_rows);
-    int64_t start = 0;
-    for (int64_t i = 0; i < matrix->num_parts; i++) {
-        const QBlockPart *part = &matrix->parts[i];
-        if (qblock_gemm(x, 1, rows, m->in_features, part->packed, part->out_features,
-                        (int)part->bits, (int)part->sub, (int)part->super_block,
-                        (int)part->has_scales, (int)part->has_min, (int)part->offset,
-                        out + start, 1, m->out_features))
-            return -1;
-        start += part->out_features;
-    }
-    return start == m->out_features ? 0 : -1;
+    /* All parts in one call: the rows quantized once for q/k/v (gate/up). */
+    return qblock_linear(x, 1, rows, m->in_features, matrix->parts, matrix->num_parts, out, 1,
+                         m->out_features);
 }
 
 /* hidden += y, each sum rounded once to bfloat16 (torch's bfloat16 add_). */

@@ -15,6 +15,7 @@ says whether it runs; the loader refuses the 4-bit path where it does not.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,7 @@ from torch import Tensor
 
 from sluice.models.block_codes import BlockCodes, BlockFormat
 from sluice.models.native import _library
+from sluice.models.native.abi import QBlockPart
 from sluice.models.qblock_pack import pack_codes
 
 
@@ -72,6 +74,38 @@ def qblock_matmul(x: Tensor, matrix: QBlockMatrix, out: Tensor | None = None) ->
         matrix.out_features, *matrix._format_args(), out.data_ptr(), is_bf16, out.stride(0),
     )  # fmt: skip
     assert status == 0, f"qblock_gemm refused {matrix.format.name}"
+    return out
+
+
+def part_array(matrices: list[QBlockMatrix]) -> ctypes.Array:
+    """The matrices as a C array of QBlockPart (their packed tensors must outlive it)."""
+    parts = (QBlockPart * len(matrices))()
+    for struct, matrix in zip(parts, matrices, strict=True):
+        fmt = matrix.format
+        struct.packed = matrix.packed.data_ptr()
+        struct.out_features = matrix.out_features
+        struct.bits, struct.sub, struct.super_block = fmt.bits, fmt.sub_block, fmt.super_block
+        struct.has_scales, struct.has_min = int(fmt.has_scales), int(fmt.has_min)
+        struct.offset = fmt.offset
+    return parts
+
+
+def qblock_matmul_parts(x: Tensor, parts: ctypes.Array, out: Tensor) -> Tensor:
+    """x [T, in] @ W^T into `out` [T, sum of the parts' out_features] (x's dtype,
+    rows contiguous), W the parts' rows one after another (`part_array`): one
+    call, the rows quantized once for every part (a fused q/k/v or gate/up)."""
+    library = _library()
+    assert library is not None, "qblock_matmul_parts needs the native library"
+    assert x.dtype in (torch.bfloat16, torch.float32), f"no qblock kernel for {x.dtype}"
+    x = x.contiguous()
+    assert out.dtype == x.dtype and out.stride(1) == 1 and out.shape[0] == x.shape[0]
+    assert out.shape[1] == sum(part.out_features for part in parts), "out: the parts' width"
+    is_bf16 = int(x.dtype == torch.bfloat16)
+    status = library.qblock_linear(
+        x.data_ptr(), is_bf16, x.shape[0], x.shape[1], parts, len(parts), out.data_ptr(),
+        is_bf16, out.stride(0),
+    )  # fmt: skip
+    assert status == 0, "qblock_linear refused a part's format, or had no memory"
     return out
 
 

@@ -1,6 +1,6 @@
 /* Matmul of int8-quantized activations by weights kept in their GGUF block
  * codes (sluice/loader/gguf_blocks.py), packed once at load
- * (sluice/models/qblocks.py) for AVX512-VNNI:
+ * (sluice/models/qblock_pack.py) for AVX512-VNNI:
  *
  *     w[n, k] = D[n,s] * SC[n,j] * (q[n,k] - OFFSET) - M[n,s] * MN[n,j]
  *     x[t, k] ~ sx[t,s] * xq[t,k]          (xq int8, one scale a super-block)
@@ -12,13 +12,20 @@
  *
  * which is llama.cpp's arithmetic for the same block types: exact integer
  * sums inside a super-block, then one float step per super-block in a fixed
- * order. Nothing depends on how many rows share the call, so a row's bits
- * are its own (the row-invariant default holds on this path); the float
- * steps are separate multiplies and adds (no FMA contraction, see the
- * pragma), so numpy's float32 reproduces them exactly.
+ * order. Nothing depends on how many rows share the call or how they are
+ * blocked, so a row's bits are its own (the row-invariant default holds on
+ * this path); the float steps are separate multiplies and adds (no FMA
+ * contraction, see the pragma), so numpy's float32 reproduces them exactly.
  *
- * Activations are quantized here, per row and super-block, as llama.cpp's
- * Q8_K/Q8_0 are: sx = amax / 127, xq = rint(x * (127 / amax)).
+ * Integer order: with sub-block scales, A is sum_j SC_j * isum_j (one
+ * multiply a sub-block) minus OFFSET * sum_j SC_j * xsum_j, and B and that
+ * second sum are vpdpwssd dot products of SC or MN (int16 pairs of
+ * neighbouring sub-blocks) with xsum pairs: the same integers, fewer steps.
+ *
+ * Activations are quantized once per call (per projection: `qblock_linear`
+ * runs all of a fused projection's parts on one quantization), per row and
+ * super-block, as llama.cpp's Q8_K/Q8_0 are: sx = amax / 127,
+ * xq = rint(x * (127 / amax)).
  *
  * Packed layout: output columns in tiles of 16 (one zmm of int32 sums, one
  * lane a column; the last tile zero-padded at packing, so no read runs past
@@ -32,8 +39,9 @@
  *                         bit 2g+h = bit 4 of q[c, k+8g+4h+i]; bits 6: per 16 k, 64
  *                         bytes, bits 2(2g+h)..+1 = bits 4-5 of q[c, k+8g+4h+i];
  *                         bits 8: per 4 k, 64 bytes, byte c*4+i = q[c,k+i].
- * Work: (row chunk, tile) items shared statically over OpenMP's threads; rows
- * four at a time share each loaded weight vector. */
+ * Work: (row chunk, pair of tiles) items shared statically over OpenMP's
+ * threads; inside one, rows four at a time times two tiles, so each loaded
+ * weight vector serves four rows and each activation broadcast two tiles. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -46,6 +54,7 @@
 
 #define TILE 16
 #define ROW_GROUP 4
+#define TILE_GROUP 2
 #define ROW_CHUNK 64
 
 typedef struct {
@@ -67,234 +76,364 @@ int64_t qblock_super_bytes(int bits, int sub, int super_block, int has_scales, i
 
 int qblock_gemm_available(void) { return 1; }
 
-static float bf16_to_f32(uint16_t v) {
-    uint32_t bits = (uint32_t)v << 16;
-    float out;
-    memcpy(&out, &bits, 4);
-    return out;
+/* One quantization of a call's rows for a super-block and sub-block size. */
+typedef struct {
+    int64_t rows, k;
+    int super_block, sub;
+    int8_t *xq;     /* [rows, k] */
+    float *sx;      /* [rows, k / super_block] */
+    int32_t *xsum;  /* [rows, k / sub] */
+    int32_t *xpair; /* [rows, k / sub / 2]: xsum[2p] (low int16) | xsum[2p+1] << 16 */
+} activations;
+
+static __m512 load16_f32(const void *x, int x_bf16, int64_t index) {
+    if (!x_bf16) return _mm512_loadu_ps((const float *)x + index);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + index));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-static uint16_t f32_to_bf16(float v) {
-    uint32_t bits;
-    memcpy(&bits, &v, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
-    bits += 0x7fffu + ((bits >> 16) & 1);
-    return (uint16_t)(bits >> 16);
-}
-
-/* One row's activations -> xq (k int8), sx (k / super floats), xsum (k / sub ints). */
-static void quantize_row(const float *x, int64_t k, const qformat *f, int8_t *xq, float *sx,
-                         int32_t *xsum) {
-    for (int64_t s = 0; s < k / f->super_block; s++) {
-        const float *xs = x + s * f->super_block;
-        float amax = 0.0f;
-        for (int i = 0; i < f->super_block; i++) amax = fmaxf(amax, fabsf(xs[i]));
-        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        sx[s] = amax / 127.0f;
-        for (int i = 0; i < f->super_block; i++) {
-            float v = rintf(xs[i] * inv);
-            xq[s * f->super_block + i] = (int8_t)(v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v));
+/* xq, sx for super-blocks of `super_block` (a multiple of 16): amax over the
+ * block, rint(x * (127 / amax)) clamped to +-127, as the scalar code would. */
+static void quantize_rows(const void *x, int x_bf16, activations *a) {
+    const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
+    const int64_t n_super = a->k / a->super_block;
+    for (int64_t t = 0; t < a->rows; t++)
+        for (int64_t s = 0; s < n_super; s++) {
+            const int64_t base = t * a->k + s * a->super_block;
+            __m512 amax = _mm512_setzero_ps();
+            for (int i = 0; i < a->super_block; i += 16)
+                amax = _mm512_max_ps(_mm512_abs_ps(load16_f32(x, x_bf16, base + i)), amax);
+            const float m = _mm512_reduce_max_ps(amax);
+            const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+            a->sx[t * n_super + s] = m / 127.0f;
+            for (int i = 0; i < a->super_block; i += 16) {
+                __m512 v = _mm512_mul_ps(load16_f32(x, x_bf16, base + i), inv);
+                v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                v = _mm512_min_ps(_mm512_max_ps(v, bottom), top);
+                _mm_storeu_si128((__m128i *)(a->xq + base + i),
+                                 _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+            }
         }
-    }
-    for (int64_t j = 0; j < k / f->sub; j++) {
-        int32_t total = 0;
-        for (int i = 0; i < f->sub; i++) total += xq[j * f->sub + i];
-        xsum[j] = total;
+}
+
+/* xsum (and its int16 pairs) for sub-blocks of `sub`. */
+static void sum_rows(activations *a) {
+    const int64_t n_sub = a->k / a->sub;
+    for (int64_t t = 0; t < a->rows; t++) {
+        int32_t *xsum = a->xsum + t * n_sub;
+        for (int64_t j = 0; j < n_sub; j++) {
+            int32_t total = 0;
+            for (int i = 0; i < a->sub; i++) total += a->xq[t * a->k + j * a->sub + i];
+            xsum[j] = total;
+        }
+        for (int64_t p = 0; p < n_sub / 2; p++)
+            a->xpair[t * (n_sub / 2) + p] =
+                (int32_t)((uint32_t)(uint16_t)xsum[2 * p] | ((uint32_t)(uint16_t)xsum[2 * p + 1] << 16));
     }
 }
 
+/* Four activation codes in every lane: a load the multiply can take as its
+ * broadcast operand (a memcpy into a register would cost two vector ops). */
+typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
 static inline __m512i bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
+    return _mm512_set1_epi32(*(const unaligned_i32 *)p);
 }
 
-/* The codes of one sub-block times `rows` rows' activations at k0: isum[r] += ... */
+/* Where one call writes: rows of `out`, `stride` elements apart, float32 or bfloat16. */
+typedef struct {
+    const uint8_t *packed;
+    int64_t n, tile_bytes;
+    const activations *act;
+    void *out;
+    int out_bf16;
+    int64_t out_stride;
+} job;
+
+/* One sub-block's codes (tile t's at codes[t]) times R rows' activations at k0:
+ * isum[r][t] += sum_k xq[r] * q[t]. */
 static inline __attribute__((always_inline)) void sub_block_sums(
-    const uint8_t *codes, const qformat *f, const int8_t *const *xq, int rows, int64_t k0,
-    __m512i *isum) {
+    const qformat f, const int R, const int T, const uint8_t *const *codes,
+    const int8_t *const *xq, int64_t k0, __m512i isum[ROW_GROUP][TILE_GROUP]) {
     const __m512i low4 = _mm512_set1_epi8(0x0f);
-    if (f->bits == 8) {
-        for (int g = 0; g < f->sub / 4; g++) {
-            __m512i w = _mm512_loadu_si512(codes + 64 * g);
-            for (int r = 0; r < rows; r++)
-                isum[r] = _mm512_dpbusd_epi32(isum[r], w, bcast4(xq[r] + k0 + 4 * g));
-        }
+    if (f.bits == 8) {
+        for (int g = 0; g < f.sub / 4; g++)
+            for (int r = 0; r < R; r++) {
+                const __m512i x = bcast4(xq[r] + k0 + 4 * g);
+                for (int t = 0; t < T; t++)
+                    isum[r][t] = _mm512_dpbusd_epi32(isum[r][t], _mm512_loadu_si512(codes[t] + 64 * g), x);
+            }
         return;
     }
-    const uint8_t *high = codes + (int64_t)TILE * f->sub / 2;
-    __m512i hb = _mm512_setzero_si512();
-    for (int g = 0; g < f->sub / 8; g++) {
-        __m512i v = _mm512_loadu_si512(codes + 64 * g);
-        __m512i qa = _mm512_and_si512(v, low4);
-        __m512i qb = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        if (f->bits == 5) {
-            if (g % 4 == 0) hb = _mm512_loadu_si512(high + 64 * (g / 4));
-            const __m512i bit4 = _mm512_set1_epi8(0x10);
-            qa = _mm512_or_si512(qa, _mm512_and_si512(_mm512_slli_epi16(hb, 4), bit4));
-            qb = _mm512_or_si512(qb, _mm512_and_si512(_mm512_slli_epi16(hb, 3), bit4));
-            hb = _mm512_srli_epi16(hb, 2);
-        } else if (f->bits == 6) {
-            if (g % 2 == 0) hb = _mm512_loadu_si512(high + 64 * (g / 2));
-            const __m512i bits45 = _mm512_set1_epi8(0x30);
-            qa = _mm512_or_si512(qa, _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits45));
-            qb = _mm512_or_si512(qb, _mm512_and_si512(_mm512_slli_epi16(hb, 2), bits45));
-            hb = _mm512_srli_epi16(hb, 4);
+    __m512i hb[TILE_GROUP];
+    for (int g = 0; g < f.sub / 8; g++) {
+        __m512i qa[TILE_GROUP], qb[TILE_GROUP];
+        for (int t = 0; t < T; t++) {
+            const uint8_t *high = codes[t] + (int64_t)TILE * f.sub / 2;
+            __m512i v = _mm512_loadu_si512(codes[t] + 64 * g);
+            qa[t] = _mm512_and_si512(v, low4);
+            qb[t] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            if (f.bits == 5) {
+                if (g % 4 == 0) hb[t] = _mm512_loadu_si512(high + 64 * (g / 4));
+                const __m512i bit4 = _mm512_set1_epi8(0x10);
+                qa[t] = _mm512_or_si512(qa[t], _mm512_and_si512(_mm512_slli_epi16(hb[t], 4), bit4));
+                qb[t] = _mm512_or_si512(qb[t], _mm512_and_si512(_mm512_slli_epi16(hb[t], 3), bit4));
+                hb[t] = _mm512_srli_epi16(hb[t], 2);
+            } else if (f.bits == 6) {
+                if (g % 2 == 0) hb[t] = _mm512_loadu_si512(high + 64 * (g / 2));
+                const __m512i bits45 = _mm512_set1_epi8(0x30);
+                qa[t] = _mm512_or_si512(qa[t], _mm512_and_si512(_mm512_slli_epi16(hb[t], 4), bits45));
+                qb[t] = _mm512_or_si512(qb[t], _mm512_and_si512(_mm512_slli_epi16(hb[t], 2), bits45));
+                hb[t] = _mm512_srli_epi16(hb[t], 4);
+            }
         }
-        for (int r = 0; r < rows; r++) {
-            isum[r] = _mm512_dpbusd_epi32(isum[r], qa, bcast4(xq[r] + k0 + 8 * g));
-            isum[r] = _mm512_dpbusd_epi32(isum[r], qb, bcast4(xq[r] + k0 + 8 * g + 4));
+        for (int r = 0; r < R; r++) {
+            const __m512i xa = bcast4(xq[r] + k0 + 8 * g), xb = bcast4(xq[r] + k0 + 8 * g + 4);
+            for (int t = 0; t < T; t++) {
+                isum[r][t] = _mm512_dpbusd_epi32(isum[r][t], qa[t], xa);
+                isum[r][t] = _mm512_dpbusd_epi32(isum[r][t], qb[t], xb);
+            }
         }
     }
 }
 
-/* One tile of 16 columns for `rows` (<= ROW_GROUP) rows: acc[r] = out[r, tile]. */
-static inline __attribute__((always_inline)) void tile_rows(
-    const uint8_t *tile, int64_t k, const qformat *f, const int8_t *const *xq,
-    const float *const *sx, const int32_t *const *xsum, int rows, __m512 *acc) {
-    const int64_t per_super = f->super_block / f->sub;
-    const int64_t sb = sub_bytes(f);
-    const uint8_t *p = tile;
-    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t s = 0; s < k / f->super_block; s++) {
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-        __m512 m = _mm512_setzero_ps();
-        p += 2 * TILE;
-        if (f->has_min) {
-            m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-            p += 2 * TILE;
+/* Sub-blocks j and j+1's int8 scales (SC or MN, at p and p + sb) as int16
+ * pairs, one column a lane: the vpdpwssd operand for xsum pairs. */
+static inline __m512i scale_pairs(const uint8_t *p, int64_t sb) {
+    const __m128i lo = _mm_loadu_si128((const __m128i *)p);
+    const __m128i hi = _mm_loadu_si128((const __m128i *)(p + sb));
+    const __m256i mixed = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    return _mm512_cvtepi8_epi16(mixed);
+}
+
+/* The correction sum_j S_j * xsum_j of one super-block (S: SC or MN, `at`
+ * bytes into each sub-block), for R rows and T tiles. */
+static inline __attribute__((always_inline)) void pair_sums(
+    const qformat f, const int R, const int T, const uint8_t *const *heads, int64_t at,
+    const int32_t *const *xpair, int64_t p0, __m512i out[ROW_GROUP][TILE_GROUP]) {
+    const int64_t sb = sub_bytes(&f);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out[r][t] = _mm512_setzero_si512();
+    for (int p = 0; p < f.super_block / f.sub / 2; p++) {
+        __m512i w[TILE_GROUP];
+        for (int t = 0; t < T; t++) w[t] = scale_pairs(heads[t] + 2 * p * sb + at, sb);
+        for (int r = 0; r < R; r++) {
+            const __m512i xs = _mm512_set1_epi32(xpair[r][p0 + p]);
+            for (int t = 0; t < T; t++) out[r][t] = _mm512_dpwssd_epi32(out[r][t], w[t], xs);
         }
-        __m512i a[ROW_GROUP], b[ROW_GROUP];
-        for (int r = 0; r < rows; r++) a[r] = b[r] = _mm512_setzero_si512();
-        for (int64_t j = 0; j < per_super; j++, p += sb) {
-            const int64_t sub_index = s * per_super + j;
-            const uint8_t *codes = p;
-            __m512i sc = _mm512_set1_epi32(1), mn = _mm512_set1_epi32(1);
-            if (f->has_scales) {
-                sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)codes));
-                codes += TILE;
-                if (f->has_min) {
-                    mn = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)codes));
-                    codes += TILE;
+    }
+}
+
+/* Rows r0..r0+R times tiles t0..t0+T, whole k: out[r, tile columns]. */
+static inline __attribute__((always_inline)) void block_rows(
+    const qformat f, const int R, const int T, const job *jb, int64_t r0, int64_t t0) {
+    const activations *act = jb->act;
+    const int64_t k = act->k, n_super = k / f.super_block, n_sub = k / f.sub;
+    const int per_super = f.super_block / f.sub;
+    const int64_t sb = sub_bytes(&f);
+    const int64_t super_bytes = qblock_super_bytes(f.bits, f.sub, f.super_block, f.has_scales, f.has_min);
+    const int64_t head = 2 * TILE * (f.has_min ? 2 : 1);
+    const int64_t scale_bytes = f.has_scales ? TILE * (f.has_min ? 2 : 1) : 0;
+    const int8_t *xq[ROW_GROUP];
+    const int32_t *xsum[ROW_GROUP], *xpair[ROW_GROUP];
+    for (int r = 0; r < R; r++) {
+        xq[r] = act->xq + (r0 + r) * k;
+        xsum[r] = act->xsum + (r0 + r) * n_sub;
+        xpair[r] = act->xpair + (r0 + r) * (n_sub / 2);
+    }
+    __m512 acc[ROW_GROUP][TILE_GROUP];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < n_super; s++) {
+        const uint8_t *heads[TILE_GROUP], *codes[TILE_GROUP];
+        __m512 d[TILE_GROUP], m[TILE_GROUP];
+        for (int t = 0; t < T; t++) {
+            const uint8_t *p = jb->packed + (t0 + t) * jb->tile_bytes + s * super_bytes;
+            d[t] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+            if (f.has_min) m[t] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * TILE)));
+            heads[t] = p + head;
+        }
+        __m512i a[ROW_GROUP][TILE_GROUP], b[ROW_GROUP][TILE_GROUP];
+        for (int j = 0; j < per_super; j++) {
+            __m512i isum[ROW_GROUP][TILE_GROUP];
+            for (int r = 0; r < R; r++)
+                for (int t = 0; t < T; t++) isum[r][t] = _mm512_setzero_si512();
+            for (int t = 0; t < T; t++) codes[t] = heads[t] + j * sb + scale_bytes;
+            sub_block_sums(f, R, T, codes, xq, (s * per_super + j) * f.sub, isum);
+            for (int t = 0; t < T; t++) {
+                const __m512i sc = f.has_scales
+                    ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(heads[t] + j * sb)))
+                    : _mm512_setzero_si512();
+                for (int r = 0; r < R; r++) {
+                    const __m512i term = f.has_scales ? _mm512_mullo_epi32(sc, isum[r][t]) : isum[r][t];
+                    a[r][t] = j == 0 ? term : _mm512_add_epi32(a[r][t], term);
                 }
             }
-            __m512i isum[ROW_GROUP];
-            for (int r = 0; r < rows; r++) isum[r] = _mm512_setzero_si512();
-            sub_block_sums(codes, f, xq, rows, sub_index * f->sub, isum);
-            for (int r = 0; r < rows; r++) {
-                __m512i xs = _mm512_set1_epi32(xsum[r][sub_index]);
-                __m512i t = isum[r];
-                if (f->offset) t = _mm512_sub_epi32(t, _mm512_mullo_epi32(xs, _mm512_set1_epi32(f->offset)));
-                a[r] = _mm512_add_epi32(a[r], f->has_scales ? _mm512_mullo_epi32(sc, t) : t);
-                if (f->has_min)
-                    b[r] = _mm512_add_epi32(b[r], f->has_scales ? _mm512_mullo_epi32(mn, xs) : xs);
+        }
+        if (f.has_scales && (f.has_min || f.offset)) {
+            /* B (MN) or the offset's sum (SC), as dot products over xsum pairs. */
+            pair_sums(f, R, T, heads, f.has_min ? TILE : 0, xpair, s * per_super / 2, b);
+            if (f.offset)
+                for (int r = 0; r < R; r++)
+                    for (int t = 0; t < T; t++)
+                        a[r][t] = _mm512_sub_epi32(a[r][t], _mm512_mullo_epi32(b[r][t], _mm512_set1_epi32(f.offset)));
+        } else if (!f.has_scales) {
+            for (int r = 0; r < R; r++) {
+                const __m512i xs = _mm512_set1_epi32(xsum[r][s]);
+                for (int t = 0; t < T; t++) {
+                    if (f.offset)
+                        a[r][t] = _mm512_sub_epi32(a[r][t], _mm512_mullo_epi32(xs, _mm512_set1_epi32(f.offset)));
+                    b[r][t] = xs;
+                }
             }
         }
-        for (int r = 0; r < rows; r++) {
-            __m512 v = _mm512_mul_ps(d, _mm512_cvtepi32_ps(a[r]));
-            if (f->has_min) v = _mm512_sub_ps(v, _mm512_mul_ps(m, _mm512_cvtepi32_ps(b[r])));
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(v, _mm512_set1_ps(sx[r][s])));
+        for (int r = 0; r < R; r++) {
+            const __m512 scale = _mm512_set1_ps(act->sx[(r0 + r) * n_super + s]);
+            for (int t = 0; t < T; t++) {
+                __m512 v = _mm512_mul_ps(d[t], _mm512_cvtepi32_ps(a[r][t]));
+                if (f.has_min) v = _mm512_sub_ps(v, _mm512_mul_ps(m[t], _mm512_cvtepi32_ps(b[r][t])));
+                acc[r][t] = _mm512_add_ps(acc[r][t], _mm512_mul_ps(v, scale));
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        const int64_t col = (t0 + t) * TILE;
+        const int64_t width = jb->n - col < TILE ? jb->n - col : TILE;
+        const __mmask16 keep = (__mmask16)((1u << width) - 1u);
+        for (int r = 0; r < R; r++) {
+            const int64_t at = (r0 + r) * jb->out_stride + col;
+            if (!jb->out_bf16) {
+                _mm512_mask_storeu_ps((float *)jb->out + at, keep, acc[r][t]);
+                continue;
+            }
+            /* bf16.h's rounding: nearest even, NaN stays a quiet NaN. */
+            const __m512i u = _mm512_castps_si512(acc[r][t]);
+            __m512i rounded = _mm512_add_epi32(u, _mm512_set1_epi32(0x7fff));
+            rounded = _mm512_add_epi32(rounded, _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+            const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                          _mm512_set1_epi32(0x7f800000));
+            rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+            _mm256_mask_storeu_epi16((uint16_t *)jb->out + at, keep,
+                                     _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
         }
     }
 }
 
-static inline __attribute__((always_inline)) void run_format(
-    const uint8_t *packed, int64_t n, int64_t k, const qformat *f, const int8_t *xq,
-    const float *sx, const int32_t *xsum, int64_t rows, float *out, int64_t out_stride) {
-    const int64_t tiles = (n + TILE - 1) / TILE;
+typedef void (*block_fn)(const job *jb, int64_t r0, int rows, int64_t t0, int tiles);
+
+/* One format's kernel, its row and tile counts constants (registers,
+ * unrolled loops): full groups of rows and tiles, else one row (and one
+ * tile) at a time. Few instances keep the build (and its sanitized one) quick. */
+#define FORMAT_KERNEL(NAME, B, SUB, SUPER, SC, MIN, OFF)                                   \
+    static void block_##NAME(const job *jb, int64_t r0, int rows, int64_t t0, int tiles) { \
+        const qformat f = {B, SUB, SUPER, SC, MIN, OFF};                                   \
+        if (rows == ROW_GROUP) {                                                           \
+            if (tiles == TILE_GROUP) block_rows(f, ROW_GROUP, TILE_GROUP, jb, r0, t0);     \
+            else block_rows(f, ROW_GROUP, 1, jb, r0, t0);                                  \
+            return;                                                                        \
+        }                                                                                  \
+        for (int r = 0; r < rows; r++) {                                                   \
+            if (tiles == TILE_GROUP) block_rows(f, 1, TILE_GROUP, jb, r0 + r, t0);         \
+            else block_rows(f, 1, 1, jb, r0 + r, t0);                                      \
+        }                                                                                  \
+    }
+
+FORMAT_KERNEL(q4_k, 4, 32, 256, 1, 1, 0)
+FORMAT_KERNEL(q5_k, 5, 32, 256, 1, 1, 0)
+FORMAT_KERNEL(q6_k, 6, 16, 256, 1, 0, 32)
+FORMAT_KERNEL(q4_0, 4, 32, 32, 0, 0, 8)
+FORMAT_KERNEL(q4_1, 4, 32, 32, 0, 1, 0)
+FORMAT_KERNEL(q5_0, 5, 32, 32, 0, 0, 16)
+FORMAT_KERNEL(q5_1, 5, 32, 32, 0, 1, 0)
+FORMAT_KERNEL(q8_0, 8, 32, 32, 0, 0, 128)
+
+static block_fn kernel_for(const QBlockPart *p) {
+#define MATCH(NAME, B, SUB, SUPER, SC, MIN, OFF)                                              \
+    if (p->bits == B && p->sub == SUB && p->super_block == SUPER && p->has_scales == SC &&   \
+        p->has_min == MIN && p->offset == OFF)                                               \
+        return block_##NAME;
+    MATCH(q4_k, 4, 32, 256, 1, 1, 0)
+    MATCH(q5_k, 5, 32, 256, 1, 1, 0)
+    MATCH(q6_k, 6, 16, 256, 1, 0, 32)
+    MATCH(q4_0, 4, 32, 32, 0, 0, 8)
+    MATCH(q4_1, 4, 32, 32, 0, 1, 0)
+    MATCH(q5_0, 5, 32, 32, 0, 0, 16)
+    MATCH(q5_1, 5, 32, 32, 0, 1, 0)
+    MATCH(q8_0, 8, 32, 32, 0, 0, 128)
+#undef MATCH
+    return NULL;
+}
+
+/* One part's (row chunk, tile pair) items over OpenMP's threads. */
+static void run_part(block_fn kernel, const job *jb, int64_t rows) {
+    const int64_t tiles = (jb->n + TILE - 1) / TILE;
+    const int64_t groups = (tiles + TILE_GROUP - 1) / TILE_GROUP;
     const int64_t chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
-    const int64_t tile_bytes = (k / f->super_block) *
-        qblock_super_bytes(f->bits, f->sub, f->super_block, f->has_scales, f->has_min);
-    const int64_t n_super = k / f->super_block, n_sub = k / f->sub;
 #pragma omp parallel for schedule(static)
-    for (int64_t item = 0; item < chunks * tiles; item++) {
-        const int64_t chunk = item / tiles, t = item % tiles;
+    for (int64_t item = 0; item < chunks * groups; item++) {
+        const int64_t chunk = item / groups, t0 = (item % groups) * TILE_GROUP;
+        const int count_t = tiles - t0 < TILE_GROUP ? (int)(tiles - t0) : TILE_GROUP;
         const int64_t end = rows < (chunk + 1) * ROW_CHUNK ? rows : (chunk + 1) * ROW_CHUNK;
         for (int64_t r0 = chunk * ROW_CHUNK; r0 < end; r0 += ROW_GROUP) {
-            const int count = end - r0 < ROW_GROUP ? (int)(end - r0) : ROW_GROUP;
-            const int8_t *xqs[ROW_GROUP];
-            const float *sxs[ROW_GROUP];
-            const int32_t *xsums[ROW_GROUP];
-            for (int r = 0; r < count; r++) {
-                xqs[r] = xq + (r0 + r) * k;
-                sxs[r] = sx + (r0 + r) * n_super;
-                xsums[r] = xsum + (r0 + r) * n_sub;
-            }
-            __m512 acc[ROW_GROUP] = {0};
-            const uint8_t *tile = packed + t * tile_bytes;
-            /* A constant row count unrolls the row loops into registers. */
-            switch (count) {
-            case 4: tile_rows(tile, k, f, xqs, sxs, xsums, 4, acc); break;
-            case 3: tile_rows(tile, k, f, xqs, sxs, xsums, 3, acc); break;
-            case 2: tile_rows(tile, k, f, xqs, sxs, xsums, 2, acc); break;
-            default: tile_rows(tile, k, f, xqs, sxs, xsums, 1, acc); break;
-            }
-            const int64_t width = n - t * TILE < TILE ? n - t * TILE : TILE;
-            const __mmask16 keep = (__mmask16)((1u << width) - 1u);
-            for (int r = 0; r < count; r++)
-                _mm512_mask_storeu_ps(out + (r0 + r) * out_stride + t * TILE, keep, acc[r]);
+            const int count_r = end - r0 < ROW_GROUP ? (int)(end - r0) : ROW_GROUP;
+            kernel(jb, r0, count_r, t0, count_t);
         }
     }
 }
 
-#define FORMAT_CASE(B, SUB, SUPER, SC, MIN, OFF)                                        \
-    if (f.bits == B && f.sub == SUB && f.super_block == SUPER && f.has_scales == SC &&  \
-        f.has_min == MIN && f.offset == OFF) {                                           \
-        const qformat c = {B, SUB, SUPER, SC, MIN, OFF};                                 \
-        run_format(packed, n, k, &c, xq, sx, xsum, rows, out, out_stride);                           \
-        return 0;                                                                        \
+/* out[rows, sum of parts' n] = x[rows, k] W^T for W the parts' rows one
+ * after another (a fused projection: q, k, v; gate, up), each part into its
+ * column slice; out's rows `out_stride` elements apart. x and out are
+ * float32, or bfloat16 where the flags say so. The rows are quantized once
+ * per super-block size the parts use (Q4_K_M's Q4_K and Q6_K share one).
+ * Returns 0, or -1 for a format it has no kernel for or no memory. */
+int qblock_linear(const void *x, int x_bf16, int64_t rows, int64_t k, const QBlockPart *parts,
+                  int64_t num_parts, void *out, int out_bf16, int64_t out_stride) {
+    activations act = {rows, k, 0, 0, NULL, NULL, NULL, NULL};
+    act.xq = malloc((size_t)(rows * k) + 1);
+    act.sx = malloc(sizeof(float) * (size_t)(rows * (k / 16) + 1));
+    act.xsum = malloc(sizeof(int32_t) * (size_t)(rows * (k / 16) + 1));
+    act.xpair = malloc(sizeof(int32_t) * (size_t)(rows * (k / 32) + 1));
+    int status = act.xq && act.sx && act.xsum && act.xpair ? 0 : -1;
+    int64_t column = 0;
+    for (int64_t i = 0; i < num_parts && status == 0; i++) {
+        const QBlockPart *part = &parts[i];
+        const block_fn kernel = kernel_for(part);
+        if (kernel == NULL || k % part->super_block != 0) {
+            status = -1;
+            break;
+        }
+        if (act.super_block != part->super_block) {
+            act.super_block = (int)part->super_block;
+            act.sub = 0;
+            quantize_rows(x, x_bf16, &act);
+        }
+        if (act.sub != part->sub) {
+            act.sub = (int)part->sub;
+            sum_rows(&act);
+        }
+        const int64_t element = out_bf16 ? 2 : 4;
+        const job jb = {part->packed, part->out_features,
+                        (k / part->super_block) * qblock_super_bytes((int)part->bits, (int)part->sub,
+                                                                     (int)part->super_block,
+                                                                     (int)part->has_scales,
+                                                                     (int)part->has_min),
+                        &act, (char *)out + column * element, out_bf16, out_stride};
+        run_part(kernel, &jb, rows);
+        column += part->out_features;
     }
-
-static int dispatch(const uint8_t *packed, int64_t n, int64_t k, qformat f, const int8_t *xq,
-                    const float *sx, const int32_t *xsum, int64_t rows, float *out,
-                    int64_t out_stride) {
-    FORMAT_CASE(4, 32, 256, 1, 1, 0)  /* Q4_K */
-    FORMAT_CASE(5, 32, 256, 1, 1, 0)  /* Q5_K */
-    FORMAT_CASE(6, 16, 256, 1, 0, 32) /* Q6_K */
-    FORMAT_CASE(4, 32, 32, 0, 0, 8)   /* Q4_0 */
-    FORMAT_CASE(4, 32, 32, 0, 1, 0)   /* Q4_1 */
-    FORMAT_CASE(5, 32, 32, 0, 0, 16)  /* Q5_0 */
-    FORMAT_CASE(5, 32, 32, 0, 1, 0)   /* Q5_1 */
-    FORMAT_CASE(8, 32, 32, 0, 0, 128) /* Q8_0 */
-    return -1;
+    free(act.xpair);
+    free(act.xsum);
+    free(act.sx);
+    free(act.xq);
+    return status;
 }
 
-/* out[rows, n] = x[rows, k] W^T, out's rows `out_stride` elements apart (a
- * slice of a wider output). x and out are float32, or bfloat16 where the
- * flags say so. Returns 0, or -1 for a format it has no kernel for. */
+/* One matrix's qblock_linear. */
 int qblock_gemm(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *packed,
                 int64_t n, int bits, int sub, int super_block, int has_scales, int has_min,
                 int offset, void *out, int out_bf16, int64_t out_stride) {
-    qformat f = {bits, sub, super_block, has_scales, has_min, offset};
-    int8_t *xq = malloc((size_t)(rows * k));
-    float *sx = malloc(sizeof(float) * (size_t)(rows * (k / super_block) + 1));
-    int32_t *xsum = malloc(sizeof(int32_t) * (size_t)(rows * (k / sub) + 1));
-    float *row = malloc(sizeof(float) * (size_t)k);
-    float *result = out_bf16 ? malloc(sizeof(float) * (size_t)(rows * n)) : (float *)out;
-    const int64_t result_stride = out_bf16 ? n : out_stride;
-    int status = -1;
-    if (xq && sx && xsum && row && result) {
-        for (int64_t t = 0; t < rows; t++) {
-            const float *source = (const float *)x + t * k;
-            if (x_bf16) {
-                for (int64_t i = 0; i < k; i++) row[i] = bf16_to_f32(((const uint16_t *)x)[t * k + i]);
-                source = row;
-            }
-            quantize_row(source, k, &f, xq + t * k, sx + t * (k / super_block),
-                         xsum + t * (k / sub));
-        }
-        status = dispatch(packed, n, k, f, xq, sx, xsum, rows, result, result_stride);
-        if (status == 0 && out_bf16)
-            for (int64_t t = 0; t < rows; t++)
-                for (int64_t i = 0; i < n; i++)
-                    ((uint16_t *)out)[t * out_stride + i] = f32_to_bf16(result[t * n + i]);
-    }
-    if (out_bf16) free(result);
-    free(row);
-    free(xsum);
-    free(sx);
-    free(xq);
-    return status;
+    const QBlockPart part = {packed, n, bits, sub, super_block, has_scales, has_min, offset};
+    return qblock_linear(x, x_bf16, rows, k, &part, 1, out, out_bf16, out_stride);
 }
 
 /* The float32 values of weight rows `ids[0..count)` (the embedding lookup of
@@ -360,6 +499,13 @@ int qblock_gemm(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_
     (void)out_stride;
     (void)x; (void)x_bf16; (void)rows; (void)k; (void)packed; (void)n; (void)bits; (void)sub;
     (void)super_block; (void)has_scales; (void)has_min; (void)offset; (void)out; (void)out_bf16;
+    return -1;
+}
+
+int qblock_linear(const void *x, int x_bf16, int64_t rows, int64_t k, const QBlockPart *parts,
+                  int64_t num_parts, void *out, int out_bf16, int64_t out_stride) {
+    (void)x; (void)x_bf16; (void)rows; (void)k; (void)parts; (void)num_parts; (void)out;
+    (void)out_bf16; (void)out_stride;
     return -1;
 }
 

@@ -164,6 +164,8 @@ int64_t qblock_super_bytes(int bits, int sub, int super_block, int has_scales, i
 int qblock_gemm(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *packed,
                 int64_t n, int bits, int sub, int super_block, int has_scales, int has_min,
                 int offset, void *out, int out_bf16, int64_t out_stride);
+int qblock_linear(const void *x, int x_bf16, int64_t rows, int64_t k, const QBlockPart *parts,
+                  int64_t num_parts, void *out, int out_bf16, int64_t out_stride);
 int qblock_rows(const uint8_t *packed, int64_t n, int64_t k, int bits, int sub, int super_block,
                 int has_scales, int has_min, int offset, const int64_t *ids, int64_t count,
                 float *out);
