@@ -72,9 +72,9 @@ from sluice.models.native.prefill import HEAD_DIMS as PREFILL_HEAD_DIMS
 from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
 from sluice.models.sequence_state import (
     SequenceStates,
-    allocate_conv_state,
-    conv_layer_indices,
+    allocate_layer_state,
     state_bytes_per_sequence,
+    state_layer_indices,
 )
 
 # Without a plan measured at load (kernel_plan.py): the native prefill kernel
@@ -312,12 +312,12 @@ def allocate_kv_caches(
     gets its state rows instead: one snapshot per block (`with_snapshots`: the
     prefix cache's) and `num_state_slots` live states (sequence_state.py)."""
     num_snapshots = num_blocks if with_snapshots else 0
-    conv = set(conv_layer_indices(config))
+    stateful = set(state_layer_indices(config))
     caches: list[Tensor] = []
     for index in range(config.num_hidden_layers):
-        if index in conv:
+        if index in stateful:
             caches.append(
-                allocate_conv_state(config, num_snapshots, num_state_slots, dtype, device)
+                allocate_layer_state(config, index, num_snapshots, num_state_slots, dtype, device)
             )
         elif (source := config.kv_source_layer(index)) != index:
             caches.append(caches[source])
@@ -332,10 +332,10 @@ def kv_cache_bytes_per_block(
 ) -> int:
     """Bytes one block index costs summed over all layers (K and V of the
     attention layers, and with snapshots the conv layers' state at its end)."""
-    conv = set(conv_layer_indices(config))
+    stateful = set(state_layer_indices(config))
     owners = [
         index for index in range(config.num_hidden_layers)
-        if index not in conv and config.kv_source_layer(index) == index
+        if index not in stateful and config.kv_source_layer(index) == index
     ]  # fmt: skip
     shapes = [config.layer_kv_shape(index) for index in owners]
     kv_values = sum(2 * block_size * heads * size for heads, size in shapes)

@@ -32,6 +32,9 @@ CONV = "conv"
 # A Mamba-2 layer over a per-sequence conv tail and SSM state (Granite 4.0-H;
 # sluice/models/mamba2.py).
 MAMBA = "mamba"
+# A layer kind without attention: Gated DeltaNet linear attention over a
+# per-sequence conv tail and recurrent state (Qwen3.5; models/gated_deltanet.py).
+LINEAR = "linear_attention"
 
 
 class UnsupportedRopeScalingError(ModelLoadError, ValueError):
@@ -101,6 +104,15 @@ class DecoderConfig:
     # a bias where conv_bias (LFM2's conv_bias).
     conv_kernel_size: int = 0
     conv_bias: bool = False
+    # Gated DeltaNet layers (LINEAR): key/query heads and value heads, and
+    # their sizes; their conv kernel is conv_kernel_size. 0: no such layer.
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    # Attention output times sigmoid(gate), the gate rows interleaved with
+    # q_proj's per head (Qwen3.5's gated attention).
+    attention_output_gate: bool = False
     # Indices of the layers that rotate nothing (SmolLM3's NoPE layers, one
     # in four): they run on identity angles (cos 1, sin 0); empty: all rotate.
     nope_layers: tuple[int, ...] = ()
@@ -157,7 +169,7 @@ class DecoderConfig:
     @property
     def has_sequence_state(self) -> bool:
         """Some layers carry a per-sequence state beside the KV cache (hybrids)."""
-        return CONV in self.layer_types
+        return any(kind in (CONV, LINEAR, MAMBA) for kind in self.layer_types)
 
     def layer_kv_shape(self, index: int) -> tuple[int, int]:
         """(KV heads, head size) of layer `index`'s attention."""

@@ -4,7 +4,7 @@ lives, and how one step reads and writes it (`SequenceStates`).
 A short-convolution layer (LFM2's, sluice/models/short_conv.py) carries,
 per sequence, the last `L - 1` of its conv inputs (`L` the kernel size)
 instead of a growing K/V history. Its cache tensor holds two kinds of rows
-(`allocate_conv_state`), `[num_blocks + num_slots, L - 1, hidden]`:
+(`allocate_layer_state`), `[num_blocks + num_slots, L - 1, hidden]`:
 
 - row `b < num_blocks`: the state at the end of KV block `b`, a snapshot
   written by the step whose tokens fill the block. A prefix-cache hit that
@@ -21,18 +21,25 @@ its context's end (a prefix hit, a resume after preemption). A sequence
 verifying drafts (speculation) keeps its step's inputs, so that after
 sampling the state rolls back to the last accepted position (`roll_back`).
 
+A Gated DeltaNet layer (Qwen3.5's, sluice/models/gated_deltanet.py) keeps
+the same kinds of rows, each one float32 vector: its conv tail
+`[L - 1, conv_dim]` then its recurrent state `[value heads, key dim, value
+dim]` (`linear_state_sizes`); it rolls back through `on_roll_back`.
+
 Invariant: a sequence's state after a step depends on its own tokens only
 (elementwise ops, in a fixed order), so a row's update is row-invariant.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from sluice.models.decoder_config import CONV, DecoderConfig
+from sluice.models.decoder_config import CONV, LINEAR, MAMBA, DecoderConfig
+from sluice.models.mamba2_config import allocate_mamba_state, mamba_state_bytes
 
 
 def conv_state_rows(config: DecoderConfig) -> int:
@@ -40,20 +47,42 @@ def conv_state_rows(config: DecoderConfig) -> int:
     return config.conv_kernel_size - 1
 
 
-def conv_layer_indices(config: DecoderConfig) -> list[int]:
-    return [i for i, kind in enumerate(config.layer_types) if kind == CONV]
+def state_layer_indices(config: DecoderConfig) -> list[int]:
+    """The layers that keep a per-sequence state instead of K/V."""
+    return [i for i, kind in enumerate(config.layer_types) if kind in (CONV, LINEAR, MAMBA)]
+
+
+def linear_state_sizes(config: DecoderConfig) -> tuple[int, int]:
+    """A Gated DeltaNet layer's state, in float32 values: (its conv tail
+    `[L - 1, conv_dim]`, its recurrent state `[Hv, key dim, value dim]`)."""
+    key_dim = config.linear_num_key_heads * config.linear_key_head_dim
+    conv_dim = 2 * key_dim + config.linear_num_value_heads * config.linear_value_head_dim
+    recurrent = config.linear_num_value_heads * config.linear_key_head_dim
+    return conv_state_rows(config) * conv_dim, recurrent * config.linear_value_head_dim
 
 
 def state_bytes_per_sequence(config: DecoderConfig, dtype: torch.dtype) -> int:
-    """Bytes one sequence's state (or one block's snapshot) costs over every conv layer."""
-    per_layer = conv_state_rows(config) * config.hidden_size * dtype.itemsize
-    return per_layer * len(conv_layer_indices(config))
+    """Bytes one sequence's state (or one block's snapshot) costs over every state layer."""
+    conv = conv_state_rows(config) * config.hidden_size * dtype.itemsize
+    linear = sum(linear_state_sizes(config)) * torch.float32.itemsize
+    return mamba_state_bytes(config) + sum(
+        conv if config.layer_types[i] == CONV else linear
+        for i in state_layer_indices(config) if config.layer_types[i] != MAMBA
+    )  # fmt: skip
 
 
-def allocate_conv_state(
-    config: DecoderConfig, num_blocks: int, num_slots: int, dtype: torch.dtype, device
-) -> Tensor:
-    """One conv layer's zeroed `[num_blocks + num_slots, L - 1, hidden]` rows."""
+def allocate_layer_state(
+    config: DecoderConfig, index: int, num_blocks: int, num_slots: int, dtype: torch.dtype,
+    device,
+) -> Tensor:  # fmt: skip
+    """Layer `index`'s zeroed rows: a conv layer's `[num_blocks + num_slots,
+    L - 1, hidden]` in `dtype`, a Gated DeltaNet layer's `[num_blocks +
+    num_slots, conv tail + recurrent state]` in float32."""
+    if config.layer_types[index] == MAMBA:  # mamba2_config.py
+        return allocate_mamba_state(config, num_blocks + num_slots, device)
+    if config.layer_types[index] == LINEAR:
+        shape: tuple[int, ...] = (num_blocks + num_slots, sum(linear_state_sizes(config)))
+        return torch.zeros(shape, dtype=torch.float32, device=device)
     shape = (num_blocks + num_slots, conv_state_rows(config), config.hidden_size)
     return torch.zeros(shape, dtype=dtype, device=device)
 
@@ -108,6 +137,8 @@ class SequenceStates:
     _plan: ConvPlan | None = None
     # Per conv layer: (its cache, the kept ext rows [K, hidden]) for `roll_back`.
     _kept: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    # Other layers' roll-backs (`on_roll_back`), called with `roll_back`'s argument.
+    _roll_backs: list[Callable[[dict[int, int]], None]] = field(default_factory=list)
 
     @classmethod
     def standalone(cls, num_sequences: int) -> SequenceStates:
@@ -133,9 +164,15 @@ class SequenceStates:
         if plan.kept_rows is not None:
             self._kept.append((cache, ext.index_select(0, plan.kept_rows)))
 
+    def on_roll_back(self, roll_back: Callable[[dict[int, int]], None]) -> None:
+        """A layer's own roll-back of this step (a recurrent state it kept)."""
+        self._roll_backs.append(roll_back)
+
     def roll_back(self, num_kept: dict[int, int]) -> None:
         """Set sequence b's state (b verified drafts) to its state after the
-        first `num_kept[b]` tokens of its step, in every conv layer."""
+        first `num_kept[b]` tokens of its step, in every state layer."""
+        for layer_roll_back in self._roll_backs:
+            layer_roll_back(num_kept)
         plan = self._plan
         if plan is None:
             return  # no conv layer ran
