@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/qblock_gemm.py [--rows 1,16,64] [--format Q4_K]
         [--shapes 2048x2048,2048x8192,8192x2048] [--calls 40] [--copies 1]
+        [--clock wall|thread]
 
 Shapes are IN x OUT (a Llama-3.2-1B's q/o, gate or up, down). For each shape
 and row count, one call of each kernel alternates with the other's on the same
@@ -45,10 +46,10 @@ def random_codes(name: str, n: int, k: int, rng: np.random.Generator) -> BlockCo
     return BlockCodes(fmt, q, scales, mins, d, m)
 
 
-def seconds(call) -> float:
-    start = time.perf_counter()
+def seconds(call, clock=time.perf_counter) -> float:
+    start = clock()
     call()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def main() -> None:
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--intermediate", type=int, default=8192)
     parser.add_argument("--copies", type=int, default=1)
+    parser.add_argument("--clock", choices=["wall", "thread"], default="wall")
     args = parser.parse_args()
     kernels = int8_gemm_kernels()
     if kernels is None:
@@ -66,6 +68,9 @@ def main() -> None:
     flags = sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx")))
     print(f"threads {torch.get_num_threads()}; {' '.join(flags)}")
     rng = np.random.default_rng(0)
+    # thread: this thread's CPU time, which a loaded machine's preemptions do
+    # not inflate (with OMP_NUM_THREADS=1 the kernels run on this thread).
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
     print("GOP/s, median call (best call)")
     print("shape      rows        qblock           w8a8   ratio (best) |  w8a8 plain  ratio (best)")
     # Per row count, each path's median seconds summed over the shapes (a layer's mix).
@@ -81,7 +86,7 @@ def main() -> None:
                          for _ in range(args.copies)])  # fmt: skip
         pairs = k == args.intermediate
         for rows in [int(r) for r in args.rows.split(",")]:
-            times = alternate(kernels, matrices, weights, k, rows, pairs, args.calls)
+            times = alternate(kernels, matrices, weights, k, rows, pairs, args.calls, clock)
             for name, t in times.items():
                 totals.setdefault(rows, {}).setdefault(name, 0.0)
                 totals[rows][name] += statistics.median(t)
@@ -103,7 +108,7 @@ def print_totals(totals: dict[int, dict[str, float]]) -> None:
               f"plain {seconds_of['plain'] * 1e3:.2f} ms ({seconds_of['plain'] / qblock:.2f}x)")  # fmt: skip
 
 
-def alternate(kernels, matrices, weights, k: int, rows: int, pairs: bool, calls: int):
+def alternate(kernels, matrices, weights, k: int, rows: int, pairs: bool, calls: int, clock):
     """Seconds of each call, the three paths taking turns on the same rows."""
     x = torch.randn(rows, k).to(torch.bfloat16)
     inv_smooth = torch.ones(k, dtype=torch.float32)
@@ -122,7 +127,7 @@ def alternate(kernels, matrices, weights, k: int, rows: int, pairs: bool, calls:
     times: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(calls):
         for name, call in paths.items():
-            times[name].append(seconds(call))
+            times[name].append(seconds(call, clock))
     return times
 
 
