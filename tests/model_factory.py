@@ -87,6 +87,10 @@ GEMMA4_MULTIMODAL_KIND = "gemma4_multimodal"
 # LFM2: short convolutions (kernel 3) around one attention layer, the hybrid
 # whose conv layers keep a per-sequence state (sluice/models/short_conv.py).
 LFM2_KIND = "lfm2"
+# Qwen3.5 (dense text): Gated DeltaNet layers (2 key heads of 16 over 4 value
+# heads of 8, conv kernel 4) around one gated attention layer (partial RoPE,
+# a quarter of its heads of 16), as [linear, linear, full, linear].
+QWEN3_5_KIND = "qwen3_5"
 # Qwen3-MoE: 8 experts of width 32, top-2 renormalised, the middle of three
 # layers dense (mlp_only_layers); override mlp_only_layers=[] for all sparse.
 QWEN3_MOE_KIND = "qwen3_moe"
@@ -210,6 +214,14 @@ def tiny_hf_config(kind: str) -> transformers.PretrainedConfig:
             **(_COMMON | {"num_hidden_layers": 3}), head_dim=16, moe_intermediate_size=32,
             num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
             tie_word_embeddings=False, rope_theta=1e6,
+        )  # fmt: skip
+    if kind == QWEN3_5_KIND:
+        return transformers.Qwen3_5TextConfig(
+            **(_COMMON | {"num_hidden_layers": 4}), head_dim=16, linear_conv_kernel_dim=4,
+            linear_key_head_dim=16, linear_value_head_dim=8, linear_num_key_heads=2,
+            linear_num_value_heads=4, tie_word_embeddings=False,
+            layer_types=["linear_attention", "linear_attention", "full_attention",
+                         "linear_attention"],
         )  # fmt: skip
     if kind == LFM2_KIND:
         return transformers.Lfm2Config(

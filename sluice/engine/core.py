@@ -49,8 +49,10 @@ from sluice.engine.startup import (
     cache_salt,
     num_kv_blocks,
     num_state_slots,
+    prefix_caching_blocker,
     speculation_blocker,
     startup_line,
+    without_prefix_caching,
 )
 from sluice.engine.state_slots import StateSlotPool
 from sluice.loader import LoadedModel, load_model
@@ -90,6 +92,9 @@ class EngineCore:
         # 1. Size the KV pool.
         dtype = torch_dtype(self.loaded.choices.dtype)
         device = torch.device(config.model.device)
+        if (blocker := prefix_caching_blocker(config, self.loaded, dtype)) is not None:
+            logger.warning("%s", blocker)  # a hybrid whose state snapshots would not pay
+            self.config = config = without_prefix_caching(config)
         num_blocks = num_kv_blocks(config, self.loaded, dtype, device)
         # 2. Build the parts.
         self._build(num_blocks, dtype, device)

@@ -7,6 +7,8 @@ says what was chosen.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from sluice.config import EngineConfig, SpeculativeConfig
@@ -56,6 +58,39 @@ def num_state_slots(config: EngineConfig, loaded: LoadedModel) -> int:
     an admitted request always finds one; 0 for a model without such layers.
     They sit beside the KV budget, as fixed as the weights."""
     return config.scheduler.max_num_seqs if loaded.model_config.has_sequence_state else 0
+
+
+def prefix_caching_blocker(
+    config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype
+) -> str | None:
+    """Why a hybrid runs without the prefix caching asked for; None where it
+    keeps it. A hit needs the state snapshot at its block's end, and there is
+    one in every KV block: it may cost at most what the block's K/V would if
+    every layer attended (LFM2-1.2B: 80 KiB of 512 KiB), so a hybrid's block
+    never outweighs a dense model's. Gated DeltaNet states are larger (the
+    default Qwen3.5 shape: 50 MiB against 2 MiB a 16-token block): snapshots
+    at sparser block ends are not built yet."""
+    model_config = loaded.model_config
+    if not config.cache.enable_prefix_caching or not model_config.has_sequence_state:
+        return None
+    snapshot = state_bytes_per_sequence(model_config, dtype)
+    per_token = 2 * model_config.num_key_value_heads * model_config.head_dim * dtype.itemsize
+    per_token *= model_config.num_hidden_layers  # the K/V of a token were every layer attention
+    block_size = config.cache.block_size_tokens
+    if snapshot <= per_token * block_size:
+        return None
+    return (
+        f"no prefix caching: a state snapshot in every KV block would cost "
+        f"{snapshot / 2**20:.2f} MiB, more than a {block_size}-token block's K/V in an "
+        f"all-attention model ({per_token * block_size / 2**20:.2f} MiB); blocks of "
+        f"{-(-snapshot // per_token)} tokens or more keep it (--block-size)"
+    )
+
+
+def without_prefix_caching(config: EngineConfig) -> EngineConfig:
+    return dataclasses.replace(
+        config, cache=dataclasses.replace(config.cache, enable_prefix_caching=False)
+    )
 
 
 def describe_state_cache(config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype) -> str:

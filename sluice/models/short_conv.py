@@ -95,13 +95,13 @@ class ShortConvLayer(LlamaDecoderLayer):
             cache.shape[0], cache.shape[1], x.device,
         )  # fmt: skip
         b_gate, c_gate, inputs = self.qkv_proj(x).chunk(3, dim=-1)  # [T, hidden] each
-        ext = _lay_out(b_gate * inputs, cache, plan)  # [num_ext_rows, hidden]
-        conv = _taps_sum(ext, plan.first_taps, self.taps, self.conv_bias)  # [T, hidden]
-        _store(ext, cache, plan, states)
+        ext = lay_out_conv_inputs(b_gate * inputs, cache, plan)  # [num_ext_rows, hidden]
+        conv = conv_taps_sum(ext, plan.first_taps, self.taps, self.conv_bias)  # [T, hidden]
+        store_conv_states(ext, cache, plan, states)
         return self.o_proj(c_gate * conv)
 
 
-def _lay_out(gated: Tensor, cache: Tensor, plan: ConvPlan) -> Tensor:
+def lay_out_conv_inputs(gated: Tensor, cache: Tensor, plan: ConvPlan) -> Tensor:
     """Each sequence's starting state, then its new rows: `ext` [rows, hidden]."""
     hidden = cache.shape[2]
     start = cache.index_select(0, plan.start_sources)  # [B, L - 1, hidden]
@@ -112,7 +112,7 @@ def _lay_out(gated: Tensor, cache: Tensor, plan: ConvPlan) -> Tensor:
     return ext
 
 
-def _taps_sum(ext: Tensor, first_taps: Tensor, taps: Tensor, bias: Tensor | None) -> Tensor:
+def conv_taps_sum(ext: Tensor, first_taps: Tensor, taps: Tensor, bias: Tensor | None) -> Tensor:
     """Token t's output: sum over j of taps[j] * ext[first_taps[t] + j], in j's
     order, accumulated in float32 (as transformers' conv1d does)."""
     out = None
@@ -125,7 +125,7 @@ def _taps_sum(ext: Tensor, first_taps: Tensor, taps: Tensor, bias: Tensor | None
     return out.to(ext.dtype)
 
 
-def _store(ext: Tensor, cache: Tensor, plan: ConvPlan, states: SequenceStates) -> None:
+def store_conv_states(ext: Tensor, cache: Tensor, plan: ConvPlan, states: SequenceStates) -> None:
     """Write each sequence's state after its tokens into its slot, the
     snapshots at the block ends the step crossed, and the kept inputs."""
     num_state_rows, hidden = cache.shape[1], cache.shape[2]

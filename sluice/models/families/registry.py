@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from sluice.errors import ModelLoadError
-from sluice.models.decoder_config import CONV, MAMBA, SLIDING, DecoderConfig
+from sluice.models.decoder_config import CONV, LINEAR, MAMBA, SLIDING, DecoderConfig
 from sluice.models.families import (
     gemma,
     gemma4,
@@ -24,6 +24,7 @@ from sluice.models.families import (
     llama,
     phi3,
     qwen,
+    qwen3_5,
     qwen_moe,
     smollm3,
 )
@@ -36,6 +37,7 @@ FAMILIES: tuple[Family, ...] = (
     *llama.FAMILIES, *qwen.FAMILIES, *phi3.FAMILIES, *gemma.FAMILIES, *smollm3.FAMILIES,
     *gemma4.FAMILIES,
     *lfm2.FAMILIES,
+    *qwen3_5.FAMILIES,
     *qwen_moe.FAMILIES,
     *gpt_oss.FAMILIES,
     *granite_hybrid.FAMILIES,
@@ -94,6 +96,12 @@ def describe_family(config: DecoderConfig) -> str:
         limits.append(
             f"its sliding-window layers (window {config.sliding_window}) attend on the torch "
             "path, not the native attention kernels, and keep all their KV blocks"
+        )
+    if LINEAR in config.layer_types:
+        limits.append(
+            f"{config.layer_types.count(LINEAR)} of its {config.num_hidden_layers} layers are "
+            "Gated DeltaNet linear attention over a per-sequence float32 state (no KV; a state "
+            "snapshot per KV block for the prefix cache), token by token on the torch path"
         )
     if MAMBA in config.layer_types:
         limits.append(
