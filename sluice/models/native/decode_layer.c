@@ -33,6 +33,9 @@ static int matmul(const LayerMatrix *matrix, const uint16_t *x, int64_t rows,
         return int8_linear_bf16(x, rows, m->in_features, m->in_features, m->inv_smooth,
                                 m->packed, m->compensation, m->col_scales, m->bias,
                                 m->out_features, out, (int)m->pairs, amx_min_rows);
+    int64_t width = 0;
+    for (int64_t i = 0; i < matrix->num_parts; i++) width += matrix->parts[i].out_features;
+    if (width != m->out_features) return -1;
     /* All parts in one call: the rows quantized once for q/k/v (gate/up). */
     return qblock_linear(x, 1, rows, m->in_features, matrix->parts, matrix->num_parts, out, 1,
                          m->out_features);
