@@ -30,9 +30,9 @@ STARTUP_LINES = {
     "attend on the torch path",
     LFM2_KIND: "architecture Lfm2ForCausalLM: 3 of its 4 layers are short convolutions over a "
     "per-sequence state",
-    QWEN3_MOE_KIND: "architecture Qwen3MoeForCausalLM: its MoE layers run the experts in the "
-    "model dtype on the torch path (tiles of 8 rows), not the fused native decode call nor int8 "
-    "weights; mixture of experts: 8 experts, 2 per token; 226.85K parameters, 153.12K active; "
+    QWEN3_MOE_KIND: "architecture Qwen3MoeForCausalLM: its MoE layers run the experts grouped "
+    "by expert (moe.py: in the model dtype on tiles of 8 rows, or kept in the file's GGUF or MXFP4 "
+    "blocks on their kernels), not the fused native decode call nor int8 weights; mixture of experts: 8 experts, 2 per token; 226.85K parameters, 153.12K active; "
     "expert weights 0.4 MiB in float32",
     SMOLLM3_KIND: "architecture SmolLM3ForCausalLM: every engine path",
     GEMMA4_KIND: "architecture Gemma4ForCausalLM: its sliding-window layers (window 8) attend "

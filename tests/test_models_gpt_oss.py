@@ -93,8 +93,9 @@ def test_layers_slide_and_attend_fully_in_turn_every_one_with_sinks(loaded):
     assert describe_family(loaded.model_config) == (
         "architecture GptOssForCausalLM: attention sinks run every layer's attention on the torch "
         "path, not the native attention kernels; its sliding-window layers (window 8) keep all "
-        "their KV blocks; its MoE layers run the experts in the model dtype on the torch path "
-        "(tiles of 8 rows), not the fused native decode call nor int8 weights"
+        "their KV blocks; its MoE layers run the experts grouped by expert (moe.py: in the model "
+        "dtype on tiles of 8 rows, or kept in the file's GGUF or MXFP4 blocks on their kernels), "
+        "not the fused native decode call nor int8 weights"
     )
 
 
