@@ -14,15 +14,17 @@ from typing import Any
 import torch
 
 from sluice.errors import ModelLoadError
-from sluice.models.decoder_config import CONV, SLIDING, DecoderConfig
+from sluice.models.decoder_config import CONV, LINEAR, MAMBA, SLIDING, DecoderConfig
 from sluice.models.families import (
     gemma,
     gemma4,
     gpt_oss,
+    granite_hybrid,
     lfm2,
     llama,
     phi3,
     qwen,
+    qwen3_5,
     qwen_moe,
     smollm3,
 )
@@ -35,8 +37,10 @@ FAMILIES: tuple[Family, ...] = (
     *llama.FAMILIES, *qwen.FAMILIES, *phi3.FAMILIES, *gemma.FAMILIES, *smollm3.FAMILIES,
     *gemma4.FAMILIES,
     *lfm2.FAMILIES,
+    *qwen3_5.FAMILIES,
     *qwen_moe.FAMILIES,
     *gpt_oss.FAMILIES,
+    *granite_hybrid.FAMILIES,
 )  # fmt: skip
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 _BY_MODEL_TYPE = {family.model_type: family for family in FAMILIES}
@@ -93,7 +97,19 @@ def describe_family(config: DecoderConfig) -> str:
             f"its sliding-window layers (window {config.sliding_window}) attend on the torch "
             "path, not the native attention kernels, and keep all their KV blocks"
         )
-    if config.has_sequence_state:
+    if LINEAR in config.layer_types:
+        limits.append(
+            f"{config.layer_types.count(LINEAR)} of its {config.num_hidden_layers} layers are "
+            "Gated DeltaNet linear attention over a per-sequence float32 state (no KV; a state "
+            "snapshot per KV block for the prefix cache), token by token on the torch path"
+        )
+    if MAMBA in config.layer_types:
+        limits.append(
+            f"{config.layer_types.count(MAMBA)} of its {config.num_hidden_layers} layers are "
+            "Mamba-2 mixers over a per-sequence float32 state (no KV; a state snapshot per KV "
+            "block for the prefix cache), token by token on the torch path"
+        )
+    if CONV in config.layer_types:
         num_conv = config.layer_types.count(CONV)
         limits.append(
             f"{num_conv} of its {config.num_hidden_layers} layers are short convolutions over a "
