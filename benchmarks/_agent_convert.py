@@ -21,7 +21,7 @@ template sees the same messages:
 - Messages: `system` (a string, or its text blocks joined by newlines) as a
   system message; each message's text blocks joined by newlines, `tool_use`
   as `tool_calls`, `tool_result` as `tool` messages before the text,
-  thinking blocks left out (as sluice/server/messages_to_internal.py does);
+  thinking blocks left out (as sluice/apis/messages/to_internal.py does);
   tools as chat functions with their `input_schema` as parameters.
 """
 

@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
+from sluice.apis.messages.protocol import MessagesRequest
+from sluice.apis.messages.to_internal import messages_request
 from sluice.config import GenerationDefaults, RequestLimits
 from sluice.errors import ContextLengthError
 from sluice.frontend.preprocess import Preprocessor
-from sluice.server.messages_protocol import MessagesRequest
-from sluice.server.messages_to_internal import messages_request
 from sluice.server.protocol import ChatCompletionRequest, CompletionRequest
 from sluice.server.responses_protocol import ResponsesRequest
 from sluice.server.responses_request import responses_request

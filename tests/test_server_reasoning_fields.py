@@ -9,14 +9,14 @@ import asyncio
 
 import pytest
 
+from sluice.apis.messages.protocol import MessagesRequest
+from sluice.apis.messages.to_internal import count_tokens, messages_request
 from sluice.config import ReasoningEffortBudgets
 from sluice.engine.sampling_params import ThinkingBudget
 from sluice.errors import InvalidRequestError, RequestError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.request import GenerationRequest
 from sluice.server import protocol
-from sluice.server.messages_protocol import MessagesRequest
-from sluice.server.messages_to_internal import count_tokens, messages_request
 from sluice.server.reasoning_fields import (
     ReasoningPlan,
     TemplateReasoning,

@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel
 
 from sluice.apis.embeddings import protocol as pooling_protocol
+from sluice.apis.messages import protocol as messages_protocol
 from sluice.apis.ollama import protocol as ollama_protocol
 from sluice.errors import ErrorShape
-from sluice.server.messages_protocol import CountTokensRequest, MessagesRequest
 from sluice.server.protocol import ChatCompletionRequest, CompletionRequest
 from sluice.server.responses_protocol import InputTokensRequest, ResponsesRequest
 
@@ -130,8 +130,12 @@ RESPONSES_CREATE = ApiRoute("POST", "/v1/responses", ResponsesRequest, is_genera
 RESPONSES_INPUT_TOKENS = ApiRoute("POST", "/v1/responses/input_tokens", InputTokensRequest)
 RESPONSES_RETRIEVE = ApiRoute("GET", "/v1/responses/{response_id}")
 RESPONSES_DELETE = ApiRoute("DELETE", "/v1/responses/{response_id}")
-MESSAGES_CREATE = ApiRoute("POST", "/v1/messages", MessagesRequest, is_generation=True)
-MESSAGES_COUNT_TOKENS = ApiRoute("POST", "/v1/messages/count_tokens", CountTokensRequest)
+MESSAGES_CREATE = ApiRoute(
+    "POST", "/v1/messages", messages_protocol.MessagesRequest, is_generation=True
+)
+MESSAGES_COUNT_TOKENS = ApiRoute(
+    "POST", "/v1/messages/count_tokens", messages_protocol.CountTokensRequest
+)
 OLLAMA_CHAT = ApiRoute("POST", "/api/chat", ollama_protocol.ChatRequest, is_generation=True)
 OLLAMA_GENERATE = ApiRoute(
     "POST", "/api/generate", ollama_protocol.GenerateRequest, is_generation=True

@@ -43,7 +43,6 @@ from sluice.frontend.completions_chunks import CompletionChunks
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.detokenizer import DecodingTokenizer
 from sluice.frontend.logprob_format import TokenStrings
-from sluice.frontend.messages_events import MessagesEvents
 from sluice.frontend.observer import ChunkTimer, RequestObserver
 from sluice.frontend.output_processor import OutputProcessor, engine_request_id
 from sluice.frontend.request import GenerationRequest
@@ -309,7 +308,6 @@ class _RequestRun:
 _PROJECTIONS: dict[str, Callable[[GenerationRequest, TokenStrings], ResponseChunks]] = {
     "completion": CompletionChunks,
     "chat": ChatChunks,
-    "messages": MessagesEvents,
 }
 
 

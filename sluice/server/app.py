@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from sluice.apis.embeddings.routes import EmbeddingsRoutes
+from sluice.apis.messages.routes import MessagesRoutes
 from sluice.apis.ollama.routes import OllamaRoutes
 from sluice.apis.surface import (
     API_TABLE,
@@ -138,11 +139,13 @@ def create_app(
     # The server (launch.make_server) runs this on SIGTERM.
     app.state.shutdown = shutdown
     responses = ResponsesRoutes(routes, ResponseStore(config.responses_store_bytes))
+    messages = MessagesRoutes(routes)
     ollama = OllamaRoutes(routes)
     embeddings = EmbeddingsRoutes(routes)
     handlers = {
         **routes.handlers(),
         **responses.handlers(),
+        **messages.handlers(),
         **ollama.handlers(),
         **embeddings.handlers(),
     }

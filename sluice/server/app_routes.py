@@ -1,7 +1,7 @@
 """What an API's routes use of the app (`routes.Routes`), declared once: its
 body reader, the models it serves, the model a request names, admission and
-the way a generation is answered. The Responses, Ollama and embeddings
-routes each take an `AppRoutes`; the app's `Routes` is the one implementation.
+the way a generation is answered. The Messages, Responses, Ollama and
+embeddings routes each take an `AppRoutes`; the app's `Routes` is the one implementation.
 """
 
 from __future__ import annotations
@@ -26,7 +26,12 @@ class AppRoutes(Protocol):
     models: ModelPool[ModelParts]
 
     def model_for(
-        self, request: Request, name: str | None, *, keep_alive_s: float | None = None
+        self,
+        request: Request,
+        name: str | None,
+        *,
+        keep_alive_s: float | None = None,
+        is_any_name_served: bool = False,
     ) -> AbstractAsyncContextManager[ModelParts]: ...
 
     async def options_for(self, name: str | None) -> ModelOptions: ...

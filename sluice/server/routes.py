@@ -1,6 +1,6 @@
 """The route handlers of one app (`Routes`) and what they share: the models
 it serves (model_pool.py), the model a request names, admission, and the
-OpenAI and Anthropic generation routes; the Responses, Ollama and embeddings
+OpenAI generation routes; the Messages, Responses, Ollama and embeddings
 routes take it as an `AppRoutes` (app_routes.py).
 
 Each generation route: parse the body (body, protocol) -> the model it names
@@ -22,15 +22,12 @@ import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-import orjson
 from fastapi import Request
 from starlette.responses import Response
 
 from sluice.apis.surface import (
     CHAT_CREATE,
     COMPLETIONS_CREATE,
-    MESSAGES_COUNT_TOKENS,
-    MESSAGES_CREATE,
     ApiRoute,
 )
 from sluice.config import ServerConfig
@@ -39,13 +36,7 @@ from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import EngineDeadError, InvalidRequestError, ModelUnavailableError
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend, ResponseChunks
-from sluice.server import (
-    admission,
-    messages_protocol,
-    messages_to_internal,
-    protocol,
-    to_internal,
-)
+from sluice.server import admission, protocol, to_internal
 from sluice.server.admission import AdmissionGate
 from sluice.server.body import BodyReader
 from sluice.server.event_stream import (
@@ -96,8 +87,6 @@ class Routes:
         return {
             COMPLETIONS_CREATE: self.completions,
             CHAT_CREATE: self.chat_completions,
-            MESSAGES_CREATE: self.messages,
-            MESSAGES_COUNT_TOKENS: self.count_tokens,
         }
 
     # -- the model a request names -------------------------------------------------
@@ -211,24 +200,6 @@ class Routes:
             )
             return await self.respond(request, generation, queue_timeout, model=model)
 
-    async def messages(self, request: Request) -> Response:
-        body = await self.bodies.parse(request, messages_protocol.MessagesRequest)
-        async with self.model_for(request, body.value.model, is_any_name_served=True) as model:
-            queue_timeout = self.admit(request, 1, model)
-            generation = await self.bodies.convert(
-                body, messages_to_internal.messages_request, model.model.conversion
-            )
-            return await self.respond(request, generation, queue_timeout, model=model)
-
-    async def count_tokens(self, request: Request) -> Response:
-        body = await self.bodies.parse(request, messages_protocol.CountTokensRequest)
-        name = self.models.resolve(body.value.model, is_any_name_served=True)
-        options = await self.options_for(name)
-        num_tokens = await self.bodies.convert(
-            body, messages_to_internal.count_tokens, options.conversion
-        )
-        return _json({"input_tokens": num_tokens})
-
     def admit(
         self, request: Request, n: int, model: ModelParts | None = None, *, is_pooling: bool = False
     ) -> QueueTimeout | None:
@@ -287,7 +258,3 @@ class Routes:
         run = GenerationRun(request, model or self.default_parts(), generation, queue_timeout,
                             chunks, media_type)  # fmt: skip
         return await run.reply(self.send_timeout_s)
-
-
-def _json(content: object) -> Response:
-    return Response(orjson.dumps(content), media_type="application/json")

@@ -10,7 +10,7 @@ tokens and the answer's, which a next request may send back). Without
 `stream` the body is one object: the final line with the whole message.
 
 Both forms go through `_Reply.add` (one choice delta -> one `MessageDelta`
-per token piece, as `messages_events.py` reads them); a stream writes what
+per token piece, as `apis/messages/events.py` reads them); a stream writes what
 each delta added, the body keeps the sum, so they never disagree:
 - the `content` (and `thinking`) of the lines concatenate to the body's;
 - a tool call goes out whole, in Ollama's shape (`{"function": {"index",
@@ -173,7 +173,7 @@ class _Reply:
     def __init__(self, request: GenerationRequest):
         parsing = request.output_parsing
         self._stream = None if parsing is None else parsing.message_stream()
-        # Calls cut into the stream token by token (messages_events.py's reason).
+        # Calls cut into the stream token by token (apis/messages/events.py's reason).
         self._is_cut_per_token = parsing is not None and parsing.reads_tool_calls
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None

@@ -1,7 +1,7 @@
 """Ollama bodies -> the equivalent chat (or completion) request -> `GenerationRequest`.
 
 An Ollama request is a chat request underneath, as Anthropic's Messages are
-(`server/messages_to_internal.py`): this module builds the
+(`apis/messages/to_internal.py`): this module builds the
 `protocol.ChatCompletionRequest` that says the same and runs it through
 `server.to_internal.chat_request`, so templates, tools, structured outputs,
 reasoning, limits and the max_tokens policy are the chat API's own:

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.apis.messages.events import MessagesEvents
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import InvalidRequestError, QueueFullError
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.logprob_format import TokenStrings
-from sluice.frontend.messages_events import MessagesEvents
 from sluice.frontend.request import GenerationRequest, PromptInput
 from sluice.testing import FakeTokenizer
 from sluice.testing.messages_stream import parse_events, read_message_stream

@@ -20,9 +20,10 @@ import json
 import uuid
 from typing import Any
 
+from sluice.apis.messages import protocol as messages_protocol
 from sluice.errors import InvalidRequestError
 from sluice.frontend.request import GenerationRequest
-from sluice.server import limits, messages_protocol, protocol, reasoning_fields, tool_fields
+from sluice.server import limits, protocol, reasoning_fields, tool_fields
 from sluice.server.to_internal import RequestOptions, chat_messages, chat_request
 from sluice.server.tool_prompt import template_inputs
 from sluice.tools.harmony import HARMONY
