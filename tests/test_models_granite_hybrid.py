@@ -19,8 +19,10 @@ import torch
 import transformers
 
 from sluice.cli import main
+from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
-from sluice.loader.loaded_model import LoadedModel
+from sluice.loader.choices import cpu_flags
+from sluice.loader.loaded_model import LoadedModel, load_model
 from sluice.models.attention import kv_cache_bytes_per_block
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.granite_hybrid import GraniteHybridForCausalLM, GraniteMambaLayer
@@ -265,3 +267,29 @@ def test_sluice_serve_refuses_a_layer_type_it_cannot_run_with_exit_status_2(tiny
     err = capsys.readouterr().err.strip()
     assert status == 2 and "\n" not in err
     assert "unsupported Granite 4.0-H layer type 'rwkv'" in err
+
+
+@pytest.mark.slow
+def test_the_default_path_gives_the_same_bits_chunked_cached_and_speculating(dense, tmp_path):
+    """As `sluice serve` loads it: bfloat16 with the row-invariant int8 matmuls
+    (where the CPU has AVX512-VNNI), speculation on. A row's bits ignore its
+    step, so chunking, prefix hits and verified drafts change no token or logprob."""
+    write_tiny_tokenizer(dense.path, num_tokens=512)
+    default = load_model(ModelConfig(model=str(dense.path), cache_dir=tmp_path))
+    if "avx512_vnni" not in cpu_flags():
+        pytest.skip("the row-invariant default needs AVX512-VNNI")
+    assert default.choices.row_invariant
+    prompts = random_prompts(4, seed=2)
+    whole = run_with_logprobs(make_core(default, budget=512, chunked=False), prompts, _LOGPROBS)
+    for core in (make_core(default, budget=7), make_core(default, block_size=32)):
+        assert {i: r[:3] for i, r in run_with_logprobs(core, prompts, _LOGPROBS).items()} == {
+            i: r[:3] for i, r in whole.items()
+        }
+    rng = random.Random(5)
+    repeating = [repeating_prompt(rng, length) for length in (20, 45)]
+    speculating = make_core(default, speculative=ngram(k=4))
+    drafted = run_with_logprobs(speculating, repeating, _LOGPROBS)
+    plain = run_with_logprobs(make_core(default), repeating, _LOGPROBS)
+    assert {i: r[:3] for i, r in drafted.items()} == {i: r[:3] for i, r in plain.items()}
+    counters = speculating.speculator.counters
+    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
