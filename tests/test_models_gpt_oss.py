@@ -13,7 +13,6 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
-import msgspec
 import pytest
 import torch
 import transformers
@@ -29,22 +28,23 @@ from sluice.models.gpt_oss import GptOssDecoderLayer, GptOssForCausalLM, clamped
 from sluice.models.moe_decoder import describe_experts
 from sluice.models.mxfp4 import E2M1_VALUES
 from sluice.models.native.int8 import int8_gemm_kernels
+from tests.engine_paths import (
+    check_chunked_prefill_equals_whole_prompts,
+    check_greedy_equals_transformers_generate,
+    check_preemption_resumes_exactly,
+    check_prefix_cache_hit_equals_cold,
+    check_speculation_keeps_greedy_tokens,
+)
 from tests.invariance_runs import probe_output, random_prompt
 from tests.model_factory import TinyModel, make_core, write_tiny_tokenizer
 from tests.model_runs import (
-    GREEDY,
     PagedRunner,
     assert_close_to_scale,
-    greedy,
     hf_logits,
     loaded_float32,
     prompt_logits,
     random_prompts,
-    run,
-    run_one_by_one,
 )
-from tests.speculation_runs import ngram, repeating_prompt
-from tests.speculation_runs import run as run_speculating
 
 WINDOW = 8
 
@@ -114,13 +114,7 @@ def test_a_chunk_after_a_prefill_and_decodes_match_transformers(loaded, tiny):
 
 
 def test_greedy_tokens_equal_transformers_generate(loaded, tiny):
-    for prompt in random_prompts(2, seed=9):
-        with torch.no_grad():
-            out = tiny.hf_model.generate(
-                torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
-                pad_token_id=0, eos_token_id=None,
-            )  # fmt: skip
-        assert greedy(PagedRunner(loaded.model), prompt, 16) == out[0, len(prompt) :].tolist()
+    check_greedy_equals_transformers_generate(loaded, tiny)
 
 
 def test_without_its_sinks_or_its_clamp_the_model_would_differ(loaded, tiny):
@@ -190,47 +184,20 @@ def test_the_row_invariant_default_gives_a_request_the_same_bits_alone_and_in_cr
 
 @pytest.mark.parametrize("budget", [7, 64])
 def test_chunked_prefill_gives_the_same_tokens_as_whole_prompts(loaded, budget):
-    prompts = random_prompts(4, seed=1)
-    chunked = run(make_core(loaded, budget=budget), prompts)
-    whole = run(make_core(loaded, budget=512, chunked=False), prompts)
-    assert chunked == whole
+    check_chunked_prefill_equals_whole_prompts(loaded, budget, num_prompts=4, seed=1)
 
 
 def test_a_prefix_cache_hit_gives_the_same_tokens_and_logprobs(loaded):
-    base = random_prompts(1, seed=11)[0] * 3
-    prompts = [base, base, base[:30] + [7, 8, 9], base + [1]]
-    params = msgspec.structs.replace(GREEDY, logprobs=2, max_tokens=8)
-    cached = run_one_by_one(make_core(loaded), prompts, params)
-    plain = run_one_by_one(make_core(loaded, prefix_caching=False), prompts, params)
-    assert [c for _, _, c in cached][1:] == [(len(base) - 1) // 4 * 4, 28, len(base) // 4 * 4]
-    for (tokens, logprobs, _), (want_tokens, want_logprobs, _) in zip(cached, plain, strict=True):
-        assert tokens == want_tokens
-        assert logprobs == pytest.approx(want_logprobs, abs=1e-5)
+    check_prefix_cache_hit_equals_cold(loaded)
 
 
 def test_preempted_requests_resume_with_the_same_greedy_tokens(loaded):
-    prompts = random_prompts(8, seed=3)
-    roomy = run(make_core(loaded, num_blocks=512), prompts)
-    core = make_core(replace(loaded, max_model_len=128), num_blocks=32)
-    assert run(core, prompts) == roomy
-    assert core.scheduler.num_preemptions > 0
-    assert core.kv.num_free_blocks == 32
+    check_preemption_resumes_exactly(loaded, num_prompts=8, num_blocks=32)
 
 
 def test_speculation_gives_the_plain_runs_tokens(loaded, tiny):
-    """Batch-invariant, as the engine speculates only there; some drafts are rejected."""
-    model = build_model(loaded.model_config, torch.float32, torch.device("cpu"), True)
-    model.load_weights(tiny.weights())
-    invariant = replace(loaded, model=model)
-    rng = random.Random(5)
-    prompts = [repeating_prompt(rng, length) for length in (20, 45)]
-    speculating = make_core(invariant, speculative=ngram(k=4))
-    assert speculating.speculator is not None
-    drafted = run_speculating(speculating, prompts)
-    plain = run_speculating(make_core(invariant), prompts)
-    assert {i: r[:2] for i, r in drafted.items()} == {i: r[:2] for i, r in plain.items()}
-    counters = speculating.speculator.counters
-    assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+    """Some drafts are rejected; no greedy token changes."""
+    check_speculation_keeps_greedy_tokens(loaded, tiny, lengths=(20, 45))
 
 
 def test_the_batch_invariant_model_matches_transformers_too(loaded, tiny):
