@@ -12,6 +12,7 @@ import json
 import random
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -59,12 +60,14 @@ _CONFIG = {
 DENSE, MOE = "dense", "moe"
 
 
-def build_tiny_granite(kind: str, directory: Path) -> TinyModel:
-    """A random Granite 4.0-H, dense or with 8 experts (top-2), saved as safetensors."""
+def build_tiny_granite(kind: str, directory: Path, **changes: Any) -> TinyModel:
+    """A random Granite 4.0-H, dense or with 8 experts (top-2), saved as
+    safetensors; `changes` replace entries of the config."""
+    config_dict = _CONFIG | changes
     layer_types = ["linear_attention" if t == "mamba" else "full_attention"
-                   for t in _CONFIG["layer_types"]]  # fmt: skip
+                   for t in config_dict["layer_types"]]  # fmt: skip
     config = transformers.GraniteMoeHybridConfig(
-        **(_CONFIG | {"layer_types": layer_types, "num_local_experts": 8 if kind == MOE else 0})
+        **(config_dict | {"layer_types": layer_types, "num_local_experts": 8 if kind == MOE else 0})
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(
@@ -85,7 +88,7 @@ def build_tiny_granite(kind: str, directory: Path) -> TinyModel:
     model.eval()
     model.save_pretrained(directory, safe_serialization=True)
     (directory / "config.json").write_text(
-        json.dumps(json.loads((directory / "config.json").read_text()) | _CONFIG)
+        json.dumps(json.loads((directory / "config.json").read_text()) | config_dict)
     )  # Granite's own layer names ("mamba", "attention"), as IBM's config.json has them
     return TinyModel(kind=f"granite_{kind}", path=directory, hf_model=model)
 
@@ -142,6 +145,19 @@ def test_logits_of_a_prefill_a_chunk_and_a_decode_match_transformers(loaded, tin
     assert_close_to_scale(first, reference[-4:-3], 1e-5)
     assert_close_to_scale(chunk, reference[-2:-1], 1e-5)
     assert_close_to_scale(decode, reference[-1:], 1e-5)
+
+
+def test_granite_4_micro_all_attention_with_rope_matches_transformers(tmp_path):
+    """Granite 4.0 Micro (not -H) is the same architecture with every layer
+    attending: no state, RoPE on, the scalings still applied."""
+    changes = {"layer_types": ["attention"] * 4, "position_embedding_type": "rope"}
+    tiny = build_tiny_granite(DENSE, tmp_path, **changes)
+    loaded = loaded_float32(tiny)
+    assert not loaded.model_config.has_sequence_state and not loaded.model_config.nope_layers
+    prompt = random_prompts(1, seed=4)[0]
+    logits = PagedRunner(loaded.model).step([prompt], [0], [[]])
+    with torch.no_grad():
+        assert_close_to_scale(logits, hf_logits(tiny, prompt)[-1:], 1e-5)
 
 
 def test_greedy_tokens_through_the_engine_match_transformers_generate(loaded, tiny):
