@@ -17,8 +17,9 @@ already copied out of the pool.
 
 A restored block holds the bits of the run that computed it, so the tokens
 after it are those of a cold run exactly where the KV of a prompt ignores its
-chunking: below position 512 with the row-invariant default, at every length
-with --batch-invariant (tests/test_models_prefix_bits.py).
+chunking: at every length with the row-invariant default, whose attention is
+chunk-blind (docs/ARCHITECTURE.md, issue 44), and with --batch-invariant
+(tests/test_models_prefix_bits.py).
 """
 
 from __future__ import annotations
