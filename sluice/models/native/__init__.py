@@ -3,7 +3,10 @@
 `paged_decode_attention.c` reads K/V straight from the paged cache (no
 gathered copy) for decode steps; `prefill_attention.c` is flash attention
 for prefill chunks, `prefill_attention_amx.c` the same on AMX-BF16 tiles
-(their wrappers are in `prefill.py`); `rope_kv.c` rotates a
+(their wrappers are in `prefill.py`); each pair runs every query row
+through one per-row step over key blocks at fixed positions
+(`avx512_attention.c`, `amx_attention.h`), so a row's bits do not depend on
+its chunk or on whether a decode step computed it; `rope_kv.c` rotates a
 step's queries and keys and writes keys and values into the cache in one
 pass (`rope.py`); `rms_norm.c` normalises rows in one pass;
 `int8_rows.c` and `int8_gemm.c` are W8A8's passes and matmul, with
