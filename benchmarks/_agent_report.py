@@ -30,6 +30,7 @@ class ServerResult:
     name: str
     measured: list[Measured]  # every phase and probe
     skipped: str | None = None  # why it was not measured
+    note: str | None = None  # what the reader should know about a phase (server_table shows it)
 
     def phase(self, phase: str) -> dict[tuple[int, int], Measured]:
         return {(m.turn, m.index): m for m in self.measured if m.phase == phase}
@@ -88,7 +89,7 @@ def server_table(result: ServerResult) -> str:
             f"| {_x(_ratio(_ttft(c), pc))} | {_timed(w)} | {_s(pw)} | {_x(_ratio(_ttft(w), pw))} "
             f"| {_timed(r)} | {_x(_ratio(_ttft(r), _ttft(w)))} |"
         )
-    lines += ["", goals_line(result)]
+    lines += ["", goals_line(result)] + ([f"Note: {result.note}"] if result.note else [])
     return "\n".join(lines) + "\n"
 
 

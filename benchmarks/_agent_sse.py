@@ -6,7 +6,8 @@ arrived, and keeps:
 - the first content moment: the first event that carries generated output
   (Responses: any `response.*.delta`; Messages: `content_block_delta`;
   chat: a chunk whose delta has content, reasoning or tool calls;
-  completions: a chunk with text);
+  completions: a chunk with text, or its finish: a one-token probe whose
+  token shows no text yet has still been computed);
 - the prompt and cached token counts from the usage the stream reports
   (Responses: the final response's `usage.input_tokens` and
   `input_tokens_details.cached_tokens`; Messages: `message_start` and
@@ -75,7 +76,9 @@ class StreamWatch:
         if not choices:
             return False
         if self.dialect == "completions":
-            return bool(choices[0].get("text"))
+            # A probe's one token may decode to no text yet (part of a
+            # character) or be the end: its finish marks it computed too.
+            return bool(choices[0].get("text") or choices[0].get("finish_reason"))
         delta = choices[0].get("delta") or {}
         keys = ("content", "reasoning_content", "reasoning", "tool_calls")
         return any(delta.get(key) for key in keys)

@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/agent_replay.py \\
         benchmarks/data/agent_sessions/codex.jsonl.gz \\
         benchmarks/data/agent_sessions/claude-code.jsonl.gz \\
-        --out /tmp/agent-replay [--max-tokens 8] [--keep-tools] \\
+        --out /tmp/agent-replay [--max-tokens 8] [--turns 10] [--keep-tools] \\
         [--llama-server /work/peers/build/bin/llama-server | --no-llama] [--llama-gguf FILE] \\
-        [--vllm-venv /work/peers/vllm]
+        [--llama-as-chat] [--vllm-venv /work/peers/vllm]
 
 Recordings come from benchmarks/agent_record.py: the request bodies Codex CLI
 (Responses) and Claude Code (Messages) sent during ten-turn sessions. For
@@ -32,13 +32,16 @@ request's new tokens alone. Servers:
   converted to chat completions (_agent_convert.py says how).
 Writes into `--out`: results.json (every request of every phase), report.md
 (per server and recording, the table of _agent_report.py with issue 44's goal
-checks, then all servers side by side) and one SVG per recording.
+checks, then all servers side by side with how often sluice is ahead of
+every peer), one SVG per recording, and each server start's log
+(SESSION-serverN-1.log for cold and warm, -2.log for the restart).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -65,6 +68,8 @@ SLUICE_DIALECTS = frozenset({"responses", "messages", "chat", "completions"})
 LLAMA_DIALECTS = frozenset({"responses", "messages", "chat", "completions"})
 CHAT_DIALECTS = frozenset({"chat", "completions"})
 STARTUP_TIMEOUT_S = 600.0
+# sluice's startup line names its disk tier's folder: DIR/<fingerprint>.
+DISK_FOLDER = re.compile(r"prefix cache tiers: .*disk (\S+) up to")
 DEFAULT_LLAMA_SERVER = Path("/work/peers/build/bin/llama-server")
 DEFAULT_VLLM_VENV = Path("/work/peers/vllm")
 
@@ -134,7 +139,20 @@ def measure_server(spec: ServerSpec, session: Session, turns, args, log_dir: Pat
         measured += prefill_probes(url, spec, targets, session.model, args.run_id)
     finally:
         stop_group(process)
-    return ServerResult(spec.name, measured)
+    logs = [log_dir / f"{log_stem}-{n}.log" for n in (1, 2)]
+    return ServerResult(spec.name, measured, note=disk_tier_note(*logs))
+
+
+def disk_tier_note(first_log: Path, second_log: Path) -> str | None:
+    """Why a restarted sluice could not read its disk tier: the two starts
+    named different fingerprint folders (the model files, flags or sluice's
+    model code changed between them). None when they agree or have no disk tier."""
+    found = [DISK_FOLDER.search(log.read_text(errors="replace")) for log in (first_log, second_log)]
+    folders = [match.group(1) for match in found if match is not None]
+    if len(folders) < 2 or folders[0] == folders[1]:
+        return None
+    return (f"the restarted server's disk tier is another fingerprint folder than the first's "
+            f"({folders[0]} then {folders[1]}): it could read nothing back")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -86,6 +86,18 @@ def test_a_run_writes_the_report_the_plot_and_every_measurement(tmp_path):
     assert not list(out.glob("kv-*")), "the disk tier's folder is removed after the run"
 
 
+def test_a_restart_on_another_fingerprint_folder_is_noted(tmp_path):
+    line = "2026-12-07 sluice.engine prefix cache tiers: RAM up to 3.7 GiB, disk {} up to 16.0 GiB"
+    logs = [tmp_path / f"s-{n}.log" for n in (1, 2, 3)]
+    for log, folder in zip(logs, ("/kv/aa11", "/kv/bb22", "/kv/aa11"), strict=True):
+        log.write_text("starting\n" + line.format(folder) + "\n")
+    assert "/kv/aa11 then /kv/bb22" in replay.disk_tier_note(logs[0], logs[1])
+    assert replay.disk_tier_note(logs[0], logs[2]) is None
+    no_disk = tmp_path / "plain.log"
+    no_disk.write_text("prefix cache tiers: RAM up to 3.7 GiB\n")
+    assert replay.disk_tier_note(no_disk, no_disk) is None
+
+
 @pytest.mark.slow
 def test_two_recorded_turns_replay_cold_warm_and_restarted_on_sluice(
     embedded_model_config, tmp_path

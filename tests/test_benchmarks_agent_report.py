@@ -49,6 +49,12 @@ def test_the_goal_line_takes_the_worst_warm_ratio_and_the_first_request_after_re
     assert "after the restart / warm 1.25x" in line
 
 
+def test_a_note_follows_the_goal_line():
+    result = _result()
+    result.note = "the restart read nothing"
+    assert report.server_table(result).rstrip().endswith("Note: the restart read nothing")
+
+
 def test_a_failed_request_shows_as_an_error_not_a_time():
     result = report.ServerResult("peer", [_m("cold", 1, None, error="HTTP 400")])
     assert "| 1.1 | - | error |" in report.server_table(result)

@@ -109,6 +109,14 @@ def test_completions_ttft_is_the_first_text():
     assert (facts.num_prompt_tokens, facts.num_cached_tokens) == (37, 0)
 
 
+def test_a_completions_token_that_shows_no_text_counts_at_its_finish():
+    facts = _watched("completions", [
+        (0.2, {"choices": [{"index": 0, "text": ""}]}),
+        (0.6, {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}),
+    ])  # fmt: skip
+    assert facts.first_content_s == 0.6
+
+
 def test_an_error_event_is_kept_and_no_ttft_is_made_up():
     facts = _watched("messages", [(0.2, {"type": "error", "error": {"message": "too long"}})])
     assert facts.first_content_s is None
