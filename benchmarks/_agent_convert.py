@@ -11,9 +11,9 @@ made against `--tool-call-parser none`, where the server shows no tools.
 `drop_tools` (the replay's default) removes `tools` and `tool_choice` from
 every body, which gives the default `sluice serve` the same prompt.
 
-For a peer that speaks only chat completions (vLLM; llama-server for
-Responses), a body is converted as sluice itself reads it, so the chat
-template sees the same messages:
+For a peer that speaks only chat completions (vLLM; llama-server with
+`--llama-as-chat`), a body is converted as sluice itself reads it, so the
+chat template sees the same messages:
 - Responses: `instructions` as a leading system message, `input` through
   sluice's own reader (sluice/server/responses_input.py: developer -> system,
   text parts joined by newlines, calls as assistant `tool_calls`, outputs as
