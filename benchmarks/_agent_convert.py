@@ -15,7 +15,7 @@ For a peer that speaks only chat completions (vLLM; llama-server with
 `--llama-as-chat`), a body is converted as sluice itself reads it, so the
 chat template sees the same messages:
 - Responses: `instructions` as a leading system message, `input` through
-  sluice's own reader (sluice/server/responses_input.py: developer -> system,
+  sluice's own reader (sluice/apis/responses/input_items.py: developer -> system,
   text parts joined by newlines, calls as assistant `tool_calls`, outputs as
   `tool` messages, reasoning items skipped), tools through its `chat_tools`.
 - Messages: `system` (a string, or its text blocks joined by newlines) as a
@@ -31,7 +31,7 @@ import copy
 import json
 from typing import Any
 
-from sluice.server.responses_input import chat_tools, input_messages
+from sluice.apis.responses.input_items import chat_tools, input_messages
 
 SAMPLING_KEYS = ("top_p", "top_k", "stop", "stop_sequences", "stop_strings")
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")

@@ -530,7 +530,7 @@ class ServerConfig:
     cors_allowed_origins: tuple[str, ...] = setting(
         (), "comma-separated origins; empty disables CORS"
     )
-    # The Responses API's store (sluice/server/response_store.py) keeps at
+    # The Responses API's store (sluice/apis/responses/store.py) keeps at
     # most this much of stored responses, as JSON; the least recently used go first.
     responses_store_bytes: int = setting(
         256 * 1024 * 1024,

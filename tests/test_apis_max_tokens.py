@@ -10,12 +10,12 @@ import pytest
 
 from sluice.apis.messages.protocol import MessagesRequest
 from sluice.apis.messages.to_internal import messages_request
+from sluice.apis.responses.protocol import ResponsesRequest
+from sluice.apis.responses.to_internal import responses_request
 from sluice.config import GenerationDefaults, RequestLimits
 from sluice.errors import ContextLengthError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.server.protocol import ChatCompletionRequest, CompletionRequest
-from sluice.server.responses_protocol import ResponsesRequest
-from sluice.server.responses_request import responses_request
 from sluice.server.to_internal import RequestOptions, chat_request, completion_request
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 

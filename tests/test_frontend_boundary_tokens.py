@@ -25,12 +25,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.apis.messages.events import MessagesEvents
+from sluice.apis.responses.events import ResponsesEvents
 from sluice.engine.sampling_params import SamplingParams
 from sluice.frontend.chat_chunks import ChatChunks
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest, PromptInput, ResponsesSettings
-from sluice.frontend.responses_events import ResponsesEvents
 from sluice.testing import FakeTokenizer
 from sluice.testing.messages_stream import read_message_stream
 from sluice.testing.responses_contract import check_responses_stream, parse_events

@@ -11,6 +11,8 @@ import pytest
 
 from sluice.apis.messages.protocol import MessagesRequest
 from sluice.apis.messages.to_internal import count_tokens, messages_request
+from sluice.apis.responses.protocol import ResponsesRequest
+from sluice.apis.responses.to_internal import responses_request
 from sluice.config import ReasoningEffortBudgets
 from sluice.engine.sampling_params import ThinkingBudget
 from sluice.errors import InvalidRequestError, RequestError
@@ -24,8 +26,6 @@ from sluice.server.reasoning_fields import (
     template_reasoning,
     thinking_budget,
 )
-from sluice.server.responses_protocol import ResponsesRequest
-from sluice.server.responses_request import responses_request
 from sluice.server.to_internal import RequestOptions, chat_request
 from sluice.server.tool_fields import ToolPlan
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer

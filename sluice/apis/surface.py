@@ -41,9 +41,9 @@ from pydantic import BaseModel
 from sluice.apis.embeddings import protocol as pooling_protocol
 from sluice.apis.messages import protocol as messages_protocol
 from sluice.apis.ollama import protocol as ollama_protocol
+from sluice.apis.responses import protocol as responses_protocol
 from sluice.errors import ErrorShape
 from sluice.server.protocol import ChatCompletionRequest, CompletionRequest
-from sluice.server.responses_protocol import InputTokensRequest, ResponsesRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +126,12 @@ class ApiTable:
 
 COMPLETIONS_CREATE = ApiRoute("POST", "/v1/completions", CompletionRequest, is_generation=True)
 CHAT_CREATE = ApiRoute("POST", "/v1/chat/completions", ChatCompletionRequest, is_generation=True)
-RESPONSES_CREATE = ApiRoute("POST", "/v1/responses", ResponsesRequest, is_generation=True)
-RESPONSES_INPUT_TOKENS = ApiRoute("POST", "/v1/responses/input_tokens", InputTokensRequest)
+RESPONSES_CREATE = ApiRoute(
+    "POST", "/v1/responses", responses_protocol.ResponsesRequest, is_generation=True
+)
+RESPONSES_INPUT_TOKENS = ApiRoute(
+    "POST", "/v1/responses/input_tokens", responses_protocol.InputTokensRequest
+)
 RESPONSES_RETRIEVE = ApiRoute("GET", "/v1/responses/{response_id}")
 RESPONSES_DELETE = ApiRoute("DELETE", "/v1/responses/{response_id}")
 MESSAGES_CREATE = ApiRoute(

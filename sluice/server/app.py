@@ -3,7 +3,7 @@
     POST /v1/completions, /v1/chat/completions   generation, streamed (SSE) or not
     POST /v1/messages, /v1/messages/count_tokens Anthropic's Messages API (the same path)
                                                  (routes.py, answered by generation_reply.py)
-    /v1/responses...                             OpenAI's Responses API (responses_routes.py)
+    /v1/responses...                             OpenAI's Responses API (apis/responses/)
     /api/...                                     Ollama's API (apis/ollama/routes.py)
     /v1/embeddings, /v1/rerank, /v1/score        pooling (apis/embeddings/routes.py)
     GET  /v1/models, /version, /health, /metrics and POST /tokenize, /detokenize,
@@ -33,6 +33,8 @@ from fastapi import FastAPI
 from sluice.apis.embeddings.routes import EmbeddingsRoutes
 from sluice.apis.messages.routes import MessagesRoutes
 from sluice.apis.ollama.routes import OllamaRoutes
+from sluice.apis.responses.routes import ResponsesRoutes
+from sluice.apis.responses.store import ResponseStore
 from sluice.apis.surface import (
     API_TABLE,
     ApiRoute,
@@ -53,8 +55,6 @@ from sluice.server.model_pool import ModelPool
 from sluice.server.pages import add_pages
 from sluice.server.read_metrics import ReadInfos, ReadModelCounters
 from sluice.server.replicas import ReplicaCollector
-from sluice.server.response_store import ResponseStore
-from sluice.server.responses_routes import ResponsesRoutes
 from sluice.server.routes import Handler, Routes
 from sluice.server.served_model import ServedModel
 from sluice.server.shutdown import GracefulShutdown

@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 
+from sluice.apis.responses.input_items import input_messages
 from sluice.errors import NotFoundError
-from sluice.server.responses_input import input_messages
 
 DEFAULT_STORE_CAPACITY = 1024
 DEFAULT_STORE_BYTES = 256 * 1024 * 1024

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.apis.responses.store import ResponseStore, StoredResponse
 from sluice.errors import NotFoundError
-from sluice.server.response_store import ResponseStore, StoredResponse
 from sluice.testing import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer

@@ -22,6 +22,10 @@ import orjson
 from fastapi import Request
 from starlette.responses import Response
 
+from sluice.apis.responses.events import ResponsesEvents
+from sluice.apis.responses.protocol import InputTokensRequest, ResponsesRequest
+from sluice.apis.responses.store import ResponseStore, StoredResponse
+from sluice.apis.responses.to_internal import ResponsesPlan, responses_request
 from sluice.apis.surface import (
     RESPONSES_CREATE,
     RESPONSES_DELETE,
@@ -29,14 +33,10 @@ from sluice.apis.surface import (
     RESPONSES_RETRIEVE,
     ApiRoute,
 )
-from sluice.frontend.responses_events import ResponsesEvents
 from sluice.server import to_internal
 from sluice.server.app_routes import AppRoutes
 from sluice.server.middleware import api_key_of
 from sluice.server.model_parts import ModelOptions
-from sluice.server.response_store import ResponseStore, StoredResponse
-from sluice.server.responses_protocol import InputTokensRequest, ResponsesRequest
-from sluice.server.responses_request import ResponsesPlan, responses_request
 
 
 class ResponsesRoutes:

@@ -1,14 +1,14 @@
 """A validated Responses API body -> the chat `GenerationRequest` that serves
 it (kind "responses"), and what the store keeps of it.
 
-The body becomes a chat request (`responses_input.py` reads items and tools)
+The body becomes a chat request (`input_items.py` reads items and tools)
 checked by the same `to_internal.chat_request` as /v1/chat/completions, so
 every limit, grammar and tool rule holds here too; an error it raises names
 the Responses field (`input`, `max_output_tokens`, `text.format`, ...).
 Choices that differ from chat, for agents (docs/API.md):
 - `max_output_tokens` beyond what the context leaves is cut to fit.
 
-A follow-up's prompt is the stored conversation (sluice/server/response_store.py:
+A follow-up's prompt is the stored conversation (store.py:
 its input and output items, without its instructions), then its own
 instructions and input.
 """
@@ -21,11 +21,11 @@ from typing import Any
 
 import orjson
 
+from sluice.apis.responses.input_items import chat_tool_choice, chat_tools, input_messages
+from sluice.apis.responses.protocol import ResponsesRequest
 from sluice.errors import InvalidRequestError, RequestError
 from sluice.frontend.request import GenerationRequest, ResponsesSettings
 from sluice.server import protocol, to_internal
-from sluice.server.responses_input import chat_tool_choice, chat_tools, input_messages
-from sluice.server.responses_protocol import ResponsesRequest
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # A chat field's name in an error -> the Responses field it came from.

@@ -8,11 +8,11 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.apis.responses.events import ResponsesEvents
 from sluice.engine.sampling_params import SamplingParams
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest, PromptInput, ResponsesSettings
-from sluice.frontend.responses_events import ResponsesEvents
 from sluice.testing import FakeTokenizer
 from sluice.testing.responses_contract import check_responses_stream, parse_events
 from sluice.tools.output_parsing import OutputParsing

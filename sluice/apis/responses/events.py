@@ -2,7 +2,7 @@
 
 `ResponsesEvents` is the Responses API's `ResponseChunks`: each choice delta
 goes through the choice's `ParsedChoice` (reasoning and tool calls, when the
-request reads them) into `OutputItems` (responses_items.py), whose events a
+request reads them) into `OutputItems` (items.py), whose events a
 stream sends and whose items a non-streamed body returns. Invariants:
 - Every event is `event: <type>` + `data: <json>` with `type` and a
   `sequence_number` counting from 0, one more per event, across the stream.
@@ -30,12 +30,12 @@ from typing import Any
 
 import orjson
 
+from sluice.apis.responses.items import ItemEvent, OutputItems
 from sluice.errors import SluiceError, openai_error_of
 from sluice.frontend.chat_message import ParsedChoice
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.logprob_format import TokenStrings, chat_logprobs
 from sluice.frontend.request import GenerationRequest
-from sluice.frontend.responses_items import ItemEvent, OutputItems
 from sluice.frontend.text_pieces import token_pieces
 from sluice.frontend.usage import UsageCounter
 from sluice.tools.message_stream import MessageDelta
