@@ -1,6 +1,7 @@
-"""`sluice audit`'s quick profile against `sluice serve` on tiny random Qwen3
-and Gemma 3 folders, each with its family's real chat template
-(tests/data/*_chat_template.jinja): the audit must report no broken
+"""`sluice audit`'s quick profile against `sluice serve` on tiny random Qwen3,
+Gemma 3 and Qwen3.5 (hybrid: Gated DeltaNet layers) folders, each with its
+family's real chat template (Qwen3.5's: llama.cpp's Qwen3.5-4B.jinja)
+in tests/data/*_chat_template.jinja: the audit must report no broken
 invariant, as it does on the embedded model (test_e2e_audit.py).
 
 The tokenizer is one of characters, not bytes (`write_char_tokenizer`): a
@@ -27,13 +28,14 @@ from tokenizers import decoders, models
 
 from sluice.testing.server_process import sluice_serve
 from tests.audit_runs import PATIENT_SERVE_FLAGS, AuditRun, run_quick_audit
-from tests.model_factory import GEMMA3_KIND, build_tiny_model
+from tests.model_factory import GEMMA3_KIND, QWEN3_5_KIND, build_tiny_model
 
 pytestmark = pytest.mark.slow
 
 TEMPLATES = {
     "qwen3_tied": "qwen3_chat_template.jinja",
     GEMMA3_KIND: "gemma3_chat_template.jinja",
+    QWEN3_5_KIND: "qwen3_5_chat_template.jinja",
 }
 DATA = Path(__file__).parent / "data"
 # Notes the audit may give without a broken invariant: a stream and its
