@@ -155,9 +155,7 @@ class Mamba2Layer(LlamaDecoderLayer):
         attn: AttentionMetadata,
     ) -> None:
         """Write the slots and snapshots; keep the verifying sequences' states."""
-        writes, kept = mamba2_scan.kept_rows(plan, ext, self.shape.conv_kernel, states)
-        for target, row in writes:
-            cache[target] = row
+        kept = mamba2_scan.store_states(cache, plan, ext, states, self.shape.conv_kernel)
         if kept is not None:
             assert attn.sequence_states is not None, "verification runs with sequence states"
             attn.sequence_states.on_roll_back(functools.partial(_roll_back, cache, plan, kept))

@@ -97,9 +97,11 @@ def build_plan(attn: AttentionMetadata, num_rows: int) -> MambaPlan:
 
 def start_states(cache: Tensor, plan: MambaPlan) -> Tensor:  # -> [B, numel] float32
     index = torch.tensor(plan.sources, dtype=torch.int64, device=cache.device)
-    start = cache.index_select(0, index)
-    zeros = torch.tensor(plan.zeros, dtype=torch.bool, device=cache.device)
-    return start.masked_fill(zeros[:, None], 0.0)
+    start = cache.index_select(0, index)  # a copy: zeroing it leaves the cache alone
+    for b, is_zero in enumerate(plan.zeros):
+        if is_zero:
+            start[b].zero_()
+    return start
 
 
 def convolve(
@@ -185,25 +187,34 @@ def _sum_last(x: Tensor) -> Tensor:  # [..., N] -> [...]
     return x[..., 0]
 
 
-def kept_rows(
-    plan: MambaPlan, ext: Tensor, kernel: int, ssm_states: dict[tuple[int, int], Tensor]
-) -> tuple[list[tuple[int, Tensor]], Tensor | None]:
-    """The rows to write (cache row, [numel] state) and the kept states
-    [K, numel] of the verifying sequences (None: none verifies)."""
+def store_states(
+    cache: Tensor,  # [rows, numel]
+    plan: MambaPlan,
+    ext: Tensor,  # [B (L - 1) + T, conv_dim] float32 (`convolve`)
+    ssm_states: dict[tuple[int, int], Tensor],  # (sequence, m) -> [H, P, N] (`scan`)
+    kernel: int,
+) -> Tensor | None:
+    """Write the slots and snapshots the plan names into `cache` [rows, numel];
+    return the kept states [K, numel] of the verifying sequences (None: none
+    verifies)."""
     num_tail = kernel - 1
 
-    def row(b: int, m: int) -> Tensor:  # the state after m tokens, flat
+    def put(dest: Tensor, b: int, m: int) -> None:  # dest [numel] <- the state after m tokens
         first = b * num_tail + plan.token_starts[b] + m
         tail = ext[first : first + num_tail].reshape(-1)
-        return torch.cat((tail, ssm_states[(b, m)].reshape(-1)))
+        dest[: tail.numel()] = tail
+        dest[tail.numel() :] = ssm_states[(b, m)].reshape(-1)
 
-    writes = [(target, row(b, m)) for b, w in enumerate(plan.writes) for m, target in w]
-    kept = None
-    if plan.kept:
-        kept = torch.stack(
-            [row(b, m) for b in plan.kept for m in range(plan.query_lens[b] + 1)]
-        )  # [K, numel]
-    return writes, kept
+    for b, writes in enumerate(plan.writes):
+        for m, target in writes:
+            put(cache[target], b, m)
+    if not plan.kept:
+        return None
+    kept = cache.new_empty(plan.num_kept_states, cache.shape[1])  # [K, numel]
+    for b, (_, offset) in plan.kept.items():
+        for m in range(plan.query_lens[b] + 1):
+            put(kept[offset + m], b, m)
+    return kept
 
 
 def tails_of(start: Tensor, shape: MambaShape) -> Tensor:  # [B, numel] -> [B, L - 1, conv_dim]
