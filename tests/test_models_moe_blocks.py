@@ -181,14 +181,16 @@ def test_a_decode_step_of_one_token_runs_only_its_k_experts(q4_k_m_file, tmp_pat
 
 def test_a_layer_with_an_expert_stack_in_floats_keeps_the_blocks_values_as_floats(tiny, tmp_path):
     path = tmp_path / "mixed.gguf"
-    write_gguf(tiny, path, lambda name: "F32" if "blk.1.ffn_up" in name else "Q8_0")
+    kinds = {"0": "Q8_0", "1": "Q8_0", "2": "Q4_0"}  # layer 1's up stack in F32
+    write_gguf(tiny, path, lambda name: "F32" if "blk.1.ffn_up" in name else kinds[name[4]])
     loaded = load(path, tmp_path)
     layers = loaded.model.layers
     assert isinstance(layers[0].moe.kept, BlockExperts) and layers[1].moe.kept is None
     reference = load(path, tmp_path / "dense", None).model.layers[1].moe
     assert torch.equal(layers[1].moe.gate_up, reference.gate_up)
     assert torch.equal(layers[1].moe.down, reference.down)
-    assert "in GGUF blocks (Q8_0) and float32" in loaded.choices.reason
+    # Every layer's block types in one list, then the layer in floats.
+    assert "in GGUF blocks (Q4_0, Q8_0) and float32;" in loaded.choices.reason
 
 
 def test_expert_blocks_not_of_the_configs_shape_are_one_line(tiny, tmp_path):

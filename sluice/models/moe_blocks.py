@@ -35,6 +35,7 @@ from sluice.models.native.qblock import QBlockMatrix, qblock_rows
 from sluice.models.qblock_linear import QBlockLinear, merged_parts
 from sluice.models.weight_targets import WeightTarget
 
+BLOCKS = "GGUF blocks"
 # An expert matrix's HF name, as the GGUF loader splits the stacks.
 EXPERT_NAME = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 _PROJECTIONS = ("gate", "up", "down")
@@ -58,7 +59,7 @@ class BlockExperts(KeptExperts):
         return self.down[expert](hidden)
 
     def describe(self) -> str:
-        return f"GGUF blocks ({', '.join(self.formats)})"
+        return f"{BLOCKS} ({', '.join(self.formats)})"
 
 
 def adopt_expert_blocks(

@@ -28,7 +28,7 @@ from sluice.models.decoder_config import DecoderConfig
 from sluice.models.linear import Linear
 from sluice.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from sluice.models.moe import MoeBlock
-from sluice.models.moe_blocks import EXPERT_NAME, adopt_expert_blocks
+from sluice.models.moe_blocks import BLOCKS, EXPERT_NAME, BlockExperts, adopt_expert_blocks
 from sluice.models.native.qblock import QBlockMatrix
 from sluice.models.weight_targets import WeightTarget
 
@@ -93,10 +93,18 @@ class MoeForCausalLM(LlamaForCausalLM):
                    if isinstance(layer, MoeDecoderLayer))  # fmt: skip
 
     def expert_format(self) -> str:
-        """How the experts are held, every MoE layer's way once, in layer order."""
-        kinds = [layer.moe.expert_format() for layer in self.layers
-                 if isinstance(layer, MoeDecoderLayer)]  # fmt: skip
-        return " and ".join(dict.fromkeys(kinds))
+        """How the experts are held, each way once in layer order, every layer's
+        GGUF block types in one list: 'GGUF blocks (Q4_K, Q6_K) and float32'."""
+        ways: dict[str, None] = {}
+        block_types: set[str] = set()
+        for layer in self.layers:
+            if isinstance(layer, MoeDecoderLayer):
+                kept = layer.moe.kept
+                if isinstance(kept, BlockExperts):
+                    block_types.update(kept.formats)
+                ways[BLOCKS if isinstance(kept, BlockExperts) else layer.moe.expert_format()] = None
+        blocks = f"{BLOCKS} ({', '.join(sorted(block_types))})"
+        return " and ".join(blocks if way == BLOCKS else way for way in ways)
 
 
 def parameter_counts(config: DecoderConfig) -> tuple[int, int]:
