@@ -247,3 +247,39 @@ def test_bytes_per_block_counts_k_and_v_of_every_layer():
     expected = 3 * 2 * BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM * 4
     assert kv_cache_bytes_per_block(config, BLOCK_SIZE, torch.float32) == expected
     assert kv_cache_bytes_per_block(config, BLOCK_SIZE, torch.bfloat16) == expected // 2
+
+
+@pytest.mark.parametrize("head_dim", [64, 8])
+def test_the_default_gives_every_row_batch_invariant_modes_bits(head_dim):
+    """Chunk-blind attention (issue 44): in bfloat16, a batch of a 700-token
+    chunk behind 100 cached tokens (past position 512: the native prefill
+    kernel for heads of 64, decode-kernel rows for heads of 8), a 40-token
+    chunk and two decodes gives each row the bits batch-invariant mode's
+    attention gives it (every token one decode row over its own keys)."""
+    if attention.decode_attention_kernel(torch.bfloat16) is None:
+        pytest.skip("no native decode kernel here")
+    if head_dim == 64 and attention.prefill_attention_kernel(torch.bfloat16) is None:
+        pytest.skip("no native prefill kernel (AVX512-BF16) here")
+    generator = torch.Generator().manual_seed(head_dim)
+    lengths = [(100, 700), (600, 40), (900, 1), (5, 1)]  # (context, new tokens)
+    block, heads, kv_heads = 16, 6, 2
+    tables, first = [], 1
+    for context, new in lengths:
+        count = -(-(context + new) // block)
+        tables.append(list(range(first, first + count)))
+        first += count
+    cache = torch.randn(2, first, block, kv_heads, head_dim, generator=generator).bfloat16()
+    num_tokens = sum(new for _, new in lengths)
+    q = torch.randn(num_tokens, heads, head_dim, generator=generator).bfloat16()
+    k = torch.randn(num_tokens, kv_heads, head_dim, generator=generator).bfloat16()
+    v = torch.randn(num_tokens, kv_heads, head_dim, generator=generator).bfloat16()
+
+    def run(attend):
+        meta = AttentionMetadata.build([n for _, n in lengths], [c for c, _ in lengths], tables,
+                                       block, "cpu")  # fmt: skip
+        return attend(q, k, v, cache.clone(), meta, 0.125)
+
+    default = run(paged_attention)
+    invariant = run(attention.batch_invariant_attention)
+    differing = (default.view(torch.int16) != invariant.view(torch.int16)).flatten(1).any(1)
+    assert not differing.any(), f"rows {differing.nonzero().flatten()[:8].tolist()} differ"
