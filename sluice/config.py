@@ -83,13 +83,15 @@ class ModelConfig:
     # dense matmul on the same quantized values (sluice/models/quantization.py).
     # "auto": none where the row-invariant int8 scheme runs (with
     # activation_quantization auto: sluice/loader/choices.py), else int4 when
-    # the weights came in 4 bits (a Q4 GGUF), else None.
+    # the weights came in 4 bits (a Q4 GGUF), else None; a GGUF of 512 MiB or
+    # more keeps its blocks ("gguf": sluice/loader/block_default.py).
     quantization: str | None = setting(
         "auto",
         "weight-only quantization of the decoder matrices (CPU; giving it leaves the "
         "row-invariant default); auto: none where the row-invariant int8 matmuls run, else "
-        "int4 when the weights came in 4 bits, else none; gguf: a GGUF's matrices stay in "
-        "the file's 4-8 bit blocks (no copy in other bits; AVX512-VNNI)",
+        "int4 when the weights came in 4 bits, else none, and gguf for a GGUF of 512 MiB or "
+        "more; gguf: a GGUF's matrices stay in the file's 4-8 bit blocks (no copy in other "
+        "bits; AVX512-VNNI)",
         choices=("auto", "int8", "int4", "gguf"),
         none_as="none",
     )

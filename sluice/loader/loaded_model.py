@@ -28,6 +28,7 @@ from gguf import GGUFReader
 from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
 from sluice.loader import choices, memory_plan
+from sluice.loader.block_default import resolve_quantization
 from sluice.loader.gguf_convert import cache_folder_for, converted_folder, source_tensor_types
 from sluice.loader.gguf_tensors import gguf_weights
 from sluice.loader.sources import ModelSource, resolve_source
@@ -78,7 +79,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
     # 1. Where the HF folder is (converting a GGUF on first use).
     start = time.perf_counter()
     source = resolve_source(config.model)
-    keep_blocks = config.quantization == choices.GGUF_BLOCKS
+    quantization, blocks_reason = resolve_quantization(config.quantization, source)
+    keep_blocks = quantization == choices.GGUF_BLOCKS
     if keep_blocks:
         _check_block_source(source)
     folder = _hf_folder(source, config, with_weights=not keep_blocks)
@@ -93,7 +95,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     device = _device(config.device)
     chosen = choices.choose(
         config.dtype,
-        config.quantization,
+        quantization,
         device,
         choices.decoder_weight_bits(source_tensor_types(folder)),
         activations=None if config.batch_invariant else config.activation_quantization,
@@ -135,6 +137,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
         chosen, kernel_plan, step_seconds = _cpu_paths(config, model, max_model_len, chosen)
     else:
         kernel_plan, step_seconds = "", ()
+    if blocks_reason:
+        chosen = choices.noting(chosen, blocks_reason)
     chosen = choices.noting(chosen, describe_family(model_config))
     if experts := describe_experts(model):
         chosen = choices.noting(chosen, experts)

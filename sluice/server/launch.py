@@ -268,6 +268,7 @@ def describe_model(config: ModelConfig) -> ServedModel:
     """
     # The loader pulls in torch: imported here, so `make_server` stays light.
     from sluice.loader import resolve_max_model_len, resolve_source
+    from sluice.loader.block_default import resolve_quantization
     from sluice.loader.choices import GGUF_BLOCKS
     from sluice.loader.gguf_convert import converted_folder
     from sluice.loader.loaded_model import read_config_json
@@ -279,7 +280,7 @@ def describe_model(config: ModelConfig) -> ServedModel:
         return _describe_pooling_model(config, source.path, source.name, pooling)
     # The engine's own folder: with weights, or config and tokenizer only
     # where it reads the GGUF's blocks itself (never a float copy it won't read).
-    with_weights = config.quantization != GGUF_BLOCKS
+    with_weights = resolve_quantization(config.quantization, source)[0] != GGUF_BLOCKS
     folder = (
         source.path
         if source.kind == "hf_folder"

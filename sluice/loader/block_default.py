@@ -1,0 +1,82 @@
+"""Whether `--quantization auto` keeps a GGUF's blocks (issue 41).
+
+A GGUF of at least `BLOCKS_FROM_BYTES` (512 MiB: the 1B-and-larger files
+people serve on CPUs), of an architecture the block path serves, whose every
+decoder matrix is in a block format the qblock kernel reads, on a CPU where
+that kernel runs, keeps its blocks by default (`--quantization gguf`): int8
+activations times the file's own codes, exact integer sums per block,
+row-invariant like the default it replaces. The alternative, the
+row-invariant int8 copy, holds about 3.7x the file's bytes in memory (an 8B
+Q4_K_M file would not fit 24 GB), converts through float32 on disk first,
+and decodes one stream slower; on 16 and 64 rows a whole 1B layer runs at
+about its speed (benchmarks/qblock_gemm.py: Q4_K 0.8x on the 2048-wide
+projections, 1.5x on down_proj, where the copy pays for A13 pairs).
+
+Smaller files keep the int8 copy: the embedded 135M model and Gemma 3 270M
+lose little memory to it, and its batched matmuls are faster on their
+narrow shapes. An explicit `--quantization` always wins."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from sluice.loader.choices import AUTO, GGUF_BLOCKS
+from sluice.loader.sources import ModelSource
+from sluice.models.block_codes import FORMATS
+from sluice.models.native.qblock import qblock_available
+
+BLOCKS_FROM_BYTES = 512 * 2**20
+# GGUF architectures whose block path the suite proves (test_models_qblock_model.py,
+# test_models_moe_blocks.py): the llama decoder's families and Qwen3-MoE.
+BLOCK_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3", "qwen3moe"})
+
+
+def blocks_by_default(
+    path: Path,
+    *,
+    from_bytes: int | None = None,
+    kernel_runs: Callable[[], bool] | None = None,
+) -> str | None:
+    """Why auto keeps this GGUF's blocks (a phrase for the startup line), or
+    None where auto keeps today's int8 copy. Reads only the file's header.
+    `from_bytes`: the size bound (None: `BLOCKS_FROM_BYTES`); `kernel_runs`:
+    whether the qblock kernel runs here (None: ask it)."""
+    from_bytes = BLOCKS_FROM_BYTES if from_bytes is None else from_bytes
+    kernel_runs = qblock_available if kernel_runs is None else kernel_runs
+    size = path.stat().st_size
+    if size < from_bytes or not kernel_runs():
+        return None
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+    except Exception:  # a corrupt file: the load that follows names the error
+        return None
+    field = reader.fields.get("general.architecture")
+    architecture = None if field is None else field.contents()
+    if architecture not in BLOCK_ARCHITECTURES:
+        return None
+    matrices = [
+        tensor.tensor_type.name
+        for tensor in reader.tensors
+        if tensor.name.startswith("blk.") and len(tensor.shape) >= 2
+    ]
+    if not matrices or any(name not in FORMATS for name in matrices):
+        return None
+    return (
+        f"auto: a {size / 2**20:,.0f} MiB GGUF keeps its blocks (from "
+        f"{from_bytes / 2**20:,.0f} MiB; an int8 copy would hold ~4x its bytes)"
+    )
+
+
+def resolve_quantization(
+    quantization: str | None, source: ModelSource
+) -> tuple[str | None, str | None]:
+    """`quantization` with auto resolved to "gguf" where `blocks_by_default`
+    says so, and its reason (None where nothing was resolved here): the one
+    decision the engine's load and the server's reading of the tokenizer share."""
+    if quantization != AUTO or source.kind != "gguf":
+        return quantization, None
+    reason = blocks_by_default(source.path)
+    return (GGUF_BLOCKS, reason) if reason else (quantization, None)

@@ -1,0 +1,90 @@
+"""`--quantization auto` keeps a GGUF's blocks from 512 MiB on, for the
+architectures the block path serves, where the kernel runs and every decoder
+matrix is in a block format; smaller or other files keep the int8 copy."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice.config import ModelConfig
+from sluice.loader import block_default, load_model
+from sluice.loader.block_default import BLOCKS_FROM_BYTES, blocks_by_default
+from sluice.models.native.qblock import qblock_available
+from sluice.models.qblock_linear import QBlockLinear
+from tests.gguf_files import write_tiny_gguf
+from tests.model_factory import build_tiny_model
+
+
+def q4_k_m_mix(hf_name: str) -> str | None:
+    if "v_proj" in hf_name or "down_proj" in hf_name:
+        return "Q6_K"
+    return "Q8_0" if "embed_tokens" in hf_name else "Q4_K"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama")
+    return build_tiny_model("llama_tied", folder / "hf", hidden_size=256, intermediate_size=512,
+                            head_dim=64)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def q4_file(tiny, tmp_path_factory):
+    return write_tiny_gguf(tiny, tmp_path_factory.mktemp("q4") / "Tiny.Q4_K_M.gguf", q4_k_m_mix)
+
+
+def test_a_file_below_the_bound_keeps_the_int8_copy(q4_file):
+    assert q4_file.stat().st_size < BLOCKS_FROM_BYTES
+    assert blocks_by_default(q4_file, kernel_runs=lambda: True) is None
+
+
+def test_a_block_file_from_the_bound_on_keeps_its_blocks_and_says_why(q4_file):
+    reason = blocks_by_default(q4_file, from_bytes=0, kernel_runs=lambda: True)
+    assert reason is not None and "keeps its blocks" in reason
+
+
+def test_without_the_kernel_auto_keeps_the_int8_copy(q4_file):
+    assert blocks_by_default(q4_file, from_bytes=0, kernel_runs=lambda: False) is None
+
+
+def test_float_matrices_keep_the_int8_copy(tiny, tmp_path):
+    float_file = write_tiny_gguf(tiny, tmp_path / "Tiny.F32.gguf")
+    assert blocks_by_default(float_file, from_bytes=0, kernel_runs=lambda: True) is None
+
+
+def test_an_architecture_the_block_path_does_not_serve_keeps_the_int8_copy(q4_file, monkeypatch):
+    monkeypatch.setattr(block_default, "BLOCK_ARCHITECTURES", frozenset({"qwen3"}))
+    assert blocks_by_default(q4_file, from_bytes=0, kernel_runs=lambda: True) is None
+
+
+def test_a_corrupt_file_is_left_to_the_load_to_name(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    assert blocks_by_default(bad, from_bytes=0, kernel_runs=lambda: True) is None
+
+
+@pytest.mark.skipif(not qblock_available(), reason="needs the qblock kernel")
+def test_the_load_at_auto_serves_a_large_enough_file_from_its_blocks(
+    q4_file, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(block_default, "BLOCKS_FROM_BYTES", 0)
+    config = ModelConfig(model=str(q4_file), cache_dir=tmp_path, dtype="float32")
+    loaded = load_model(config)
+    assert isinstance(loaded.model.layers[0].qkv_proj, QBlockLinear)
+    assert "keeps its blocks" in loaded.choices.reason
+    assert "GGUF blocks kept" in loaded.choices.reason
+    assert not list(tmp_path.rglob("*.safetensors"))
+
+
+def test_the_server_process_reads_the_tokenizer_without_converting_weights(
+    q4_file, tmp_path, monkeypatch
+):
+    """describe_model and the engine resolve auto the same way: a file that
+    keeps its blocks is never converted to a float copy on disk."""
+    from sluice.server.launch import describe_model
+
+    monkeypatch.setattr(block_default, "BLOCKS_FROM_BYTES", 0)
+    monkeypatch.setattr(block_default, "qblock_available", lambda: True)
+    config = ModelConfig(model=str(q4_file), cache_dir=tmp_path, dtype="float32")
+    assert describe_model(config).tokenizer is not None
+    assert not list(tmp_path.rglob("*.safetensors"))
