@@ -283,3 +283,24 @@ def test_the_default_gives_every_row_batch_invariant_modes_bits(head_dim):
     invariant = run(attention.batch_invariant_attention)
     differing = (default.view(torch.int16) != invariant.view(torch.int16)).flatten(1).any(1)
     assert not differing.any(), f"rows {differing.nonzero().flatten()[:8].tolist()} differ"
+
+
+def test_heads_the_decode_kernel_does_not_take_prefill_on_torch():
+    # Heads of 320 (over paged_decode_attention.c's 256): a chunk past position
+    # 512 (no decode-kernel rows) keeps torch's attention rather than failing.
+    generator = torch.Generator().manual_seed(0)
+    context, new = 600, 100
+    keys_all, values_all = torch.randn(2, context + new, 1, 320, generator=generator)
+    q = torch.randn(new, 2, 320, generator=generator)
+    cache = torch.zeros(2, 45, 16, 1, 320)  # 44 blocks: 704 positions
+    table = list(range(1, 45))
+    cache[:, 1:].flatten(1, 2)[0, :context] = keys_all[:context]
+    cache[:, 1:].flatten(1, 2)[1, :context] = values_all[:context]
+    meta = AttentionMetadata.build([new], [context], [table], 16, "cpu")
+    out = paged_attention(q, keys_all[context:], values_all[context:], cache, meta, 0.05)
+    keys, values = (x.repeat_interleave(2, dim=1).transpose(0, 1) for x in (keys_all, values_all))
+    visible = torch.arange(context + new)[None, :] <= torch.arange(context, context + new)[:, None]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), keys, values, attn_mask=visible, scale=0.05
+    ).transpose(0, 1)  # fmt: skip
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

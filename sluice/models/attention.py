@@ -490,17 +490,27 @@ def _prefill_attention(
             return kernel(q, k, v, scale)
         keys, values = _cached_kv(kv_cache, plan.block_ids, plan.seq_len)
         return kernel(q, keys, values, scale)
-    if (
-        q.device.type == "cpu"
-        and kernels.prefill_kernel(plan.seq_len) != TORCH
-        and (rows := decode_kernel(q.dtype, q.shape[2], kernels)) is not None
-    ):
+    rows = _rows_kernel(q, kv_cache, kernels)
+    if rows is not None and kernels.prefill_kernel(plan.seq_len) != TORCH:
         return _prefill_rows(q, kv_cache, plan, scale, rows)
     if plan.block_ids is None:  # nothing cached before this chunk: it is the whole sequence
         return _sdpa(q, k, v, None, scale)
     if q.device.type == "cpu":
         return _cached_prefix_then_chunk(q, k, v, kv_cache, plan, scale)
     return _cached_prefix_masked(q, kv_cache, plan, scale)
+
+
+# The head sizes and query heads per KV head native/paged_decode_attention.c
+# takes (MAX_HEAD_DIM, MAX_GROUP there): larger ones keep torch's attention.
+ROWS_MAX_HEAD_DIM, ROWS_MAX_GROUP = 256, 16
+
+
+def _rows_kernel(q: Tensor, kv_cache: Tensor, kernels: KernelPlan):
+    """The native decode kernel where it can run a prefill chunk's rows; else None."""
+    group = q.shape[1] // kv_cache.shape[3]
+    if q.device.type != "cpu" or q.shape[2] > ROWS_MAX_HEAD_DIM or group > ROWS_MAX_GROUP:
+        return None
+    return decode_kernel(q.dtype, q.shape[2], kernels)
 
 
 def _prefill_rows(
