@@ -8,15 +8,18 @@ import asyncio
 
 import pytest
 
+from sluice.apis.chat.protocol import ChatCompletionRequest
+from sluice.apis.chat.to_internal import chat_request
+from sluice.apis.completions.protocol import CompletionRequest
+from sluice.apis.completions.to_internal import completion_request
 from sluice.apis.messages.protocol import MessagesRequest
 from sluice.apis.messages.to_internal import messages_request
+from sluice.apis.openai_request import RequestOptions
 from sluice.apis.responses.protocol import ResponsesRequest
 from sluice.apis.responses.to_internal import responses_request
 from sluice.config import GenerationDefaults, RequestLimits
 from sluice.errors import ContextLengthError
 from sluice.frontend.preprocess import Preprocessor
-from sluice.server.protocol import ChatCompletionRequest, CompletionRequest
-from sluice.server.to_internal import RequestOptions, chat_request, completion_request
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 
 # The room every request's prompt leaves in the context.

@@ -34,8 +34,8 @@ def test_importing_a_package_imports_none_of_its_modules():
 
 
 def test_a_package_still_gives_its_names_and_its_submodules():
-    from sluice.server import create_app, protocol
+    from sluice.server import body, create_app
     from sluice.server.app import create_app as defined
 
     assert create_app is defined
-    assert protocol.__name__ == "sluice.server.protocol"
+    assert body.__name__ == "sluice.server.body"

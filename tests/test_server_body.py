@@ -14,11 +14,15 @@ import pytest
 from pydantic import BaseModel
 from starlette.requests import Request
 
+from sluice.apis import openai_request
+from sluice.apis.chat import protocol as chat_protocol
+from sluice.apis.chat import to_internal as chat_to_internal
+from sluice.apis.completions import protocol as completions_protocol
+from sluice.apis.completions import to_internal as completions_to_internal
 from sluice.config import RequestLimits
 from sluice.errors import InvalidRequestError, RequestError, RequestTooLargeError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.server import body as body_module
-from sluice.server import protocol, to_internal
 from sluice.server.body import HUGE_BODY_BYTES, BodyReader, release_in_pieces
 from sluice.testing import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
@@ -60,7 +64,7 @@ class ThreadNotingTokenizer(ChatFakeTokenizer):
 
 
 def reader(tokenizer, offload_threshold_bytes: int, limits: RequestLimits = LIMITS) -> BodyReader:
-    options = to_internal.RequestOptions(MODEL, Preprocessor(tokenizer, MAX_MODEL_LEN), limits)
+    options = openai_request.RequestOptions(MODEL, Preprocessor(tokenizer, MAX_MODEL_LEN), limits)
     return BodyReader(limits, options, offload_threshold_bytes)
 
 
@@ -97,7 +101,11 @@ def never_read() -> Request:
 
 def test_a_declared_length_over_the_limit_is_a_413_before_a_byte_is_read():
     with pytest.raises(RequestTooLargeError) as info:
-        asyncio.run(reader(ChatFakeTokenizer(), 0).parse(never_read(), protocol.CompletionRequest))
+        asyncio.run(
+            reader(ChatFakeTokenizer(), 0).parse(
+                never_read(), completions_protocol.CompletionRequest
+            )
+        )
     error = info.value
     assert error.status_code == 413 and error.code == "request_too_large"
     assert "limit of 1000 bytes" in error.message
@@ -108,7 +116,9 @@ def test_a_body_longer_than_the_limit_is_cut_at_the_limit(chunked):
     body = orjson.dumps({"prompt": "x" * 1000})
     request = request_of(body, chunked=chunked, declared_length=None if chunked else 10)
     with pytest.raises(RequestTooLargeError):
-        asyncio.run(reader(ChatFakeTokenizer(), 0).parse(request, protocol.CompletionRequest))
+        asyncio.run(
+            reader(ChatFakeTokenizer(), 0).parse(request, completions_protocol.CompletionRequest)
+        )
 
 
 @pytest.mark.parametrize("chunked", [True, False])
@@ -117,7 +127,7 @@ def test_a_body_of_exactly_the_limit_is_read(chunked):
     for threshold in (0, 10_000):
         parsed = asyncio.run(
             reader(ChatFakeTokenizer(), threshold).parse(
-                request_of(body, chunked=chunked), protocol.CompletionRequest
+                request_of(body, chunked=chunked), completions_protocol.CompletionRequest
             )
         )
         assert parsed.value.prompt == "hi" and parsed.num_bytes == len(body)
@@ -160,18 +170,18 @@ def test_the_413_reaches_the_client_in_the_openai_format():
 
 @pytest.mark.parametrize("threshold", [0, 10_000], ids=["worker", "loop"])
 def test_more_chat_messages_than_the_limit_is_a_400_naming_it(threshold):
-    def parse(num_messages: int, model=protocol.ChatCompletionRequest):
+    def parse(num_messages: int, model=chat_protocol.ChatCompletionRequest):
         body = orjson.dumps({"messages": [{"role": "user", "content": "hi"}] * num_messages})
         return asyncio.run(reader(ChatFakeTokenizer(), threshold).parse(request_of(body), model))
 
     assert len(parse(5).value.messages) == 5
-    for model in (protocol.ChatCompletionRequest, protocol.TokenizeRequest):
+    for model in (chat_protocol.ChatCompletionRequest, chat_protocol.TokenizeRequest):
         with pytest.raises(InvalidRequestError) as info:
             parse(6, model)
         assert info.value.param == "messages"
         assert info.value.message == "messages: 6, more than this server's limit of 5"
     # A body whose model has no messages ignores the field, as pydantic does.
-    assert parse(6, protocol.CompletionRequest).value.prompt is None
+    assert parse(6, completions_protocol.CompletionRequest).value.prompt is None
 
 
 # -- the worker path gives what the loop path gives ---------------------------------------
@@ -205,8 +215,16 @@ SAME_BODIES = [
 
 def outcome(reader_: BodyReader, body: dict):
     """What a route makes of `body`: its request (id and time aside) or its error."""
-    model = protocol.ChatCompletionRequest if "messages" in body else protocol.CompletionRequest
-    convert = to_internal.chat_request if "messages" in body else to_internal.completion_request
+    model = (
+        chat_protocol.ChatCompletionRequest
+        if "messages" in body
+        else completions_protocol.CompletionRequest
+    )
+    convert = (
+        chat_to_internal.chat_request
+        if "messages" in body
+        else completions_to_internal.completion_request
+    )
 
     async def go():
         parsed = await reader_.parse(request_of(orjson.dumps(body)), model)
@@ -368,6 +386,6 @@ def test_a_large_body_keeps_the_json_its_any_typed_fields_hold():
     parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
     tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
     body = {"messages": [{"role": "user", "content": "x" * 9000}], "tools": [tool]}
-    model = body_module._parse([orjson.dumps(body)], protocol.ChatCompletionRequest,
+    model = body_module._parse([orjson.dumps(body)], chat_protocol.ChatCompletionRequest,
                                RequestLimits())  # fmt: skip
     assert model.tools[0].function.parameters == parameters

@@ -9,8 +9,12 @@ import asyncio
 
 import pytest
 
+from sluice.apis import openai_protocol
+from sluice.apis.chat import protocol as chat_protocol
+from sluice.apis.chat.to_internal import chat_request
 from sluice.apis.messages.protocol import MessagesRequest
 from sluice.apis.messages.to_internal import count_tokens, messages_request
+from sluice.apis.openai_request import RequestOptions
 from sluice.apis.responses.protocol import ResponsesRequest
 from sluice.apis.responses.to_internal import responses_request
 from sluice.config import ReasoningEffortBudgets
@@ -18,7 +22,6 @@ from sluice.engine.sampling_params import ThinkingBudget
 from sluice.errors import InvalidRequestError, RequestError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.request import GenerationRequest
-from sluice.server import protocol
 from sluice.server.reasoning_fields import (
     ReasoningPlan,
     TemplateReasoning,
@@ -26,7 +29,6 @@ from sluice.server.reasoning_fields import (
     template_reasoning,
     thinking_budget,
 )
-from sluice.server.to_internal import RequestOptions, chat_request
 from sluice.server.tool_fields import ToolPlan
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.tools.output_parsing import OutputParsing
@@ -59,7 +61,7 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 def chat(opts: RequestOptions | None = None, **fields) -> GenerationRequest:
-    body = protocol.ChatCompletionRequest.model_validate({"messages": USER, **fields})
+    body = chat_protocol.ChatCompletionRequest.model_validate({"messages": USER, **fields})
     return asyncio.run(chat_request(body, opts or options()))
 
 
@@ -71,7 +73,7 @@ def ids(opts: RequestOptions, text: str) -> tuple[int, ...]:
 
 
 def plan(template: TemplateReasoning, **fields):
-    body = protocol.ChatCompletionRequest.model_validate({"messages": USER, **fields})
+    body = chat_protocol.ChatCompletionRequest.model_validate({"messages": USER, **fields})
     return reasoning_plan(body, template, ReasoningEffortBudgets())
 
 
@@ -228,7 +230,9 @@ def test_messages_count_tokens_renders_the_same_variables():
 )
 def test_bad_controls_are_refused_naming_the_field(fields, param):
     with pytest.raises(InvalidRequestError) as error:
-        protocol.validate_body({"messages": USER, **fields}, protocol.ChatCompletionRequest)
+        openai_protocol.validate_body(
+            {"messages": USER, **fields}, chat_protocol.ChatCompletionRequest
+        )
     assert (error.value.param or "").startswith(param)
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 
+from sluice.apis.chat import protocol as chat_protocol
+from sluice.apis.chat.to_internal import chat_request
+from sluice.apis.openai_request import RequestOptions
 from sluice.frontend.preprocess import Preprocessor
-from sluice.server import protocol
-from sluice.server.to_internal import RequestOptions, chat_request
 from sluice.server.tool_fields import tool_plan
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.tools.output_parsing import OutputParsing
@@ -28,8 +29,8 @@ HISTORY = [
 ]  # fmt: skip
 
 
-def body(**fields) -> protocol.ChatCompletionRequest:
-    return protocol.ChatCompletionRequest.model_validate(
+def body(**fields) -> chat_protocol.ChatCompletionRequest:
+    return chat_protocol.ChatCompletionRequest.model_validate(
         {"messages": HISTORY, "tools": TOOLS, **fields}
     )
 

@@ -8,8 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.apis import openai_protocol
+from sluice.apis.chat import protocol as chat_protocol
+from sluice.apis.completions import protocol as completions_protocol
 from sluice.errors import InvalidRequestError
-from sluice.server import protocol, validation_windows
+from sluice.server import validation_windows
 from sluice.server.validation_windows import validate
 
 WINDOW_ITEMS = 3
@@ -35,7 +38,7 @@ def outcome(validation):
 
 def same_as_one_call(model, data: dict) -> None:
     windowed = outcome(lambda: validate(model, data))
-    whole = outcome(lambda: protocol.validate_body(data, model))
+    whole = outcome(lambda: openai_protocol.validate_body(data, model))
     assert windowed[:3] == whole[:3]
     if whole[0] == "valid":
         assert windowed[3] == whole[3]
@@ -75,7 +78,7 @@ PROMPTS = (
 @settings(max_examples=400, deadline=None)
 @given(MESSAGES, OTHER_FIELDS)
 def test_chat_messages_validate_as_in_one_call(messages, fields):
-    for model in (protocol.ChatCompletionRequest, protocol.TokenizeRequest):
+    for model in (chat_protocol.ChatCompletionRequest, chat_protocol.TokenizeRequest):
         same_as_one_call(model, {**fields, "messages": messages})
 
 
@@ -86,34 +89,34 @@ def test_prompts_validate_as_in_one_call(prompt, fields, echo_or_logprobs):
     data = {**fields, "prompt": prompt}
     if echo_or_logprobs is not None:
         data["logprobs"] = echo_or_logprobs
-    same_as_one_call(protocol.CompletionRequest, data)
+    same_as_one_call(completions_protocol.CompletionRequest, data)
 
 
 @settings(max_examples=200, deadline=None)
 @given(IDS)
 def test_detokenize_ids_validate_as_in_one_call(tokens):
-    same_as_one_call(protocol.DetokenizeRequest, {"tokens": tokens})
+    same_as_one_call(chat_protocol.DetokenizeRequest, {"tokens": tokens})
 
 
 def test_an_error_far_into_a_list_names_its_place_in_the_whole_list():
     messages = [{"role": "user", "content": "hi"}] * 10 + [{"role": "bogus", "content": "x"}]
     with pytest.raises(InvalidRequestError) as info:
-        validate(protocol.ChatCompletionRequest, {"messages": messages})
+        validate(chat_protocol.ChatCompletionRequest, {"messages": messages})
     assert info.value.param == "messages[10].role"
     with pytest.raises(InvalidRequestError) as info:
-        validate(protocol.DetokenizeRequest, {"tokens": [0] * 10 + [-1]})
+        validate(chat_protocol.DetokenizeRequest, {"tokens": [0] * 10 + [-1]})
     assert info.value.param == "tokens[10]"
 
 
 @pytest.mark.parametrize(
     ("model", "data"),
     [
-        (protocol.ChatCompletionRequest,
+        (chat_protocol.ChatCompletionRequest,
          {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 20}] * 5
           + [{"role": "user", "content": "b"}] * 20}),
-        (protocol.CompletionRequest, {"prompt": [[1] * 20, [2], [3] * 7] + [[4]] * 10}),
-        (protocol.CompletionRequest, {"prompt": list(range(50))}),
-        (protocol.DetokenizeRequest, {"tokens": list(range(50))}),
+        (completions_protocol.CompletionRequest, {"prompt": [[1] * 20, [2], [3] * 7] + [[4]] * 10}),
+        (completions_protocol.CompletionRequest, {"prompt": list(range(50))}),
+        (chat_protocol.DetokenizeRequest, {"tokens": list(range(50))}),
     ],
 )  # fmt: skip
 def test_no_pydantic_call_validates_more_than_a_window(monkeypatch, model, data):

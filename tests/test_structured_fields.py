@@ -10,11 +10,14 @@ import json
 import httpx2
 import pytest
 
+from sluice.apis.chat.protocol import ChatCompletionRequest
+from sluice.apis.chat.to_internal import chat_request
+from sluice.apis.completions.protocol import CompletionRequest
+from sluice.apis.completions.to_internal import completion_request
+from sluice.apis.openai_request import RequestOptions
 from sluice.errors import InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.server.limits import MAX_JSON_DEPTH
-from sluice.server.protocol import ChatCompletionRequest, CompletionRequest
-from sluice.server.to_internal import RequestOptions, chat_request, completion_request
 from sluice.structured import StructuredOutputSpec as Spec
 from sluice.testing.contract import parse_sse
 from sluice.testing.fake_engine import LoopFakeEngine

@@ -38,12 +38,13 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
+from sluice.apis.chat.protocol import ChatCompletionRequest
+from sluice.apis.completions.protocol import CompletionRequest
 from sluice.apis.embeddings import protocol as pooling_protocol
 from sluice.apis.messages import protocol as messages_protocol
 from sluice.apis.ollama import protocol as ollama_protocol
 from sluice.apis.responses import protocol as responses_protocol
 from sluice.errors import ErrorShape
-from sluice.server.protocol import ChatCompletionRequest, CompletionRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """The FastAPI app: OpenAI-compatible routes over the models it serves.
 
     POST /v1/completions, /v1/chat/completions   generation, streamed (SSE) or not
-    POST /v1/messages, /v1/messages/count_tokens Anthropic's Messages API (the same path)
-                                                 (routes.py, answered by generation_reply.py)
+                                                 (apis/completions/, apis/chat/)
+    POST /v1/messages, /v1/messages/count_tokens Anthropic's Messages API (apis/messages/)
+    (each over routes.py's Routes, answered by generation_reply.py)
     /v1/responses...                             OpenAI's Responses API (apis/responses/)
     /api/...                                     Ollama's API (apis/ollama/routes.py)
     /v1/embeddings, /v1/rerank, /v1/score        pooling (apis/embeddings/routes.py)
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
+from sluice.apis.chat.routes import ChatRoutes
+from sluice.apis.completions.routes import CompletionsRoutes
 from sluice.apis.embeddings.routes import EmbeddingsRoutes
 from sluice.apis.messages.routes import MessagesRoutes
 from sluice.apis.ollama.routes import OllamaRoutes
@@ -143,7 +146,8 @@ def create_app(
     ollama = OllamaRoutes(routes)
     embeddings = EmbeddingsRoutes(routes)
     handlers = {
-        **routes.handlers(),
+        **CompletionsRoutes(routes).handlers(),
+        **ChatRoutes(routes).handlers(),
         **responses.handlers(),
         **messages.handlers(),
         **ollama.handlers(),

@@ -57,12 +57,13 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 from starlette.requests import Request
 
+from sluice.apis import openai_protocol
+from sluice.apis.openai_request import RequestOptions
 from sluice.config import RequestLimits
 from sluice.errors import RequestTooLargeError
 from sluice.frontend.preprocess import Preprocessor
-from sluice.server import json_pieces, limits, protocol, validation_windows
+from sluice.server import json_pieces, limits, validation_windows
 from sluice.server.structured_fields import GrammarCheck
-from sluice.server.to_internal import RequestOptions
 
 # Bodies longer than this are parsed and converted in a worker thread (as
 # `preprocess` tokenizes texts longer than 8,192 characters in one).
@@ -74,7 +75,7 @@ RELEASE_PIECE_ITEMS = 4096
 # How often threads switch while a worker handles a large body (Python's default: 5 ms).
 WORKER_SWITCH_INTERVAL_S = 0.001
 
-Body = TypeVar("Body", bound=protocol.OpenAIModel)
+Body = TypeVar("Body", bound=openai_protocol.OpenAIModel)
 T = TypeVar("T")
 # A route's conversion of its body: to_internal.chat_request and the like.
 Converter = Callable[[Body, RequestOptions], Awaitable[T]]
@@ -132,14 +133,14 @@ class BodyReader:
     async def parse(self, request: Request, model: type[Body]) -> ParsedBody[Body]:
         """The request's body as `model`; RequestError (400, 413) for what is refused."""
         self._check_declared_length(request.headers.get("content-length"))
-        protocol.check_content_type(request.headers.get("content-type"))
+        openai_protocol.check_content_type(request.headers.get("content-type"))
         chunks = await self._read(request)
         num_bytes = sum(len(chunk) for chunk in chunks)
         lane = self._lane(num_bytes)
         if lane is None:
-            data = protocol.json_object(b"".join(chunks))
+            data = openai_protocol.json_object(b"".join(chunks))
             limits.check_parsed(data, model, self.limits)
-            return ParsedBody(protocol.validate_body(data, model), num_bytes)
+            return ParsedBody(openai_protocol.validate_body(data, model), num_bytes)
         async with lane:
             value = await asyncio.to_thread(
                 _in_worker, lane is self._huge_lane, _parse, chunks, model, self.limits
@@ -204,7 +205,7 @@ def _too_large(max_bytes: int) -> RequestTooLargeError:
 
 
 def _parse(chunks: list[bytes], model: type[Body], request_limits: RequestLimits) -> Body:
-    data = protocol.json_object(b"".join(chunks), loads=json_pieces.loads)
+    data = openai_protocol.json_object(b"".join(chunks), loads=json_pieces.loads)
     value = None
     try:
         limits.check_parsed(data, model, request_limits)

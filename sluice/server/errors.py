@@ -32,7 +32,7 @@ Invariant: a client can reach the 500 branch only through a bug, never by what i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -134,7 +134,7 @@ def _is_pydantic_tag(part: str) -> bool:
     return part in _PYDANTIC_TAGS or "[" in part or "-" in part
 
 
-def validation_error(errors: Sequence[dict[str, Any]]) -> InvalidRequestError:
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> InvalidRequestError:
     """The first pydantic error as one InvalidRequestError naming its field."""
     if not errors:
         return InvalidRequestError("invalid request body")

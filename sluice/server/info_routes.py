@@ -16,10 +16,12 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
+from sluice.apis import openai_request
+from sluice.apis.chat import protocol as chat_protocol
+from sluice.apis.chat import to_internal as chat_to_internal
 from sluice.engine.client_base import ReplicaState
 from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
-from sluice.server import protocol, to_internal
 from sluice.server.admission import ShuttingDownError
 from sluice.server.body import BodyReader
 from sluice.server.errors import unavailable_response
@@ -117,11 +119,11 @@ class InfoRoutes:
         return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     async def tokenize(self, request: Request) -> Response:
-        body = await self.bodies.parse(request, protocol.TokenizeRequest)
+        body = await self.bodies.parse(request, chat_protocol.TokenizeRequest)
         model = await self.parts.options_for(body.value.model)
 
         async def tokenized(
-            body: protocol.TokenizeRequest, options: to_internal.RequestOptions
+            body: chat_protocol.TokenizeRequest, options: openai_request.RequestOptions
         ) -> bytes:
             return await self._tokenized(body, options, model.tokenizer)
 
@@ -129,11 +131,11 @@ class InfoRoutes:
 
     async def _tokenized(
         self,
-        body: protocol.TokenizeRequest,
-        options: to_internal.RequestOptions,
+        body: chat_protocol.TokenizeRequest,
+        options: openai_request.RequestOptions,
         tokenizer: ServedTokenizer,
     ) -> bytes:
-        to_internal.check_model(body.model, options.served_model_name)
+        openai_request.check_model(body.model, options.served_model_name)
         token_ids = await self._tokenize(body, options.preprocessor)
         result: dict[str, object] = {
             "count": len(token_ids),
@@ -145,7 +147,7 @@ class InfoRoutes:
         return orjson.dumps(result)
 
     async def _tokenize(
-        self, body: protocol.TokenizeRequest, preprocessor: Preprocessor
+        self, body: chat_protocol.TokenizeRequest, preprocessor: Preprocessor
     ) -> list[int]:
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequestError("give exactly one of 'prompt' and 'messages'", param="prompt")
@@ -154,7 +156,7 @@ class InfoRoutes:
                 True if body.add_special_tokens is None else body.add_special_tokens
             )
             return await preprocessor.encode(body.prompt, add_special_tokens)
-        messages = to_internal.chat_messages(body.messages)
+        messages = chat_to_internal.chat_messages(body.messages)
         add_generation_prompt = body.add_generation_prompt is not False
         text = await preprocessor.render_chat(
             messages, add_generation_prompt, template_kwargs=body.chat_template_kwargs
@@ -162,15 +164,15 @@ class InfoRoutes:
         return await preprocessor.encode(text, bool(body.add_special_tokens))
 
     async def detokenize(self, request: Request) -> Response:
-        body = await self.bodies.parse(request, protocol.DetokenizeRequest)
+        body = await self.bodies.parse(request, chat_protocol.DetokenizeRequest)
         model = await self.parts.options_for(body.value.model)
         return _json_bytes(await self.bodies.convert(body, _detokenized, model.conversion))
 
 
 async def _detokenized(
-    body: protocol.DetokenizeRequest, options: to_internal.RequestOptions
+    body: chat_protocol.DetokenizeRequest, options: openai_request.RequestOptions
 ) -> bytes:
-    to_internal.check_model(body.model, options.served_model_name)
+    openai_request.check_model(body.model, options.served_model_name)
     if body.tokens is None:
         raise InvalidRequestError("'tokens' is required", param="tokens")
     options.preprocessor.check_token_ids(body.tokens, "tokens")

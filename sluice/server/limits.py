@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
+from sluice.apis import openai_protocol
 from sluice.config import RequestLimits
 from sluice.errors import InvalidRequestError, PromptTooLongError
 from sluice.frontend.request import PromptInput
-from sluice.server import protocol
 
 # Deepest nesting of lists and objects in JSON a field carries ({} and [] are
 # 1 deep): far beyond what schemas (OpenAI allows 10 levels of objects, ~20
@@ -41,7 +41,7 @@ _BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 def check_parsed(
-    data: dict[str, Any], model: type[protocol.OpenAIModel], limits: RequestLimits
+    data: dict[str, Any], model: type[openai_protocol.OpenAIModel], limits: RequestLimits
 ) -> None:
     """Counts in a parsed body, for the fields `model` reads, before validation."""
     messages = data.get("messages")
@@ -79,7 +79,7 @@ def _too_deep(param: str) -> None:
     )
 
 
-def check_body(body: protocol.SamplingFields, limits: RequestLimits) -> None:
+def check_body(body: openai_protocol.SamplingFields, limits: RequestLimits) -> None:
     _at_most(body.n or 1, limits.max_n, "n")
     stop_strings = [body.stop] if isinstance(body.stop, str) else body.stop or []
     _at_most(len(stop_strings), limits.max_stop_strings, "stop", what="stop strings")

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sluice.apis import openai_request
 from sluice.config import ServerConfig
 from sluice.engine.messages import EngineStatsSnapshot
 from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.serving import Frontend
-from sluice.server import to_internal
 from sluice.server.admission import AdmissionGate
 from sluice.server.body import Conversion
 from sluice.server.metrics import ModelMetrics, ServerMetrics
@@ -42,7 +42,7 @@ class ModelOptions:
         return self.served.max_model_len
 
     @property
-    def options(self) -> to_internal.RequestOptions:
+    def options(self) -> openai_request.RequestOptions:
         return self.conversion.on_loop
 
 
@@ -64,7 +64,7 @@ class ModelParts:
 def model_options(config: ServerConfig, name: str, served: ServedModel) -> ModelOptions:
     """How requests for `served`, served as `name`, are checked and tokenized."""
     tokenizer = served.tokenizer
-    options = to_internal.RequestOptions(
+    options = openai_request.RequestOptions(
         name,
         Preprocessor(tokenizer, served.max_model_len),
         config.limits,
@@ -75,7 +75,7 @@ def model_options(config: ServerConfig, name: str, served: ServedModel) -> Model
             config.reasoning_parser, tokenizer.chat_template_source
         ),
         is_priority_scheduling=config.engine.scheduler.scheduling_policy == "priority",
-        generation_defaults=config.generation_defaults or to_internal.API_DEFAULTS,
+        generation_defaults=config.generation_defaults or openai_request.API_DEFAULTS,
         reasoning_effort_budgets=config.reasoning_effort_budgets,
     )
     return ModelOptions(name, served, Conversion.of(options))

@@ -1,7 +1,7 @@
-"""The route handlers of one app (`Routes`) and what they share: the models
-it serves (model_pool.py), the model a request names, admission, and the
-OpenAI generation routes; the Messages, Responses, Ollama and embeddings
-routes take it as an `AppRoutes` (app_routes.py).
+"""What the route handlers of one app share (`Routes`): the models it serves
+(model_pool.py), the model a request names, admission and the answer of a
+generation; every API's routes (sluice/apis/<api>/routes.py) take it as an
+`AppRoutes` (app_routes.py).
 
 Each generation route: parse the body (body, protocol) -> the model it names
 (`model_for`: a 404 naming the served ones; started if need be) -> admission
@@ -25,18 +25,14 @@ from contextlib import asynccontextmanager
 from fastapi import Request
 from starlette.responses import Response
 
-from sluice.apis.surface import (
-    CHAT_CREATE,
-    COMPLETIONS_CREATE,
-    ApiRoute,
-)
+from sluice.apis import openai_request
 from sluice.config import ServerConfig
 from sluice.engine.client_base import EngineClient, QueueTimeout, ReplicaState
 from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import EngineDeadError, InvalidRequestError, ModelUnavailableError
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend, ResponseChunks
-from sluice.server import admission, protocol, to_internal
+from sluice.server import admission
 from sluice.server.admission import AdmissionGate
 from sluice.server.body import BodyReader
 from sluice.server.event_stream import (
@@ -55,8 +51,8 @@ Handler = Callable[..., Awaitable[Response]]
 
 
 class Routes:
-    """The route handlers of one app and what they share; each request takes
-    the parts of the model it names (`model_for`)."""
+    """What the route handlers of one app share; each request takes the
+    parts of the model it names (`model_for`)."""
 
     def __init__(
         self,
@@ -81,13 +77,6 @@ class Routes:
         self.models: ModelPool[ModelParts] = ModelPool(
             models, pool_limits(config, capacity), self._prepare, self._supervise, clock
         )
-
-    def handlers(self) -> dict[ApiRoute, Handler]:
-        """The API routes served here."""
-        return {
-            COMPLETIONS_CREATE: self.completions,
-            CHAT_CREATE: self.chat_completions,
-        }
 
     # -- the model a request names -------------------------------------------------
 
@@ -150,7 +139,7 @@ class Routes:
         return self.default_parts().frontend
 
     @property
-    def options(self) -> to_internal.RequestOptions:
+    def options(self) -> openai_request.RequestOptions:
         return self.default_parts().model.options
 
     @property
@@ -181,24 +170,6 @@ class Routes:
         return EngineSupervisor(engine, self.config.on_engine_death, on_exit=self._on_exit)
 
     # -- generation ------------------------------------------------------------
-
-    async def completions(self, request: Request) -> Response:
-        body = await self.bodies.parse(request, protocol.CompletionRequest)
-        async with self.model_for(request, body.value.model) as model:
-            queue_timeout = self.admit(request, body.value.n or 1, model)
-            generation = await self.bodies.convert(
-                body, to_internal.completion_request, model.model.conversion
-            )
-            return await self.respond(request, generation, queue_timeout, model=model)
-
-    async def chat_completions(self, request: Request) -> Response:
-        body = await self.bodies.parse(request, protocol.ChatCompletionRequest)
-        async with self.model_for(request, body.value.model) as model:
-            queue_timeout = self.admit(request, body.value.n or 1, model)
-            generation = await self.bodies.convert(
-                body, to_internal.chat_request, model.model.conversion
-            )
-            return await self.respond(request, generation, queue_timeout, model=model)
 
     def admit(
         self, request: Request, n: int, model: ModelParts | None = None, *, is_pooling: bool = False

@@ -24,8 +24,9 @@ from typing import Any
 
 import orjson
 
+from sluice.apis import openai_protocol
 from sluice.errors import InvalidRequestError
-from sluice.server import limits, protocol
+from sluice.server import limits
 from sluice.structured.grammar import GrammarError, grammar_of
 from sluice.structured.spec import StructuredOutputSpec
 
@@ -61,7 +62,7 @@ class StructuredField:
 
 
 async def structured_output(
-    body: protocol.SamplingFields, check: GrammarCheck
+    body: openai_protocol.SamplingFields, check: GrammarCheck
 ) -> StructuredOutputSpec | None:
     """The request's constraint, compiled once to check it; None when it has none."""
     field = structured_field(body)
@@ -71,7 +72,7 @@ async def structured_output(
     return field.spec
 
 
-def structured_field(body: protocol.SamplingFields) -> StructuredField | None:
+def structured_field(body: openai_protocol.SamplingFields) -> StructuredField | None:
     """The one structured-output form of `body`, not yet compiled."""
     found = [
         *_response_format(body.response_format),
@@ -87,7 +88,9 @@ def structured_field(body: protocol.SamplingFields) -> StructuredField | None:
     return found[0] if found else None
 
 
-def _response_format(response_format: protocol.ResponseFormat | None) -> list[StructuredField]:
+def _response_format(
+    response_format: openai_protocol.ResponseFormat | None,
+) -> list[StructuredField]:
     if response_format is None or response_format.type == "text":
         return []
     if response_format.type == "json_object":
@@ -108,7 +111,7 @@ def _response_format(response_format: protocol.ResponseFormat | None) -> list[St
 
 
 def _structured_outputs(
-    params: protocol.StructuredOutputsParams | None,
+    params: openai_protocol.StructuredOutputsParams | None,
 ) -> list[StructuredField]:
     if params is None:
         return []
@@ -126,7 +129,7 @@ def _structured_outputs(
     return found
 
 
-def _guided(body: protocol.SamplingFields) -> list[StructuredField]:
+def _guided(body: openai_protocol.SamplingFields) -> list[StructuredField]:
     return _constraints(
         "guided_",
         json=body.guided_json,

@@ -36,9 +36,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.apis.chat import protocol as chat_protocol
 from sluice.errors import InvalidRequestError
 from sluice.frontend.preprocess import MessageToolCall
-from sluice.server import limits, protocol
+from sluice.server import limits
 from sluice.server.structured_fields import GrammarCheck, check_json_schema
 from sluice.structured.spec import StructuredOutputSpec
 from sluice.tools.call_grammar import calls_or_answer
@@ -68,7 +69,7 @@ class ToolPlan:
 
 
 async def tool_plan(
-    body: protocol.ChatCompletionRequest,
+    body: chat_protocol.ChatCompletionRequest,
     tool_format: ToolCallFormat,
     reasoning_parser: str | None,
     answer: StructuredOutputSpec | None = None,
@@ -110,7 +111,9 @@ async def tool_plan(
     return ToolPlan(template_tools, parsing, spec)
 
 
-def message_tool_calls(message: protocol.ChatMessage, index: int) -> tuple[MessageToolCall, ...]:
+def message_tool_calls(
+    message: chat_protocol.ChatMessage, index: int
+) -> tuple[MessageToolCall, ...]:
     """An assistant message's earlier calls; checks a tool message's id."""
     if message.role == "tool" and not message.tool_call_id:
         raise InvalidRequestError(
@@ -133,7 +136,7 @@ def message_tool_calls(message: protocol.ChatMessage, index: int) -> tuple[Messa
     )
 
 
-def _refuse_deprecated_fields(body: protocol.ChatCompletionRequest) -> None:
+def _refuse_deprecated_fields(body: chat_protocol.ChatCompletionRequest) -> None:
     for name in ("functions", "function_call"):
         if getattr(body, name) is not None:
             raise InvalidRequestError(
@@ -142,7 +145,7 @@ def _refuse_deprecated_fields(body: protocol.ChatCompletionRequest) -> None:
             )
 
 
-def _function_tools(tools: list[protocol.ChatTool] | None) -> list[FunctionTool]:
+def _function_tools(tools: list[chat_protocol.ChatTool] | None) -> list[FunctionTool]:
     seen: set[str] = set()
     functions = []
     for index, tool in enumerate(tools or ()):
@@ -168,7 +171,7 @@ def _function_tools(tools: list[protocol.ChatTool] | None) -> list[FunctionTool]
 
 
 def _tool_choice(
-    tool_choice: str | protocol.NamedToolChoice | None, tools: list[FunctionTool]
+    tool_choice: str | chat_protocol.NamedToolChoice | None, tools: list[FunctionTool]
 ) -> tuple[str, str | None]:
     """("none" | "auto" | "required", None) or ("named", the function's name)."""
     if tool_choice is None:

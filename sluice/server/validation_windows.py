@@ -31,10 +31,12 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from sluice.server import protocol
+from sluice.apis import openai_protocol
+from sluice.apis.chat import protocol as chat_protocol
+from sluice.apis.completions import protocol as completions_protocol
 from sluice.server.errors import validation_error
 
-Body = TypeVar("Body", bound=protocol.OpenAIModel)
+Body = TypeVar("Body", bound=openai_protocol.OpenAIModel)
 ErrorDetails = dict[str, Any]
 
 
@@ -51,20 +53,20 @@ class WindowedList:
     # message's "content"), or "" for an element that is a list itself.
     inner: str | None = None
     # The model of an element with an `inner` key: its fields' order.
-    element_model: type[protocol.OpenAIModel] | None = None
+    element_model: type[openai_protocol.OpenAIModel] | None = None
 
 
-WINDOWED_LISTS: dict[type[protocol.OpenAIModel], WindowedList] = {
-    protocol.CompletionRequest: WindowedList(
-        "prompt", 4096, shape_check=protocol.is_prompt_list, inner=""
+WINDOWED_LISTS: dict[type[openai_protocol.OpenAIModel], WindowedList] = {
+    completions_protocol.CompletionRequest: WindowedList(
+        "prompt", 4096, shape_check=completions_protocol.is_prompt_list, inner=""
     ),
-    protocol.ChatCompletionRequest: WindowedList(
-        "messages", 256, inner="content", element_model=protocol.ChatMessage
+    chat_protocol.ChatCompletionRequest: WindowedList(
+        "messages", 256, inner="content", element_model=chat_protocol.ChatMessage
     ),
-    protocol.TokenizeRequest: WindowedList(
-        "messages", 256, inner="content", element_model=protocol.ChatMessage
+    chat_protocol.TokenizeRequest: WindowedList(
+        "messages", 256, inner="content", element_model=chat_protocol.ChatMessage
     ),
-    protocol.DetokenizeRequest: WindowedList("tokens", 8192),
+    chat_protocol.DetokenizeRequest: WindowedList("tokens", 8192),
 }
 
 
@@ -91,7 +93,7 @@ def validate(model: type[Body], data: dict[str, Any]) -> Body:
         or not _weighs_more(items, windowed.inner, windowed.window_items)
         or (windowed.shape_check is not None and not windowed.shape_check(items))
     ):
-        return protocol.validate_body(data, model)
+        return openai_protocol.validate_body(data, model)
     return _WindowedValidation(model, data, windowed, items).run()
 
 
@@ -118,7 +120,7 @@ def _inner_list(item: Any, inner: str | None) -> list | None:
 class _WindowedValidation:
     def __init__(
         self,
-        model: type[protocol.OpenAIModel],
+        model: type[openai_protocol.OpenAIModel],
         data: dict[str, Any],
         windowed: WindowedList,
         items: list,

@@ -1,6 +1,6 @@
 """Pydantic models of the embedding, rerank and score request bodies.
 
-The rules of `server/protocol.py` (unknown fields ignored, `null` is the
+The rules of `apis/openai_protocol.py` (unknown fields ignored, `null` is the
 default, NaN refused, ranges checked here so the error names the field).
 Texts and token ids are strict: a number is not a text, `true` is not a
 token id. Shapes:
@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from sluice.server.protocol import OpenAIModel
+from sluice.apis.openai_protocol import OpenAIModel
 
 # The most inputs (texts, documents, pairs) one request may carry: OpenAI's
 # limit for /v1/embeddings.

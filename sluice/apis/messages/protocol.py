@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from sluice.server.protocol import (
+from sluice.apis.openai_protocol import (
     INT64_MAX,
     MAX_STOP_STRINGS,
     MAX_TOOLS,

@@ -20,11 +20,14 @@ import json
 import uuid
 from typing import Any
 
+from sluice.apis import openai_protocol
+from sluice.apis.chat import protocol as chat_protocol
+from sluice.apis.chat.to_internal import chat_messages, chat_request
 from sluice.apis.messages import protocol as messages_protocol
+from sluice.apis.openai_request import RequestOptions
 from sluice.errors import InvalidRequestError
 from sluice.frontend.request import GenerationRequest
-from sluice.server import limits, protocol, reasoning_fields, tool_fields
-from sluice.server.to_internal import RequestOptions, chat_messages, chat_request
+from sluice.server import limits, reasoning_fields, tool_fields
 from sluice.server.tool_prompt import template_inputs
 from sluice.tools.harmony import HARMONY
 
@@ -76,11 +79,11 @@ async def count_tokens(body: messages_protocol.CountTokensRequest, options: Requ
 
 def _response_format(
     config: messages_protocol.OutputConfig | None,
-) -> protocol.ResponseFormat | None:
+) -> openai_protocol.ResponseFormat | None:
     if config is None or config.format is None:
         return None
-    schema = protocol.JsonSchemaFormat.model_construct(schema_=config.format.schema_)
-    return protocol.ResponseFormat.model_construct(type="json_schema", json_schema=schema)
+    schema = openai_protocol.JsonSchemaFormat.model_construct(schema_=config.format.schema_)
+    return openai_protocol.ResponseFormat.model_construct(type="json_schema", json_schema=schema)
 
 
 def _with_thinking(
@@ -106,14 +109,14 @@ def _thinking_fields(body: messages_protocol.PromptFields) -> dict[str, Any]:
 
 def _chat_body(
     body: messages_protocol.PromptFields, options: RequestOptions, **fields: Any
-) -> protocol.ChatCompletionRequest:
+) -> chat_protocol.ChatCompletionRequest:
     tools = _chat_tools(body.tools)
     tool_choice, parallel = _tool_choice(body.tool_choice, tools)
     messages = _system_messages(body.system)
     for index, message in enumerate(body.messages):
         messages += _chat_turn(message, index)
     # Built from validated parts: constructed, not validated again.
-    return protocol.ChatCompletionRequest.model_construct(
+    return chat_protocol.ChatCompletionRequest.model_construct(
         model=None,
         messages=messages,
         tools=tools or None,
@@ -130,13 +133,13 @@ def _system_messages(system: str | list[messages_protocol.TextBlock] | None) -> 
     return [_message("system", text)]
 
 
-def _chat_turn(message: messages_protocol.Message, index: int) -> list[protocol.ChatMessage]:
+def _chat_turn(message: messages_protocol.Message, index: int) -> list[chat_protocol.ChatMessage]:
     """One Messages turn as chat messages: tool results become `tool` messages."""
     if isinstance(message.content, str):
         return [_message(message.role, message.content)]
     texts: list[str] = []
-    results: list[protocol.ChatMessage] = []
-    calls: list[protocol.MessageToolCall] = []
+    results: list[chat_protocol.ChatMessage] = []
+    calls: list[chat_protocol.MessageToolCall] = []
     for block_index, block in enumerate(message.content):
         param = f"messages[{index}].content[{block_index}]"
         if block.type == "text":
@@ -155,13 +158,15 @@ def _chat_turn(message: messages_protocol.Message, index: int) -> list[protocol.
     return [*results, _message(message.role, "\n".join(texts), tool_calls=calls or None)]
 
 
-def _tool_call(block: messages_protocol.ContentBlock, param: str) -> protocol.MessageToolCall:
-    function = protocol.FunctionCall.model_construct(
+def _tool_call(block: messages_protocol.ContentBlock, param: str) -> chat_protocol.MessageToolCall:
+    function = chat_protocol.FunctionCall.model_construct(
         name=_required(block.name, f"{param}.name"),
         arguments=json.dumps(block.input or {}, ensure_ascii=False),
     )
     call_id = _required(block.id, f"{param}.id")
-    return protocol.MessageToolCall.model_construct(id=call_id, type="function", function=function)
+    return chat_protocol.MessageToolCall.model_construct(
+        id=call_id, type="function", function=function
+    )
 
 
 def _result_text(content: str | list[messages_protocol.ContentBlock] | None, param: str) -> str:
@@ -175,21 +180,23 @@ def _result_text(content: str | list[messages_protocol.ContentBlock] | None, par
     return "\n".join(texts)
 
 
-def _chat_tools(tools: list[messages_protocol.Tool] | None) -> list[protocol.ChatTool]:
+def _chat_tools(tools: list[messages_protocol.Tool] | None) -> list[chat_protocol.ChatTool]:
     chat_tools = []
     for tool in tools or ():
         if tool.type not in _CUSTOM_TOOL_TYPES:
             continue  # Anthropic's own tools: no schema to show the model (docs/API.md)
-        function = protocol.FunctionDefinition.model_construct(
+        function = chat_protocol.FunctionDefinition.model_construct(
             name=tool.name, description=tool.description, parameters=tool.input_schema, strict=None
         )
-        chat_tools.append(protocol.ChatTool.model_construct(type="function", function=function))
+        chat_tools.append(
+            chat_protocol.ChatTool.model_construct(type="function", function=function)
+        )
     return chat_tools
 
 
 def _tool_choice(
     choice: messages_protocol.ToolChoice | None,
-    tools: list[protocol.ChatTool],
+    tools: list[chat_protocol.ChatTool],
 ) -> tuple[Any, bool | None]:
     """OpenAI's tool_choice and parallel_tool_calls for Anthropic's tool_choice."""
     parallel = None if choice is None or not choice.disable_parallel_tool_use else False
@@ -206,14 +213,14 @@ def _tool_choice(
             f"tool_choice names the tool {name[:64]!r}, which is not among the tools",
             param="tool_choice.name",
         )
-    named = protocol.NamedToolChoice.model_construct(
-        type="function", function=protocol.ToolChoiceFunction.model_construct(name=name)
+    named = chat_protocol.NamedToolChoice.model_construct(
+        type="function", function=chat_protocol.ToolChoiceFunction.model_construct(name=name)
     )
     return named, parallel
 
 
-def _message(role: str, content: str, **fields: Any) -> protocol.ChatMessage:
-    return protocol.ChatMessage.model_construct(role=role, content=content, **fields)
+def _message(role: str, content: str, **fields: Any) -> chat_protocol.ChatMessage:
+    return chat_protocol.ChatMessage.model_construct(role=role, content=content, **fields)
 
 
 def _required(value: str | None, param: str) -> str:

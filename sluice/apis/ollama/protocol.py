@@ -1,7 +1,7 @@
 """Pydantic models of Ollama's request bodies (`POST /api/chat`, `/api/generate`,
 `/api/show`).
 
-The rules of `server/protocol.py`: unknown fields are ignored (as Ollama
+The rules of `apis/openai_protocol.py`: unknown fields are ignored (as Ollama
 ignores them), `null` means the default, NaN and infinities are refused and
 every range is checked here so the error names the field. `options` is
 Ollama's bag of runner settings: the sampling ones are read, the others
@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from sluice.server.protocol import (
+from sluice.apis.openai_protocol import (
     INT64_MAX,
     INT64_MIN,
     MAX_STOP_STRINGS,

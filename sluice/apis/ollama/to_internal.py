@@ -3,7 +3,7 @@
 An Ollama request is a chat request underneath, as Anthropic's Messages are
 (`apis/messages/to_internal.py`): this module builds the
 `protocol.ChatCompletionRequest` that says the same and runs it through
-`server.to_internal.chat_request`, so templates, tools, structured outputs,
+`apis.chat.to_internal.chat_request`, so templates, tools, structured outputs,
 reasoning, limits and the max_tokens policy are the chat API's own:
 - `messages` as chat messages: an assistant's `tool_calls` (arguments an
   object) get ids, a `tool` message answers the earliest unanswered call of
@@ -33,12 +33,17 @@ from typing import Any
 
 import msgspec
 
+from sluice.apis import openai_protocol
+from sluice.apis.chat import protocol as chat_protocol
+from sluice.apis.chat.to_internal import chat_request
+from sluice.apis.completions import protocol as completions_protocol
+from sluice.apis.completions.to_internal import completion_request
 from sluice.apis.max_tokens import effective_max_tokens
 from sluice.apis.ollama import protocol as ollama
+from sluice.apis.openai_request import RequestOptions
 from sluice.errors import InvalidRequestError, ModelNotFoundError, RequestError
 from sluice.frontend.request import GenerationRequest, PromptInput
-from sluice.server import limits, protocol, reasoning_fields
-from sluice.server.to_internal import RequestOptions, chat_request, completion_request
+from sluice.server import limits, reasoning_fields
 
 # Ollama's own name for the newest version of a model.
 LATEST_TAG = ":latest"
@@ -126,14 +131,14 @@ async def ollama_generate_request(
 
 async def _run_chat(
     body: ollama.GenerationFields,
-    messages: list[protocol.ChatMessage],
-    tools: list[protocol.ChatTool],
+    messages: list[chat_protocol.ChatMessage],
+    tools: list[chat_protocol.ChatTool],
     options: RequestOptions,
     model_name: str,
 ) -> GenerationRequest:
     options = _with_think(body, options)
     # Built from validated parts: constructed, not validated again.
-    chat = protocol.ChatCompletionRequest.model_construct(
+    chat = chat_protocol.ChatCompletionRequest.model_construct(
         model=None,
         messages=messages,
         tools=tools or None,
@@ -163,7 +168,7 @@ async def _raw_request(
         prompt_param="prompt", is_clamped_to_context=True,
     )  # fmt: skip
     fields = _sampling_fields(body) | {"max_tokens": max_tokens}
-    completion = protocol.CompletionRequest.model_construct(
+    completion = completions_protocol.CompletionRequest.model_construct(
         model=None, prompt=list(prompt.token_ids), **fields
     )
     try:
@@ -255,13 +260,13 @@ def _stop(stop: list[str] | str | None) -> list[str] | None:
     return stops or None
 
 
-def _response_format(format_: ollama.Format | None) -> protocol.ResponseFormat | None:
+def _response_format(format_: ollama.Format | None) -> openai_protocol.ResponseFormat | None:
     if format_ is None or format_ == "":
         return None
     if format_ == "json":
-        return protocol.ResponseFormat.model_construct(type="json_object", json_schema=None)
-    schema = protocol.JsonSchemaFormat.model_construct(schema_=format_)
-    return protocol.ResponseFormat.model_construct(type="json_schema", json_schema=schema)
+        return openai_protocol.ResponseFormat.model_construct(type="json_object", json_schema=None)
+    schema = openai_protocol.JsonSchemaFormat.model_construct(schema_=format_)
+    return openai_protocol.ResponseFormat.model_construct(type="json_schema", json_schema=schema)
 
 
 def _with_think(body: ollama.GenerationFields, options: RequestOptions) -> RequestOptions:
@@ -296,8 +301,8 @@ def _refuse_generate_fields(body: ollama.GenerateRequest) -> None:
         raise InvalidRequestError("suffix (fill in the middle) is not supported", param="suffix")
 
 
-def _chat_messages(messages: list[ollama.Message]) -> list[protocol.ChatMessage]:
-    chat: list[protocol.ChatMessage] = []
+def _chat_messages(messages: list[ollama.Message]) -> list[chat_protocol.ChatMessage]:
+    chat: list[chat_protocol.ChatMessage] = []
     # Calls not answered yet, oldest first: (tool name, call id).
     unanswered: list[tuple[str, str]] = []
     for index, message in enumerate(messages):
@@ -325,26 +330,28 @@ def _answered_call(unanswered: list[tuple[str, str]], tool_name: str | None, ind
     return f"call_{index}"
 
 
-def _tool_call(call: ollama.ToolCall, index: int, call_index: int) -> protocol.MessageToolCall:
+def _tool_call(call: ollama.ToolCall, index: int, call_index: int) -> chat_protocol.MessageToolCall:
     arguments = json.dumps(call.function.arguments, ensure_ascii=False)
-    function = protocol.FunctionCall.model_construct(name=call.function.name, arguments=arguments)
-    return protocol.MessageToolCall.model_construct(
+    function = chat_protocol.FunctionCall.model_construct(
+        name=call.function.name, arguments=arguments
+    )
+    return chat_protocol.MessageToolCall.model_construct(
         id=f"call_{index}_{call_index}", type="function", function=function
     )
 
 
-def _chat_tool(tool: ollama.Tool) -> protocol.ChatTool:
-    function = protocol.FunctionDefinition.model_construct(
+def _chat_tool(tool: ollama.Tool) -> chat_protocol.ChatTool:
+    function = chat_protocol.FunctionDefinition.model_construct(
         name=tool.function.name,
         description=tool.function.description,
         parameters=tool.function.parameters,
         strict=None,
     )
-    return protocol.ChatTool.model_construct(type="function", function=function)
+    return chat_protocol.ChatTool.model_construct(type="function", function=function)
 
 
-def _message(role: str, content: str, **fields: Any) -> protocol.ChatMessage:
-    return protocol.ChatMessage.model_construct(role=role, content=content, **fields)
+def _message(role: str, content: str, **fields: Any) -> chat_protocol.ChatMessage:
+    return chat_protocol.ChatMessage.model_construct(role=role, content=content, **fields)
 
 
 def _no_images(param: str) -> InvalidRequestError:

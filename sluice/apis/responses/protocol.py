@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from sluice.server.protocol import (
+from sluice.apis.openai_protocol import (
     MAX_TOOLS,
     ChatTemplateKwargs,
     Count,

@@ -22,6 +22,7 @@ import orjson
 from fastapi import Request
 from starlette.responses import Response
 
+from sluice.apis import openai_request
 from sluice.apis.responses.events import ResponsesEvents
 from sluice.apis.responses.protocol import InputTokensRequest, ResponsesRequest
 from sluice.apis.responses.store import ResponseStore, StoredResponse
@@ -33,7 +34,6 @@ from sluice.apis.surface import (
     RESPONSES_RETRIEVE,
     ApiRoute,
 )
-from sluice.server import to_internal
 from sluice.server.app_routes import AppRoutes
 from sluice.server.middleware import api_key_of
 from sluice.server.model_parts import ModelOptions
@@ -94,7 +94,7 @@ class ResponsesRoutes:
             previous = stored.conversation()
 
         async def convert(
-            value: ResponsesRequest, options: to_internal.RequestOptions
+            value: ResponsesRequest, options: openai_request.RequestOptions
         ) -> ResponsesPlan:
             return await responses_request(value, options, previous)
 

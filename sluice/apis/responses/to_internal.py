@@ -21,11 +21,13 @@ from typing import Any
 
 import orjson
 
+from sluice.apis import openai_protocol, openai_request
+from sluice.apis.chat import protocol as chat_protocol
+from sluice.apis.chat import to_internal as chat_to_internal
 from sluice.apis.responses.input_items import chat_tool_choice, chat_tools, input_messages
 from sluice.apis.responses.protocol import ResponsesRequest
 from sluice.errors import InvalidRequestError, RequestError
 from sluice.frontend.request import GenerationRequest, ResponsesSettings
-from sluice.server import protocol, to_internal
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # A chat field's name in an error -> the Responses field it came from.
@@ -49,7 +51,7 @@ class ResponsesPlan:
 
 async def responses_request(
     body: ResponsesRequest,
-    options: to_internal.RequestOptions,
+    options: openai_request.RequestOptions,
     previous: list[dict[str, Any]],
 ) -> ResponsesPlan:
     """`previous`: the stored conversation `previous_response_id` continues
@@ -61,8 +63,8 @@ async def responses_request(
     tool_choice = chat_tool_choice(body.tool_choice, {t["function"]["name"] for t in tools})
     chat = _chat_fields(body, messages, tools, tool_choice)
     try:
-        chat_body = protocol.validate_body(chat, protocol.ChatCompletionRequest)
-        request = await to_internal.chat_request(chat_body, options, clamps_max_tokens=True)
+        chat_body = openai_protocol.validate_body(chat, chat_protocol.ChatCompletionRequest)
+        request = await chat_to_internal.chat_request(chat_body, options, clamps_max_tokens=True)
     except RequestError as error:
         raise _renamed(error) from None
     settings = ResponsesSettings(orjson.dumps(_echoed(body)), custom_tool_names)

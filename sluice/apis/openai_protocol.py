@@ -1,17 +1,20 @@
-"""Pydantic models of the OpenAI-compatible request bodies (and vLLM's extensions).
+"""What the OpenAI-compatible request bodies share (and vLLM's extensions):
+the pydantic base every API's models take, the documented ranges, the
+sampling fields of completions and chat, and the one way a body becomes a
+model.
 
-Pydantic lives here, at the HTTP edge, and nowhere deeper: `to_internal`
-turns these into a frozen `GenerationRequest`. Rules every model follows:
-unknown fields are ignored, `null` is accepted for every optional field and
-means "the default", NaN and infinities are refused, and every numeric range
-the API documents is checked here so the error names the field.
-`parse_body` is the one way a body becomes a model: bad JSON and invalid
-fields become a 400 `InvalidRequestError`, a body not declared JSON a 415. Its
-steps (`check_content_type`, `json_object`, `validate_body`) are public for
-`sluice.server.body`, which runs them off the event loop, in pieces, for large
-bodies.
-Checks that need the model (vocabulary, context length, the served name) or
-relate several fields live in `to_internal`.
+Pydantic lives at the HTTP edge (sluice/apis) and nowhere deeper: each API's
+`to_internal` turns its models into a frozen `GenerationRequest`. Rules every
+model follows: unknown fields are ignored, `null` is accepted for every
+optional field and means "the default", NaN and infinities are refused, and
+every numeric range the API documents is checked here so the error names the
+field. `parse_body` is the one way a body becomes a model: bad JSON and
+invalid fields become a 400 `InvalidRequestError`, a body not declared JSON a
+415. Its steps (`check_content_type`, `json_object`, `validate_body`) are
+public for `sluice.server.body`, which runs them off the event loop, in
+pieces, for large bodies. Checks that need the model (vocabulary, context
+length, the served name) or relate several fields live in the `to_internal`
+modules (what completions and chat share: `openai_request`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ ChatTemplateKwargs = Annotated[
     dict[Annotated[str, StringConstraints(max_length=64)], Any],
     Field(max_length=MAX_TEMPLATE_KWARGS),
 ]
+
+
+# OpenAI's rule for function names.
+FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+MAX_TOOLS = 128
 
 
 class OpenAIModel(BaseModel):
@@ -147,149 +155,6 @@ class SamplingFields(OpenAIModel):
         if len(value) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
         return value
-
-
-class CompletionRequest(SamplingFields):
-    # A string, a list of strings, a list of token ids, or a list of token-id lists.
-    prompt: str | list[str] | list[TokenId] | list[list[TokenId]] | None = None
-    best_of: Count | None = None
-    echo: bool | None = None
-    # 0 only with echo: the prompt alone comes back (lm-eval's loglikelihood).
-    max_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
-    logprobs: TopLogprobs | None = None
-    suffix: str | None = None
-    # vLLM extension: let the tokenizer add BOS and the like.
-    add_special_tokens: bool | None = None
-
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _check_prompt_shape(cls, value: Any) -> Any:
-        if value is None or isinstance(value, str) or is_prompt_list(value):
-            return value
-        raise ValueError(
-            "prompt must be a string, a list of strings, a list of token ids "
-            "or a list of token-id lists"
-        )
-
-
-def is_prompt_list(value: Any) -> bool:
-    """Whether `value` is a list `prompt` accepts: all strings, ids or id lists."""
-    if not isinstance(value, list):
-        return False
-    kinds = {_prompt_item_kind(item) for item in value}
-    return len(kinds) <= 1 and None not in kinds
-
-
-def _prompt_item_kind(item: Any) -> str | None:
-    if isinstance(item, str):
-        return "str"
-    if isinstance(item, int) and not isinstance(item, bool):
-        return "int"
-    if isinstance(item, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in item):
-        return "ids"
-    return None
-
-
-class ContentPart(OpenAIModel):
-    # Only "text" is served; other types are refused by `to_internal` by name.
-    type: str
-    text: str | None = None
-
-
-ChatRole = Literal["system", "user", "assistant", "tool", "developer"]
-
-
-# OpenAI's rule for function names.
-FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
-MAX_TOOLS = 128
-
-
-class FunctionDefinition(OpenAIModel):
-    name: FunctionName
-    description: str | None = None
-    # A JSON schema of the arguments object.
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ChatTool(OpenAIModel):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class ToolChoiceFunction(OpenAIModel):
-    name: str
-
-
-class NamedToolChoice(OpenAIModel):
-    type: Literal["function"]
-    function: ToolChoiceFunction
-
-
-class FunctionCall(OpenAIModel):
-    name: str
-    arguments: str
-
-
-class MessageToolCall(OpenAIModel):
-    """A call in an earlier assistant turn's `tool_calls`."""
-
-    id: str
-    type: Literal["function"] | None = None
-    function: FunctionCall
-
-
-class ChatMessage(OpenAIModel):
-    role: ChatRole
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_call_id: str | None = None
-    tool_calls: list[MessageToolCall] | None = None
-
-
-class ChatCompletionRequest(SamplingFields):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
-    logprobs: bool | None = None
-    top_logprobs: TopLogprobs | None = None
-    # Takes precedence over the deprecated `max_tokens`.
-    max_completion_tokens: Count | None = None
-    # Tool calling (`tool_fields`): tool_choice "none", "auto", "required" or a
-    # named function.
-    tools: Annotated[list[ChatTool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    # OpenAI's deprecated forms of the same: refused by name, never ignored.
-    functions: Any = None
-    function_call: Any = None
-    # Reasoning controls (server/reasoning_fields.py): OpenAI's effort ("none"
-    # turns thinking off, the others cap it at the server's budget for it).
-    reasoning_effort: ReasoningEffort | None = None
-    # vLLM extensions.
-    add_generation_prompt: bool | None = None
-    add_special_tokens: bool | None = None
-    # Extra variables of the chat template, e.g. {"enable_thinking": false}.
-    chat_template_kwargs: ChatTemplateKwargs | None = None
-    # The most tokens the reasoning may take before its end is forced.
-    thinking_token_budget: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
-
-
-class TokenizeRequest(OpenAIModel):
-    """vLLM's /tokenize: either `prompt` or `messages`."""
-
-    model: str | None = None
-    prompt: str | None = None
-    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
-    add_generation_prompt: bool | None = None
-    # Default: true for a prompt, false for messages (the template adds them).
-    add_special_tokens: bool | None = None
-    return_token_strs: bool | None = None
-    # Extra variables of the chat template, as chat's (vLLM's).
-    chat_template_kwargs: ChatTemplateKwargs | None = None
-
-
-class DetokenizeRequest(OpenAIModel):
-    model: str | None = None
-    tokens: list[TokenId] | None = None
 
 
 Body = TypeVar("Body", bound=OpenAIModel)

@@ -8,14 +8,10 @@ import re
 import orjson
 import pytest
 
+from sluice.apis.chat.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
+from sluice.apis.completions.protocol import CompletionRequest
+from sluice.apis.openai_protocol import parse_body
 from sluice.errors import InvalidRequestError, UnsupportedMediaTypeError
-from sluice.server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
-    parse_body,
-)
 
 JSON = "application/json"
 

@@ -6,6 +6,11 @@ import asyncio
 
 import pytest
 
+from sluice.apis.chat.protocol import ChatCompletionRequest
+from sluice.apis.chat.to_internal import chat_request
+from sluice.apis.completions.protocol import CompletionRequest
+from sluice.apis.completions.to_internal import completion_request
+from sluice.apis.openai_request import RequestOptions, check_model
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import (
     ContextLengthError,
@@ -14,13 +19,6 @@ from sluice.errors import (
     RequestError,
 )
 from sluice.frontend.preprocess import Preprocessor
-from sluice.server.protocol import ChatCompletionRequest, CompletionRequest
-from sluice.server.to_internal import (
-    RequestOptions,
-    chat_request,
-    check_model,
-    completion_request,
-)
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 64

@@ -1,0 +1,5 @@
+"""OpenAI's completions API (`/v1/completions`): its request body
+(protocol.py), its conversion into the internal request (to_internal.py) and
+its route (routes.py); its projection is the frontend's `CompletionChunks`.
+What it shares with chat: sluice/apis/openai_protocol.py and
+openai_request.py. Imports nothing of its package (sluice/lazy_exports.py)."""
