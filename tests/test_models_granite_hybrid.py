@@ -264,6 +264,7 @@ def test_the_halving_sum_is_the_sum_and_ignores_the_leading_rows():
         ({"layer_types": ["mamba", "conv", "mamba", "mamba"]},
          "unsupported Granite 4.0-H layer type 'conv'"),
         ({"mamba_d_conv": 1}, "unsupported mamba_d_conv 1"),
+        ({"mamba_d_state": 0}, "unsupported mamba_d_state 0"),
         ({"mamba_n_heads": 7}, "unsupported Mamba shape: 7 heads of 16"),
         ({"mamba_n_groups": 3}, "unsupported mamba_n_groups 3 for 8 heads"),
         ({"layer_types": ["mamba"]}, "layer_types names 1 layers, the model has 4"),

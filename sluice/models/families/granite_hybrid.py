@@ -100,6 +100,9 @@ def _mamba_shape(d: dict[str, Any], hidden_size: int) -> MambaShape:
         )
     if groups <= 0 or heads % groups or inner % groups:
         raise ModelLoadError(f"unsupported mamba_n_groups {groups} for {heads} heads")
+    state_size = int(d.get("mamba_d_state", 256))
+    if state_size <= 0:
+        raise ModelLoadError(f"unsupported mamba_d_state {state_size}: it must be positive")
     if not 2 <= kernel <= _MAX_CONV_KERNEL:
         raise ModelLoadError(
             f"unsupported mamba_d_conv {kernel}: the convolution's kernel must be "
@@ -109,7 +112,7 @@ def _mamba_shape(d: dict[str, Any], hidden_size: int) -> MambaShape:
         inner_size=inner,
         num_heads=heads,
         head_dim=head_dim,
-        state_size=int(d.get("mamba_d_state", 256)),
+        state_size=state_size,
         num_groups=groups,
         conv_kernel=kernel,
         conv_bias=bool(d.get("mamba_conv_bias", True)),
