@@ -24,10 +24,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sluice.apis.chat.chunks import ChatChunks
 from sluice.apis.messages.events import MessagesEvents
 from sluice.apis.responses.events import ResponsesEvents
 from sluice.engine.sampling_params import SamplingParams
-from sluice.frontend.chat_chunks import ChatChunks
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest, PromptInput, ResponsesSettings

@@ -15,6 +15,7 @@ from sluice.testing import FakeEngine, FakeTokenizer
 from sluice.testing.contract import Expectations, check_stream, parse_sse, read_body
 from sluice.testing.loop_stall import LoopStaller
 from sluice.testing.manual_engine import ManualEngine
+from sluice.testing.openai_chunks import openai_chunks
 
 TOKENIZER = FakeTokenizer()
 WORDS = TOKENIZER.encode(" hello world 😀 語 ไทย abc")
@@ -42,7 +43,7 @@ def make_request(**overrides) -> GenerationRequest:
 async def collect(frontend: Frontend, request: GenerationRequest, pause_s: float = 0.0) -> bytes:
     """The stream's bytes; with `pause_s`, the reader waits that long before each read."""
     events = []
-    async for event in frontend.stream(request):
+    async for event in frontend.stream(request, openai_chunks(request, TOKENIZER)):
         events.append(event)
         if pause_s:
             await asyncio.sleep(pause_s)
@@ -80,7 +81,7 @@ def test_closing_the_stream_midway_aborts_every_running_engine_request_at_once(p
             logprobs=2,
             stop=("never",),
         )
-        stream = frontend.stream(request)
+        stream = frontend.stream(request, openai_chunks(request, TOKENIZER))
         if phase == "mid-prefill":
             # Nothing is sent before the first token: the client gives up on its first read.
             first = asyncio.ensure_future(anext(stream))
@@ -105,9 +106,8 @@ def test_cancelling_complete_aborts_its_engine_requests_and_reports_an_abort():
         engine = FakeEngine(endless_words, step_interval_s=0.001)
         observer = RecordingObserver()
         frontend = Frontend(engine, TOKENIZER, observer=observer)
-        task = asyncio.ensure_future(
-            frontend.complete(make_request(params=SamplingParams(max_tokens=10_000)))
-        )
+        request = make_request(params=SamplingParams(max_tokens=10_000))
+        task = asyncio.ensure_future(frontend.complete(request, openai_chunks(request, TOKENIZER)))
         await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -122,9 +122,8 @@ def test_cancelling_complete_aborts_its_engine_requests_and_reports_an_abort():
 def test_an_engine_death_midstream_becomes_one_error_event_then_done():
     async def scenario() -> bytes:
         engine = FakeEngine(endless_words, step_interval_s=0.001)
-        stream = Frontend(engine, TOKENIZER).stream(
-            make_request(kind="chat", params=SamplingParams(max_tokens=10_000))
-        )
+        request = make_request(kind="chat", params=SamplingParams(max_tokens=10_000))
+        stream = Frontend(engine, TOKENIZER).stream(request, openai_chunks(request, TOKENIZER))
         events = [await anext(stream) for _ in range(3)]
         engine.die()
         return b"".join(events + [event async for event in stream])
@@ -139,7 +138,9 @@ def test_an_engine_death_midstream_becomes_one_error_event_then_done():
 def test_complete_lets_an_engine_death_propagate():
     async def scenario() -> None:
         engine = FakeEngine(endless_words, step_interval_s=0.001)
-        task = asyncio.ensure_future(Frontend(engine, TOKENIZER).complete(make_request()))
+        request = make_request()
+        chunks = openai_chunks(request, TOKENIZER)
+        task = asyncio.ensure_future(Frontend(engine, TOKENIZER).complete(request, chunks))
         await asyncio.sleep(0.005)
         engine.die()
         with pytest.raises(EngineDeadError):
@@ -153,7 +154,10 @@ def test_errors_before_the_first_event_propagate_from_the_first_read():
         engine = FakeEngine()
         engine.die()
         with pytest.raises(EngineDeadError):
-            await anext(Frontend(engine, TOKENIZER).stream(make_request(kind="chat")))
+            request = make_request(kind="chat")
+            await anext(
+                Frontend(engine, TOKENIZER).stream(request, openai_chunks(request, TOKENIZER))
+            )
 
     asyncio.run(scenario())
 
@@ -165,7 +169,8 @@ def test_an_engine_failure_before_the_first_token_propagates_instead_of_an_error
     async def scenario() -> tuple[FakeEngine, RecordingObserver]:
         engine = FakeEngine(endless_words, step_interval_s=0.001, prefill_steps=1_000)
         observer = RecordingObserver()
-        stream = Frontend(engine, TOKENIZER, observer=observer).stream(request)
+        chunks = openai_chunks(request, TOKENIZER)
+        stream = Frontend(engine, TOKENIZER, observer=observer).stream(request, chunks)
         first = asyncio.ensure_future(anext(stream))
         await asyncio.sleep(0.01)  # both choices are in the engine, nothing produced
         engine.die()
@@ -183,7 +188,8 @@ def test_a_chat_stream_sends_its_role_chunk_with_its_first_tokens():
     # openai-chat backend) measures the time to first token.
     async def scenario() -> tuple[bool, list[bytes]]:
         engine = ManualEngine()
-        stream = Frontend(engine, TOKENIZER).stream(make_request(kind="chat", n=1))
+        request = make_request(kind="chat", n=1)
+        stream = Frontend(engine, TOKENIZER).stream(request, openai_chunks(request, TOKENIZER))
         first = asyncio.ensure_future(anext(stream))
         await engine.request_added.wait()
         for _ in range(3):
@@ -214,7 +220,9 @@ def test_each_choice_gets_its_own_seed_and_engine_request_id():
         prompts=(PromptInput((1,), "a"), PromptInput((2,), "b")),
         params=SamplingParams(max_tokens=3, seed=100),
     )
-    asyncio.run(Frontend(FakeEngine(record), TOKENIZER).complete(request))
+    asyncio.run(
+        Frontend(FakeEngine(record), TOKENIZER).complete(request, openai_chunks(request, TOKENIZER))
+    )
     assert seen == {"cmpl-9-0": 100, "cmpl-9-1": 101, "cmpl-9-2": 102, "cmpl-9-3": 103}
 
 
@@ -250,7 +258,8 @@ def test_a_slow_reader_gets_merged_deltas_and_an_exact_stream():
         engine = FakeEngine(endless_words)
         streamed = await collect(Frontend(engine, TOKENIZER), request, pause_s=0.002)
         steps = engine.num_steps
-        whole = await Frontend(FakeEngine(endless_words), TOKENIZER).complete(request)
+        chunks = openai_chunks(request, TOKENIZER)
+        whole = await Frontend(FakeEngine(endless_words), TOKENIZER).complete(request, chunks)
         return streamed, whole, steps
 
     streamed, whole, num_steps = asyncio.run(scenario())
@@ -283,7 +292,9 @@ def test_a_stalled_event_loop_still_gives_an_exact_stream():
 def test_a_stream_ends_with_the_done_event_and_the_body_is_json():
     async def scenario() -> tuple[bytes, bytes]:
         frontend = Frontend(FakeEngine(endless_words), TOKENIZER)
-        return await collect(frontend, make_request()), await frontend.complete(make_request())
+        request = make_request()
+        whole = await frontend.complete(request, openai_chunks(request, TOKENIZER))
+        return await collect(frontend, make_request()), whole
 
     streamed, whole = asyncio.run(scenario())
     assert streamed.endswith(b"data: [DONE]\n\n")

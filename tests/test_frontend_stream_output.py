@@ -19,6 +19,7 @@ from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.stream_output import StreamOutput
 from sluice.testing import FakeEngine, FakeTokenizer
 from sluice.testing.contract import Expectations, check_stream, parse_sse
+from sluice.testing.openai_chunks import openai_chunks
 
 
 def step_delta(step: int, *, finish: bool = False) -> ChoiceDelta:
@@ -291,7 +292,7 @@ class Wire:
 
 async def run_stream(engine: FakeEngine, request: GenerationRequest, wire: Wire) -> bytes:
     """Consume as EventStreamResponse does: the first event, then the connection attached."""
-    stream = Frontend(engine, TOKENIZER).stream(request)
+    stream = Frontend(engine, TOKENIZER).stream(request, openai_chunks(request, TOKENIZER))
     try:
         await wire.write(await anext(stream))
         stream.attach(wire.write_now)
@@ -307,7 +308,7 @@ async def run_stream(engine: FakeEngine, request: GenerationRequest, wire: Wire)
 def reference_body(request: GenerationRequest) -> bytes:
     async def scenario() -> bytes:
         engine = FakeEngine(endless_words, step_interval_s=0.0005, seed=3)
-        stream = Frontend(engine, TOKENIZER).stream(request)
+        stream = Frontend(engine, TOKENIZER).stream(request, openai_chunks(request, TOKENIZER))
         return b"".join([event async for event in stream])
 
     return asyncio.run(scenario())
@@ -381,7 +382,8 @@ def test_an_engine_death_while_parked_ends_the_stream_with_an_error_event():
 def test_without_a_connection_attached_the_generator_yields_everything():
     async def scenario() -> bytes:
         engine = FakeEngine(endless_words, step_interval_s=0.0005, seed=3)
-        stream = Frontend(engine, TOKENIZER).stream(make_request())
+        request = make_request()
+        stream = Frontend(engine, TOKENIZER).stream(request, openai_chunks(request, TOKENIZER))
         return b"".join([event async for event in stream])
 
     check_stream(asyncio.run(scenario()), Expectations("chat", 2, include_usage=True))

@@ -25,6 +25,7 @@ from sluice.frontend import Frontend, GenerationRequest, PromptInput
 from sluice.frontend.detokenizer import REPLACEMENT_CHAR
 from sluice.testing import FakeEngine, FakeTokenizer, fake_logprobs
 from sluice.testing.contract import Expectations, ResponseResult, check_stream, read_body
+from sluice.testing.openai_chunks import openai_chunks
 
 TOKENIZER = FakeTokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -205,7 +206,7 @@ def _fields(request: GenerationRequest) -> dict:
 
 async def read_slowly(frontend: Frontend, request: GenerationRequest, delays: list[int]) -> bytes:
     events = []
-    async for sse_event in frontend.stream(request):
+    async for sse_event in frontend.stream(request, openai_chunks(request, TOKENIZER)):
         events.append(sse_event)
         for _ in range(delays[len(events) % len(delays)] if delays else 0):
             await asyncio.sleep(0)
@@ -219,7 +220,8 @@ def run_both(
         streamed = await read_slowly(
             Frontend(FakeEngine(**engine_kwargs), TOKENIZER), request, delays
         )
-        whole = await Frontend(FakeEngine(**engine_kwargs), TOKENIZER).complete(request)
+        chunks = openai_chunks(request, TOKENIZER)
+        whole = await Frontend(FakeEngine(**engine_kwargs), TOKENIZER).complete(request, chunks)
         return streamed, whole
 
     return asyncio.run(run())

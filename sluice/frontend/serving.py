@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 import msgspec
@@ -38,8 +38,6 @@ import msgspec
 from sluice.engine.client_base import EngineClient, QueueTimeout
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import SluiceError
-from sluice.frontend.chat_chunks import ChatChunks
-from sluice.frontend.completions_chunks import CompletionChunks
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.detokenizer import DecodingTokenizer
 from sluice.frontend.logprob_format import TokenStrings
@@ -53,10 +51,9 @@ logger = logging.getLogger(__name__)
 
 class ResponseChunks(Protocol):
     """One API's projection of a request's choice deltas: the events of a
-    stream and the folded body. CompletionChunks and ChatChunks
-    (OpenAI), ResponsesEvents (the Responses API), MessagesEvents
-    (Anthropic's Messages) implement it; each is built per request and lives
-    on the event loop."""
+    stream and the folded body. Each API's route builds its own per request
+    (sluice/apis/<api>/: CompletionChunks, ChatChunks, ResponsesEvents,
+    MessagesEvents, OllamaLines); it lives on the event loop."""
 
     def opening_events(self) -> list[bytes]:
         """Events sent with the first delta's, before them."""
@@ -132,20 +129,19 @@ class Frontend:
     def stream(
         self,
         request: GenerationRequest,
+        chunks: ResponseChunks,
         queue_timeout: QueueTimeout | None = None,
-        chunks: ResponseChunks | None = None,
         observer: RequestObserver | None = None,
         trace_context: str | None = None,
     ) -> EventStream:
         """The SSE events of `request`; nothing starts before the first `__anext__`.
         Its engine requests are added with `queue_timeout` and `trace_context`
-        (the traceparent their engine spans continue); `chunks` (default: the
-        builder its kind names) projects its deltas; `observer` (default: the
+        (the traceparent their engine spans continue); `chunks` (its API's
+        builder) projects its deltas; `observer` (default: the
         frontend's) is told of it."""
         run = _RequestRun(
             request, self._engine, queue_timeout, observer or self._observer, trace_context
         )
-        chunks = chunks or self._chunks(request)
 
         def render(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
             run.account(taken)
@@ -189,8 +185,8 @@ class Frontend:
     async def complete(
         self,
         request: GenerationRequest,
+        chunks: ResponseChunks,
         queue_timeout: QueueTimeout | None = None,
-        chunks: ResponseChunks | None = None,
         observer: RequestObserver | None = None,
         trace_context: str | None = None,
     ) -> bytes:
@@ -198,7 +194,6 @@ class Frontend:
         run = _RequestRun(
             request, self._engine, queue_timeout, observer or self._observer, trace_context
         )
-        chunks = chunks or self._chunks(request)
 
         def fold(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
             run.account(taken)
@@ -217,9 +212,6 @@ class Frontend:
         finally:
             run.close(is_aborted=is_cancelled and not output.is_done)
         return chunks.body()
-
-    def _chunks(self, request: GenerationRequest) -> ResponseChunks:
-        return _PROJECTIONS[request.kind](request, self._strings)
 
 
 class _RequestRun:
@@ -302,13 +294,6 @@ class _RequestRun:
                     now_s - self._timer.started_s,
                     delta.finish_reason,
                 )
-
-
-# Per `GenerationRequest.kind`: the builder of its events and body.
-_PROJECTIONS: dict[str, Callable[[GenerationRequest, TokenStrings], ResponseChunks]] = {
-    "completion": CompletionChunks,
-    "chat": ChatChunks,
-}
 
 
 def _choice_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -45,7 +45,7 @@ class AppRoutes(Protocol):
         request: Request,
         generation: GenerationRequest,
         queue_timeout: QueueTimeout | None,
-        chunks: ResponseChunks | None = None,
+        chunks: ResponseChunks,
         media_type: str = ...,
         *,
         model: ModelParts | None = None,

@@ -46,8 +46,8 @@ class GenerationRun:
     model: ModelParts
     generation: GenerationRequest
     queue_timeout: QueueTimeout | None
-    # A builder the route made (None: the one its kind names).
-    chunks: ResponseChunks | None = None
+    # Its API's projection, built by the route.
+    chunks: ResponseChunks
     # The stream's (Ollama's NDJSON lines; default SSE).
     media_type: str = EVENT_STREAM_MEDIA_TYPE
 
@@ -87,7 +87,7 @@ class GenerationRun:
         send_timeout_s: float,
     ) -> Response:
         events = self.model.frontend.stream(
-            self.generation, self.queue_timeout, self.chunks, observer, trace_context
+            self.generation, self.chunks, self.queue_timeout, observer, trace_context
         )
         # Wait for the first event before sending headers: an error up to here
         # propagates from it and becomes a real HTTP error (errors.py).
@@ -115,7 +115,7 @@ class GenerationRun:
         body = await unless_disconnected(
             self.request.receive,
             self.model.frontend.complete(
-                self.generation, self.queue_timeout, self.chunks, observer, trace_context
+                self.generation, self.chunks, self.queue_timeout, observer, trace_context
             ),
         )
         if body is None:

@@ -217,14 +217,14 @@ class Routes:
         request: Request,
         generation: GenerationRequest,
         queue_timeout: QueueTimeout | None,
-        chunks: ResponseChunks | None = None,
+        chunks: ResponseChunks,
         media_type: str = EVENT_STREAM_MEDIA_TYPE,
         *,
         model: ModelParts | None = None,
     ) -> Response:
         """Run `generation` on `model` (None: the first model's, running) and
-        answer with its stream or body; `chunks`: a builder the route made
-        (default: the one its kind names); `media_type`: the stream's (Ollama's
+        answer with its stream or body; `chunks`: its API's projection, built
+        by the route; `media_type`: the stream's (Ollama's
         NDJSON lines)."""
         run = GenerationRun(request, model or self.default_parts(), generation, queue_timeout,
                             chunks, media_type)  # fmt: skip

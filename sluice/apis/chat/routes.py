@@ -5,7 +5,7 @@
 Parse the body (protocol.py) -> the model it names (`Routes.model_for`: a
 404 naming the served ones) -> admission (`admit`: before any work, each of
 `n` choices counted) -> check it and render the template (to_internal.py) ->
-answered by `Routes.respond` with the frontend's chat chunks.
+answered by `Routes.respond` with its chunks (chunks.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request
 from starlette.responses import Response
 
+from sluice.apis.chat.chunks import ChatChunks
 from sluice.apis.chat.protocol import ChatCompletionRequest
 from sluice.apis.chat.to_internal import chat_request
 from sluice.apis.surface import CHAT_CREATE, ApiRoute
@@ -35,4 +36,5 @@ class ChatRoutes:
         async with routes.model_for(request, body.value.model) as model:
             queue_timeout = routes.admit(request, body.value.n or 1, model)
             generation = await routes.bodies.convert(body, chat_request, model.model.conversion)
-            return await routes.respond(request, generation, queue_timeout, model=model)
+            chunks = ChatChunks(generation, model.frontend.strings)
+            return await routes.respond(request, generation, queue_timeout, chunks, model=model)

@@ -5,7 +5,7 @@
 Parse the body (protocol.py) -> the model it names (`Routes.model_for`: a
 404 naming the served ones) -> admission (`admit`: before any work, each of
 `n` choices counted) -> check it and tokenize its prompts (to_internal.py) ->
-answered by `Routes.respond` with the frontend's completion chunks.
+answered by `Routes.respond` with its chunks (chunks.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request
 from starlette.responses import Response
 
+from sluice.apis.completions.chunks import CompletionChunks
 from sluice.apis.completions.protocol import CompletionRequest
 from sluice.apis.completions.to_internal import completion_request
 from sluice.apis.surface import COMPLETIONS_CREATE, ApiRoute
@@ -37,4 +38,5 @@ class CompletionsRoutes:
             generation = await routes.bodies.convert(
                 body, completion_request, model.model.conversion
             )
-            return await routes.respond(request, generation, queue_timeout, model=model)
+            chunks = CompletionChunks(generation, model.frontend.strings)
+            return await routes.respond(request, generation, queue_timeout, chunks, model=model)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from sluice.apis.chat.chunks import ChatChunks
 from sluice.engine.sampling_params import SamplingParams
-from sluice.frontend.chat_chunks import ChatChunks
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest, PromptInput

@@ -5,7 +5,7 @@ usage counting); a stream sends each as a chunk, a non-streamed body is their
 fold, so the two can never disagree. Invariants:
 - The first chunk of each index is `{"role": "assistant", "content": ""}`,
   sent for every index before any content, together with the first tokens'
-  chunks (as vLLM sends it; serving.py holds it back); `role` never repeats.
+  chunks (as vLLM sends it; frontend/serving.py holds it back); `role` never repeats.
 - Content chunks never carry empty content; only a finish chunk may have
   `delta: {}`. Every choice carries `finish_reason` (null until its last
   chunk) and `stop_reason`; `logprobs` is null on chunks without tokens.

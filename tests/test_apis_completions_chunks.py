@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import orjson
 
+from sluice.apis.completions.chunks import CompletionChunks
 from sluice.engine.outputs import PromptLogprobs
 from sluice.engine.sampling_params import SamplingParams
-from sluice.frontend.completions_chunks import CompletionChunks
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest, PromptInput
