@@ -33,7 +33,7 @@ Invariants:
 - A body longer than `max_request_body_bytes` is a 413 in the OpenAI error
   format: by its Content-Length before a byte is read, or, streamed, as soon
   as that many bytes arrived. A body not declared JSON (no Content-Type
-  included) is a 415 before reading (`protocol.check_content_type`).
+  included) is a 415 before reading (`openai_protocol.check_content_type`).
 - Both paths give the same result for the same body: the same request, or
   the same error (but for the wording of a JSON syntax error).
 - Left as one call for a body within the limits: steps that copy a prompt's

@@ -2,7 +2,7 @@
 engine's thinking budget (docs/API.md, "Reasoning controls").
 
 Each API's fields arrive as chat's (Responses' `reasoning.effort` and
-Messages' `thinking` are mapped onto them before `to_internal.chat_request`):
+Messages' `thinking` are mapped onto them before chat's `chat_request`):
 - `chat_template_kwargs` (vLLM's): extra variables of the chat template,
   e.g. `{"enable_thinking": false}` for Qwen3's;
 - `reasoning_effort` (OpenAI's): "none" turns thinking off, the others turn

@@ -1,6 +1,6 @@
 """Pydantic validation of a large body, a window of list elements at a time.
 
-`validate(model, data)` returns what `protocol.validate_body(data, model)`
+`validate(model, data)` returns what `openai_protocol.validate_body(data, model)`
 returns (the same model, or a 400 for the same first error), but no pydantic
 call validates more than about one window of elements: pydantic's core holds
 the GIL for a whole call, and one call over a prompt of 2M token ids took 1.6 s

@@ -1,7 +1,7 @@
 """Pydantic models of Anthropic's Messages API bodies (`POST /v1/messages`,
 `POST /v1/messages/count_tokens`).
 
-The same rules as chat's `protocol.py`: unknown fields are ignored (Claude Code
+The same rules as `apis/openai_protocol.py`: unknown fields are ignored (Claude Code
 sends `context_management`, `output_config`, beta fields), `null` means the
 default, NaN and infinities are refused, every documented range is checked
 here so the error names the field. Content blocks are one model with a

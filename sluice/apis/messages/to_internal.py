@@ -1,10 +1,10 @@
 """Anthropic Messages bodies -> the equivalent chat request -> `GenerationRequest`.
 
 A Messages request is a chat request underneath: this module builds the
-`protocol.ChatCompletionRequest` that says the same (system first, content
+`chat_protocol.ChatCompletionRequest` that says the same (system first, content
 blocks flattened to text, `tool_use` blocks as an assistant's `tool_calls`,
 `tool_result` blocks as `tool` messages, tools and tool_choice in OpenAI's
-shapes) and runs it through `to_internal.chat_request`, so tools take the
+shapes) and runs it through chat's `chat_request` (apis/chat/to_internal.py), so tools take the
 same parsers and forced-choice grammars, then marks it "messages".
 What differs from chat, for what agents need (docs/API.md):
 - `max_tokens` beyond what the context leaves is lowered to fit, never a

@@ -2,7 +2,7 @@
 
 An Ollama request is a chat request underneath, as Anthropic's Messages are
 (`apis/messages/to_internal.py`): this module builds the
-`protocol.ChatCompletionRequest` that says the same and runs it through
+`chat_protocol.ChatCompletionRequest` that says the same and runs it through
 `apis.chat.to_internal.chat_request`, so templates, tools, structured outputs,
 reasoning, limits and the max_tokens policy are the chat API's own:
 - `messages` as chat messages: an assistant's `tool_calls` (arguments an

@@ -1,7 +1,7 @@
 """Pydantic models of the Responses API's request bodies (`POST /v1/responses`,
 `POST /v1/responses/input_tokens`).
 
-The same rules as chat's `protocol.py`: unknown fields are ignored, null means the
+The same rules as `apis/openai_protocol.py`: unknown fields are ignored, null means the
 default, ranges are checked here so the error names the field. Input items
 and tools stay loosely typed (`dict`): the API keeps adding item and tool
 types, and an agent that sends one sluice does not know must not get a 400

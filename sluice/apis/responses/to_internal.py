@@ -2,7 +2,7 @@
 it (kind "responses"), and what the store keeps of it.
 
 The body becomes a chat request (`input_items.py` reads items and tools)
-checked by the same `to_internal.chat_request` as /v1/chat/completions, so
+checked by the same `chat_request` (apis/chat/to_internal.py) as /v1/chat/completions, so
 every limit, grammar and tool rule holds here too; an error it raises names
 the Responses field (`input`, `max_output_tokens`, `text.format`, ...).
 Choices that differ from chat, for agents (docs/API.md):
