@@ -32,12 +32,14 @@ SLUICE = Path(registry.__file__).resolve().parents[2]
 FAMILIES_DIR = SLUICE / "models" / "families"
 # A config every family accepts: a window as long as the context (a sliding
 # layer's window for Gemma, ignored elsewhere); experts that only the MoE
-# families read (under both of their names).
+# families read (under both of their names); a Mamba-2 shape only Granite
+# 4.0-H reads (its heads times their size make twice the hidden size).
 TINY = {
     "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
     "sliding_window": 64, "rms_norm_eps": 1e-6, "num_experts": 4, "num_local_experts": 4,
     "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+    "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8, "mamba_n_groups": 1,
 }  # fmt: skip
 
 
@@ -65,13 +67,14 @@ def test_each_gguf_architecture_names_one_registered_family():
         assert gguf_family(name).architecture in SUPPORTED_ARCHITECTURES
 
 
-def test_only_the_gemma_and_moe_layers_declare_they_are_not_the_fused_decode_chain():
+def test_only_the_gemma_moe_and_mamba_layers_declare_they_are_not_the_fused_decode_chain():
     refused = {family.architecture for family in FAMILIES if not family.supports_fused_decode}
     moe = {family.architecture for family in FAMILIES
            if issubclass(family.model_class, MoeForCausalLM)}  # fmt: skip
     assert {"Qwen3MoeForCausalLM", "GptOssForCausalLM"} <= moe
     gemma = {"Gemma3ForCausalLM", "Gemma2ForCausalLM", "Gemma4ForCausalLM"}
-    assert refused == gemma | {"Gemma4ForConditionalGeneration"} | moe
+    mamba = {"GraniteMoeHybridForCausalLM"}  # Mamba-2 mixers and experts
+    assert refused == gemma | {"Gemma4ForConditionalGeneration"} | moe | mamba
 
 
 def test_an_unknown_architecture_is_one_line_naming_it_and_the_supported_ones():
