@@ -13,7 +13,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langchain_ollama import ChatOllama
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from sluice.audit.options import AuditOptions
 from sluice.audit.records import Target
@@ -33,8 +33,11 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 
 class Person(BaseModel):
-    name: str
-    age: int
+    # Closed and bounded, so the grammar ends the object within num_predict
+    # whatever a tiny model's greedy choice (an extra list can repeat to the end).
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=24)
+    age: int = Field(ge=0, le=150)
 
 
 def get_weather(city: str) -> str:
