@@ -1,11 +1,15 @@
 """Tiny gpt-oss checkpoints for tests: `build_tiny_gpt_oss` (random weights,
 every feature that changes the output switched on) and `write_mxfp4_folder`,
 which rounds its experts to MXFP4 and saves them as OpenAI publishes
-gpt-oss (`*_blocks` / `*_scales`, quantization_config mxfp4)."""
+gpt-oss (`*_blocks` / `*_scales`, quantization_config mxfp4), and
+`convert_with_llama_cpp`, llama.cpp's converter run on such a folder."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -81,3 +85,44 @@ def write_mxfp4_folder(tiny: TinyModel, folder: Path) -> dict[str, torch.Tensor]
     (folder / "config.json").write_text(json.dumps(config))
     save_file(state, str(folder / "model.safetensors"))
     return state
+
+
+# llama.cpp's source tree (the llama-cpp-python sdist's vendor/llama.cpp), whose
+# convert_hf_to_gguf.py writes gpt-oss GGUFs.
+LLAMA_CPP = Path(
+    os.environ.get("SLUICE_LLAMA_CPP", "/work/peers/src/llama_cpp_python-0.3.36/vendor/llama.cpp")
+)
+# The converter as a subprocess, its vocabulary step replaced: a tiny model has
+# no tokenizer the converter knows, so it gets tests/gguf_files.py's byte BPE
+# (and the folder's chat_template.jinja, as the real step writes it).
+_CONVERT = """
+import runpy, sys
+sys.path[:0] = [{root!r}, {llama_cpp!r}]
+from conversion.gpt_oss import GptOssModel
+from tests.gguf_files import add_byte_bpe_vocab
+def set_vocab(self):
+    add_byte_bpe_vocab(self.gguf_writer, self.hparams["vocab_size"], ["<|endoftext|>", "<s>", "</s>"])
+    template = self.dir_model / "chat_template.jinja"  # as the real step copies it
+    if template.is_file():
+        self.gguf_writer.add_chat_template(template.read_text())
+GptOssModel.set_vocab = set_vocab
+sys.argv = [{script!r}, *sys.argv[1:]]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def convert_with_llama_cpp(folder: Path, out: Path, outtype: str = "f32") -> Path:
+    """`folder` (an HF gpt-oss checkpoint) through llama.cpp's
+    convert_hf_to_gguf.py: every tensor and the metadata as it writes them."""
+    script = LLAMA_CPP / "convert_hf_to_gguf.py"
+    root = str(Path(__file__).resolve().parent.parent)
+    code = _CONVERT.format(root=root, llama_cpp=str(LLAMA_CPP), script=str(script))
+    command = [sys.executable, "-c", code, str(folder), "--outfile", str(out), "--outtype", outtype]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def gpt_oss_template() -> str:
+    """gpt-oss's harmony chat template (llama.cpp's models/templates copy)."""
+    return (LLAMA_CPP / "models" / "templates" / "openai-gpt-oss-120b.jinja").read_text()

@@ -8,7 +8,7 @@ import pytest
 
 from sluice.errors import ModelLoadError
 from sluice.models.decoder_config import FULL, SLIDING
-from sluice.models.families.registry import parse_hf_config
+from sluice.models.families.registry import gguf_family, parse_hf_config
 from sluice.models.gpt_oss import GptOssConfig
 from sluice.models.moe_decoder import parameter_counts
 
@@ -84,3 +84,40 @@ def test_a_config_the_model_does_not_run_is_one_line(changes, message):
     with pytest.raises(ModelLoadError, match=None) as caught:
         parse_hf_config(GPT_OSS_20B | changes)
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def _gguf_entries(metadata: dict, num_layers: int = 4) -> dict:
+    """The family's GGUF config entries from `metadata` (keys without `gpt-oss.`)."""
+    gguf = gguf_family("gpt-oss").gguf
+    assert gguf is not None and gguf.config_entries is not None
+    config = {"intermediate_size": 2880, "rope_theta": 150000.0, "num_hidden_layers": num_layers,
+              "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0}}  # fmt: skip
+    return gguf.config_entries(config, lambda key, default=None: metadata.get(key, default))
+
+
+def test_a_gguf_gets_llama_cpps_fixed_swiglu_untruncated_yarn_and_its_sliding_pattern():
+    entries = _gguf_entries({"expert_count": 32, "expert_used_count": 4,
+                             "expert_feed_forward_length": 2880, "attention.sliding_window": 128})  # fmt: skip
+    assert (entries["num_local_experts"], entries["num_experts_per_tok"]) == (32, 4)
+    assert (entries["swiglu_alpha"], entries["swiglu_limit"]) == (1.702, 7.0)
+    assert entries["rope_parameters"]["truncate"] is False
+    assert "layer_types" not in entries  # transformers' default: sliding, full, ...
+    flags = _gguf_entries({"attention.sliding_window_pattern": [True, False, False, True]})
+    assert flags["layer_types"] == [SLIDING, FULL, FULL, SLIDING]
+    every_third = _gguf_entries({"attention.sliding_window_pattern": 3})
+    assert every_third["layer_types"] == [SLIDING, SLIDING, FULL, SLIDING]
+
+
+@pytest.mark.parametrize(
+    "metadata, named",
+    [
+        ({"expert_feed_forward_length": [2880, 1440, 2880, 2880]}, "per-layer expert widths"),
+        ({"rope.freq_base_swa": 10000.0}, "sliding-layer rope base"),
+        ({"expert_weights_scale": 2.5}, "expert_weights_scale"),
+        ({"attention.sliding_window_pattern": 0}, "sliding_window_pattern"),
+    ],
+)
+def test_gguf_metadata_the_model_does_not_run_is_one_line(metadata, named):
+    with pytest.raises(ModelLoadError, match=named) as error:
+        _gguf_entries(metadata)
+    assert "\n" not in str(error.value)

@@ -48,7 +48,7 @@ from gguf import GGUFReader
 from safetensors.numpy import save_file
 
 from sluice.errors import ModelLoadError
-from sluice.loader import gguf_llama, gguf_tokenizer, model_cache
+from sluice.loader import gguf_llama, gguf_mxfp4, gguf_tokenizer, model_cache
 from sluice.loader.weights import INDEX_FILE
 
 # Bump when the folder layout or tensor conversion changes: old caches are ignored.
@@ -153,7 +153,7 @@ def write_hf_folder(gguf_path: Path, folder: Path, with_weights: bool = True) ->
     reader = _open_reader(gguf_path)
     config = _guarded(gguf_path, lambda: gguf_llama.hf_config(reader))
     if with_weights:
-        tensors = gguf_llama.hf_tensors(reader, config)
+        tensors = gguf_mxfp4.hf_tensors(reader, config)
         _guarded(gguf_path, lambda: _save_in_shards(tensors, folder))
     _write_json(folder / "config.json", config)
     _write_json(folder / "generation_config.json", _generation_config(config))

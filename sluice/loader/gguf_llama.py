@@ -2,7 +2,8 @@
 
 Architectures (`general.architecture`): llama (Llama, SmolLM2, Mistral as
 llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3, gemma2, gemma3, smollm3 and phi3 (Phi-3; LongRoPE's
-rope_factors_long/short tensors become the config's "longrope" scaling), each with llama.cpp's tensor names
+rope_factors_long/short tensors become the config's "longrope" scaling), qwen3moe and gpt-oss
+(its MXFP4 expert stacks read by loader/gguf_mxfp4.py), each with llama.cpp's tensor names
 and metadata keys (each family's `GgufFamily`, sluice/models/families/). Read with `gguf.GGUFReader`
 (memory-mapped, fast); no transformers here.
 
@@ -58,6 +59,8 @@ _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.([\w.]+)\.(weight|bias)")
 # The HF name a family gives llama.cpp's stacked experts (families/qwen_moe.py).
 _STACKED_EXPERTS = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\w+\.weight)")
 ROPE_FREQS = "rope_freqs.weight"
+# The stacks a family with `release_experts` may hold in MXFP4 (loader/gguf_mxfp4.py).
+_MXFP4_STACK = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight")
 # LongRoPE's factor lists (Phi-3-128k, Phi-3.5), as llama.cpp's converter stores them.
 LONGROPE_FACTORS = {
     "long_factor": "rope_factors_long.weight",
@@ -223,9 +226,15 @@ def _longrope(reader: GGUFReader, arch: str) -> dict[str, Any]:
 
 
 def check_tensor_types(reader: GGUFReader) -> None:
-    """ModelLoadError naming the first tensor whose type sluice cannot read."""
+    """ModelLoadError naming the first tensor whose type sluice cannot read
+    (MXFP4 is read in the expert stacks of a family that keeps them: gpt-oss)."""
     for tensor in reader.tensors:
-        if tensor.tensor_type.name not in READABLE_TYPES:
+        kind = tensor.tensor_type.name
+        if kind == "MXFP4" and _MXFP4_STACK.fullmatch(tensor.name):
+            gguf = family(reader).gguf
+            if gguf is not None and gguf.release_experts:
+                continue
+        if kind not in READABLE_TYPES:
             raise ModelLoadError(
                 f"unsupported GGUF tensor type {tensor.tensor_type.name} (tensor "
                 f"{tensor.name}): sluice reads {', '.join(READABLE_TYPES)}; requantize the "

@@ -3,7 +3,8 @@
 `gguf_weights` yields each tensor as the model loads it: a matrix in a block
 type the native kernel keeps (loader/gguf_blocks.py: Q4_0/1, Q5_0/1, Q8_0,
 Q4_K, Q5_K, Q6_K) as its `BlockCodes` (a stack of experts, `ffn_*_exps`,
-as each expert's codes: models/moe_blocks.py keeps them), everything else (norms, biases,
+as each expert's codes: models/moe_blocks.py keeps them; gpt-oss's stacks in
+OpenAI's release layout, MXFP4 kept: loader/gguf_mxfp4.py), everything else (norms, biases,
 float matrices, block types without a kernel) dequantized to float32, in
 HF's layout and orientation either way. Nothing is written to disk: the
 file is the weights' only copy.
@@ -26,6 +27,7 @@ from sluice.loader.gguf_llama import (
     per_expert,
     unpermute_rope_rows,
 )
+from sluice.loader.gguf_mxfp4 import is_expert_stack, release_experts, release_name
 
 Weight = torch.Tensor | BlockCodes
 
@@ -33,8 +35,13 @@ Weight = torch.Tensor | BlockCodes
 def gguf_weights(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, Weight]]:
     """(HF name, float32 tensor or block codes) for every tensor of the GGUF."""
     gguf = family(reader).gguf
-    for tensor, name, heads in model_tensors(reader, config):
-        if keeps_blocks(tensor, name):
+    assert gguf is not None, "the registry finds only families with a GGUF layout"
+    experts = []  # a release_experts family's stacks (gpt-oss), read last
+    for tensor, gguf_name, heads in model_tensors(reader, config):
+        name = release_name(gguf_name) if gguf.release_experts else gguf_name
+        if gguf.release_experts and is_expert_stack(name):
+            experts.append((tensor, name))
+        elif keeps_blocks(tensor, name):
             codes = decode_blocks(tensor.data, tensor.tensor_type.name, int(tensor.shape[0]))
             yield name, codes if heads is None else permuted_rows(codes, heads)
         elif keeps_expert_blocks(tensor, name):
@@ -42,6 +49,8 @@ def gguf_weights(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[s
         else:  # a copy: an F32 tensor's array is a view of the read-only map
             for hf_name, array in per_expert(name, hf_array(tensor, name, heads, gguf)):
                 yield hf_name, torch.from_numpy(array.copy())
+    for hf_name, array in release_experts(experts, gguf):  # MXFP4 ones stay in 4 bits
+        yield hf_name, torch.from_numpy(array)
 
 
 def keeps_blocks(tensor: Any, hf_name: str) -> bool:

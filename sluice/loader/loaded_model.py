@@ -217,8 +217,9 @@ def _weights_estimate(source: ModelSource, files: list[Path], dtype: torch.dtype
     if not files:
         return source.path.stat().st_size
     stored = sum(path.stat().st_size for path in files)
-    if source.kind == "gguf":
-        return stored * dtype.itemsize // 4
+    if source.kind == "gguf":  # float32 but for gpt-oss's MXFP4 experts (uint8, kept)
+        packed = mxfp4.stored_bytes(files)
+        return (stored - packed) * dtype.itemsize // 4 + packed + mxfp4.growth_bytes(files, dtype)
     return stored + mxfp4.growth_bytes(files, dtype)
 
 

@@ -65,16 +65,21 @@ def growth_bytes(files: list[Path], dtype: torch.dtype) -> int:
     from the safetensors headers only: each byte becomes two values)."""
     if mxfp4_available():
         return 0
-    growth = 0
+    return stored_bytes(files, ("_blocks",)) * (2 * dtype.itemsize - 1)
+
+
+def stored_bytes(files: list[Path], suffixes: tuple[str, ...] = ("_blocks", "_scales")) -> int:
+    """The bytes of the MXFP4 tensors (names ending in `suffixes`) in `files`,
+    from the safetensors headers only."""
+    total = 0
     for path in files:
         if path.suffix != ".safetensors":
             continue
         try:
             with safe_open(str(path), framework="pt") as checkpoint:
                 for name in checkpoint.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
-                    if name.endswith("_blocks"):
-                        num_bytes = math.prod(checkpoint.get_slice(name).get_shape())
-                        growth += num_bytes * (2 * dtype.itemsize - 1)
+                    if name.endswith(suffixes):
+                        total += math.prod(checkpoint.get_slice(name).get_shape())
         except (SafetensorError, OSError):
             continue  # unreadable: the weights' reader reports it, naming the file
-    return growth
+    return total

@@ -47,6 +47,10 @@ class GgufFamily:
     # vocabulary as, where it does not know llama.cpp's name (SmolLM3: "llama");
     # None: its own name (loader/gguf_tokenizer.py).
     tokenizer_architecture: str | None = None
+    # Its expert stacks (`ffn_{gate,up,down}_exps`, weights and biases) load as
+    # the stacked tensors of OpenAI's release, MXFP4 ones kept in 4 bits
+    # (gpt-oss: loader/gguf_mxfp4.py); False: one matrix per expert (Qwen's).
+    release_experts: bool = False
 
 
 @dataclass(frozen=True, slots=True)

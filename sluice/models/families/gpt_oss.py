@@ -11,7 +11,12 @@ theta 150000). `hidden_act` is not read: transformers' experts ignore it.
 Training-only fields (`router_aux_loss_coef`, `output_router_logits`) are
 ignored; what would change the output and is not run is one line. A
 `quantization_config` of "mxfp4" (OpenAI's release: the experts in MXFP4)
-is read by dequantizing the experts into the model dtype as they load.
+keeps the experts in 4 bits (models/mxfp4_experts.py) where the native
+kernel runs, else dequantizes them into the model dtype as they load.
+
+From GGUF: llama.cpp's `gpt-oss` architecture (its converter's output, MXFP4
+experts included): the metadata becomes this config (`_gguf_gpt_oss_config`),
+the tensors the release's names and layout (loader/gguf_mxfp4.py).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 
 from sluice.errors import ModelLoadError
 from sluice.models.decoder_config import FULL, SLIDING
-from sluice.models.families.family import Family
+from sluice.models.families.family import Family, GgufFamily, GgufMeta
 from sluice.models.families.hf_fields import common_fields, require_int
 from sluice.models.gpt_oss import GptOssConfig, GptOssForCausalLM
 from sluice.models.moe import TOPK_SOFTMAX, check_experts
@@ -90,4 +95,78 @@ def _number(d: dict[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-FAMILIES = (Family(GPT_OSS, "gpt_oss", parse_gpt_oss, GptOssForCausalLM),)
+def _gguf_gpt_oss_config(config: dict[str, Any], meta: GgufMeta) -> dict[str, Any]:
+    """What llama.cpp's gpt-oss metadata says, and what its code fixes: the
+    SwiGLU's alpha and limit (1.702, 7.0: llama-graph.cpp), sliding layers
+    first then full in turn unless `attention.sliding_window_pattern` says
+    otherwise (openai-moe.cpp), and YaRN without truncated bounds (the
+    release's rope_parameters, which GGUF has no key for)."""
+    width = meta("expert_feed_forward_length", config["intermediate_size"])
+    if not isinstance(width, int):
+        raise ModelLoadError(f"unsupported GGUF: per-layer expert widths {width!r} for {GPT_OSS}")
+    base_swa = meta("rope.freq_base_swa")
+    if base_swa is not None and float(base_swa) != config["rope_theta"]:
+        raise ModelLoadError(
+            f"unsupported GGUF: a sliding-layer rope base {base_swa} for {GPT_OSS}"
+        )
+    if meta("expert_weights_scale", 0.0) not in (0.0, 1.0):
+        raise ModelLoadError(f"unsupported GGUF: expert_weights_scale for {GPT_OSS}")
+    entries: dict[str, Any] = {
+        "num_local_experts": meta("expert_count"),
+        "num_experts_per_tok": meta("expert_used_count"),
+        "intermediate_size": width,
+        "sliding_window": meta("attention.sliding_window"),
+        "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0,
+    }
+    pattern = _gguf_layer_types(
+        meta("attention.sliding_window_pattern"), config["num_hidden_layers"]
+    )
+    if pattern is not None:
+        entries["layer_types"] = pattern
+    if config["rope_parameters"].get("rope_type") == "yarn":
+        entries["rope_parameters"] = config["rope_parameters"] | {"truncate": False}
+    return entries
+
+
+def _gguf_layer_types(pattern: Any, num_layers: int) -> list[str] | None:
+    """llama.cpp's sliding-window pattern: one flag a layer, or every n-th layer
+    full (the others sliding); None where absent (transformers' default)."""
+    if pattern is None:
+        return None
+    if isinstance(pattern, list):
+        return [SLIDING if flag else FULL for flag in pattern]
+    if not isinstance(pattern, int) or pattern < 1:
+        raise ModelLoadError(f"unsupported GGUF sliding_window_pattern {pattern!r}")
+    return [SLIDING if i % pattern < pattern - 1 else FULL for i in range(num_layers)]
+
+
+# llama.cpp's gpt-oss tensors beyond llama's (each expert stack with its bias;
+# loader/gguf_mxfp4.py puts the stacks back into the release's layout).
+GPT_OSS_LAYER_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_sinks": "self_attn.sinks",
+    "ffn_gate_inp": "mlp.router",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+}
+FAMILIES = (
+    Family(
+        GPT_OSS,
+        "gpt_oss",
+        parse_gpt_oss,
+        GptOssForCausalLM,
+        gguf=GgufFamily(
+            "gpt-oss",
+            permutes_qk=False,
+            layer_names=GPT_OSS_LAYER_NAMES,
+            config_entries=_gguf_gpt_oss_config,
+            release_experts=True,
+            # transformers 5.24 fails reading a gpt-oss GGUF's rope metadata
+            # (modeling_gguf_pytorch_utils: float() of a key's bytes); its
+            # byte-level BPE converts under Llama 3's name.
+            tokenizer_architecture="llama",
+        ),
+    ),
+)
