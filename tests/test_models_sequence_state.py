@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from sluice.models.sequence_state import SequenceStates
-from sluice.models.short_conv import _lay_out, _store
+from sluice.models.short_conv import lay_out_conv_inputs, store_conv_states
 
 BLOCK_SIZE, NUM_BLOCKS, NUM_SLOTS, HIDDEN = 4, 10, 3, 2
 STATE_ROWS = 2  # kernel 3
@@ -27,8 +27,8 @@ def slot_row(slot: int) -> int:
 def step(states, rows, query_lens, context_lens, tables, inputs) -> torch.Tensor:
     plan = states.conv_plan(query_lens, context_lens, tables, BLOCK_SIZE, rows.shape[0],
                             STATE_ROWS, "cpu")  # fmt: skip
-    ext = _lay_out(inputs, rows, plan)
-    _store(ext, rows, plan, states)
+    ext = lay_out_conv_inputs(inputs, rows, plan)
+    store_conv_states(ext, rows, plan, states)
     return ext
 
 
