@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from gguf import GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf.quants import dequantize
 from safetensors.torch import load_file
 
 from sluice.config import ModelConfig
@@ -45,6 +46,7 @@ from tests.invariance_runs import random_prompt
 from tests.model_factory import TinyModel, write_tiny_tokenizer
 from tests.model_runs import PagedRunner, greedy, hf_logits, prompt_logits
 
+Q = GGMLQuantizationType
 PROMPT = [1, 17, 300, 45, 9, 88, 211, 5, 402, 77, 3, 150, 64, 33, 19, 260, 7]
 
 
@@ -123,6 +125,7 @@ def test_the_gguf_loads_with_its_experts_in_4_bits_at_the_files_bytes(release, t
         assert isinstance(layer.moe.kept, Mxfp4Experts)
         assert layer.moe.gate_up.numel() == 0 and layer.moe.down.numel() == 0
     assert model.expert_bytes() == file_bytes
+    assert f"expert weights {file_bytes / 2**20:.1f} MiB in MXFP4;" in loaded.choices.reason
     converted = loaded.folder / "model.safetensors"
     kept = load_file(str(converted))
     assert kept["model.layers.0.mlp.experts.down_proj_blocks"].dtype == torch.uint8
@@ -220,3 +223,62 @@ def test_the_memory_plan_counts_the_kept_experts_at_their_bytes(release, tmp_pat
     floats = sum(path.stat().st_size for path in files) - packed
     estimate = _weights_estimate(source, files, torch.bfloat16)
     assert estimate == floats // 2 + packed + (0 if mxfp4_available() else 3 * codes)
+
+
+def rewrite_gguf(source: Path, target: Path, changes: dict[str, tuple | None]) -> Path:
+    """`source` with some tensors replaced ((array, raw type or None)) or
+    dropped (None), every metadata value copied."""
+    reader = GGUFReader(source)
+    writer = GGUFWriter(str(target), gguf_llama.field_value(reader, "general.architecture"))
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        kind = field.types[0]
+        item = field.types[-1] if kind == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), kind, sub_type=item)
+    for tensor in reader.tensors:
+        if tensor.name in changes and changes[tensor.name] is None:
+            continue
+        array, raw = changes.get(tensor.name) or (np.asarray(tensor.data), tensor.tensor_type)
+        writer.add_tensor(tensor.name, np.ascontiguousarray(array), raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
+
+
+def test_a_stack_in_another_type_loads_both_of_its_pair_as_their_exact_values(release, tmp_path):
+    """Layer 1's up stack in F32 (its MXFP4 values): that layer's gate/up runs
+    as floats holding the same values, the other layers stay in 4 bits, and the
+    logits stay the all-MXFP4 file's within the kernel's int8 rounding."""
+    _, _, _, gguf_path = release
+    (up,) = [t for t in GGUFReader(gguf_path).tensors if t.name == "blk.1.ffn_up_exps.weight"]
+    values = dequantize(np.asarray(up.data), up.tensor_type).reshape(8, 32, 64)
+    mixed = rewrite_gguf(gguf_path, tmp_path / "mixed.gguf", {up.name: (values, None)})
+    model = load(mixed, tmp_path, dtype="float32").model
+    assert not isinstance(model.layers[1].moe.kept, Mxfp4Experts)
+    np.testing.assert_array_equal(model.layers[1].moe.gate_up[:, 32:].numpy(), values)  # up rows
+    assert isinstance(model.layers[0].moe.kept, Mxfp4Experts)
+    prompt = random_prompt(random.Random(3), 40)
+    ours = prompt_logits(model, prompt)
+    reference = prompt_logits(load(gguf_path, tmp_path, dtype="float32").model, prompt)
+    close = (ours - reference).abs().amax(dim=-1) < 0.05 * reference.abs().max()
+    assert close.float().mean() > 0.9, close
+
+
+def test_a_missing_or_unreadable_expert_stack_is_one_line_naming_it(release, tmp_path):
+    _, _, _, gguf_path = release
+    missing = rewrite_gguf(gguf_path, tmp_path / "m.gguf", {"blk.2.ffn_gate_exps.bias": None})
+    with pytest.raises(
+        ModelLoadError, match=r"experts model\.layers\.2\.mlp\.experts\. lack gate_proj\.bias"
+    ):
+        load(missing, tmp_path)
+    (down,) = [t for t in GGUFReader(gguf_path).tensors if t.name == "blk.0.ffn_down_exps.weight"]
+    iq = np.zeros((8, 64, GGML_QUANT_SIZES[Q.IQ4_NL][1]), np.uint8)  # rows of one block
+    odd = rewrite_gguf(gguf_path, tmp_path / "iq.gguf", {down.name: (iq, Q.IQ4_NL)})
+    with pytest.raises(
+        ModelLoadError, match=r"type IQ4_NL \(tensor blk\.0\.ffn_down_exps"
+    ) as error:
+        load(odd, tmp_path)
+    assert "\n" not in str(error.value)
