@@ -4,14 +4,23 @@ matrix is in a block format; smaller or other files keep the int8 copy."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sluice.config import ModelConfig
 from sluice.loader import block_default, load_model
 from sluice.loader.block_default import BLOCKS_FROM_BYTES, blocks_by_default
+from sluice.models.mxfp4_experts import Mxfp4Experts
 from sluice.models.native.qblock import qblock_available
 from sluice.models.qblock_linear import QBlockLinear
 from tests.gguf_files import write_tiny_gguf
+from tests.gpt_oss_files import (
+    LLAMA_CPP,
+    build_tiny_gpt_oss,
+    convert_with_llama_cpp,
+    write_mxfp4_folder,
+)
 from tests.model_factory import build_tiny_model
 
 
@@ -88,3 +97,35 @@ def test_the_server_process_reads_the_tokenizer_without_converting_weights(
     config = ModelConfig(model=str(q4_file), cache_dir=tmp_path, dtype="float32")
     assert describe_model(config).tokenizer is not None
     assert not list(tmp_path.rglob("*.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_files(tmp_path_factory) -> dict[str, Path]:
+    """A tiny MXFP4 gpt-oss through llama.cpp's converter, as q8_0 and f32."""
+    if not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file():
+        pytest.skip(f"llama.cpp's converter is not at {LLAMA_CPP} (set SLUICE_LLAMA_CPP)")
+    directory = tmp_path_factory.mktemp("gpt_oss")
+    tiny = build_tiny_gpt_oss(directory / "float")
+    write_mxfp4_folder(tiny, directory / "mxfp4")
+    return {
+        kind: convert_with_llama_cpp(directory / "mxfp4", directory / f"{kind}.gguf", kind)
+        for kind in ("q8_0", "f32")
+    }
+
+
+def test_gpt_oss_keeps_its_blocks_with_mxfp4_experts_and_an_f32_router(gpt_oss_files):
+    """The converter leaves each router F32 (as llama-quantize does) and the
+    experts MXFP4: neither stops the blocks; F32 attention does."""
+    reason = blocks_by_default(gpt_oss_files["q8_0"], from_bytes=0, kernel_runs=lambda: True)
+    assert reason is not None and "keeps its blocks" in reason
+    assert blocks_by_default(gpt_oss_files["f32"], from_bytes=0, kernel_runs=lambda: True) is None
+
+
+@pytest.mark.skipif(not qblock_available(), reason="no AVX512-VNNI block kernels here")
+def test_the_load_at_auto_serves_gpt_oss_from_its_blocks(gpt_oss_files, tmp_path, monkeypatch):
+    monkeypatch.setattr(block_default, "BLOCKS_FROM_BYTES", 0)
+    config = ModelConfig(model=str(gpt_oss_files["q8_0"]), cache_dir=tmp_path, dtype="float32")
+    loaded = load_model(config)
+    assert isinstance(loaded.model.layers[0].qkv_proj, QBlockLinear)
+    assert isinstance(loaded.model.layers[0].moe.kept, Mxfp4Experts)
+    assert not list(tmp_path.rglob("*.safetensors"))  # no float32 conversion written

@@ -2,7 +2,8 @@
 
 A GGUF of at least `BLOCKS_FROM_BYTES` (512 MiB: the 1B-and-larger files
 people serve on CPUs), of an architecture the block path serves, whose every
-decoder matrix is in a block format the qblock kernel reads, on a CPU where
+decoder matrix is in a block format the qblock kernel reads (routers aside,
+which load in float32; gpt-oss's MXFP4 experts count), on a CPU where
 that kernel runs, keeps its blocks by default (`--quantization gguf`): int8
 activations times the file's own codes, exact integer sums per block,
 row-invariant like the default it replaces. The alternative, the
@@ -29,7 +30,9 @@ from sluice.models.native.qblock import qblock_available
 BLOCKS_FROM_BYTES = 512 * 2**20
 # GGUF architectures whose block path the suite proves (test_models_qblock_model.py,
 # test_models_moe_blocks.py): the llama decoder's families and Qwen3-MoE.
-BLOCK_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3", "qwen3moe"})
+# gpt-oss's expert stacks are MXFP4 in every published GGUF: they stay in 4 bits
+# on either path (loader/gguf_mxfp4.py), so they count as blocks here.
+BLOCK_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3", "qwen3moe", "gpt-oss"})
 
 
 def blocks_by_default(
@@ -49,6 +52,8 @@ def blocks_by_default(
         return None
     from gguf import GGUFReader
 
+    from sluice.loader.gguf_llama import family
+
     try:
         reader = GGUFReader(path)
     except Exception:  # a corrupt file: the load that follows names the error
@@ -57,12 +62,17 @@ def blocks_by_default(
     architecture = None if field is None else field.contents()
     if architecture not in BLOCK_ARCHITECTURES:
         return None
+    gguf = family(reader).gguf
+    kept = FORMATS.keys() | ({"MXFP4"} if gguf is not None and gguf.release_experts else set())
     matrices = [
         tensor.tensor_type.name
         for tensor in reader.tensors
-        if tensor.name.startswith("blk.") and len(tensor.shape) >= 2
-    ]
-    if not matrices or any(name not in FORMATS for name in matrices):
+        # Weights, not biases (gpt-oss's experts have [E, out] ones); a router
+        # loads in float32 on every path (moe.py), and llama-quantize leaves it F32.
+        if tensor.name.startswith("blk.") and tensor.name.endswith(".weight")
+        and len(tensor.shape) >= 2 and ".ffn_gate_inp." not in tensor.name
+    ]  # fmt: skip
+    if not matrices or any(name not in kept for name in matrices):
         return None
     return (
         f"auto: a {size / 2**20:,.0f} MiB GGUF keeps its blocks (from "
