@@ -101,7 +101,8 @@ sys.path[:0] = [{root!r}, {llama_cpp!r}]
 from conversion.gpt_oss import GptOssModel
 from tests.gguf_files import add_byte_bpe_vocab
 def set_vocab(self):
-    add_byte_bpe_vocab(self.gguf_writer, self.hparams["vocab_size"], ["<|endoftext|>", "<s>", "</s>"])
+    specials = ["<|endoftext|>", "<s>", "</s>", "<|return|>", "<|call|>"]  # ids 0-4
+    add_byte_bpe_vocab(self.gguf_writer, self.hparams["vocab_size"], specials)
     template = self.dir_model / "chat_template.jinja"  # as the real step copies it
     if template.is_file():
         self.gguf_writer.add_chat_template(template.read_text())

@@ -141,6 +141,14 @@ def test_the_harmony_template_comes_from_the_gguf_and_picks_harmonys_parser(rele
     assert prompt.endswith("<|start|>user<|message|>hi<|end|><|start|>assistant")
 
 
+def test_generation_stops_at_harmonys_return_and_call_as_in_llama_cpp(release, tmp_path):
+    """The file names one eos (</s> here); llama.cpp also ends at <|return|>
+    and <|call|> (ids 3 and 4 in the stub vocabulary), so a tool call ends."""
+    _, _, _, gguf_path = release
+    assert gguf_llama.hf_config(GGUFReader(gguf_path))["eos_token_id"] == [2, 3, 4]
+    assert load(gguf_path, tmp_path, dtype="float32").eos_token_ids == {2, 3, 4}
+
+
 def test_logits_and_greedy_tokens_equal_the_hf_folders(release, tmp_path):
     _, folder, _, gguf_path = release
     from_gguf = load(gguf_path, tmp_path, dtype="float32", quantization=None)

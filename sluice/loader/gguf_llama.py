@@ -137,7 +137,19 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
         token_id = field_value(reader, f"tokenizer.ggml.{key}")
         if token_id is not None:
             config[key.replace("padding", "pad")] = int(token_id)
+    if stops := _stop_token_ids(reader, gguf.stop_tokens):
+        eos = [config["eos_token_id"]] if "eos_token_id" in config else []
+        config["eos_token_id"] = list(dict.fromkeys(eos + stops))
     return config
+
+
+def _stop_token_ids(reader: GGUFReader, texts: tuple[str, ...]) -> list[int]:
+    """The ids of the vocabulary's tokens spelled `texts` (absent ones skipped)."""
+    if not texts:
+        return []
+    tokens = field_value(reader, "tokenizer.ggml.tokens", [])
+    ids = {token: index for index, token in enumerate(tokens) if token in texts}
+    return [ids[text] for text in texts if text in ids]
 
 
 def _partial_rotary(hf_family: Family, rope_dim: int, head_dim: int) -> dict[str, Any]:

@@ -51,6 +51,10 @@ class GgufFamily:
     # the stacked tensors of OpenAI's release, MXFP4 ones kept in 4 bits
     # (gpt-oss: loader/gguf_mxfp4.py); False: one matrix per expert (Qwen's).
     release_experts: bool = False
+    # Token texts llama.cpp ends generation on beyond the file's eos (its
+    # llama-vocab.cpp rule; gpt-oss's harmony: `<|return|>`, `<|call|>`): their
+    # ids join the config's eos_token_id where the vocabulary has them.
+    stop_tokens: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

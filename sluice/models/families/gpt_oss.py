@@ -163,6 +163,9 @@ FAMILIES = (
             layer_names=GPT_OSS_LAYER_NAMES,
             config_entries=_gguf_gpt_oss_config,
             release_experts=True,
+            # llama.cpp's end-of-generation tokens for o200k_harmony: a tool call
+            # ends at <|call|>, an answer at <|return|> (not <|end|>).
+            stop_tokens=("<|return|>", "<|call|>"),
             # transformers 5.24 fails reading a gpt-oss GGUF's rope metadata
             # (modeling_gguf_pytorch_utils: float() of a key's bytes); its
             # byte-level BPE converts under Llama 3's name.
