@@ -30,6 +30,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 
 from sluice.apis.chat.routes import ChatRoutes
 from sluice.apis.completions.routes import CompletionsRoutes
@@ -97,23 +98,10 @@ def create_app(
     pool = routes.models
     shutdown = GracefulShutdown(pool, config.drain_timeout_s, _PoolSupervisors(pool))
     registry = routes.metrics.registry
-    registry.register(ReadModelCounters(
-        "sluice:engine_restarts", "Dead engines brought back.",
-        lambda: {name: entry.num_restarts for name, entry in pool.counts_by_model().items()},
-    ))  # fmt: skip
-    registry.register(ReadModelCounters(
-        "sluice:model_loads", "Engine starts of each model (a switch to a loaded model: none).",
-        lambda: {name: pool.num_loads(name) for name in pool.names},
-    ))  # fmt: skip
+    _register_read_metrics(registry, pool)
     watchdog = LoopWatchdog(registry)
     registry.register(AdmissionCollector(pool.counts_by_model))
     registry.register(ReplicaCollector(routes.replicas))
-    registry.register(ReadInfos(
-        "sluice:kernel_plan", "The kernels each engine chose at load (--kernel-plan).",
-        lambda: [{"model_name": name, "plan": active.gate.engine.info.kernel_plan}
-                 for name, active in pool.loaded() if getattr(active.gate.engine.info,
-                                                              "kernel_plan", "")],
-    ))  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -141,22 +129,42 @@ def create_app(
     app.state.api_keys = keys
     # The server (launch.make_server) runs this on SIGTERM.
     app.state.shutdown = shutdown
-    responses = ResponsesRoutes(routes, ResponseStore(config.responses_store_bytes))
-    messages = MessagesRoutes(routes)
-    ollama = OllamaRoutes(routes)
-    embeddings = EmbeddingsRoutes(routes)
-    handlers = {
-        **CompletionsRoutes(routes).handlers(),
-        **ChatRoutes(routes).handlers(),
-        **responses.handlers(),
-        **messages.handlers(),
-        **ollama.handlers(),
-        **embeddings.handlers(),
-    }
+    handlers = _api_handlers(routes, config)
     add_api_routes(app, apis, handlers)
     InfoRoutes(routes).add_to(app)
     add_pages(app)  # the chat at / and the dashboard at /dashboard
     return app
+
+
+def _register_read_metrics(registry: CollectorRegistry, pool: ModelPool[ModelParts]) -> None:
+    """The series /metrics reads from each model's entry when scraped."""
+    registry.register(ReadModelCounters(
+        "sluice:engine_restarts", "Dead engines brought back.",
+        lambda: {name: entry.num_restarts for name, entry in pool.counts_by_model().items()},
+    ))  # fmt: skip
+    registry.register(ReadModelCounters(
+        "sluice:model_loads", "Engine starts of each model (a switch to a loaded model: none).",
+        lambda: {name: pool.num_loads(name) for name in pool.names},
+    ))  # fmt: skip
+    registry.register(ReadInfos(
+        "sluice:kernel_plan", "The kernels each engine chose at load (--kernel-plan).",
+        lambda: [{"model_name": name, "plan": active.gate.engine.info.kernel_plan}
+                 for name, active in pool.loaded() if getattr(active.gate.engine.info,
+                                                              "kernel_plan", "")],
+    ))  # fmt: skip
+
+
+def _api_handlers(routes: Routes, config: ServerConfig) -> dict[ApiRoute, Handler]:
+    """Every API's route handlers, by route (each API's own routes object)."""
+    responses = ResponsesRoutes(routes, ResponseStore(config.responses_store_bytes))
+    return {
+        **CompletionsRoutes(routes).handlers(),
+        **ChatRoutes(routes).handlers(),
+        **responses.handlers(),
+        **MessagesRoutes(routes).handlers(),
+        **OllamaRoutes(routes).handlers(),
+        **EmbeddingsRoutes(routes).handlers(),
+    }
 
 
 def _built_model(config: ServerConfig, engine: EngineClient, model: ServedModel) -> ModelSpec:
