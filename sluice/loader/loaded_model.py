@@ -115,6 +115,39 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model.load_weights(
         gguf_weights(GGUFReader(source.path), config_json) if keep_blocks else iter_weights(files)
     )
+    chosen = _quantize(model, chosen, config, files, tokenizer, keep_blocks)
+    if device.type == "cpu":
+        chosen, kernel_plan, step_seconds = _cpu_paths(config, model, max_model_len, chosen)
+    else:
+        kernel_plan, step_seconds = "", ()
+    chosen = _noted(chosen, blocks_reason, model, model_config, time.perf_counter() - start)
+    model.eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        model_config=model_config,
+        max_model_len=max_model_len,
+        name=source.name,
+        eos_token_ids=tokenizer.eos_token_ids,
+        folder=folder,
+        choices=chosen,
+        kernel_plan=kernel_plan,
+        step_seconds=step_seconds,
+    )
+
+
+def _quantize(
+    model: LlamaForCausalLM,
+    chosen: choices.ModelChoices,
+    config: ModelConfig,
+    files: list[Path],
+    tokenizer: Tokenizer,
+    keep_blocks: bool,
+) -> choices.ModelChoices:
+    """The loaded model's matrices as `chosen` asks: GGUF blocks bound to the
+    fused decode layer, a weight-only copy, and int8 activations calibrated
+    (the row-invariant scheme, or W8A8 raced against AMX-BF16: `chosen` then
+    says which bands it won)."""
     if keep_blocks:
         # Layers whose matrices all stayed in blocks decode in one native call each.
         model.bind_fused_decode()
@@ -133,10 +166,17 @@ def load_model(config: ModelConfig) -> LoadedModel:
             bands = calibration.quantize_activations(model, tokenizer.encode(text), kept, race)
             if race:
                 chosen = choices.after_amx_race(chosen, bands)
-    if device.type == "cpu":
-        chosen, kernel_plan, step_seconds = _cpu_paths(config, model, max_model_len, chosen)
-    else:
-        kernel_plan, step_seconds = "", ()
+    return chosen
+
+
+def _noted(
+    chosen: choices.ModelChoices,
+    blocks_reason: str | None,
+    model: LlamaForCausalLM,
+    model_config: DecoderConfig,
+    seconds: float,
+) -> choices.ModelChoices:
+    """`chosen` with what else the load decided, for the startup line."""
     if blocks_reason:
         chosen = choices.noting(chosen, blocks_reason)
     chosen = choices.noting(chosen, describe_family(model_config))
@@ -144,20 +184,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
         chosen = choices.noting(chosen, experts)
     if rope_note := longrope.describe_longrope(model_config.rope_scaling):
         chosen = choices.noting(chosen, rope_note)
-    chosen = choices.noting(chosen, _describe_load(model, time.perf_counter() - start))
-    model.eval()
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        model_config=model_config,
-        max_model_len=max_model_len,
-        name=source.name,
-        eos_token_ids=tokenizer.eos_token_ids,
-        folder=folder,
-        choices=chosen,
-        kernel_plan=kernel_plan,
-        step_seconds=step_seconds,
-    )
+    chosen = choices.noting(chosen, _describe_load(model, seconds))
+    return chosen
 
 
 def _cpu_paths(
