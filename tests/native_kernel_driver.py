@@ -22,6 +22,7 @@ from sluice.models import native
 from sluice.models.block_codes import FORMATS, BlockCodes
 from sluice.models.native import abi
 from sluice.models.native.int8 import int8_gemm_kernels, int8_row_kernels
+from sluice.models.native.mxfp4 import mxfp4_available, mxfp4_groups, mxfp4_matmul
 from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
 from sluice.models.native.qblock import (
     QBlockMatrix,
@@ -282,6 +283,25 @@ def qblock() -> None:
         qblock_matmul_parts(randn(count, 512, dtype=BF16), part_array(parts), out)
 
 
+def mxfp4() -> None:
+    """mxfp4_gemm.c: widths of one and of several 32-value groups, odd row
+    counts, an all-zero group, outputs written into a column slice."""
+    if not mxfp4_available():
+        return
+    g = torch.Generator().manual_seed(3)
+    for n, k in ((1, 32), (17, 96), (33, 256)):
+        blocks = torch.randint(0, 256, (n, k // 32, 16), dtype=torch.uint8, generator=g)
+        scales = torch.randint(118, 132, (n, k // 32), dtype=torch.uint8, generator=g)
+        groups = mxfp4_groups(blocks, scales)
+        for dtype in (BF16, F32):
+            for count in (1, 5):
+                x = randn(count, k, dtype=dtype)
+                x[0, :32] = 0
+                mxfp4_matmul(x, groups)
+            wide = torch.empty(3, n + 7, dtype=dtype)
+            mxfp4_matmul(randn(3, k, dtype=dtype), groups, wide[:, 2 : 2 + n])
+
+
 def main() -> None:
     library = native._library()
     assert library is not None, native.native_status().describe()
@@ -289,7 +309,7 @@ def main() -> None:
     for name in abi.FUNCTIONS:
         setattr(library, name, Counted(getattr(library, name), name, called))
     drives = (decode_attention, prefill_attention, rows, rope, int8_rows, int8_gemm,
-              decoder_layer, decoder_layer_blocks, qblock)  # fmt: skip
+              decoder_layer, decoder_layer_blocks, qblock, mxfp4)  # fmt: skip
     for drive in drives:
         drive()
         print(f"{drive.__name__}: done", file=sys.stderr, flush=True)

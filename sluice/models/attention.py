@@ -490,8 +490,11 @@ def _prefill_attention(
             return kernel(q, k, v, scale)
         keys, values = _cached_kv(kv_cache, plan.block_ids, plan.seq_len)
         return kernel(q, keys, values, scale)
-    rows = _rows_kernel(q, kv_cache, kernels)
-    if rows is not None and kernels.prefill_kernel(plan.seq_len) != TORCH:
+    # A plan that names torch for this length gets torch (a pinned --kernel-plan).
+    if (
+        kernels.prefill_kernel(plan.seq_len) != TORCH
+        and (rows := _rows_kernel(q, kv_cache, kernels)) is not None
+    ):
         return _prefill_rows(q, kv_cache, plan, scale, rows)
     if plan.block_ids is None:  # nothing cached before this chunk: it is the whole sequence
         return _sdpa(q, k, v, None, scale)
