@@ -35,7 +35,6 @@ from sluice.models.mamba2 import Mamba2Layer
 from sluice.models.mamba2_config import MambaDecoderConfig
 from sluice.models.moe import MoeBlock
 from sluice.models.rope_norm import Float32Angles, RopeAngles
-from sluice.models.sequence_state import SequenceStates
 from sluice.models.weight_targets import WeightTarget
 
 # transformers 5's MoE names -> granitemoe's, which the targets use.
@@ -141,18 +140,6 @@ class GraniteHybridForCausalLM(LlamaForCausalLM):
         if self.config.layer_types[index] == MAMBA:
             return GraniteMambaLayer(self.config, dtype, device, self.batch_invariant)
         return GraniteAttentionLayer(self.config, dtype, device, self.batch_invariant)
-
-    def forward(
-        self,
-        input_ids: Tensor,  # [num_tokens] int64, flat over the batch
-        positions: Tensor,  # [num_tokens] int64
-        kv_caches: list[Tensor],  # per layer: K/V pool, or a Mamba layer's state rows
-        attn: AttentionMetadata,
-    ) -> Tensor:  # [num_tokens, hidden], after the final norm
-        if attn.sequence_states is None:
-            # Sequence b in slot b, its state carried from step to step.
-            attn.sequence_states = SequenceStates.standalone(len(attn.query_lens))
-        return super().forward(input_ids, positions, kv_caches, attn)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:  # [n, hidden] -> [n, vocab] float32
         assert isinstance(self.config, GraniteHybridConfig), "Granite's logits need its config"

@@ -16,11 +16,9 @@ from collections.abc import Iterable
 
 from torch import Tensor
 
-from sluice.models.attention import AttentionMetadata
 from sluice.models.block_codes import BlockCodes
 from sluice.models.decoder_config import CONV
 from sluice.models.llama import LlamaDecoderLayer, LlamaForCausalLM
-from sluice.models.sequence_state import SequenceStates
 from sluice.models.short_conv import ShortConvLayer
 from sluice.models.weight_targets import WeightTarget, decoder_layer_targets
 
@@ -42,18 +40,6 @@ class Lfm2ForCausalLM(LlamaForCausalLM):
         if self.config.layer_types[index] == CONV:
             return ShortConvLayer(self.config, dtype, device, self.batch_invariant)
         return LlamaDecoderLayer(self.config, dtype, device, self.batch_invariant)
-
-    def forward(
-        self,
-        input_ids: Tensor,  # [num_tokens] int64, flat over the batch
-        positions: Tensor,  # [num_tokens] int64
-        kv_caches: list[Tensor],  # per layer: K/V pool, or a conv layer's state rows
-        attn: AttentionMetadata,
-    ) -> Tensor:  # [num_tokens, hidden], after the final norm
-        if attn.sequence_states is None:
-            # Sequence b in slot b, its state carried from step to step.
-            attn.sequence_states = SequenceStates.standalone(len(attn.query_lens))
-        return super().forward(input_ids, positions, kv_caches, attn)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor | BlockCodes]]) -> None:
         """transformers' conv kernels [hidden, 1, L] load as llama.cpp's [hidden, L]."""

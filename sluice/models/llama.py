@@ -74,6 +74,7 @@ from sluice.models.native.rope import rope_write_kv_kernel
 from sluice.models.qblock_linear import adopt_block_codes
 from sluice.models.quantization import check_quantization
 from sluice.models.rope_norm import Float32Angles, RMSNorm, RopeAngles, rope_cos_sin
+from sluice.models.sequence_state import SequenceStates
 from sluice.models.sliding_window import sliding_window_attention
 from sluice.models.weight_targets import (
     WeightTarget,
@@ -306,6 +307,10 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[Tensor],  # per layer [2, num_blocks, block_size, Hkv, head_dim]
         attn: AttentionMetadata,
     ) -> Tensor:  # [num_tokens, hidden], after the final norm
+        if attn.sequence_states is None and self.config.has_sequence_state:
+            # A hybrid run outside the engine's slots (calibration, scoring, tests):
+            # sequence b in slot b, its state carried from step to step.
+            attn.sequence_states = SequenceStates.standalone(len(attn.query_lens))
         if self.token_embedding is None:
             hidden = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
         else:

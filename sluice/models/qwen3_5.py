@@ -31,7 +31,6 @@ from sluice.models.gated_deltanet import GatedDeltaNetLayer
 from sluice.models.linear import Linear, in_row_tiles
 from sluice.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from sluice.models.rope_norm import Float32Angles, RopeAngles
-from sluice.models.sequence_state import SequenceStates
 from sluice.models.weight_targets import WeightTarget, decoder_layer_targets
 
 # Norms that multiply by (1 + weight) (transformers' Qwen3NextRMSNorm).
@@ -105,18 +104,6 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
         if self.config.layer_types[index] == LINEAR:
             return GatedDeltaNetLayer(self.config, dtype, device, self.batch_invariant)
         return GatedAttentionLayer(self.config, dtype, device, self.batch_invariant)
-
-    def forward(
-        self,
-        input_ids: Tensor,  # [num_tokens] int64, flat over the batch
-        positions: Tensor,  # [num_tokens] int64
-        kv_caches: list[Tensor],  # per layer: K/V pool, or a linear layer's state rows
-        attn: AttentionMetadata,
-    ) -> Tensor:  # [num_tokens, hidden], after the final norm
-        if attn.sequence_states is None:
-            # Sequence b in slot b, its state carried from step to step.
-            attn.sequence_states = SequenceStates.standalone(len(attn.query_lens))
-        return super().forward(input_ids, positions, kv_caches, attn)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor | BlockCodes]]) -> None:
         super().load_weights(self._as_targets(weights))
