@@ -129,3 +129,24 @@ def test_the_load_at_auto_serves_gpt_oss_from_its_blocks(gpt_oss_files, tmp_path
     assert isinstance(loaded.model.layers[0].qkv_proj, QBlockLinear)
     assert isinstance(loaded.model.layers[0].moe.kept, Mxfp4Experts)
     assert not list(tmp_path.rglob("*.safetensors"))  # no float32 conversion written
+
+
+@pytest.mark.skipif(not qblock_available(), reason="needs the qblock kernel")
+def test_a_load_that_keeps_the_blocks_parses_the_gguf_header_once(q4_file, tmp_path, monkeypatch):
+    """The decision (block_default) and the blocks read (gguf_weights) share one
+    reader; the tokenizer folder was converted by an earlier start."""
+    import gguf
+
+    monkeypatch.setattr(block_default, "BLOCKS_FROM_BYTES", 0)
+    config = ModelConfig(model=str(q4_file), cache_dir=tmp_path, dtype="float32")
+    load_model(config)  # the first start writes the config and tokenizer folder
+    opens = []
+    real_init = gguf.GGUFReader.__init__
+
+    def counting_init(self, *args, **kwargs):
+        opens.append(args)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", counting_init)
+    load_model(config)
+    assert len(opens) == 1

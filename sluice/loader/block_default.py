@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sluice.loader.choices import AUTO, GGUF_BLOCKS
 from sluice.loader.sources import ModelSource
 from sluice.models.block_codes import FORMATS
 from sluice.models.native.qblock import qblock_available
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 BLOCKS_FROM_BYTES = 512 * 2**20
 # GGUF architectures whose block path the suite proves (test_models_qblock_model.py,
@@ -35,27 +39,45 @@ BLOCKS_FROM_BYTES = 512 * 2**20
 BLOCK_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3", "qwen3moe", "gpt-oss"})
 
 
+class GgufHeader:
+    """A GGUF file opened at its first use and then kept: a load parses the
+    header once, for the decision here and for the blocks it then reads
+    (gguf_tensors.gguf_weights), and never where neither needs it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._reader: GGUFReader | None = None
+
+    def reader(self) -> GGUFReader:
+        """The parsed file (its header read on the first call only)."""
+        if self._reader is None:
+            from gguf import GGUFReader
+
+            self._reader = GGUFReader(self.path)
+        return self._reader
+
+
 def blocks_by_default(
     path: Path,
     *,
     from_bytes: int | None = None,
     kernel_runs: Callable[[], bool] | None = None,
+    header: GgufHeader | None = None,
 ) -> str | None:
     """Why auto keeps this GGUF's blocks (a phrase for the startup line), or
     None where auto keeps today's int8 copy. Reads only the file's header.
     `from_bytes`: the size bound (None: `BLOCKS_FROM_BYTES`); `kernel_runs`:
-    whether the qblock kernel runs here (None: ask it)."""
+    whether the qblock kernel runs here (None: ask it); `header`: the file,
+    opened once for the whole load (None: opened here)."""
     from_bytes = BLOCKS_FROM_BYTES if from_bytes is None else from_bytes
     kernel_runs = qblock_available if kernel_runs is None else kernel_runs
     size = path.stat().st_size
     if size < from_bytes or not kernel_runs():
         return None
-    from gguf import GGUFReader
-
     from sluice.loader.gguf_llama import family
 
     try:
-        reader = GGUFReader(path)
+        reader = (header or GgufHeader(path)).reader()
     except Exception:  # a corrupt file: the load that follows names the error
         return None
     field = reader.fields.get("general.architecture")
@@ -81,12 +103,13 @@ def blocks_by_default(
 
 
 def resolve_quantization(
-    quantization: str | None, source: ModelSource
+    quantization: str | None, source: ModelSource, header: GgufHeader | None = None
 ) -> tuple[str | None, str | None]:
     """`quantization` with auto resolved to "gguf" where `blocks_by_default`
     says so, and its reason (None where nothing was resolved here): the one
-    decision the engine's load and the server's reading of the tokenizer share."""
+    decision the engine's load and the server's reading of the tokenizer share.
+    `header`: a GGUF source opened once for the whole load (None: opened here)."""
     if quantization != AUTO or source.kind != "gguf":
         return quantization, None
-    reason = blocks_by_default(source.path)
+    reason = blocks_by_default(source.path, header=header)
     return (GGUF_BLOCKS, reason) if reason else (quantization, None)

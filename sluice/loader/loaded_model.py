@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gguf import GGUFReader
 
 from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
 from sluice.loader import choices, memory_plan
-from sluice.loader.block_default import resolve_quantization
+from sluice.loader.block_default import GgufHeader, resolve_quantization
 from sluice.loader.gguf_convert import cache_folder_for, converted_folder, source_tensor_types
 from sluice.loader.gguf_tensors import gguf_weights
 from sluice.loader.sources import ModelSource, resolve_source
@@ -36,12 +35,13 @@ from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models import calibration, longrope, mxfp4
 from sluice.models.decoder_config import DecoderConfig
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
-from sluice.models.kernel_plan import KernelPlan
+from sluice.models.kernel_plan import KernelPlan, measured_lengths
 from sluice.models.kernel_race import int8_candidates, plan_kernels
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.moe_decoder import describe_experts
 from sluice.models.native import native_status
 from sluice.models.native.qblock import qblock_available
+from sluice.models.plan_cache import PlanStore, model_key
 from sluice.models.quantization import check_quantization
 from sluice.tokenizer import Tokenizer
 
@@ -79,7 +79,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
     # 1. Where the HF folder is (converting a GGUF on first use).
     start = time.perf_counter()
     source = resolve_source(config.model)
-    quantization, blocks_reason = resolve_quantization(config.quantization, source)
+    header = GgufHeader(source.path)  # a GGUF's header, parsed once if at all
+    quantization, blocks_reason = resolve_quantization(config.quantization, source, header)
     keep_blocks = quantization == choices.GGUF_BLOCKS
     if keep_blocks:
         _check_block_source(source)
@@ -113,11 +114,16 @@ def load_model(config: ModelConfig) -> LoadedModel:
     # 3. Build and fill the model.
     model = build_model(model_config, dtype, device, config.batch_invariant)
     model.load_weights(
-        gguf_weights(GGUFReader(source.path), config_json) if keep_blocks else iter_weights(files)
+        gguf_weights(header.reader(), config_json) if keep_blocks else iter_weights(files)
     )
-    chosen = _quantize(model, chosen, config, files, tokenizer, keep_blocks)
+    # The execution plan kept for this CPU and model, read once (plan_cache.py).
+    plan = PlanStore.open(config.kernel_plan, config.cache_dir, model_key(
+        model.layers, dtype, chosen.quantization, chosen.activations, chosen.row_invariant,
+        measured_lengths(max_model_len),
+    ))  # fmt: skip
+    chosen = _quantize(model, chosen, config, files, tokenizer, keep_blocks, plan)
     if device.type == "cpu":
-        chosen, kernel_plan, step_seconds = _cpu_paths(config, model, max_model_len, chosen)
+        chosen, kernel_plan, step_seconds = _cpu_paths(config, model, max_model_len, chosen, plan)
     else:
         kernel_plan, step_seconds = "", ()
     chosen = _noted(chosen, blocks_reason, model, model_config, time.perf_counter() - start)
@@ -143,11 +149,12 @@ def _quantize(
     files: list[Path],
     tokenizer: Tokenizer,
     keep_blocks: bool,
+    plan: PlanStore,
 ) -> choices.ModelChoices:
     """The loaded model's matrices as `chosen` asks: GGUF blocks bound to the
     fused decode layer, a weight-only copy, and int8 activations calibrated
     (the row-invariant scheme, or W8A8 raced against AMX-BF16: `chosen` then
-    says which bands it won)."""
+    says which bands it won, kept in `plan`)."""
     if keep_blocks:
         # Layers whose matrices all stayed in blocks decode in one native call each.
         model.bind_fused_decode()
@@ -163,7 +170,8 @@ def _quantize(
         else:
             # With AMX the bfloat16 matmul runs on its tiles: W8A8 races it (int8_threshold.py).
             race = chosen.dtype == "bfloat16" and "amx_bf16" in choices.cpu_flags()
-            bands = calibration.quantize_activations(model, tokenizer.encode(text), kept, race)
+            ids = tokenizer.encode(text)
+            bands = calibration.quantize_activations(model, ids, kept, race, plan)
             if race:
                 chosen = choices.after_amx_race(chosen, bands)
     return chosen
@@ -189,15 +197,22 @@ def _noted(
 
 
 def _cpu_paths(
-    config: ModelConfig, model: LlamaForCausalLM, max_model_len: int, chosen: choices.ModelChoices
+    config: ModelConfig,
+    model: LlamaForCausalLM,
+    max_model_len: int,
+    chosen: choices.ModelChoices,
+    store: PlanStore,
 ) -> tuple[choices.ModelChoices, str, tuple[tuple[int, float], ...]]:
     """The native kernels, the kernel plan and the fused decode layers of a CPU
     model, each noted on the startup line: (choices, the plan described, its
-    step times)."""
+    step times). What was measured is kept in `store` (where steady)."""
     kernel_plan = ""
     step_seconds: tuple[tuple[int, float], ...] = ()
     chosen = choices.noting(chosen, native_status().describe())
-    if plan := _use_kernel_plan(config, model, max_model_len):
+    plan = _use_kernel_plan(config, model, max_model_len, store)
+    if not_kept := store.save():
+        chosen = choices.noting(chosen, not_kept)
+    if plan:
         kernel_plan, step_seconds = plan.describe(), plan.step_seconds
         chosen = choices.noting(chosen, kernel_plan)
     if fused := sum(layer.fused_decode is not None for layer in model.layers):
@@ -207,16 +222,13 @@ def _cpu_paths(
 
 
 def _use_kernel_plan(
-    config: ModelConfig, model: LlamaForCausalLM, max_model_len: int
+    config: ModelConfig, model: LlamaForCausalLM, max_model_len: int, store: PlanStore
 ) -> KernelPlan | None:
     """Put the kernel plan `config.kernel_plan` gives `model` to use; None in
     batch-invariant mode (which keeps its own attention path)."""
     if config.batch_invariant:
         return None
-    plan = plan_kernels(
-        config.kernel_plan, model.config, model.dtype, config.cache_dir, max_model_len,
-        int8_candidates(model),
-    )  # fmt: skip
+    plan = plan_kernels(store, model.config, model.dtype, max_model_len, int8_candidates(model))
     model.use_kernel_plan(plan)
     return plan
 
