@@ -10,14 +10,16 @@ load (sluice/models/int8_threshold.py).
 - a raced model serves W8A8 in the raced bands only (never below a layer's
   own threshold), weight-only int4 or the dense path elsewhere; a race lost
   in every band drops every W8A8 layer and the model's activation mode; the
-  real race runs end to end on a tiny model; the bands are kept, read back
-  by the next load, and a damaged file is raced again;
+  real race runs end to end on a tiny model; the bands are kept in the plan
+  cache (plan_cache.py), read back by the next load, and damaged ones are
+  raced again;
 - the loader races only on a bfloat16 model on a CPU with AMX-BF16, and the
   startup reason says what the race chose, and nothing the race overruled.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -28,6 +30,7 @@ from sluice.models import calibration, int8_threshold
 from sluice.models.int8_activations import MIN_INT8_ACTIVATION_TOKENS, MIN_PACKED_INT8_TOKENS
 from sluice.models.int8_threshold import RACE_ROWS, describe_bands, race_bands
 from sluice.models.llama import LlamaForCausalLM
+from sluice.models.plan_cache import AUTO, PlanStore
 
 EVERY_STEP = sys.maxsize
 # W8A8 / bfloat16 time per band on a Sapphire Rapids with AMX (issue 27).
@@ -172,12 +175,18 @@ def test_the_bands_are_kept_and_a_damaged_file_is_raced_again(bf16_model, tmp_pa
     monkeypatch.setattr(int8_threshold, "race_bands", fake_race)
     layer = w8a8_targets(bf16_model)[:3]
     calibration.quantize_activations(bf16_model, list(range(3, 60)), None, False)
-    first = int8_threshold.race_against_amx(layer, layer, tmp_path)
-    assert int8_threshold.race_against_amx(layer, layer, tmp_path) == first and len(raced) == 1
-    (kept,) = tmp_path.glob("w8a8-bands-*.json")
-    assert int8_threshold.read_bands(kept) == (range(8, 32), range(128, EVERY_STEP))
-    kept.write_text('{"int8_activation_bands": [["x", 1]]}')
-    int8_threshold.race_against_amx(layer, layer, tmp_path)
+
+    def store():
+        return PlanStore.open(AUTO, tmp_path, "tiny")
+
+    first_store = store()
+    first = int8_threshold.race_against_amx(layer, layer, first_store)
+    assert first_store.save() == ""
+    assert int8_threshold.race_against_amx(layer, layer, store()) == first and len(raced) == 1
+    (kept,) = (tmp_path / "calibration").glob("execution-plan-*.json")
+    assert json.loads(kept.read_text()) == {"w8a8_bands": [[8, 32], [128, None]]}
+    kept.write_text('{"w8a8_bands": [["x", 1]]}')
+    int8_threshold.race_against_amx(layer, layer, store())
     assert len(raced) == 2
 
 
@@ -214,7 +223,7 @@ def test_the_loader_races_only_on_a_bfloat16_model_with_amx(tmp_path, monkeypatc
     # The reason says what the race chose, and nothing it overruled.
     assert "in steps of several tokens" not in reason and "off" not in reason
     outcome["bands"] = ()
-    # The bands are kept beside the calibration: the next load reads them.
+    # The bands are kept in the plan cache: the next load reads them.
     assert f"int8 activations at {own}-63 rows" in load(AMX).choices.reason
     assert len(raced) == 1
     loaded = load(AMX, cache="another-cache")

@@ -7,18 +7,17 @@ injected clock, so no test here depends on this machine's speed.
   more (AVX512), a tie (AVX512); medians decide; torch is never measured;
 - a plan sends each chunk length to its band's kernel, says so in one line,
   and says where a pinned plan is not chunk-blind;
-- the kept file round-trips, a damaged one is none, and its name changes
-  with the CPU's flags line, the thread count and the head shapes.
+- the plan's fields round-trip through the plan cache (plan_cache.py),
+  damaged ones are none;
+- every measurement reports its repeats' spreads (a busy machine's plan is
+  not kept: test_models_plan_cache.py).
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
 
-from sluice.models import kernel_plan
-from sluice.models.decoder_config import DecoderConfig
-from sluice.models.families.registry import parse_hf_config
+from sluice.models import kernel_plan, plan_cache
 from sluice.models.kernel_plan import NATIVE, ROWS, TORCH, KernelPlan, parse_bands
 
 AMX_KERNEL = kernel_plan.AMX
@@ -111,14 +110,24 @@ def test_a_pinned_plan_that_mixes_kernels_says_it_is_not_chunk_blind():
     assert rows.describe().endswith("prefill attention rows at every length")
 
 
+def write_plan(path, plan):
+    assert plan_cache.write_json(path, plan.to_fields())
+
+
+def read_plan(path, source):
+    value = plan_cache.read_json(path)
+    return None if value is None else kernel_plan.plan_from_fields(value, source)
+
+
 def test_the_kept_file_round_trips_and_a_damaged_one_is_none(tmp_path):
     path = tmp_path / "plan.json"
     bands = ((0, NATIVE), (1024, TORCH), (2048, AMX_KERNEL))
-    kernel_plan.write_plan(path, KernelPlan(bands, "measured at load"))
-    assert kernel_plan.read_plan(path, "cached") == KernelPlan(bands, "cached")
+    write_plan(path, KernelPlan(bands, "measured at load"))
+    assert read_plan(path, "cached") == KernelPlan(bands, "cached")
     for text in (
         "{",
         "[]",
+        "{}",
         '{"prefill_attention": []}',
         '{"prefill_attention": [[1, "native"]]}',
         '{"prefill_attention": [[0, "native"], [0, "torch"]]}',
@@ -126,41 +135,11 @@ def test_the_kept_file_round_trips_and_a_damaged_one_is_none(tmp_path):
         '{"prefill_attention": [[0.5, "native"]]}',
     ):
         path.write_text(text)
-        assert kernel_plan.read_plan(path, "cached") is None, text
+        assert read_plan(path, "cached") is None, text
     assert parse_bands({"prefill_attention": [[0, "torch"], [4096, "amx"]]}) == (
         (0, TORCH), (4096, AMX_KERNEL),
     )  # fmt: skip
     assert parse_bands({"prefill_attention": [[0, "rows"]]}) == ((0, ROWS),)
-
-
-def config(heads: int = 9, kv_heads: int = 3) -> DecoderConfig:
-    return parse_hf_config({
-        "architectures": ["LlamaForCausalLM"], "hidden_size": 64 * heads,
-        "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "vocab_size": 512, "max_position_embeddings": 8192,
-        "rms_norm_eps": 1e-5,
-    })  # fmt: skip
-
-
-def test_the_kept_plan_is_keyed_by_cpu_flags_threads_and_head_shapes(tmp_path, monkeypatch):
-    from sluice.models.native import build
-
-    def key(**kw):
-        return kernel_plan.plan_file(tmp_path, kw.get("config", config()), torch.bfloat16, (256,))
-
-    first = key()
-    assert key() == first
-    assert key(config=config(8, 2)) != first
-    monkeypatch.setattr(build, "cpu_identity", lambda: "model name: Xeon\nflags: avx512f amx_bf16")
-    with_amx = key()
-    monkeypatch.setattr(build, "cpu_identity", lambda: "model name: Xeon\nflags: avx512f")
-    assert key() != with_amx != first
-    threads = torch.get_num_threads()
-    torch.set_num_threads(threads + 1)
-    try:
-        assert key() != with_amx
-    finally:
-        torch.set_num_threads(threads)
 
 
 # AMX / VNNI time of the int8 matmul per count of code rows, as each CPU gave them.
@@ -198,20 +177,13 @@ def test_the_int8_matmul_bands_follow_each_cpus_times():
 def test_int8_bands_round_trip_and_an_older_file_has_none(tmp_path):
     path = tmp_path / "plan.json"
     bands = ((0, kernel_plan.VNNI), (8, kernel_plan.AMX))
-    kernel_plan.write_plan(path, KernelPlan(((0, TORCH),), "measured at load", bands))
-    assert kernel_plan.read_plan(path, "cached").int8_matmul == bands
+    write_plan(path, KernelPlan(((0, TORCH),), "measured at load", bands))
+    assert read_plan(path, "cached").int8_matmul == bands
     path.write_text('{"prefill_attention": [[0, "torch"]]}')
-    assert kernel_plan.read_plan(path, "cached") == KernelPlan(((0, TORCH),), "cached")
+    assert read_plan(path, "cached") == KernelPlan(((0, TORCH),), "cached")
     for text in ('"int8_matmul": [[1, "amx"]]', '"int8_matmul": [[0, "torch"]]'):
         path.write_text('{"prefill_attention": [[0, "torch"]], ' + text + "}")
-        assert kernel_plan.read_plan(path, "cached") is None, text
-
-
-def test_the_int8_matrix_shape_keys_the_kept_plan(tmp_path):
-    def key(shape):
-        return kernel_plan.plan_file(tmp_path, config(), torch.bfloat16, (256,), shape)
-
-    assert key("[3072 x 576]") != key("") != key("[1536 x 576]")
+        assert read_plan(path, "cached") is None, text
 
 
 def test_the_faster_kernels_times_are_kept_for_speculation():
@@ -237,20 +209,32 @@ def test_the_faster_kernels_times_are_kept_for_speculation():
 def test_step_seconds_round_trip_and_bad_ones_are_refused(tmp_path):
     path = tmp_path / "plan.json"
     seconds = ((1, 2e-5), (8, 3e-5), (64, 2e-4))
-    kernel_plan.write_plan(path, KernelPlan(((0, TORCH),), "x", (), seconds))
-    assert kernel_plan.read_plan(path, "cached").step_seconds == seconds
+    write_plan(path, KernelPlan(((0, TORCH),), "x", (), seconds))
+    assert read_plan(path, "cached").step_seconds == seconds
     for bad in ("[[1, 0.0]]", "[[8, 1e-5], [1, 1e-5]]", '[[1, "fast"]]', "[[0, 1e-5]]"):
         path.write_text('{"prefill_attention": [[0, "torch"]], "step_seconds": ' + bad + "}")
-        assert kernel_plan.read_plan(path, "cached") is None, bad
+        assert read_plan(path, "cached") is None, bad
 
 
 def test_the_decode_kernel_round_trips_and_shows_on_the_startup_line(tmp_path):
     path = tmp_path / "plan.json"
     plan = KernelPlan(((0, AMX_KERNEL),), "measured at load", decode_attention=AMX_KERNEL)
-    kernel_plan.write_plan(path, plan)
-    assert kernel_plan.read_plan(path, "measured at load") == plan
+    write_plan(path, plan)
+    assert read_plan(path, "measured at load") == plan
     assert plan.describe().endswith("; decode attention on AMX tiles")
     path.write_text('{"prefill_attention": [[0, "amx"]], "decode_attention": "torch"}')
-    assert kernel_plan.read_plan(path, "cached") is None
+    assert read_plan(path, "cached") is None
     path.write_text('{"prefill_attention": [[0, "amx"]]}')  # an older file: native
-    assert kernel_plan.read_plan(path, "cached").decode_attention == NATIVE
+    assert read_plan(path, "cached").decode_attention == NATIVE
+
+
+def test_every_repeat_reports_its_spread_so_a_busy_machine_shows():
+    clock = FakeClock()
+    runs = iter([1e-6] * 2 + [1e-6, 1e-6, 1e-6, 5e-6, 1e-6, 1e-6])  # warm-ups, then alternating
+
+    def run(n):
+        clock.now += next(runs)
+
+    spreads: list[float] = []
+    kernel_plan.measure_int8(run, run, rows=(1,), repeats=3, clock=clock, spreads=spreads)
+    assert spreads == [pytest.approx(1.0), pytest.approx(5.0)]

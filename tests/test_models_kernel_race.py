@@ -29,6 +29,7 @@ from sluice.models import kernel_race
 from sluice.models.kernel_plan import AMX, NATIVE, ROWS, TORCH, KernelPlan
 from sluice.models.native import find_compiler
 from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
+from sluice.models.plan_cache import MEASURE, PlanStore
 from tests.model_factory import write_tiny_tokenizer
 
 # The family an AMX CPU's measurement gives (test_models_kernel_plan.py).
@@ -55,7 +56,7 @@ def measurements(monkeypatch):
     """Each measurement the loads make (of real candidates), answering AMX's bands."""
     calls = []
 
-    def fake_measure(native, amx, lengths):
+    def fake_measure(native, amx, lengths, **timing):
         calls.append(list(lengths))
         native[0](lengths[0]), native[1](1)  # prefill and decode run on the model's shapes
         # The AMX pair is a candidate exactly where it runs.
@@ -143,14 +144,20 @@ def test_the_real_measurement_runs_and_keeps_a_plan(wide_heads_folder, tmp_path)
     from sluice.models.kernel_plan import parse_bands
 
     config = parse_hf_config(json.loads((wide_heads_folder / "config.json").read_text()))
-    plan = kernel_race.plan_kernels("measure", config, torch.bfloat16, tmp_path, 300)
-    # Which kernel wins depends on this CPU; that the plan is measured and kept does not.
+    store = PlanStore.open(MEASURE, tmp_path, "tiny-64")
+    plan = kernel_race.plan_kernels(store, config, torch.bfloat16, 300)
+    # Which kernel wins depends on this CPU; that the plan is measured does not.
     assert plan.source == "measured at load" and plan.prefill_attention in (
         ((0, NATIVE),), ((0, AMX),),
     )  # fmt: skip
     assert plan.is_chunk_blind
-    (kept,) = (tmp_path / "calibration").glob("kernel-plan-*.json")
-    assert parse_bands(json.loads(kept.read_text())) == plan.prefill_attention
+    # Kept unless this (shared) machine was busy while measuring: then it says so.
+    note = store.save()
+    kept = list((tmp_path / "calibration").glob("execution-plan-*.json"))
+    if note:
+        assert not kept and note == "plan not kept: the kernel plan timed on a busy machine"
+    else:
+        assert parse_bands(json.loads(kept[0].read_text())) == plan.prefill_attention
 
 
 def test_the_engine_reports_the_plan_for_the_startup_line_and_metrics(tiny_folder, tmp_path):

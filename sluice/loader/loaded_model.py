@@ -117,8 +117,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
         gguf_weights(header.reader(), config_json) if keep_blocks else iter_weights(files)
     )
     # The execution plan kept for this CPU and model, read once (plan_cache.py).
+    middle = model.layers[len(model.layers) // 2]
     plan = PlanStore.open(config.kernel_plan, config.cache_dir, model_key(
-        model.layers, dtype, chosen.quantization, chosen.activations, chosen.row_invariant,
+        middle, dtype, chosen.quantization, chosen.activations, chosen.row_invariant,
         measured_lengths(max_model_len),
     ))  # fmt: skip
     chosen = _quantize(model, chosen, config, files, tokenizer, keep_blocks, plan)

@@ -28,6 +28,7 @@ from sluice.models import int8_threshold
 from sluice.models.int8_activations import SMOOTHING_ALPHA
 from sluice.models.linear import Linear, RowBands
 from sluice.models.llama import LlamaForCausalLM
+from sluice.models.plan_cache import PlanStore
 from sluice.models.scoring import forward_chunks
 
 logger = logging.getLogger(__name__)
@@ -137,12 +138,13 @@ def _maxima(
 @torch.no_grad()
 def quantize_activations(
     model: LlamaForCausalLM, token_ids: list[int], cache_file: Path | None = None,
-    race_against_amx: bool = False,
+    race_against_amx: bool = False, plan: PlanStore | None = None,
 ) -> RowBands:  # fmt: skip
     """Give q/k/v, o and gate/up of every layer int8 activations, smoothed from
     `token_ids` (or from the maxima kept in `cache_file`, when it holds them),
     from their own threshold on, or (`race_against_amx`) in the bands of rows
-    raced at load (int8_threshold.py). Returns the bands of rows W8A8 serves;
+    raced at load (int8_threshold.py; the bands kept in, or recorded in,
+    `plan`: plan_cache.py). Returns the bands of rows W8A8 serves;
     none where it lost every band and was dropped."""
     _check_calibration(model, token_ids)
     targets = _targets(model, INT8_ACTIVATION_MATRICES)
@@ -152,8 +154,7 @@ def quantize_activations(
     if race_against_amx:
         per_layer = len(INT8_ACTIVATION_MATRICES)
         middle = len(model.layers) // 2 * per_layer
-        kept_dir = None if cache_file is None else cache_file.parent
-        int8_threshold.race_against_amx(targets[middle : middle + per_layer], targets, kept_dir)
+        int8_threshold.race_against_amx(targets[middle : middle + per_layer], targets, plan)
     kept_w8a8 = targets[0].int8_activations is not None
     model.activation_quantization = "int8" if kept_w8a8 else None
     return targets[0].int8_row_bands

@@ -14,8 +14,9 @@ the row counts from RACE_ROWS[i] up to the next; the last has no end),
 timed at its lower edge: W8A8 serves the bands it won, whatever it did in
 the others (no monotonicity assumed: the first version stopped at its first
 loss, at 512 rows, and threw away the small steps it wins). About half a
-second of matmuls per load on 2 cores, once: the bands are kept beside the
-calibration, keyed by the CPU's flags line, the kernels and the versions.
+second of matmuls per load on 2 cores, once: the bands are kept in the
+execution plan's one cache (plan_cache.py, field "w8a8_bands"), not where
+the race's repeats disagreed (a busy machine).
 
 Note (issue 28): a row's numerics then depend on the band of the step it
 shares (int8 activations in one band, bfloat16 in the next), as they
@@ -25,20 +26,16 @@ load.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import torch
 
 from sluice.models.linear import Linear, RowBands
+from sluice.models.plan_cache import PlanStore, spread
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +50,15 @@ def race_bands(
     rows: Sequence[int] = RACE_ROWS,
     repeats: int = _REPEATS,
     clock: Callable[[], float] = time.perf_counter,
+    spreads: list[float] | None = None,
 ) -> RowBands:
     """The bands of `rows` (ascending lower edges) in which `w8a8(n)` ran
     faster than `dense(n)` at the band's edge n, merged where they touch.
     Each edge: one warm-up of each, then `repeats` runs alternating, medians
-    compared; a tie is a loss (W8A8 must be faster to serve)."""
+    compared; a tie is a loss (W8A8 must be faster to serve). `spreads`
+    gets each path's slowest over fastest repeat at each edge."""
     edges = sorted(rows)
-    won = [_w8a8_wins(dense, w8a8, n, repeats, clock) for n in edges]
+    won = [_w8a8_wins(dense, w8a8, n, repeats, clock, spreads) for n in edges]
     bands: list[range] = []
     for i, n in enumerate(edges):
         if not won[i]:
@@ -78,6 +77,7 @@ def _w8a8_wins(
     n: int,
     repeats: int,
     clock: Callable[[], float],
+    spreads: list[float] | None,
 ) -> bool:
     dense(n)  # warm-ups
     w8a8(n)
@@ -87,6 +87,8 @@ def _w8a8_wins(
             start = clock()
             run(n)
             seconds[run].append(clock() - start)
+    if spreads is not None:
+        spreads.extend(spread(times) for times in seconds.values())
     return statistics.median(seconds[w8a8]) < statistics.median(seconds[dense])
 
 
@@ -104,19 +106,23 @@ def describe_bands(bands: RowBands) -> str:
 
 @torch.no_grad()
 def race_against_amx(
-    layer: Sequence[Linear], targets: Sequence[Linear], kept_dir: Path | None = None
+    layer: Sequence[Linear],
+    targets: Sequence[Linear],
+    store: PlanStore | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> RowBands:
     """Race W8A8 against the dense matmul over `layer` (one decoder layer's
     W8A8 matrices, summed), then serve W8A8 in the bands it won in every one
     of `targets` (`Linear.serve_int8_activations_in`; none won drops it).
-    The bands won are kept in `kept_dir` (`bands_file`): a later load on
-    this CPU, kernels and versions reads them instead of racing, so
+    The bands won are recorded in `store` (plan_cache.py): a later load on
+    this CPU, kernels, versions and shapes reads them instead of racing, so
     replicas agree. Returns the bands W8A8 serves."""
-    path = None if kept_dir is None else bands_file(kept_dir, layer)
-    bands = read_bands(path)
+    bands = None if store is None else bands_from_fields(store.kept)
     if bands is None:
-        bands = _race(layer)
-        write_bands(path, bands)
+        spreads: list[float] = []
+        bands = _race(layer, clock, spreads)
+        if store is not None:
+            store.put(bands_to_fields(bands), spreads, "the W8A8 race")
     for linear in targets:
         linear.serve_int8_activations_in(bands)
     served = targets[0].int8_row_bands if targets else bands
@@ -128,7 +134,7 @@ def race_against_amx(
     return served
 
 
-def _race(layer: Sequence[Linear]) -> RowBands:
+def _race(layer: Sequence[Linear], clock: Callable[[], float], spreads: list[float]) -> RowBands:
     inputs: dict[int, list[torch.Tensor]] = {}
 
     def batch(n: int) -> list[torch.Tensor]:
@@ -147,44 +153,21 @@ def _race(layer: Sequence[Linear]) -> RowBands:
         for linear, x in zip(layer, batch(n), strict=True):
             linear.int8_activations(x)
 
-    return race_bands(dense, w8a8)
+    return race_bands(dense, w8a8, clock=clock, spreads=spreads)
 
 
-def bands_file(kept_dir: Path, layer: Sequence[Linear]) -> Path:
-    """Where the race's bands for this CPU (model name and flags lines), these
-    kernels, versions, thread count and matrix shapes are kept."""
-    from sluice.models.native.build import cpu_identity, sources_digest
-
-    shapes = ";".join(f"{tuple(linear.weight.shape)}{linear.weight.dtype}" for linear in layer)
-    key = hashlib.sha256()
-    for part in (cpu_identity(), sources_digest(), torch.__version__, str(RACE_ROWS), shapes,
-                 str(torch.get_num_threads())):  # fmt: skip
-        key.update(f"{part}\0".encode())
-    return kept_dir / f"w8a8-bands-{key.hexdigest()[:24]}.json"
-
-
-def read_bands(path: Path | None) -> RowBands | None:
-    """The bands kept at `path` ([start, stop or null] pairs); None where
-    there are none, or the file is damaged."""
-    if path is None:
-        return None
-    try:
-        pairs = json.loads(path.read_text(encoding="utf-8"))["int8_activation_bands"]
-        bands = tuple(range(start, sys.maxsize if stop is None else stop) for start, stop in pairs)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return bands
-
-
-def write_bands(path: Path | None, bands: RowBands) -> None:
-    if path is None:
-        return
+def bands_to_fields(bands: RowBands) -> dict[str, object]:
+    """The bands as the plan cache keeps them: [start, stop or null] pairs."""
     pairs = [[band.start, None if band.stop == sys.maxsize else band.stop] for band in bands]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Written beside the target, then renamed: a reader never sees half a file.
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as scratch:
-            json.dump({"int8_activation_bands": pairs}, scratch)
-        os.replace(scratch.name, path)
-    except OSError as error:
-        logger.warning("W8A8 bands %s not written: %s", path, error)
+    return {"w8a8_bands": pairs}
+
+
+def bands_from_fields(value: dict[str, object]) -> RowBands | None:
+    """The bands a plan's fields hold; None where there are none, or damaged."""
+    pairs = value.get("w8a8_bands")
+    if not isinstance(pairs, list) or not all(
+        isinstance(p, list) and len(p) == 2 and type(p[0]) is int
+        and (p[1] is None or type(p[1]) is int) for p in pairs
+    ):  # fmt: skip
+        return None
+    return tuple(range(start, sys.maxsize if stop is None else stop) for start, stop in pairs)

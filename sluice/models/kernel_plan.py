@@ -28,12 +28,13 @@ is no AMX; on a Sapphire Rapids the AMX prefill kernel ran 1.6-1.9x torch's
 flash SDPA from 2,000 to 8,000 keys and the AMX decode kernel 31 against 49
 us a row (prefill_attention_amx.c, decode_attention_amx.c).
 
-The plan is kept in the cache beside the calibration (`plan_file`), keyed
-by the CPU's model name and flags lines, the kernels' sources, torch's and
-sluice's versions, the head shapes and the thread count, so later starts
-and replicas read it back instead of measuring; `--kernel-plan measure`
-measures again, `--kernel-plan FILE` pins one (the cache file's format;
-its `prefill_attention` bands may still name kernels by prompt length).
+The plan is kept in the execution plan's one cache (plan_cache.py), so
+later starts and replicas read it back instead of measuring (`to_fields`,
+`plan_from_fields`); `--kernel-plan measure` measures again,
+`--kernel-plan FILE` pins one (the cache file's format; its
+`prefill_attention` bands may still name kernels by prompt length). Every
+measurement here reports the spread of its repeats (`spreads`): a plan
+timed on a busy machine is used but not kept.
 
 The plan also says which int8 matmul serves which step sizes in the
 row-invariant scheme (`int8_matmul`, bands of int8 code rows): the VNNI
@@ -49,23 +50,15 @@ disagrees with torch at load is not a candidate.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
-from pathlib import Path
-
-import torch
 
 from sluice.errors import ModelLoadError
-from sluice.models.decoder_config import DecoderConfig
+from sluice.models.plan_cache import spread
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +74,6 @@ DECODE_ROWS = (1, 9)
 DECODE_KEYS = 1024
 # The prompt lengths (keys per chunk) timed at load: a short prompt, a page, an agent's.
 PREFILL_LENGTHS = (256, 1024, 4096)
-# `--kernel-plan` values other than a file's path.
-AUTO, MEASURE = "auto", "measure"
 _REPEATS = 3
 # (first length in tokens, kernel), ascending; the first from 0.
 Bands = tuple[tuple[int, str], ...]
@@ -146,13 +137,19 @@ class KernelPlan:
             line += "; attention not chunk-blind (a row's bits follow its chunk)"
         return line
 
-    def to_json(self) -> str:
-        return json.dumps({
+    def to_fields(self) -> dict[str, object]:
+        """The plan's fields as the cache file keeps them (plan_cache.py)."""
+        return {
             "prefill_attention": [list(band) for band in self.prefill_attention],
             "int8_matmul": [list(band) for band in self.int8_matmul],
             "step_seconds": [list(point) for point in self.step_seconds],
             "decode_attention": self.decode_attention,
-        })  # fmt: skip
+        }
+
+
+def measured_lengths(max_model_len: int) -> list[int]:
+    """The prompt lengths timed for a model of `max_model_len` positions."""
+    return [n for n in PREFILL_LENGTHS if n <= max_model_len] or [max_model_len]
 
 
 def band_of(bands: Bands, size: int) -> str:
@@ -177,15 +174,17 @@ def measure_bands(
     repeats: int = _REPEATS,
     clock: Callable[[], float] = time.perf_counter,
     fastest: list[tuple[int, float]] | None = None,
+    spreads: list[float] | None = None,
 ) -> Bands:
     """The fastest of the named candidates at each of `sizes`, as bands (each
     from its size; the first from 0), neighbours of one candidate merged, no
     monotonicity assumed. Each size: one warm-up of each, `repeats` runs
     alternating, medians compared; a tie goes to the later candidate.
-    `fastest` gets (size, the fastest's median seconds) for each size."""
+    `fastest` gets (size, the fastest's median seconds) for each size;
+    `spreads` each candidate's repeat spread at each size."""
     bands: list[tuple[int, str]] = []
     for i, n in enumerate(sorted(sizes)):
-        seconds = _medians(candidates, n, repeats, clock)
+        seconds = _medians(candidates, n, repeats, clock, spreads)
         best = min(seconds)
         faster = [name for (name, _), t in zip(candidates, seconds, strict=True) if t == best][-1]
         if fastest is not None:
@@ -200,9 +199,11 @@ def _medians(
     n: int,
     repeats: int,
     clock: Callable[[], float],
+    spreads: list[float] | None = None,
 ) -> list[float]:
     """Each candidate's median seconds at size n: one warm-up of each, then
-    `repeats` runs alternating between them."""
+    `repeats` runs alternating between them; `spreads` gets each one's
+    slowest over fastest repeat."""
     for _, run in candidates:
         run(n)  # warm-up
     seconds: list[list[float]] = [[] for _ in candidates]
@@ -211,6 +212,8 @@ def _medians(
             start = clock()
             run(n)
             times.append(clock() - start)
+    if spreads is not None:
+        spreads.extend(spread(times) for times in seconds)
     return [statistics.median(times) for times in seconds]
 
 
@@ -220,14 +223,15 @@ def measure_int8(
     rows: Sequence[int] = INT8_ROWS,
     repeats: int = _REPEATS,
     clock: Callable[[], float] = time.perf_counter,
+    spreads: list[float] | None = None,
 ) -> tuple[Bands, tuple[tuple[int, float], ...]]:
     """The faster int8 matmul at each count of code rows (a tie goes to VNNI;
     no bands without AMX), and the (rows, seconds) of the faster."""
     if amx is None:  # VNNI alone: only its times
         only = ((VNNI, vnni),)
-        return (), tuple((n, _medians(only, n, repeats, clock)[0]) for n in sorted(rows))
+        return (), tuple((n, _medians(only, n, repeats, clock, spreads)[0]) for n in sorted(rows))
     seconds: list[tuple[int, float]] = []
-    bands = measure_bands(((AMX, amx), (VNNI, vnni)), rows, repeats, clock, seconds)
+    bands = measure_bands(((AMX, amx), (VNNI, vnni)), rows, repeats, clock, seconds, spreads)
     return bands, tuple(seconds)
 
 
@@ -238,6 +242,7 @@ def measure_attention(
     sizes: Sequence[int] = DECODE_ROWS,
     repeats: int = _REPEATS,
     clock: Callable[[], float] = time.perf_counter,
+    spreads: list[float] | None = None,
 ) -> str:
     """The attention family of every row (module docstring): AMX where its
     (prefill, decode) candidates' times against the AVX512 pair's, prefill
@@ -250,7 +255,7 @@ def measure_attention(
     for kind, points in ((0, lengths), (1, sizes)):
         candidates = ((AMX, amx[kind]), (NATIVE, native[kind]))
         for n in points:
-            amx_seconds, native_seconds = _medians(candidates, n, repeats, clock)
+            amx_seconds, native_seconds = _medians(candidates, n, repeats, clock, spreads)
             log_ratio += math.log(max(amx_seconds, 1e-12) / max(native_seconds, 1e-12))
     return AMX if log_ratio < 0 else NATIVE
 
@@ -277,36 +282,14 @@ def parse_bands(value: object, key: str = "prefill_attention") -> Bands | None:
     return tuple((start, name) for start, name in bands)
 
 
-def plan_file(
-    cache_dir: Path, config: DecoderConfig, dtype: torch.dtype, lengths: Sequence[int],
-    int8_shape: str = "",
-) -> Path:  # fmt: skip
-    """Where the plan of this CPU, these kernels and versions, these head
-    shapes and this int8 matrix (`int8_shape`, "" for none) is kept."""
-    from sluice.models.native.build import cpu_identity, sources_digest
-
-    key = hashlib.sha256()
-    for part in (
-        cpu_identity(), sources_digest(), torch.__version__, _sluice_version(), str(dtype),
-        f"{config.num_attention_heads}/{config.num_key_value_heads}/{config.head_dim}",
-        ",".join(map(str, lengths)), str(torch.get_num_threads()), int8_shape,
-    ):  # fmt: skip
-        key.update(f"{part}\0".encode())
-    return cache_dir / "calibration" / f"kernel-plan-{key.hexdigest()[:24]}.json"
-
-
-def read_plan(path: Path, source: str) -> KernelPlan | None:
-    """The plan kept at `path`; None where it is missing or damaged."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+def plan_from_fields(value: dict[str, object], source: str) -> KernelPlan | None:
+    """The plan a cache file's fields hold; None where they are missing or damaged."""
     bands, int8 = parse_bands(value), parse_bands(value, "int8_matmul")
     seconds = _parse_seconds(value)
-    decode = value.get("decode_attention", NATIVE) if isinstance(value, dict) else None
+    decode = value.get("decode_attention", NATIVE)
     if bands is None or int8 is None or seconds is None or decode not in (NATIVE, AMX):
         return None
-    return KernelPlan(bands, source, int8, seconds, decode)
+    return KernelPlan(bands, source, int8, seconds, str(decode))
 
 
 def _parse_seconds(value: object) -> tuple[tuple[int, float], ...] | None:
@@ -321,27 +304,10 @@ def _parse_seconds(value: object) -> tuple[tuple[int, float], ...] | None:
     return tuple((n, t) for n, t in points) if rows == sorted(set(rows)) else None
 
 
-def write_plan(path: Path, plan: KernelPlan) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Written beside the target, then renamed: a reader never sees half a file.
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as scratch:
-            scratch.write(plan.to_json())
-        os.replace(scratch.name, path)
-    except OSError as error:
-        logger.warning("kernel plan %s not written: %s", path, error)
-
-
-def _sluice_version() -> str:
-    try:
-        return metadata.version("sluice")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def pinned_plan(path: str) -> KernelPlan:
-    """`--kernel-plan FILE`: the plan it holds; ModelLoadError naming the flag if none."""
-    plan = read_plan(Path(path), f"from {path}")
+def pinned_plan(path: str, value: dict[str, object]) -> KernelPlan:
+    """`--kernel-plan FILE`: the plan its fields `value` hold; ModelLoadError
+    naming the flag if none."""
+    plan = plan_from_fields(value, f"from {path}")
     if plan is None:
         raise ModelLoadError(
             f"--kernel-plan {path}: not a kernel plan file (JSON: "

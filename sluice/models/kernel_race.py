@@ -23,9 +23,9 @@ AVX512 one) within bfloat16 rounding, or its family is no candidate.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -33,11 +33,9 @@ from sluice.models.attention import prefill_attention_torch
 from sluice.models.decoder_config import DecoderConfig
 from sluice.models.kernel_plan import (
     AMX,
-    AUTO,
     DECODE_KEYS,
     DECODE_ROWS,
     INT8_ROWS,
-    MEASURE,
     NATIVE,
     PREFILL_LENGTHS,
     ROWS,
@@ -45,10 +43,9 @@ from sluice.models.kernel_plan import (
     KernelPlan,
     measure_attention,
     measure_int8,
+    measured_lengths,
     pinned_plan,
-    plan_file,
-    read_plan,
-    write_plan,
+    plan_from_fields,
 )
 from sluice.models.linear import Linear
 from sluice.models.llama import LlamaForCausalLM
@@ -63,6 +60,7 @@ from sluice.models.native.prefill import (
     prefill_attention_amx_kernel,
     prefill_attention_kernel,
 )
+from sluice.models.plan_cache import PlanStore
 
 logger = logging.getLogger(__name__)
 
@@ -85,39 +83,41 @@ class Int8Candidates:
     """The row-invariant scheme's two int8 matmuls on one of the model's
     matrices, each over its first n rows of random activations."""
 
-    shape: str  # "[out x in]", part of the plan file's key
     amx: Candidate | None  # None where the CPU has no AMX-INT8
     vnni: Candidate
 
 
 def plan_kernels(
-    setting: str, config: DecoderConfig, dtype: torch.dtype, cache_dir: Path, max_model_len: int,
-    int8: Int8Candidates | None = None,
+    store: PlanStore, config: DecoderConfig, dtype: torch.dtype, max_model_len: int,
+    int8: Int8Candidates | None = None, clock: Callable[[], float] = time.perf_counter,
 ) -> KernelPlan:  # fmt: skip
-    """The plan `setting` (auto, measure, or a file's path) gives this model;
-    `int8`: the int8 matmuls to choose between by step size, if any."""
-    if setting not in (AUTO, MEASURE):
-        return pinned_plan(setting)
+    """The plan `store` (the kept plan, or a pinned file: plan_cache.py)
+    gives this model, measured (and recorded in `store`) where it holds
+    none; `int8`: the int8 matmuls to choose between by step size, if any."""
+    if store.pinned:
+        return pinned_plan(store.pinned, store.kept)
     candidates = prefill_candidates(config, dtype)
     if isinstance(candidates, str) and int8 is None:
         return KernelPlan(((0, _without_prefill_kernel(dtype)),), candidates)
-    lengths = [n for n in PREFILL_LENGTHS if n <= max_model_len] or [max_model_len]
-    path = plan_file(cache_dir, config, dtype, lengths, "" if int8 is None else int8.shape)
-    if setting == AUTO and (kept := read_plan(path, "cached")) is not None:
+    if (kept := plan_from_fields(store.kept, store.source)) is not None:
         return kept
+    lengths = measured_lengths(max_model_len)
+    spreads: list[float] = []
     family = _without_prefill_kernel(dtype)
     if not isinstance(candidates, str):
         decode = decode_candidates(config, dtype)
         family = measure_attention(
             (candidates.native, decode[0]),
             None if candidates.amx is None or decode[1] is None else (candidates.amx, decode[1]),
-            lengths,
+            lengths, clock=clock, spreads=spreads,
         )  # fmt: skip
-    int8_bands, seconds = ((), ()) if int8 is None else measure_int8(int8.amx, int8.vnni)
+    int8_bands, seconds = (
+        ((), ()) if int8 is None
+        else measure_int8(int8.amx, int8.vnni, clock=clock, spreads=spreads)
+    )  # fmt: skip
     decode_kernel = AMX if family == AMX else NATIVE
     plan = KernelPlan(((0, family),), "measured at load", int8_bands, seconds, decode_kernel)
-    write_plan(path, plan)
-    logger.info("%s; kept in %s (pin it with --kernel-plan FILE)", plan.describe(), path)
+    store.put(plan.to_fields(), spreads, "the kernel plan")
     return plan
 
 
@@ -223,5 +223,4 @@ def int8_candidates(model: LlamaForCausalLM) -> Int8Candidates | None:
 
         return matmul
 
-    shape = f"[{weights.out_features} x {weights.in_features}]"
-    return Int8Candidates(shape, amx=run(1) if gemm.has_amx else None, vnni=run(0))
+    return Int8Candidates(amx=run(1) if gemm.has_amx else None, vnni=run(0))
