@@ -10,6 +10,7 @@ from sluice.engine.sampling_params import SamplingParams
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest, PromptInput
+from sluice.frontend.serving import delivered_event, delivered_fold
 from sluice.frontend.sse import encode_event
 from sluice.testing import FakeTokenizer
 from sluice.testing.contract import Expectations, check_stream, read_body
@@ -60,8 +61,8 @@ def run(request: GenerationRequest) -> tuple[list[dict], bytes, bytes]:
     events = list(streamed.opening_events())
     for take in TAKES:
         for index, item in take:
-            events.append(streamed.delta_event(index, item))
-            folded.fold(index, item)
+            events.append(delivered_event(streamed, index, item))
+            delivered_fold(folded, index, item)
     body = b"".join(events + streamed.closing_events())
     return [orjson.loads(e[6:]) for e in events], body, folded.body()
 
@@ -178,5 +179,7 @@ def test_a_plain_content_chunk_is_spliced_into_exactly_the_bytes_of_the_whole_ch
             "created": 5,
             "model": "tiny",
         }
-        assert chunks.delta_event(index, delta) == encode_event(envelope | {"choices": [choice]})
+        assert delivered_event(chunks, index, delta) == encode_event(
+            envelope | {"choices": [choice]}
+        )
     assert chunks.usage.total()["completion_tokens"] == 4

@@ -10,6 +10,7 @@ from sluice.engine.sampling_params import SamplingParams
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest, PromptInput
+from sluice.frontend.serving import delivered_event, delivered_fold
 from sluice.frontend.sse import DONE_EVENT, encode_event
 from sluice.testing import FakeTokenizer
 from sluice.testing.contract import Expectations, check_stream, read_body
@@ -80,10 +81,10 @@ def stream_and_body(request: GenerationRequest, logprobs: bool = False) -> tuple
     events = list(streamed.opening_events())
     for take in with_prompt_logprobs(request, script(logprobs)):
         for index, item in take:
-            events.append(streamed.delta_event(index, item))
+            events.append(delivered_event(streamed, index, item))
     for take in with_prompt_logprobs(request, script(logprobs)):
         for index, item in take:
-            folded.fold(index, item)
+            delivered_fold(folded, index, item)
     return b"".join(events + streamed.closing_events()), folded.body()
 
 
@@ -204,5 +205,7 @@ def test_a_plain_text_chunk_is_spliced_into_exactly_the_bytes_of_the_whole_chunk
             "stop_reason": None,
         }
         envelope = {"id": "cmpl-7", "object": "text_completion", "created": 123, "model": "tiny"}
-        assert chunks.delta_event(index, delta) == encode_event(envelope | {"choices": [choice]})
+        assert delivered_event(chunks, index, delta) == encode_event(
+            envelope | {"choices": [choice]}
+        )
     assert chunks.usage.total()["completion_tokens"] == 3

@@ -17,6 +17,7 @@ from sluice.errors import InvalidRequestError, QueueFullError
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest, PromptInput
+from sluice.frontend.serving import delivered_event, delivered_fold
 from sluice.testing import FakeTokenizer
 from sluice.testing.messages_stream import parse_events, read_message_stream
 from sluice.tools.output_parsing import NAMED_FORMAT, OutputParsing
@@ -69,7 +70,7 @@ def deltas_of(tokens: list[str], cuts: list[int], **finish) -> list[ChoiceDelta]
 def stream(request: GenerationRequest, deltas: list[ChoiceDelta]) -> tuple[bytes, list]:
     events = MessagesEvents(request, STRINGS)
     written = list(events.opening_events())
-    made = [events.delta_event(0, delta) for delta in deltas]
+    made = [delivered_event(events, 0, delta) for delta in deltas]
     written += [event for event in made if event is not None]
     return b"".join(written + events.closing_events()), made
 
@@ -77,7 +78,7 @@ def stream(request: GenerationRequest, deltas: list[ChoiceDelta]) -> tuple[bytes
 def body(request: GenerationRequest, deltas: list[ChoiceDelta]) -> dict:
     events = MessagesEvents(request, STRINGS)
     for delta in deltas:
-        events.fold(0, delta)
+        delivered_fold(events, 0, delta)
     return orjson.loads(events.body())
 
 
@@ -147,7 +148,7 @@ def test_a_streamed_call_keeps_its_id_and_joined_json_in_the_final_message():
     request = make_request(OutputParsing(NAMED_FORMAT, function_name="get_weather"))
     events = MessagesEvents(request, STRINGS)
     deltas = deltas_of(tokens_of(ARGUMENTS), [2, 5])
-    raw = b"".join(e for e in (events.delta_event(0, d) for d in deltas) if e)
+    raw = b"".join(e for e in (delivered_event(events, 0, d) for d in deltas) if e)
     raw += b"".join(events.closing_events())
     streamed = read_message_stream(raw)
     (call,) = streamed.message["content"]

@@ -16,6 +16,7 @@ from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import QueueFullError
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.request import GenerationRequest, PromptInput
+from sluice.frontend.serving import delivered_event, delivered_fold
 from sluice.tools.output_parsing import OutputParsing
 
 HERMES = OutputParsing("hermes")
@@ -75,7 +76,7 @@ def stream_lines(
     route: Route, deltas: list[ChoiceDelta], parsing: OutputParsing | None = None
 ) -> list[dict]:
     lines = OllamaLines(make_request(parsing), route, clock=Ticks())
-    raw = [lines.delta_event(0, delta) for delta in deltas]
+    raw = [delivered_event(lines, 0, delta) for delta in deltas]
     raw += lines.closing_events()
     body = b"".join(line for line in raw if line is not None)
     assert body.endswith(b"\n") and all(part for part in body.split(b"\n")[:-1])
@@ -87,7 +88,7 @@ def folded_body(
 ) -> dict:
     lines = OllamaLines(make_request(parsing, stream=False), route, clock=Ticks())
     for delta in deltas:
-        lines.fold(0, delta)
+        delivered_fold(lines, 0, delta)
     return orjson.loads(lines.body())
 
 

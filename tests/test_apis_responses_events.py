@@ -13,6 +13,7 @@ from sluice.engine.sampling_params import SamplingParams
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest, PromptInput, ResponsesSettings
+from sluice.frontend.serving import delivered_event, delivered_fold
 from sluice.testing import FakeTokenizer
 from sluice.testing.responses_contract import check_responses_stream, parse_events
 from sluice.tools.output_parsing import OutputParsing
@@ -58,8 +59,8 @@ def run(request: GenerationRequest, deltas: list[ChoiceDelta]) -> tuple[list[dic
     folded = ResponsesEvents(request, TokenStrings(TOKENIZER))
     body = b"".join(streamed.opening_events())
     for item in deltas:
-        body += streamed.delta_event(0, item) or b""
-        folded.fold(0, item)
+        body += delivered_event(streamed, 0, item) or b""
+        delivered_fold(folded, 0, item)
     events = parse_events(body + b"".join(streamed.closing_events()))
     check_responses_stream(events)
     return events, orjson.loads(folded.body())

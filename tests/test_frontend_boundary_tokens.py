@@ -31,6 +31,7 @@ from sluice.engine.sampling_params import SamplingParams
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
 from sluice.frontend.logprob_format import TokenStrings
 from sluice.frontend.request import GenerationRequest, PromptInput, ResponsesSettings
+from sluice.frontend.serving import delivered_event, delivered_fold
 from sluice.testing import FakeTokenizer
 from sluice.testing.messages_stream import read_message_stream
 from sluice.testing.responses_contract import check_responses_stream, parse_events
@@ -245,13 +246,13 @@ def make_request(kind: str, parsing: OutputParsing, stream: bool) -> GenerationR
 
 def streamed_bytes(chunks, deltas: list[ChoiceDelta]) -> bytes:
     written = list(chunks.opening_events())
-    written += [chunks.delta_event(0, delta) or b"" for delta in deltas]
+    written += [delivered_event(chunks, 0, delta) or b"" for delta in deltas]
     return b"".join(written + chunks.closing_events())
 
 
 def folded_body(chunks, deltas: list[ChoiceDelta]) -> dict:
     for delta in deltas:
-        chunks.fold(0, delta)
+        delivered_fold(chunks, 0, delta)
     return orjson.loads(chunks.body())
 
 

@@ -68,6 +68,9 @@ class RecordingObserver:
     def on_abort(self) -> None:
         self.calls.append(("abort",))
 
+    def on_end(self, num_delivered_tokens) -> None:
+        self.calls.append(("end", num_delivered_tokens))
+
 
 @pytest.mark.parametrize("phase", ["mid-prefill", "mid-decode"])
 def test_closing_the_stream_midway_aborts_every_running_engine_request_at_once(phase):
@@ -116,7 +119,8 @@ def test_cancelling_complete_aborts_its_engine_requests_and_reports_an_abort():
 
     engine, observer = asyncio.run(scenario())
     assert sorted(engine.aborted_request_ids) == ["cmpl-9-0", "cmpl-9-1"]
-    assert observer.calls[-1] == ("abort",)
+    assert observer.calls[-2] == ("abort",)
+    assert observer.calls[-1][0] == "end"  # last, with what was folded before the cancel
 
 
 def test_an_engine_death_midstream_becomes_one_error_event_then_done():
@@ -238,7 +242,18 @@ def test_the_observer_sees_a_first_token_chunks_and_a_finish_per_choice():
     chunks = [call for call in observer.calls if call[0] in ("first_token", "chunk")]
     assert sum(call[1] for call in chunks) == 14
     assert ("abort",) not in observer.calls
+    assert observer.calls[-1] == ("end", 14)  # once, last: the usage's count
     check_stream(body, Expectations("completion", 2))
+
+
+def test_the_end_is_told_the_count_the_body_usage_says():
+    observer = RecordingObserver()
+    engine = FakeEngine(endless_words, tokens_per_step=3)
+    request = make_request(params=SamplingParams(max_tokens=5))
+    frontend = Frontend(engine, TOKENIZER, observer=observer)
+    body = asyncio.run(frontend.complete(request, openai_chunks(request, TOKENIZER)))
+    ends = [call for call in observer.calls if call[0] == "end"]
+    assert ends == [("end", orjson.loads(body)["usage"]["completion_tokens"])] == [("end", 10)]
 
 
 def test_a_slow_reader_gets_merged_deltas_and_an_exact_stream():

@@ -345,8 +345,8 @@ def test_streams_are_framed_exactly_and_end_with_done(live, path, caplog):
     chunks = [orjson.loads(p) for p in payloads[:-1]]
     assert len({chunk["id"] for chunk in chunks}) == 1
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 10
-    # The access log reads the usage chunk for its completion token count (the
-    # server thread writes it just after the last byte: give it a moment).
+    # The access log has the usage's count of delivered tokens (the server
+    # thread writes it just after the last byte: give it a moment).
     asyncio.run(
         wait_until(lambda: any("completion_tokens=10 " in r.getMessage() for r in caplog.records))
     )

@@ -12,8 +12,7 @@ import pytest
 from sluice.frontend.serving import EventStream
 from sluice.frontend.stream_output import StreamOutput
 from sluice.server.connection import ABORT_EXTENSION, WRITE_EXTENSION
-from sluice.server.event_stream import EventStreamResponse, completion_tokens
-from sluice.server.middleware import RequestLog
+from sluice.server.event_stream import EventStreamResponse
 
 USAGE_EVENT = b'data: {"choices":[],"usage":{"completion_tokens":7}}\n\n'
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -87,8 +86,7 @@ async def respond(source: Source, connection: Connection, **options) -> None:
 def test_headers_first_event_and_end_go_through_send_the_rest_through_the_writer():
     source = Source([b"data: 1\n\n", b"data: 2\n\n", USAGE_EVENT, DONE_EVENT])
     connection = Connection()
-    log = RequestLog("id", "POST", "/v1/completions")
-    asyncio.run(respond(source, connection, log=log))
+    asyncio.run(respond(source, connection))
     start, first, end = connection.sent
     assert start["type"] == "http.response.start" and start["status"] == 200
     assert (b"content-type", b"text/event-stream; charset=utf-8") in start["headers"]
@@ -96,7 +94,6 @@ def test_headers_first_event_and_end_go_through_send_the_rest_through_the_writer
     assert end == {"type": "http.response.body", "body": b"", "more_body": False}
     assert connection.written == [b"data: 2\n\n", USAGE_EVENT, DONE_EVENT]
     assert source.is_closed
-    assert log.num_completion_tokens == 7  # from the usage chunk before [DONE]
 
 
 def test_a_disconnect_cuts_the_stream_closes_the_source_and_returns_quietly():
@@ -159,9 +156,3 @@ def test_a_failing_source_fails_the_response_and_is_closed():
     with pytest.raises(RuntimeError, match="bug"):
         asyncio.run(scenario())
     assert source.is_closed
-
-
-def test_completion_tokens_read_the_usage_of_a_chunk_or_say_none():
-    assert completion_tokens(USAGE_EVENT[len(b"data: ") :]) == 7
-    assert completion_tokens(b'{"choices":[]}') is None
-    assert completion_tokens(b"[DONE]") is None

@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from starlette.responses import Response, StreamingResponse
 
 from sluice.config import ServerConfig
-from sluice.server.middleware import RequestLog, log_safe, middleware_stack
+from sluice.server.access_log import RequestLog, log_safe
+from sluice.server.middleware import middleware_stack
+from sluice.server.request_context import context_of
 
 
 def tiny_app(config: ServerConfig) -> FastAPI:
@@ -23,8 +25,8 @@ def tiny_app(config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        request.state.request_log.num_prompt_tokens = 12
-        request.state.request_log.num_completion_tokens = 34
+        context_of(request.scope).log.num_prompt_tokens = 12
+        context_of(request.scope).log.num_completion_tokens = 34
         return Response(b"{}", media_type="application/json")
 
     @app.get("/stream")

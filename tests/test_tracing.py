@@ -155,7 +155,7 @@ def test_with_tracing_off_no_tracer_exists_and_the_sdk_is_never_imported():
     # neither the SDK nor an exporter loaded (FastAPI imports the API itself).
     code = """
 import sys, httpx2
-from sluice.server.request_spans import TraceMiddleware
+from sluice.server.middleware import TraceMiddleware
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer

@@ -11,8 +11,9 @@ latency is what that choice's client sees. Call order for one API request:
 on_first_token once per choice (its first take that carries tokens);
 on_chunks for each choice's later takes that carry tokens, in batches
 (`ChunkTimer`); on_finish once per choice when its finish is handed over;
-on_abort once if the client went away first. Every take's chunks are
-reported by the time the request ends.
+on_abort once if the client went away first; on_end once, last, in every
+case (finished, failed, cancelled). Every take's chunks are reported by the
+time the request ends.
 
 Takes happen once per token when the reader keeps up, so a choice's chunk
 costs the observer side two list appends: `ChunkTimer` hands the chunks over at most
@@ -50,6 +51,10 @@ class RequestObserver(Protocol):
 
     def on_abort(self) -> None:
         """The client went away (cancellation) before every choice finished."""
+
+    def on_end(self, num_delivered_tokens: int) -> None:
+        """The request ended: the tokens delivered over all its choices, its
+        projection's usage count (the one count of delivered tokens)."""
 
 
 class ChunkTimer:

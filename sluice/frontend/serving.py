@@ -45,6 +45,7 @@ from sluice.frontend.observer import ChunkTimer, RequestObserver
 from sluice.frontend.output_processor import OutputProcessor, engine_request_id
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.stream_output import StreamOutput, WriteNow
+from sluice.frontend.usage import UsageCounter
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,14 @@ class ResponseChunks(Protocol):
     """One API's projection of a request's choice deltas: the events of a
     stream and the folded body. Each API's route builds its own per request
     (sluice/apis/<api>/: CompletionChunks, ChatChunks, ResponsesEvents,
-    MessagesEvents, OllamaLines); it lives on the event loop."""
+    MessagesEvents, OllamaLines); it lives on the event loop.
+
+    `usage` is the request's one count of delivered tokens: the frontend adds
+    each delta's tokens to it just before handing the delta over
+    (`delivered_event`, `delivered_fold`); the projection only reads it, and
+    so do the access log, the key's spend and the span (`on_end`)."""
+
+    usage: UsageCounter
 
     def opening_events(self) -> list[bytes]:
         """Events sent with the first delta's, before them."""
@@ -140,12 +148,13 @@ class Frontend:
         builder) projects its deltas; `observer` (default: the
         frontend's) is told of it."""
         run = _RequestRun(
-            request, self._engine, queue_timeout, observer or self._observer, trace_context
-        )
+            request, self._engine, queue_timeout, observer or self._observer, chunks.usage,
+            trace_context,
+        )  # fmt: skip
 
         def render(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
-            run.account(taken)
-            events = (chunks.delta_event(index, delta) for index, delta in taken)
+            events = [delivered_event(chunks, index, delta) for index, delta in taken]
+            run.observe(taken)
             # None: output parsing holds all of a delta's text back for now.
             return [event for event in events if event is not None]
 
@@ -192,13 +201,14 @@ class Frontend:
     ) -> bytes:
         """The JSON body of `request`; engine errors propagate. The rest as for `stream`."""
         run = _RequestRun(
-            request, self._engine, queue_timeout, observer or self._observer, trace_context
-        )
+            request, self._engine, queue_timeout, observer or self._observer, chunks.usage,
+            trace_context,
+        )  # fmt: skip
 
         def fold(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
-            run.account(taken)
             for index, delta in taken:
-                chunks.fold(index, delta)
+                delivered_fold(chunks, index, delta)
+            run.observe(taken)
             return []
 
         output = StreamOutput(request.num_choices, fold)
@@ -214,8 +224,21 @@ class Frontend:
         return chunks.body()
 
 
+def delivered_event(chunks: ResponseChunks, index: int, delta: ChoiceDelta) -> bytes | None:
+    """Count `delta`'s tokens as delivered, then project it as its event(s)."""
+    chunks.usage.add(index, len(delta.token_ids), delta.num_cached_tokens)
+    return chunks.delta_event(index, delta)
+
+
+def delivered_fold(chunks: ResponseChunks, index: int, delta: ChoiceDelta) -> None:
+    """Count `delta`'s tokens as delivered, then fold it into the body."""
+    chunks.usage.add(index, len(delta.token_ids), delta.num_cached_tokens)
+    chunks.fold(index, delta)
+
+
 class _RequestRun:
-    """One API request in flight: its engine requests, its counts, its timing."""
+    """One API request in flight: its engine requests and its timing; its
+    delivered tokens are `usage`'s (its projection's)."""
 
     def __init__(
         self,
@@ -223,6 +246,7 @@ class _RequestRun:
         engine: EngineClient,
         queue_timeout: QueueTimeout | None,
         observer: RequestObserver | None,
+        usage: UsageCounter,
         trace_context: str | None = None,
     ):
         self._request = request
@@ -232,8 +256,7 @@ class _RequestRun:
         self._observer = observer
         self._timer = None if observer is None else ChunkTimer(observer)
         self._processor: OutputProcessor | None = None
-        # Per choice index: tokens handed over so far.
-        self._num_tokens = [0] * request.num_choices
+        self._usage = usage
 
     def start(self, tokenizer: DecodingTokenizer, output: StreamOutput) -> None:
         """Add one engine request per choice, all feeding `output`."""
@@ -260,10 +283,8 @@ class _RequestRun:
                 self._engine.abort(added)
             raise
 
-    def account(self, taken: list[tuple[int, ChoiceDelta]]) -> None:
-        """Count what is handed over: tokens per choice, chunk timing."""
-        for index, delta in taken:
-            self._num_tokens[index] += len(delta.token_ids)
+    def observe(self, taken: list[tuple[int, ChoiceDelta]]) -> None:
+        """Time what was handed over (already counted in `usage`)."""
         if self._timer is not None:
             self._observe(taken)
 
@@ -278,8 +299,10 @@ class _RequestRun:
                 self._engine.abort(unfinished)
         if self._timer is not None:
             self._timer.report()
-        if is_aborted and self._observer is not None:
-            self._observer.on_abort()
+        if self._observer is not None:
+            if is_aborted:
+                self._observer.on_abort()
+            self._observer.on_end(self._usage.num_all_completion_tokens())
 
     def _observe(self, taken: list[tuple[int, ChoiceDelta]]) -> None:
         assert self._timer is not None and self._observer is not None, "with an observer only"
@@ -290,7 +313,7 @@ class _RequestRun:
             if delta.finish_reason is not None:
                 self._observer.on_finish(
                     delta.num_prompt_tokens,
-                    self._num_tokens[index],
+                    self._usage.num_completion_tokens(index),
                     now_s - self._timer.started_s,
                     delta.finish_reason,
                 )

@@ -1,6 +1,10 @@
-"""Token usage of one API request, counted on the consumer side.
+"""Token usage of one API request, counted on the consumer side: the
+request's one count of delivered tokens.
 
-Counts only what was delivered, so a continuous-usage chunk can never run
+The frontend adds each delta's tokens just before its projection renders or
+folds it (sluice/frontend/serving.py `delivered_event`); the projection's
+usage, the access log, the API key's spend and the span all read this
+count. Counts only what was delivered, so a continuous-usage chunk can never run
 ahead of the tokens it accompanies. Prompt tokens count once per prompt, as
 OpenAI and vLLM do for n > 1: choice i of prompt p (index p * n + i) shares
 prompt p's count; the totals sum the prompts and all choices' completions.
@@ -33,6 +37,10 @@ class UsageCounter:
 
     def num_completion_tokens(self, index: int) -> int:
         return self._num_completion_tokens[index]
+
+    def num_all_completion_tokens(self) -> int:
+        """Delivered over every choice."""
+        return sum(self._num_completion_tokens)
 
     def for_choice(self, index: int) -> dict[str, Any]:
         """Cumulative usage of one choice: its prompt and its delivered tokens."""

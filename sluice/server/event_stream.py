@@ -30,13 +30,11 @@ import logging
 from collections.abc import Callable
 from typing import Literal
 
-import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from sluice.frontend.serving import EventStream
 from sluice.server.connection import StuckWriteWatch, abort_connection, body_writer
-from sluice.server.middleware import RequestLog
 
 EVENT_STREAM_MEDIA_TYPE = "text/event-stream"
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -50,9 +48,7 @@ CutReason = Literal["disconnect", "stuck"]
 class EventStreamResponse(Response):
     """SSE events, the first already in hand; the event source is always closed.
 
-    `log` (None: no access log, or no usage chunk to read) gets the completion
-    tokens of the usage chunk that precedes [DONE] (or of the last event, an
-    NDJSON stream's final line); `on_write_wait` is called for each event that
+    `on_write_wait` is called for each event that
     has to wait for a paused connection; `media_type`: the events' (Ollama's
     NDJSON lines go out the same way).
     """
@@ -62,7 +58,6 @@ class EventStreamResponse(Response):
         first_event: bytes,
         events: EventStream,
         send_timeout_s: float,
-        log: RequestLog | None = None,
         on_write_wait: Callable[[], object] | None = None,
         media_type: str = EVENT_STREAM_MEDIA_TYPE,
     ):
@@ -74,7 +69,6 @@ class EventStreamResponse(Response):
         self._first_event = first_event
         self._events = events
         self._send_timeout_s = send_timeout_s
-        self._log = log
         self._on_write_wait = on_write_wait
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -108,7 +102,6 @@ class EventStreamResponse(Response):
         watch.write_started_s = None
         if writer.writes_now:  # delta events may now be written without waking us
             self._events.attach(writer.write_now)
-        previous, last = b"", self._first_event
         async for event in self._events:
             if not writer.write_now(event):  # only a write that must wait is watched
                 if self._on_write_wait is not None:
@@ -116,12 +109,6 @@ class EventStreamResponse(Response):
                 watch.write_started_s = loop_time()
                 await writer.write(event)
                 watch.write_started_s = None
-            previous, last = last, event
-        if self._log is not None:  # the usage chunk, or Anthropic's message_delta
-            tokens = completion_tokens(previous.partition(b"data: ")[2])
-            self._log.num_completion_tokens = (
-                tokens if tokens is not None else completion_tokens(last)
-            )
         watch.write_started_s = loop_time()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         watch.write_started_s = None
@@ -159,15 +146,3 @@ async def _cut_on_disconnect(receive: Receive, cut: _StreamCut) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     cut("disconnect")
-
-
-def completion_tokens(body: bytes) -> int | None:
-    """`usage.completion_tokens` (Anthropic's: `output_tokens`, Ollama's:
-    `eval_count`) of a JSON chunk or body; None if it has none."""
-    try:
-        payload = orjson.loads(body)
-        usage = payload.get("usage") or {}
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    tokens = usage.get("completion_tokens", usage.get("output_tokens", payload.get("eval_count")))
-    return tokens if isinstance(tokens, int) else None

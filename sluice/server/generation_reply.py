@@ -1,6 +1,7 @@
 """One admitted generation, answered: its API key's seats and tokens reserved,
-its observer chosen (the model's, its key's, wrapped by its trace), then the
-frontend's stream or body sent (`GenerationRun.reply`).
+its observer taken from its request context (sluice/server/request_context.py:
+the key's series or the model's, its trace, its one count of delivered
+tokens), then the frontend's stream or body sent (`GenerationRun.reply`).
 
 Invariants:
 - Nothing is sent before the first event exists, so an error before the first
@@ -26,15 +27,10 @@ from sluice.frontend.observer import RequestObserver
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import ResponseChunks
 from sluice.server.connection import unless_disconnected
-from sluice.server.event_stream import (
-    EVENT_STREAM_MEDIA_TYPE,
-    EventStreamResponse,
-    completion_tokens,
-)
-from sluice.server.key_limits import KeyLease
-from sluice.server.middleware import CLIENT_CLOSED_STATUS, RequestLog
+from sluice.server.event_stream import EVENT_STREAM_MEDIA_TYPE, EventStreamResponse
+from sluice.server.middleware import CLIENT_CLOSED_STATUS
 from sluice.server.model_parts import ModelParts
-from sluice.server.request_spans import RequestTrace, TracedObserver
+from sluice.server.request_context import context_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,33 +54,20 @@ class GenerationRun:
         if len(generation.prompts) > 1:  # n was checked; n times the prompts may not fit
             self.model.gate.check_open(generation.num_choices)
         num_prompt_tokens = sum(len(p.token_ids) for p in generation.prompts)
-        lease = key_lease(self.request)
+        context = context_of(self.request.scope)
+        lease = context.key_lease
         if lease is not None:  # before any engine work: the key's seats and tokens
             lease.seat_choices(generation.num_choices)
             num_max_new_tokens = generation.num_choices * generation.params.max_tokens
             lease.reserve(num_prompt_tokens, num_max_new_tokens)
-        log = request_log(self.request)
-        if log is not None:
-            log.num_prompt_tokens = num_prompt_tokens
-        observer: RequestObserver | None = None
-        if lease is not None:  # the key's series (None: the model's own)
-            observer = self.model.metrics.observer_for(lease.key_name, lease.charge)
-        trace: RequestTrace | None = getattr(self.request.state, "request_trace", None)
-        trace_context = None
-        if trace is not None:
-            trace.received(generation.response_id, generation.model_name, num_prompt_tokens)
-            observer = TracedObserver(observer or self.model.metrics, trace)
-            trace_context = trace.traceparent
+        context.received(generation.response_id, generation.model_name, num_prompt_tokens)
+        observer = context.observer(self.model.metrics)
         if generation.stream:
-            return await self._stream(observer, trace_context, log, send_timeout_s)
-        return await self._complete(observer, trace_context, log)
+            return await self._stream(observer, context.traceparent, send_timeout_s)
+        return await self._complete(observer, context.traceparent)
 
     async def _stream(
-        self,
-        observer: RequestObserver | None,
-        trace_context: str | None,
-        log: RequestLog | None,
-        send_timeout_s: float,
+        self, observer: RequestObserver, trace_context: str | None, send_timeout_s: float
     ) -> Response:
         events = self.model.frontend.stream(
             self.generation, self.chunks, self.queue_timeout, observer, trace_context
@@ -99,19 +82,15 @@ class GenerationRun:
         if first_event is None:
             await events.aclose()
             return Response(status_code=CLIENT_CLOSED_STATUS)
-        usage_log = log if self.generation.include_usage else None
         return EventStreamResponse(
             first_event,
             events,
             send_timeout_s,
-            usage_log,
             on_write_wait=self.model.metrics.stream_write_waits.inc,
             media_type=self.media_type,
         )
 
-    async def _complete(
-        self, observer: RequestObserver | None, trace_context: str | None, log: RequestLog | None
-    ) -> Response:
+    async def _complete(self, observer: RequestObserver, trace_context: str | None) -> Response:
         body = await unless_disconnected(
             self.request.receive,
             self.model.frontend.complete(
@@ -120,16 +99,4 @@ class GenerationRun:
         )
         if body is None:
             return Response(status_code=CLIENT_CLOSED_STATUS)
-        if log is not None:
-            log.num_completion_tokens = completion_tokens(body)
         return Response(body, media_type="application/json")
-
-
-def request_log(request: Request) -> RequestLog | None:
-    """The request's access log line (None: no middleware, as in some tests)."""
-    return getattr(request.state, "request_log", None)
-
-
-def key_lease(request: Request) -> KeyLease | None:
-    """The request's hold on its API key's limits (None: no keys)."""
-    return getattr(request.state, "key_lease", None)

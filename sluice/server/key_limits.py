@@ -14,9 +14,10 @@ What counts:
   pass the limit is refused whole, its message naming the limit;
 - rpm: choices admitted in the window (refused requests do not count);
 - tpm: a request reserves its prompt tokens plus `max_tokens` for each
-  choice once it is tokenized, before it runs, and is refunded what it did not
-  generate when it ends; generated tokens beyond a reservation (none, while
-  max_tokens holds) are charged as they are delivered. A request is refused
+  choice once it is tokenized, before it runs; when it ends it is charged
+  what it delivered (the request's one count, its usage's:
+  sluice/server/request_context.py) and refunded the rest of the
+  reservation (tokens beyond it, none while max_tokens holds, are added). A request is refused
   once the window already holds `tpm` tokens, reservations included, so
   requests running at once cannot pass the limit by more than the one that
   crosses it (its size is known only once it is tokenized).
@@ -130,7 +131,8 @@ class KeyLease:
         self._num_reserved_left = num_max_new_tokens
 
     def charge(self, num_tokens: int) -> None:
-        """Count `num_tokens` delivered: from the reservation first, then anew."""
+        """Count `num_tokens` delivered (once, when the request ends): from the
+        reservation first, then anew."""
         from_reservation = min(num_tokens, self._num_reserved_left)
         self._num_reserved_left -= from_reservation
         if num_tokens > from_reservation:

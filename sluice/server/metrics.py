@@ -162,14 +162,12 @@ class ModelMetrics:
         self.series_by_key: dict[str | None, RequestSeries] = {}
         self._unkeyed = None if server.is_keyed else self.observer_for(None)
 
-    def observer_for(
-        self, key_name: str | None, on_tokens: Callable[[int], None] | None = None
-    ) -> SeriesObserver:
+    def observer_for(self, key_name: str | None) -> SeriesObserver:
         """The observer of one request of `key_name` (None: no key)."""
         series = self.series_by_key.get(key_name)
         if series is None:
             series = self.series_by_key[key_name] = RequestSeries.build(self.max_model_len)
-        return SeriesObserver(series, self.requests_aborted.inc, on_tokens)
+        return SeriesObserver(series, self.requests_aborted.inc)
 
     def _observer(self) -> SeriesObserver:
         if self._unkeyed is None:
@@ -193,6 +191,9 @@ class ModelMetrics:
 
     def on_abort(self) -> None:
         self.requests_aborted.inc()
+
+    def on_end(self, num_delivered_tokens: int) -> None:
+        pass  # counted per choice, at on_finish
 
 
 class ServerMetrics:
@@ -259,10 +260,8 @@ class ServerMetrics:
     def stream_write_waits(self) -> Any:
         return self.model.stream_write_waits
 
-    def observer_for(
-        self, key_name: str | None, on_tokens: Callable[[int], None] | None = None
-    ) -> SeriesObserver:
-        return self.model.observer_for(key_name, on_tokens)
+    def observer_for(self, key_name: str | None) -> SeriesObserver:
+        return self.model.observer_for(key_name)
 
     def on_first_token(self, ttft_s: float, num_tokens: int) -> None:
         self.model.on_first_token(ttft_s, num_tokens)
@@ -281,6 +280,9 @@ class ServerMetrics:
 
     def on_abort(self) -> None:
         self.model.on_abort()
+
+    def on_end(self, num_delivered_tokens: int) -> None:
+        self.model.on_end(num_delivered_tokens)
 
     # -- exposition ----------------------------------------------------------------
 

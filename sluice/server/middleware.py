@@ -2,8 +2,8 @@
 
 Pure ASGI (no `BaseHTTPMiddleware`), so streaming bodies pass through
 untouched and a client disconnect reaches the route as it happens.
-Order, outermost first: request context (id + access log, so even a 401 is
-logged with its id), CORS (so preflights never need a key), the request's
+Order, outermost first: request context (sluice/server/request_context.py:
+id + access log, so even a 401 is logged with its id), CORS (so preflights never need a key), the request's
 trace with tracing on (sluice/server/request_spans.py), API key and its
 limits (sluice/server/api_keys.py, key_limits.py). Which paths are keyed,
 traced and generation routes, and the shape of an error on each, is read
@@ -11,9 +11,9 @@ from the app's API table (sluice/apis/surface.py).
 
 Invariants: every HTTP response carries `X-Request-Id` (the client's, or a
 fresh one); exactly one "sluice.access" log line per HTTP request, written
-when its last body byte is sent or it failed; what a client sent (the
-decoded path, the method) and the key's name are written `log_safe`, so no
-request can end a log line or forge a field of it.
+when its last body byte is sent or it failed (sluice/server/access_log.py);
+each middleware writes what it learns into the request's one
+`RequestContext`, never into the scope under a key of its own.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from starlette.middleware import Middleware
@@ -33,11 +33,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sluice.apis.surface import API_TABLE, ApiTable
 from sluice.config import ServerConfig
 from sluice.errors import ErrorShape, PermissionDeniedError, RateLimitError
+from sluice.server.access_log import RequestLog, log_safe
 from sluice.server.api_keys import ApiKey, KeyRing
 from sluice.server.errors import error_response, internal_error_response, request_error_response
-from sluice.server.key_limits import KeyLease, KeyLimiter
+from sluice.server.key_limits import KeyLimiter
 from sluice.server.pages import is_public_page
-from sluice.server.request_spans import TraceMiddleware
+from sluice.server.request_context import SCOPE_KEY, RequestContext, context_of
+from sluice.server.request_spans import RequestTrace
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -56,66 +58,6 @@ CLIENT_CLOSED_STATUS = 499
 _MAX_REQUEST_ID_CHARS = 128
 
 
-@dataclass(slots=True)
-class RequestLog:
-    """What the access log line says about one request; routes fill in the tokens."""
-
-    request_id: str
-    method: str
-    path: str
-    start_s: float = field(default_factory=time.perf_counter)
-    status: int | None = None
-    first_byte_s: float | None = None
-    num_prompt_tokens: int | None = None
-    num_completion_tokens: int | None = None
-    # The API key's name (never the key); None without keys.
-    key_name: str | None = None
-    # Seconds the request waited for its model to start (None: it was running).
-    model_wait_s: float | None = None
-
-    def line(self) -> str:
-        now_s = time.perf_counter()
-        first_byte = "-" if self.first_byte_s is None else _ms(self.first_byte_s - self.start_s)
-        return (
-            f'{self.request_id} "{log_safe(self.method)} {log_safe(self.path)}" '
-            f"{self.status or '-'} "
-            f"prompt_tokens={_or_dash(self.num_prompt_tokens)} "
-            f"completion_tokens={_or_dash(self.num_completion_tokens)} "
-            f"first_byte_ms={first_byte} total_ms={_ms(now_s - self.start_s)}"
-            + ("" if self.key_name is None else f" key={log_safe(self.key_name)}")
-            + ("" if self.model_wait_s is None else f" model_wait_ms={_ms(self.model_wait_s)}")
-        )
-
-
-def log_safe(text: str) -> str:
-    """`text` with every character that is not printable (C0 and C1 controls,
-    DEL, line and paragraph separators, format characters), every backslash and
-    every double quote escaped as Python writes them: one line, fields intact."""
-    if text.isprintable() and '"' not in text and "\\" not in text:
-        return text
-    return "".join(_LOG_ESCAPES.get(char) or _escaped(char) for char in text)
-
-
-_LOG_ESCAPES = {"\\": "\\\\", '"': '\\"'}
-
-
-def _escaped(char: str) -> str:
-    return char if char.isprintable() else ascii(char)[1:-1]
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.1f}"
-
-
-def _or_dash(value: int | None) -> str:
-    return "-" if value is None else str(value)
-
-
-def request_log_of(scope: Scope) -> RequestLog | None:
-    """The request's log record (routes use `request.state.request_log`)."""
-    return scope.get("state", {}).get("request_log")
-
-
 class RequestContextMiddleware:
     """Request id in and out, and one access-log line per request."""
 
@@ -128,7 +70,7 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         log = RequestLog(_request_id(scope), scope["method"], scope["path"])
-        scope.setdefault("state", {})["request_log"] = log
+        scope[SCOPE_KEY] = RequestContext(log)
         is_logged = False
 
         async def send_with_id(message: Message) -> None:
@@ -187,10 +129,10 @@ class ApiKeyMiddleware:
     for a key that is not an admin's; then the key's limits on the generation
     routes, 429 with Retry-After when one is reached.
 
-    The key's name (never the key) goes to the access log, the `ApiKey` to
-    `scope["state"]["api_key"]` (whose stored responses are whose), and the
-    request's `KeyLease` to `scope["state"]["key_lease"]`, held until the
-    response's last byte is sent (routes charge its tokens through it).
+    The key's name (never the key) goes to the access log; the `ApiKey`
+    (whose stored responses are whose) and the request's `KeyLease`, held
+    until the response's last byte is sent, to the request's context (its
+    delivered tokens are charged through it).
     Keyed paths, generation routes and error shapes: the API table's.
     """
 
@@ -210,10 +152,9 @@ class ApiKeyMiddleware:
         if key is None:
             await _unauthorized(scope, shape)(scope, receive, send)
             return
-        log = request_log_of(scope)
-        if log is not None:
-            log.key_name = key.name
-        scope.setdefault("state", {})["api_key"] = key
+        context = context_of(scope)
+        context.log.key_name = key.name
+        context.key = key
         if path in ADMIN_PATHS and not key.is_admin:
             refusal = PermissionDeniedError(
                 f"key {key.name!r} may not call {path}: it needs an admin key "
@@ -230,7 +171,7 @@ class ApiKeyMiddleware:
         except RateLimitError as error:
             await request_error_response(error, shape)(scope, receive, send)
             return
-        scope.setdefault("state", {})["key_lease"] = lease
+        context.key_lease = lease
         try:
             await self.app(scope, receive, send)
         finally:
@@ -264,14 +205,33 @@ def _unauthorized(scope: Scope, shape: ErrorShape) -> Response:
     )
 
 
-def api_key_of(scope: Scope) -> ApiKey | None:
-    """The request's API key (routes use `request.state.api_key`); None without keys."""
-    return scope.get("state", {}).get("api_key")
+class TraceMiddleware:
+    """A `RequestTrace` (sluice/server/request_spans.py) in the request's
+    context for each request to `routes` (method, path), ended with its status."""
 
+    def __init__(self, app: ASGIApp, tracer: Tracer, routes: Collection[tuple[str, str]]):
+        self.app = app
+        self._tracer = tracer
+        self._routes = routes
 
-def key_lease_of(scope: Scope) -> KeyLease | None:
-    """The API key's lease of this request (routes use `request.state.key_lease`)."""
-    return scope.get("state", {}).get("key_lease")
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (scope["method"], scope["path"]) not in self._routes:
+            await self.app(scope, receive, send)
+            return
+        context = context_of(scope)
+        trace = context.trace = RequestTrace(self._tracer, scope, context.request_id)
+        status_code: int | None = None
+
+        async def send_with_status(message: Message) -> None:
+            nonlocal status_code
+            if message["type"] == "http.response.start":
+                status_code = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_status)
+        finally:
+            trace.end(status_code)
 
 
 def middleware_stack(

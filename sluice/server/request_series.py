@@ -86,34 +86,23 @@ def _request_token_histograms(
 
 class SeriesObserver:
     """A `RequestObserver` recording into one `RequestSeries`: one API key's,
-    or the app's when it has no keys. `on_tokens`: told of delivered tokens
-    (the key's tokens per minute)."""
+    or the app's when it has no keys."""
 
-    __slots__ = ("series", "_on_abort", "_on_tokens")
+    __slots__ = ("series", "_on_abort")
 
-    def __init__(
-        self,
-        series: RequestSeries,
-        on_abort: Callable[[], None],
-        on_tokens: Callable[[int], None] | None = None,
-    ):
+    def __init__(self, series: RequestSeries, on_abort: Callable[[], None]):
         self.series = series
         self._on_abort = on_abort
-        self._on_tokens = on_tokens
 
     def on_first_token(self, ttft_s: float, num_tokens: int) -> None:
         self.series.ttft_s.observe(ttft_s)
         self.series.tokens_per_chunk.observe(num_tokens)
-        if self._on_tokens is not None:
-            self._on_tokens(num_tokens)
 
     def on_chunks(self, num_tokens: Sequence[int], gaps_s: Sequence[float]) -> None:
         self.series.tokens_per_chunk.observe_all(num_tokens)
         # A chunk of k tokens after a gap counts as k tokens each gap/k apart.
         per_token_s = [gap_s / k for gap_s, k in zip(gaps_s, num_tokens, strict=True)]
         self.series.itl_s.observe_all(per_token_s, num_tokens)
-        if self._on_tokens is not None:
-            self._on_tokens(sum(num_tokens))
 
     def on_finish(
         self,
@@ -134,3 +123,6 @@ class SeriesObserver:
 
     def on_abort(self) -> None:
         self._on_abort()
+
+    def on_end(self, num_delivered_tokens: int) -> None:
+        pass  # counted per choice, at on_finish

@@ -9,19 +9,20 @@ first token handed to the client to the end of the response.
 
 The request span carries the request id (the X-Request-Id and the response's
 id), the model, prompt and completion tokens, the finish reasons and the
-HTTP status. Installed only with tracing on: off, the routes find no
-`request_trace` in the scope and skip everything here.
+HTTP status. Opened only with tracing on (`TraceMiddleware`,
+sluice/server/middleware.py): off, the request's context holds no trace and
+the routes skip everything here. Its output tokens are the request's one
+delivered count (sluice/server/request_context.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
-from sluice.frontend.observer import RequestObserver
 from sluice.tracing import context_of, traceparent_of
 
 if TYPE_CHECKING:
@@ -59,7 +60,8 @@ class RequestTrace:
         # What the engine's spans continue.
         self.traceparent = traceparent_of(self.span)
         self._stream: Span | None = None
-        self._num_output_tokens = 0
+        # Delivered over all choices (None: not told yet).
+        self._num_output_tokens: int | None = None
         self._finish_reasons: list[str] = []
 
     def received(self, response_id: str, model: str, num_prompt_tokens: int) -> None:
@@ -73,9 +75,13 @@ class RequestTrace:
         if self._stream is None:
             self._stream = self._child("stream", self._clock_ns())
 
-    def finished(self, num_output_tokens: int, finish_reason: str) -> None:
-        self._num_output_tokens += num_output_tokens
+    def finished(self, finish_reason: str) -> None:
+        """One choice finished."""
         self._finish_reasons.append(finish_reason)
+
+    def delivered(self, num_output_tokens: int) -> None:
+        """The request ended having delivered `num_output_tokens` (all choices)."""
+        self._num_output_tokens = num_output_tokens
 
     def end(self, status_code: int | None) -> None:
         from opentelemetry.trace import StatusCode
@@ -83,11 +89,10 @@ class RequestTrace:
         now_ns = self._clock_ns()
         if self._stream is not None:
             self._stream.end(end_time=now_ns)
+        if self._finish_reasons or self._num_output_tokens is not None:
+            self.span.set_attribute("gen_ai.usage.output_tokens", self._num_output_tokens or 0)
         if self._finish_reasons:
-            self.span.set_attributes({
-                "gen_ai.usage.output_tokens": self._num_output_tokens,
-                "gen_ai.response.finish_reasons": tuple(self._finish_reasons),
-            })  # fmt: skip
+            self.span.set_attribute("gen_ai.response.finish_reasons", tuple(self._finish_reasons))
         if status_code is not None:
             self.span.set_attribute("http.response.status_code", status_code)
         if status_code is None or status_code >= 500:
@@ -96,61 +101,3 @@ class RequestTrace:
 
     def _child(self, name: str, start_ns: int) -> Span:
         return self._tracer.start_span(name, context=self._inside, start_time=start_ns)
-
-
-class TracedObserver:
-    """A `RequestObserver` that tells `trace` of the first token and each
-    finish, and passes every call on to `inner`."""
-
-    __slots__ = ("_inner", "_trace")
-
-    def __init__(self, inner: RequestObserver, trace: RequestTrace):
-        self._inner = inner
-        self._trace = trace
-
-    def on_first_token(self, ttft_s: float, num_tokens: int) -> None:
-        self._trace.first_token()
-        self._inner.on_first_token(ttft_s, num_tokens)
-
-    def on_chunks(self, num_tokens: Sequence[int], gaps_s: Sequence[float]) -> None:
-        self._inner.on_chunks(num_tokens, gaps_s)
-
-    def on_finish(
-        self, num_prompt_tokens: int, num_generation_tokens: int, e2e_s: float, finish_reason: str
-    ) -> None:
-        self._trace.finished(num_generation_tokens, finish_reason)
-        self._inner.on_finish(num_prompt_tokens, num_generation_tokens, e2e_s, finish_reason)
-
-    def on_abort(self) -> None:
-        self._inner.on_abort()
-
-
-class TraceMiddleware:
-    """A `RequestTrace` per request to `routes` (method, path), at
-    `scope["state"]["request_trace"]`."""
-
-    def __init__(self, app: ASGIApp, tracer: Tracer, routes: Collection[tuple[str, str]]):
-        self.app = app
-        self._tracer = tracer
-        self._routes = routes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or (scope["method"], scope["path"]) not in self._routes:
-            await self.app(scope, receive, send)
-            return
-        state = scope.setdefault("state", {})
-        log = state.get("request_log")
-        trace = RequestTrace(self._tracer, scope, "" if log is None else log.request_id)
-        state["request_trace"] = trace
-        status_code: int | None = None
-
-        async def send_with_status(message: Message) -> None:
-            nonlocal status_code
-            if message["type"] == "http.response.start":
-                status_code = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_status)
-        finally:
-            trace.end(status_code)

@@ -38,12 +38,13 @@ from sluice.server.body import BodyReader
 from sluice.server.event_stream import (
     EVENT_STREAM_MEDIA_TYPE,
 )
-from sluice.server.generation_reply import GenerationRun, key_lease, request_log
+from sluice.server.generation_reply import GenerationRun
 from sluice.server.metrics import ServerMetrics
 from sluice.server.model_catalog import pool_limits
 from sluice.server.model_entry import ModelSpec
 from sluice.server.model_parts import ModelOptions, ModelParts, model_options, model_parts
 from sluice.server.model_pool import ModelPool
+from sluice.server.request_context import context_of
 from sluice.server.served_model import ServedModel, ServedTokenizer
 
 # An API route's handler (the route's path parameters as keyword arguments).
@@ -100,10 +101,10 @@ class Routes:
         wait_s = admission.queue_timeout_s(
             request.headers.get(admission.QUEUE_TIMEOUT_HEADER), self.queue_timeout_s
         )
-        log = request_log(request)
-        on_wait = None if log is None else functools.partial(setattr, log, "model_wait_s")
+        context = context_of(request.scope)
+        on_wait = functools.partial(setattr, context.log, "model_wait_s")
         async with self.models.use(resolved, wait_s, keep_alive_s, on_wait) as lease:
-            request.state.model_wait_s = lease.waited_s  # off its queue timeout (admit)
+            context.model_wait_s = lease.waited_s  # off its queue timeout (admit)
             yield lease.model.parts
 
     async def options_for(self, name: str | None) -> ModelOptions:
@@ -191,7 +192,7 @@ class Routes:
         if not model.gate.is_alive:
             raise EngineDeadError(f"the engine of `{model.name}` is not running; retry later")
         model.gate.check_open(n)
-        lease = key_lease(request)
+        lease = context_of(request.scope).key_lease
         if lease is not None:  # a choice is a request to the key's limits
             lease.seat_choices(n)
         return None if timeout_s is None else QueueTimeout(timeout_s)
@@ -202,7 +203,7 @@ class Routes:
         timeout_s = admission.queue_timeout_s(
             request.headers.get(admission.QUEUE_TIMEOUT_HEADER), self.queue_timeout_s
         )
-        waited_s: float | None = getattr(request.state, "model_wait_s", None)
+        waited_s = context_of(request.scope).model_wait_s
         if timeout_s is None or waited_s is None:
             return timeout_s
         if waited_s >= timeout_s:

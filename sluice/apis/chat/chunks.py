@@ -1,7 +1,7 @@
 """/v1/chat/completions responses, streamed and not, from the same choice deltas.
 
-Both forms go through `_choice` (one `ChoiceDelta` -> content, logprob entries,
-usage counting); a stream sends each as a chunk, a non-streamed body is their
+Both forms go through `_choice` (one `ChoiceDelta` -> content, logprob
+entries; its tokens counted in `usage` by the frontend first); a stream sends each as a chunk, a non-streamed body is their
 fold, so the two can never disagree. Invariants:
 - The first chunk of each index is `{"role": "assistant", "content": ""}`,
   sent for every index before any content, together with the first tokens'
@@ -93,7 +93,6 @@ class ChatChunks:
             return self._parsed_event(index, delta, self._parsed[index])
         if self._text_choices is not None and delta.finish_reason is None:
             assert delta.text, "only a finish chunk may have no content"
-            self.usage.add(index, len(delta.token_ids), delta.num_cached_tokens)
             return self._events.text_event(self._text_choices[index], delta.text)
         content, entries = self._choice(index, delta)
         assert content or delta.is_finished, "only a finish chunk may have no content"
@@ -169,7 +168,6 @@ class ChatChunks:
         entries = None
         if self._request.logprobs is not None and delta.token_ids:
             entries = chat_logprobs(delta, self._strings)
-        self.usage.add(index, len(delta.token_ids), delta.num_cached_tokens)
         return delta.text, entries
 
     def _chunk_event(

@@ -1,7 +1,8 @@
 """/v1/completions responses, streamed and not, from the same choice deltas.
 
 Both forms go through `_choice`, which turns one `ChoiceDelta` into one choice
-fragment (echo, logprobs, text offsets, usage counting); a stream sends each
+fragment (echo, logprobs, text offsets; its tokens counted in `usage` by the
+frontend first); a stream sends each
 fragment as a chunk, a non-streamed body is the fold of the fragments. So the
 two can never disagree. Invariants:
 - `object` is "text_completion" on every chunk, the usage chunk included;
@@ -82,7 +83,6 @@ class CompletionChunks:
 
     def delta_event(self, index: int, delta: ChoiceDelta) -> bytes:
         if self._text_choices is not None and delta.finish_reason is None:
-            self.usage.add(index, len(delta.token_ids), delta.num_cached_tokens)
             return self._events.text_event(self._text_choices[index], delta.text)
         choice = self._choice(index, delta)
         if self._has_continuous_usage:
@@ -148,7 +148,6 @@ class CompletionChunks:
                 delta, self._text_offsets[index], self._strings
             )
             logprobs = fragment if logprobs is None else _joined(logprobs, fragment)
-        self.usage.add(index, len(delta.token_ids), delta.num_cached_tokens)
         return _choice_dict(index, text, logprobs, delta.finish_reason, delta.stop_reason)
 
     def _echo_logprobs(

@@ -29,11 +29,10 @@ from starlette.responses import Response
 from sluice.engine.client_base import QueueTimeout
 from sluice.engine.outputs import PooledOutput, RequestDelta
 from sluice.engine.pooling_params import PoolingInput, PoolingParams
-from sluice.frontend.observer import RequestObserver
 from sluice.server.connection import unless_disconnected
 from sluice.server.middleware import CLIENT_CLOSED_STATUS
 from sluice.server.model_parts import ModelParts
-from sluice.server.request_spans import RequestTrace, TracedObserver
+from sluice.server.request_context import context_of
 
 
 class ClientGone(Exception):
@@ -67,9 +66,13 @@ async def pool(
     tokens); ClientGone (the request aborted) if the client leaves first."""
     started_s = time.perf_counter()
     num_tokens = sum(len(one.token_ids) for one in inputs)
-    _account(request, num_tokens)
     request_id = f"pool-{uuid.uuid4().hex}"
-    observer = _observer_of(request, parts, request_id, num_tokens)
+    context = context_of(request.scope)
+    context.received(request_id, parts.name, num_tokens)
+    if context.key_lease is not None:
+        context.key_lease.reserve(num_tokens, 0)
+    # Its key's series (else the model's), told to its trace too when traced.
+    observer = context.observer(parts.metrics)
     sink = _PooledSink()
     gate = parts.gate
     gate.add_pooling_request(request_id, inputs, params, sink, queue_timeout=queue_timeout)
@@ -101,29 +104,3 @@ class _PooledSink:
     def on_error(self, error: BaseException) -> None:
         if not self.result.done():
             self.result.set_exception(error)
-
-
-def _account(request: Request, num_tokens: int) -> None:
-    """The access log's prompt tokens, and the API key's token reservation."""
-    log = getattr(request.state, "request_log", None)
-    if log is not None:
-        log.num_prompt_tokens = num_tokens
-    lease = getattr(request.state, "key_lease", None)
-    if lease is not None:
-        lease.reserve(num_tokens, 0)
-
-
-def _observer_of(
-    request: Request, parts: ModelParts, request_id: str, num_tokens: int
-) -> RequestObserver:
-    """The series the request is recorded in (its API key's, else the
-    model's), told to its trace too when it is traced."""
-    lease = getattr(request.state, "key_lease", None)
-    observer: RequestObserver = (
-        parts.metrics if lease is None else parts.metrics.observer_for(lease.key_name)
-    )
-    trace: RequestTrace | None = getattr(request.state, "request_trace", None)
-    if trace is None:
-        return observer
-    trace.received(request_id, parts.name, num_tokens)
-    return TracedObserver(observer, trace)

@@ -119,7 +119,6 @@ class MessagesEvents:
 
     def _add(self, delta: ChoiceDelta) -> list[dict[str, Any]]:
         """The block events of `delta`; records the finish."""
-        self.usage.add(0, len(delta.token_ids), delta.num_cached_tokens)
         events: list[dict[str, Any]] = []
         if self._stream is None:
             events += self._blocks.add(MessageDelta.of_content(delta.text))

@@ -37,6 +37,7 @@ from sluice.errors import openai_error_of
 from sluice.frontend.deltas import ChoiceDelta
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.text_pieces import token_pieces, whole_piece
+from sluice.frontend.usage import UsageCounter
 from sluice.tools.message_stream import MessageDelta, ToolCallDelta
 
 NDJSON_MEDIA_TYPE = "application/x-ndjson"
@@ -81,6 +82,8 @@ class OllamaLines:
         self._started_ns = clock()
         self._first_token_ns: int | None = None
         self._reply = _Reply(request)
+        # Delivered tokens (`eval_count`), counted by the frontend.
+        self.usage = UsageCounter(request)
 
     # -- streamed -------------------------------------------------------------
 
@@ -145,7 +148,7 @@ class OllamaLines:
             "load_duration": 0,
             "prompt_eval_count": len(self._request.prompts[0].token_ids),
             "prompt_eval_duration": first_ns - self._started_ns,
-            "eval_count": len(reply.token_ids),
+            "eval_count": self.usage.num_completion_tokens(0),
             # At least 1: clients divide by it (tokens per second).
             "eval_duration": max(now_ns - first_ns, 1),
         }

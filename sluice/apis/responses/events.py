@@ -63,7 +63,7 @@ class ResponsesEvents:
         self._strings = strings
         self._on_response = on_response
         self._echoed: dict[str, Any] = orjson.loads(request.responses.echoed_json)
-        self._usage = UsageCounter(request)
+        self.usage = UsageCounter(request)
         self._num_reasoning_tokens = 0
         # Logprob entries of tokens whose text is still held back (parsing).
         self._pending_entries: list[dict[str, Any]] = []
@@ -116,8 +116,7 @@ class ResponsesEvents:
     # -- shared -----------------------------------------------------------------
 
     def _take(self, delta: ChoiceDelta) -> list[ItemEvent]:
-        """The item events of `delta`, its tokens counted."""
-        self._usage.add(0, len(delta.token_ids), delta.num_cached_tokens)
+        """The item events of `delta`."""
         entries = None
         if self._request.logprobs is not None and delta.token_ids:
             entries = chat_logprobs(delta, self._strings)
@@ -202,7 +201,7 @@ class ResponsesEvents:
         return response | self._echoed
 
     def _usage_json(self) -> dict[str, Any]:
-        usage = self._usage.total()
+        usage = self.usage.total()
         return {
             "input_tokens": usage["prompt_tokens"],
             "input_tokens_details": usage["prompt_tokens_details"],

@@ -35,8 +35,8 @@ from sluice.apis.surface import (
     ApiRoute,
 )
 from sluice.server.app_routes import AppRoutes
-from sluice.server.middleware import api_key_of
 from sluice.server.model_parts import ModelOptions
+from sluice.server.request_context import context_of
 
 
 class ResponsesRoutes:
@@ -105,7 +105,7 @@ class ResponsesRoutes:
 
 def _owner(request: Request) -> bytes | None:
     """Whose responses the request reads and writes: its API key's (None without keys)."""
-    key = api_key_of(request.scope)
+    key = context_of(request.scope).key
     return None if key is None else key.digest
 
 
