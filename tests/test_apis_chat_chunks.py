@@ -19,7 +19,7 @@ TOKENIZER = FakeTokenizer()
 T = TOKENIZER.token_id
 
 
-def make_request(**overrides) -> GenerationRequest:
+def make_request(logprobs: int | None = None, **overrides) -> GenerationRequest:
     fields = {
         "kind": "chat",
         "response_id": "chatcmpl-3",
@@ -27,7 +27,7 @@ def make_request(**overrides) -> GenerationRequest:
         "model_name": "tiny",
         "prompts": (PromptInput((5, 6, 7, 8), "<chat>"),),
         "n": 2,
-        "params": SamplingParams(),
+        "params": SamplingParams(logprobs=logprobs),
         "stream": True,
     }
     return GenerationRequest(**(fields | overrides))
@@ -71,7 +71,7 @@ def expectations(request: GenerationRequest) -> Expectations:
     return Expectations(
         "chat",
         request.num_choices,
-        logprobs=request.logprobs,
+        logprobs=request.params.logprobs,
         include_usage=request.include_usage,
         continuous_usage_stats=request.continuous_usage_stats,
     )

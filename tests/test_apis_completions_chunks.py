@@ -23,7 +23,7 @@ def prompt_input(text: str) -> PromptInput:
     return PromptInput(tuple(TOKENIZER.encode(text)), text)
 
 
-def make_request(**overrides) -> GenerationRequest:
+def make_request(logprobs: int | None = None, **overrides) -> GenerationRequest:
     fields = {
         "kind": "completion",
         "response_id": "cmpl-7",
@@ -32,7 +32,7 @@ def make_request(**overrides) -> GenerationRequest:
         # Token ids that spell the prompt texts (echoed logprob entries cover the text).
         "prompts": (prompt_input("Say:"), prompt_input("Hi")),
         "n": 2,
-        "params": SamplingParams(),
+        "params": SamplingParams(logprobs=logprobs),
         "stream": True,
     }
     return GenerationRequest(**(fields | overrides))
@@ -92,7 +92,7 @@ def expectations(request: GenerationRequest) -> Expectations:
     return Expectations(
         "completion",
         request.num_choices,
-        logprobs=request.logprobs,
+        logprobs=request.params.logprobs,
         include_usage=request.include_usage,
         continuous_usage_stats=request.continuous_usage_stats,
         echo=request.echo,

@@ -86,7 +86,7 @@ def test_every_sampling_field_reaches_sampling_params():
         seed=42, max_tokens=8, min_tokens=2, stop_token_ids=(3, 4), ignore_eos=True,
         logprobs=3,
     )  # fmt: skip
-    assert request.logprobs == 3
+    assert request.params.logprobs == 3
 
 
 def test_frontend_fields_reach_the_generation_request():
@@ -190,9 +190,9 @@ def test_chat_text_parts_are_joined_with_newlines():
 
 
 def test_chat_logprobs_map_to_top_logprobs():
-    assert chat(logprobs=True, top_logprobs=4).logprobs == 4
+    assert chat(logprobs=True, top_logprobs=4).params.logprobs == 4
     assert chat(logprobs=True).params.logprobs == 0
-    assert chat(logprobs=False, top_logprobs=0).logprobs is None
+    assert chat(logprobs=False, top_logprobs=0).params.logprobs is None
 
 
 def test_add_generation_prompt_can_be_turned_off():

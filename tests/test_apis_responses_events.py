@@ -23,7 +23,9 @@ T = TOKENIZER.token_id
 ECHOED = {"instructions": None, "tools": [], "tool_choice": "auto"}
 
 
-def make_request(parsing: OutputParsing | None = None, **overrides) -> GenerationRequest:
+def make_request(
+    parsing: OutputParsing | None = None, logprobs: int | None = None, **overrides
+) -> GenerationRequest:
     fields = {
         "kind": "responses",
         "response_id": "resp_1",
@@ -31,7 +33,7 @@ def make_request(parsing: OutputParsing | None = None, **overrides) -> Generatio
         "model_name": "tiny",
         "prompts": (PromptInput((5, 6, 7, 8), "<chat>"),),
         "n": 1,
-        "params": SamplingParams(),
+        "params": SamplingParams(logprobs=logprobs),
         "stream": True,
         "output_parsing": parsing,
         "responses": ResponsesSettings(orjson.dumps(ECHOED), frozenset({"apply_patch"})),

@@ -237,7 +237,7 @@ def make_request(kind: str, parsing: OutputParsing, stream: bool) -> GenerationR
         responses = ResponsesSettings(orjson.dumps({"tools": []}))
     return GenerationRequest(kind=kind, response_id="id_1", created=5, model_name="tiny",  # type: ignore[arg-type]
                              prompts=(PromptInput((5, 6, 7, 8), "<chat>"),), n=1,
-                             params=SamplingParams(), stream=stream, logprobs=0,
+                             params=SamplingParams(logprobs=0), stream=stream,
                              output_parsing=parsing, responses=responses)  # fmt: skip
 
 

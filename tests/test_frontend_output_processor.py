@@ -20,7 +20,7 @@ T = TOKENIZER.token_id
 EOS = TOKENIZER.eos_token_id
 
 
-def make_request(**overrides) -> GenerationRequest:
+def make_request(logprobs: int | None = None, **overrides) -> GenerationRequest:
     fields = {
         "kind": "completion",
         "response_id": "cmpl-1",
@@ -28,7 +28,7 @@ def make_request(**overrides) -> GenerationRequest:
         "model_name": "m",
         "prompts": (PromptInput((5, 6, 7), "p"),),
         "n": 1,
-        "params": SamplingParams(max_tokens=100),
+        "params": SamplingParams(max_tokens=100, logprobs=logprobs),
     }
     return GenerationRequest(**(fields | overrides))
 

@@ -81,7 +81,6 @@ def test_closing_the_stream_midway_aborts_every_running_engine_request_at_once(p
         request = make_request(
             kind="chat",
             params=SamplingParams(max_tokens=10_000, logprobs=2),
-            logprobs=2,
             stop=("never",),
         )
         stream = frontend.stream(request, openai_chunks(request, TOKENIZER))
@@ -259,7 +258,6 @@ def test_the_end_is_told_the_count_the_body_usage_says():
 def test_a_slow_reader_gets_merged_deltas_and_an_exact_stream():
     request = make_request(
         params=SamplingParams(max_tokens=120, logprobs=1),
-        logprobs=1,
         stop=("ไทย a",),
         continuous_usage_stats=True,
         include_usage=True,

@@ -328,7 +328,6 @@ def text_of(body: bytes, index: int) -> str:
 def test_direct_writes_make_the_same_stream_as_yielding(logprobs):
     request = make_request(
         params=SamplingParams(max_tokens=30, logprobs=logprobs),
-        logprobs=logprobs,
         continuous_usage_stats=True,
     )
     wire = Wire()

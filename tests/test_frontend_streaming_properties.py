@@ -178,7 +178,6 @@ def scenarios(draw: st.DrawFn) -> tuple[GenerationRequest, dict, list[int]]:
         include_usage=(include_usage := draw(st.booleans())),
         continuous_usage_stats=include_usage and draw(st.booleans()),
         echo=kind == "completion" and logprobs is None and draw(st.booleans()),
-        logprobs=logprobs,
     )
     texts = [decoded(g, request) for g in raw_generation(engine_kwargs, request)]
     stops = draw(st.lists(stop_strings(texts), max_size=3))
@@ -234,7 +233,7 @@ def assert_matches_oracle(
         echo = request.prompts[index // request.n].text if request.echo else ""
         assert got.text == echo + want.text, f"I1: index {index}: {got.text!r}"
         assert (got.finish_reason, got.stop_reason) == (want.finish_reason, want.stop_reason)
-        if request.logprobs is not None:
+        if request.params.logprobs is not None:
             assert got.token_logprobs == [
                 fake_logprobs(p, 0, 0)[0] for p in range(want.num_tokens)
             ], "I2"
@@ -259,7 +258,7 @@ def test_streams_meet_the_contract_and_equal_the_non_streamed_response(scenario)
     expect = Expectations(
         request.kind,
         request.num_choices,
-        logprobs=request.logprobs,
+        logprobs=request.params.logprobs,
         include_usage=request.include_usage,
         continuous_usage_stats=request.continuous_usage_stats,
         echo=request.echo,
@@ -285,7 +284,7 @@ def test_streams_meet_the_contract_and_equal_the_non_streamed_response(scenario)
     assert_matches_oracle(stream_result, expected, request)
     assert_matches_oracle(body_result, expected, request)
     for got in stream_result.choices:
-        if request.continuous_usage_stats and request.logprobs is not None:
+        if request.continuous_usage_stats and request.params.logprobs is not None:
             assert got.num_tokens_by_usage == len(got.token_strings)
     for one, other in zip(stream_result.choices, body_result.choices, strict=True):
         assert (one.token_strings, one.text_offsets) == (other.token_strings, other.text_offsets)

@@ -204,7 +204,6 @@ def generation_request(
             stream_options.include_usage and stream_options.continuous_usage_stats
         ),
         echo=echo,
-        logprobs=params.logprobs,
     )
 
 

@@ -61,7 +61,7 @@ class ChoiceStream:
         # True when a stop string finished the choice before the engine did.
         self.is_stopped_early = False
         self._eos_token_ids = tokenizer.eos_token_ids
-        self._wants_logprobs = request.logprobs is not None
+        self._wants_logprobs = request.params.logprobs is not None
         self._detokenizes_stop_token = request.include_stop_str_in_output
         # Stop strings may only end in text of output tokens after these.
         self._min_tokens = request.params.min_tokens

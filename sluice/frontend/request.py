@@ -50,6 +50,8 @@ class GenerationRequest:
     n: int
     # Engine parameters shared by every choice. With a seed, choice i of
     # prompt p is sampled with seed + p * n + i so choices differ yet repeat.
+    # Its `logprobs` is the answer's too (None: none; completions' `logprobs`,
+    # chat's `top_logprobs` when `logprobs` is true: top N, 0..20).
     params: SamplingParams
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
@@ -65,9 +67,6 @@ class GenerationRequest:
     # Completions `echo` with `max_tokens: 0` (lm-eval's loglikelihood): the
     # engine samples one token, which the frontend drops; the prompt alone returns.
     is_echo_only: bool = False
-    # None: no logprobs. Completions: `logprobs` (top N, 0..20).
-    # Chat: `top_logprobs` (0..20) when `logprobs` is true.
-    logprobs: int | None = None
     # Chat: how each choice's text is read into reasoning, content and tool
     # calls (sluice/tools); None: the text is the content.
     output_parsing: OutputParsing | None = None

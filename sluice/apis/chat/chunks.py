@@ -66,7 +66,7 @@ class ChatChunks:
         if request.output_parsing is not None:
             parsing = request.output_parsing
             self._parsed = [ParsedChoice(parsing) for _ in range(request.num_choices)]
-        elif request.logprobs is None and not request.continuous_usage_stats:
+        elif request.params.logprobs is None and not request.continuous_usage_stats:
             self._text_choices = [
                 TextChoice.around(_choice_dict(index, {"content": TEXT_PLACEHOLDER}, None, None))
                 for index in range(request.num_choices)
@@ -74,7 +74,7 @@ class ChatChunks:
         self._folded = [_FoldedChoice() for _ in range(request.num_choices)]
         # vLLM's response-level `prompt_logprobs` (one prompt for every choice).
         self._prompt_logprobs: list[Any] | None = None
-        if request.logprobs is not None:
+        if request.params.logprobs is not None:
             for folded in self._folded:
                 folded.logprob_entries = []
 
@@ -166,7 +166,7 @@ class ChatChunks:
 
     def _choice(self, index: int, delta: ChoiceDelta) -> tuple[str, list[dict[str, Any]] | None]:
         entries = None
-        if self._request.logprobs is not None and delta.token_ids:
+        if self._request.params.logprobs is not None and delta.token_ids:
             entries = chat_logprobs(delta, self._strings)
         return delta.text, entries
 

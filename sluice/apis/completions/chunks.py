@@ -61,7 +61,7 @@ class CompletionChunks:
         self.usage = UsageCounter(request)
         self._events = ChunkEvents(request.response_id, OBJECT, request.created, request.model_name)
         self._has_continuous_usage = request.continuous_usage_stats
-        self._wants_logprobs = request.logprobs is not None
+        self._wants_logprobs = request.params.logprobs is not None
         # The usual chunk is text only: spliced, not built (`sse.TextChoice`).
         self._text_choices: list[TextChoice] | None = None
         if not (request.echo or self._wants_logprobs or self._has_continuous_usage):
@@ -72,7 +72,7 @@ class CompletionChunks:
         self._is_started = [False] * request.num_choices
         self._text_offsets = [0] * request.num_choices
         self._folded = [_FoldedChoice() for _ in range(request.num_choices)]
-        if request.logprobs is not None:
+        if request.params.logprobs is not None:
             for folded in self._folded:
                 folded.logprobs = {key: [] for key in _LOGPROB_KEYS}
 

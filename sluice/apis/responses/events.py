@@ -118,7 +118,7 @@ class ResponsesEvents:
     def _take(self, delta: ChoiceDelta) -> list[ItemEvent]:
         """The item events of `delta`."""
         entries = None
-        if self._request.logprobs is not None and delta.token_ids:
+        if self._request.params.logprobs is not None and delta.token_ids:
             entries = chat_logprobs(delta, self._strings)
         if self._parsed is None:
             events = self._items.push(MessageDelta.of_content(delta.text), entries)
