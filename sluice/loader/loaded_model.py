@@ -34,9 +34,11 @@ from sluice.loader.sources import ModelSource, resolve_source
 from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models import calibration, longrope, mxfp4
 from sluice.models.decoder_config import DecoderConfig
+from sluice.models.execution_plan import ExecutionPlan
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.kernel_plan import KernelPlan, measured_lengths
 from sluice.models.kernel_race import int8_candidates, plan_kernels
+from sluice.models.linear import RowBands
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.moe_decoder import describe_experts
 from sluice.models.native import native_status
@@ -66,11 +68,12 @@ class LoadedModel:
     folder: Path
     # What "auto" became (or what was asked): dtype, quantization, and why.
     choices: choices.ModelChoices
-    # The kernel plan chosen at load, one line (sluice/models/kernel_plan.py);
-    # "" where none applies (another device, batch-invariant mode).
+    # The execution plan chosen at load, whole in one line
+    # (ExecutionPlan.describe: the startup line's and sluice:kernel_plan's
+    # text); "" where none applies (another device, batch-invariant mode).
     kernel_plan: str = ""
     # (rows, seconds) of one int8 matmul per step size, from the plan
-    # (KernelPlan.step_seconds): what speculation's cost rule reads; () if none.
+    # (ExecutionPlan.step_seconds): what speculation's cost rule reads; () if none.
     step_seconds: tuple[tuple[int, float], ...] = ()
 
 
@@ -118,15 +121,14 @@ def load_model(config: ModelConfig) -> LoadedModel:
     )
     # The execution plan kept for this CPU and model, read once (plan_cache.py).
     middle = model.layers[len(model.layers) // 2]
-    plan = PlanStore.open(config.kernel_plan, config.cache_dir, model_key(
+    store = PlanStore.open(config.kernel_plan, config.cache_dir, model_key(
         middle, dtype, chosen.quantization, chosen.activations, chosen.row_invariant,
         measured_lengths(max_model_len),
     ))  # fmt: skip
-    chosen = _quantize(model, chosen, config, files, tokenizer, keep_blocks, plan)
+    chosen, w8a8_bands = _quantize(model, chosen, config, files, tokenizer, keep_blocks, store)
+    plan = ExecutionPlan(None, w8a8_bands, blocks=str(quantization) if keep_blocks else "")
     if device.type == "cpu":
-        chosen, kernel_plan, step_seconds = _cpu_paths(config, model, max_model_len, chosen, plan)
-    else:
-        kernel_plan, step_seconds = "", ()
+        chosen, plan = _cpu_paths(config, model, max_model_len, chosen, store, plan)
     chosen = _noted(chosen, blocks_reason, model, model_config, time.perf_counter() - start)
     model.eval()
     return LoadedModel(
@@ -138,8 +140,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
         eos_token_ids=tokenizer.eos_token_ids,
         folder=folder,
         choices=chosen,
-        kernel_plan=kernel_plan,
-        step_seconds=step_seconds,
+        kernel_plan=plan.describe(),
+        step_seconds=plan.step_seconds,
     )
 
 
@@ -151,11 +153,12 @@ def _quantize(
     tokenizer: Tokenizer,
     keep_blocks: bool,
     plan: PlanStore,
-) -> choices.ModelChoices:
+) -> tuple[choices.ModelChoices, RowBands | None]:
     """The loaded model's matrices as `chosen` asks: GGUF blocks bound to the
     fused decode layer, a weight-only copy, and int8 activations calibrated
     (the row-invariant scheme, or W8A8 raced against AMX-BF16: `chosen` then
-    says which bands it won, kept in `plan`)."""
+    says which bands it won, kept in `plan`). Returns the choices and the
+    bands W8A8 serves where it raced AMX (else None)."""
     if keep_blocks:
         # Layers whose matrices all stayed in blocks decode in one native call each.
         model.bind_fused_decode()
@@ -174,8 +177,8 @@ def _quantize(
             ids = tokenizer.encode(text)
             bands = calibration.quantize_activations(model, ids, kept, race, plan)
             if race:
-                chosen = choices.after_amx_race(chosen, bands)
-    return chosen
+                return choices.after_amx_race(chosen, bands), bands
+    return chosen, None
 
 
 def _noted(
@@ -203,23 +206,20 @@ def _cpu_paths(
     max_model_len: int,
     chosen: choices.ModelChoices,
     store: PlanStore,
-) -> tuple[choices.ModelChoices, str, tuple[tuple[int, float], ...]]:
-    """The native kernels, the kernel plan and the fused decode layers of a CPU
-    model, each noted on the startup line: (choices, the plan described, its
-    step times). What was measured is kept in `store` (where steady)."""
-    kernel_plan = ""
-    step_seconds: tuple[tuple[int, float], ...] = ()
+    plan: ExecutionPlan,
+) -> tuple[choices.ModelChoices, ExecutionPlan]:
+    """The native kernels and the execution plan of a CPU model: `plan` with
+    the kernel plan (measured or read; kept in `store` where steady) and the
+    fused decode layers, noted whole on the startup line."""
     chosen = choices.noting(chosen, native_status().describe())
-    plan = _use_kernel_plan(config, model, max_model_len, store)
-    if not_kept := store.save():
-        chosen = choices.noting(chosen, not_kept)
-    if plan:
-        kernel_plan, step_seconds = plan.describe(), plan.step_seconds
-        chosen = choices.noting(chosen, kernel_plan)
-    if fused := sum(layer.fused_decode is not None for layer in model.layers):
-        layers = f"{fused} of {len(model.layers)} decoder layers"
-        chosen = choices.noting(chosen, f"decode steps: {layers} in one native call each")
-    return chosen, kernel_plan, step_seconds
+    kernels = _use_kernel_plan(config, model, max_model_len, store)
+    fused = sum(layer.fused_decode is not None for layer in model.layers)
+    plan = dataclasses.replace(
+        plan, kernels=kernels, fused_decode_layers=(fused, len(model.layers)), not_kept=store.save()
+    )
+    if described := plan.describe():
+        chosen = choices.noting(chosen, described)
+    return chosen, plan
 
 
 def _use_kernel_plan(
