@@ -2,8 +2,9 @@
 
 - one key: the file's name changes with the CPU's flags line, the thread
   count and the model's part (shapes, dtypes, choices), nothing else;
-- one atomic writer: the file round-trips, a damaged or non-object file
-  reads as none, no scratch file is left behind;
+- one atomic writer (the calibration's maxima use it too): the file
+  round-trips, a damaged or non-object file reads as none, a write that
+  fails midway keeps the old file, no scratch file is left behind;
 - `--kernel-plan auto` reads the kept file, `measure` ignores it, FILE pins
   a file and is never written; what a load measured is written once beside
   what it read;
@@ -71,6 +72,18 @@ def test_the_writer_is_atomic_and_damaged_files_read_as_none(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert not plan_cache.write_json(blocked / "plan.json", {})  # its folder is a file
+
+
+def test_a_write_that_fails_midway_keeps_the_old_file_and_no_scratch(tmp_path):
+    path = tmp_path / "maxima.pt"
+    assert plan_cache.write_atomically(path, lambda scratch: scratch.write(b"old"), "test")
+
+    def fails(scratch):
+        scratch.write(b"half")
+        raise OSError("disk full")
+
+    assert not plan_cache.write_atomically(path, fails, "test")
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["maxima.pt"]
 
 
 def test_auto_reads_measure_ignores_and_a_pinned_file_is_never_written(tmp_path):

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from sluice.models import int8_threshold
 from sluice.models.int8_activations import SMOOTHING_ALPHA
 from sluice.models.linear import Linear, RowBands
 from sluice.models.llama import LlamaForCausalLM
-from sluice.models.plan_cache import PlanStore
+from sluice.models.plan_cache import PlanStore, write_atomically
 from sluice.models.scoring import forward_chunks
 
 logger = logging.getLogger(__name__)
@@ -183,16 +181,10 @@ def _read(cache_file: Path | None, targets: list[Linear]) -> list[Tensor] | None
 
 
 def _write(cache_file: Path | None, absmax: list[Tensor]) -> None:
-    if cache_file is None:
-        return
-    try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        # Written beside the target, then renamed: a reader never sees half a file.
-        with tempfile.NamedTemporaryFile(dir=cache_file.parent, delete=False) as scratch:
-            torch.save(absmax, scratch)
-        os.replace(scratch.name, cache_file)
-    except OSError as error:
-        logger.warning("calibration cache %s not written: %s", cache_file, error)
+    if cache_file is not None:
+        write_atomically(
+            cache_file, lambda scratch: torch.save(absmax, scratch), "calibration cache"
+        )
 
 
 def input_absmax(

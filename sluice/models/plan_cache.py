@@ -30,10 +30,11 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -86,18 +87,29 @@ def read_json(path: Path) -> dict[str, object] | None:
     return value if isinstance(value, dict) else None
 
 
-def write_json(path: Path, value: dict[str, object]) -> bool:
-    """Keep `value` at `path` atomically; False (logged) where it cannot be written."""
+def write_atomically(path: Path, write: Callable[[IO[bytes]], object], what: str) -> bool:
+    """Write `path` through `write` beside it, then rename it into place: a
+    reader never sees half a file (the one writer of the load's caches, the
+    calibration's maxima too); False (logged) where it cannot be written."""
+    scratch_name = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Written beside the target, then renamed: a reader never sees half a file.
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as scratch:
-            json.dump(value, scratch)
-        os.replace(scratch.name, path)
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as scratch:
+            scratch_name = scratch.name
+            write(scratch)
+        os.replace(scratch_name, path)
     except OSError as error:
-        logger.warning("execution plan %s not written: %s", path, error)
+        logger.warning("%s %s not written: %s", what, path, error)
+        if scratch_name is not None:
+            Path(scratch_name).unlink(missing_ok=True)
         return False
     return True
+
+
+def write_json(path: Path, value: dict[str, object]) -> bool:
+    """Keep `value` at `path` atomically; False (logged) where it cannot be written."""
+    text = json.dumps(value).encode()
+    return write_atomically(path, lambda scratch: scratch.write(text), "execution plan")
 
 
 @dataclass(slots=True)
