@@ -188,8 +188,28 @@ class CacheConfig:
         at_least=1,
     )
 
+    # The KV pool's element type (vLLM's flag): int8 is a per-token scheme
+    # (sluice/models/kv_int8.py), about half the bytes of bf16; auto keeps the
+    # model's dtype (docs/OPERATIONS.md, "KV sizing", says why).
+    kv_cache_dtype: str = setting(
+        "auto",
+        "KV cache element type: auto (the model's dtype, bf16 on CPU), bf16, or int8 "
+        "(about twice the tokens in the same bytes)",
+        choices=("auto", "bf16", "int8", "fp8", "fp8_e4m3", "fp8_e5m2"),
+    )
+
     def __post_init__(self) -> None:
         check_settings(self)
+        if self.kv_cache_dtype.startswith("fp8"):
+            raise ConfigError(
+                CacheConfig, "kv_cache_dtype",
+                f"{self.kv_cache_dtype}: no fp8 KV on CPU serving; it supports int8 (or bf16)",
+            )  # fmt: skip
+        if self.kv_cache_dtype not in ("auto", "bf16", "int8"):
+            raise ConfigError(
+                CacheConfig, "kv_cache_dtype",
+                f"must be auto, bf16 or int8, got {self.kv_cache_dtype!r}",
+            )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -314,15 +314,23 @@ def make_core(
     chunked=True,
     prefix_caching=True,
     speculative: SpeculativeConfig | None = None,
+    kv_cache_dtype: str = "auto",
+    kv_offload_bytes: int | None = None,
 ) -> EngineCore:
-    """An in-process engine core on `loaded` (the `tiny_loaded` fixture), float32
-    KV cache; `speculative`: n-gram speculation, off by default."""
-    bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, block_size, torch.float32)
+    """An in-process engine core on `loaded` (the `tiny_loaded` fixture), a
+    pool of `num_blocks` blocks in the model's dtype (or int8: `kv_cache_dtype`);
+    `speculative`: n-gram speculation, off by default."""
+    kv_dtype = torch.int8 if kv_cache_dtype == "int8" else torch.float32
+    bytes_per_block = kv_cache_bytes_per_block(
+        loaded.model_config, block_size, torch.float32, kv_dtype=kv_dtype
+    )
     config = EngineConfig(
         cache=CacheConfig(
             block_size_tokens=block_size,
             kv_cache_memory_bytes=num_blocks * bytes_per_block,
             enable_prefix_caching=prefix_caching,
+            kv_cache_dtype=kv_cache_dtype,
+            kv_offload_bytes=kv_offload_bytes,
         ),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=budget, max_num_seqs=max_seqs, enable_chunked_prefill=chunked

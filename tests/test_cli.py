@@ -160,6 +160,16 @@ def test_a_numeric_flag_out_of_range_is_one_error_line_and_status_2(
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize("name", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_an_fp8_kv_cache_is_refused_in_one_line_naming_int8(name, never_serve, capsys):
+    assert main(["serve", "--kv-cache-dtype", name]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"sluice: error: --kv-cache-dtype {name}: no fp8 KV on CPU serving; it supports int8 (or bf16)\n"
+    )
+
+
 def test_generate_flags_out_of_range_are_refused_before_the_model_loads(tmp_path, capsys):
     nowhere = str(tmp_path / "nowhere")  # loading it would be another error
     assert main(["generate", "--model", nowhere, "--prompt", "hi", "--max-tokens", "0"]) == 2

@@ -188,14 +188,20 @@ def row_invariant(tiny_loaded, tiny_llama) -> LoadedModel:
     return replace(loaded, max_model_len=256)
 
 
-def disk_core(loaded: LoadedModel, folder: Path | None, budget: int = 64) -> EngineCore:
+def disk_core(
+    loaded: LoadedModel, folder: Path | None, budget: int = 64, kv_cache_dtype: str = "auto"
+) -> EngineCore:
     """A core whose pool holds 128 blocks of 4 tokens, no RAM tier, the disk tier at `folder`."""
-    bytes_per_block = kv_cache_bytes_per_block(loaded.model_config, 4, torch.bfloat16)
+    kv_dtype = torch.int8 if kv_cache_dtype == "int8" else torch.bfloat16
+    bytes_per_block = kv_cache_bytes_per_block(
+        loaded.model_config, 4, torch.bfloat16, kv_dtype=kv_dtype
+    )
     cache = CacheConfig(
         block_size_tokens=4,
         kv_cache_memory_bytes=128 * bytes_per_block,
         kv_offload_bytes=0,
         kv_cache_dir=folder,
+        kv_cache_dtype=kv_cache_dtype,
     )
     config = EngineConfig(
         cache=cache, scheduler=SchedulerConfig(max_num_batched_tokens=budget), multiprocess=False
@@ -219,16 +225,18 @@ def shut(core: EngineCore) -> None:
     assert not core.handle(Shutdown(), [], [])
 
 
+# int8: the 8-bit pool's blocks (models/kv_int8.py) carry their scales to disk.
+@pytest.mark.parametrize("kv", ["auto", "int8"])
 def test_a_restarted_engine_reuses_a_prefix_from_disk_with_a_cold_runs_bits(
-    row_invariant, tmp_path
+    row_invariant, tmp_path, kv
 ):
     rng = random.Random(5)
     prompt = random_prompt(rng, 150)
-    cold, _ = run(disk_core(row_invariant, None, budget=37), prompt)
-    first = disk_core(row_invariant, tmp_path, budget=64)
+    cold, _ = run(disk_core(row_invariant, None, budget=37, kv_cache_dtype=kv), prompt)
+    first = disk_core(row_invariant, tmp_path, budget=64, kv_cache_dtype=kv)
     run(first, prompt, "first")
     shut(first)  # its queued writes land
-    second = disk_core(row_invariant, tmp_path, budget=16)  # "restarted", other budget
+    second = disk_core(row_invariant, tmp_path, budget=16, kv_cache_dtype=kv)  # "restarted"
     restored, cached = run(second, prompt, "again")
     stats = second.stats().kv_tiers
     assert stats is not None and stats.disk_hits > 0 and cached == 148
@@ -264,6 +272,15 @@ def test_another_dtype_finds_nothing_in_the_same_folder(row_invariant, tiny_load
     assert cached == 0
 
 
+def test_an_int8_kv_engine_finds_nothing_a_bf16_kv_engine_wrote(row_invariant, tmp_path):
+    prompt = random_prompt(random.Random(8), 60)
+    first = disk_core(row_invariant, tmp_path)
+    run(first, prompt)
+    shut(first)
+    _, cached = run(disk_core(row_invariant, tmp_path, kv_cache_dtype="int8"), prompt)
+    assert cached == 0
+
+
 def test_two_engines_on_one_folder_give_cold_bits(row_invariant, tmp_path):
     rng = random.Random(9)
     prompts = [random_prompt(rng, rng.randrange(20, 120)) for _ in range(4)]
@@ -285,3 +302,14 @@ def test_the_fingerprint_ignores_how_the_kernel_plan_came():
     measured = "kernel plan (measured at load): prefill attention native at every length"
     assert plan_choices(measured) == plan_choices(measured.replace("measured at load", "cached"))
     assert plan_choices(measured) != plan_choices(measured.replace("native", "torch"))
+
+
+def test_the_fingerprint_names_the_kv_dtype_even_at_equal_block_bytes(row_invariant, tmp_path):
+    from sluice.engine.kv_tier_setup import disk_fingerprint
+
+    def fingerprint(kv: str) -> bytes:
+        config = EngineConfig(cache=CacheConfig(kv_cache_dtype=kv))
+        return disk_fingerprint(config, row_invariant, torch.bfloat16, block_bytes=4096)
+
+    assert fingerprint("auto") == fingerprint("bf16")  # the same pool: auto is bf16 here
+    assert fingerprint("auto") != fingerprint("int8")

@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from sluice.config import CacheConfig, EngineConfig
-from sluice.engine.startup import prefix_caching_blocker
+from sluice.engine.startup import num_kv_blocks, prefix_caching_blocker
 from sluice.models.families.registry import parse_hf_config
 
 
@@ -53,3 +53,24 @@ def test_nothing_is_blocked_for_a_dense_model_or_with_prefix_caching_off(prefix_
     assert _blocker(dense, "Qwen3ForCausalLM", enable_prefix_caching=prefix_caching) is None
     blocked = _blocker(qwen3_5, "Qwen3_5ForCausalLM", enable_prefix_caching=prefix_caching)
     assert (blocked is not None) is prefix_caching
+
+
+def test_int8_kv_holds_about_twice_the_tokens_of_bf16_in_the_same_bytes():
+    """Heads of 64: a row is 128 bytes in bf16, 64 + a 4-byte scale in int8."""
+    hf_config = transformers.LlamaConfig(
+        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+    loaded: Any = SimpleNamespace(
+        model_config=parse_hf_config(hf_config.to_dict() | {"architectures": ["LlamaForCausalLM"]}),
+        max_model_len=16,
+    )
+    blocks = {
+        name: num_kv_blocks(
+            EngineConfig(cache=CacheConfig(kv_cache_memory_bytes=64 << 20, kv_cache_dtype=name)),
+            loaded,
+            torch.bfloat16,
+            torch.device("cpu"),
+        )  # fmt: skip
+        for name in ("auto", "int8")
+    }
+    assert abs(blocks["int8"] - blocks["auto"] * 128 / 68) < 1

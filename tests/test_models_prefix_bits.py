@@ -77,12 +77,23 @@ def first_differing_position(a: list[torch.Tensor], b: list[torch.Tensor]) -> in
     return min(positions, default=None)
 
 
-def kv_by_budget(loaded: LoadedModel, prompt: list[int], budgets) -> dict[int, int | None]:
+def kv_by_budget(
+    loaded: LoadedModel, prompt: list[int], budgets, kv_cache_dtype: str = "auto"
+) -> dict[int, int | None]:
     """Per budget, the first position whose KV differs from the first budget's."""
     loaded = replace(loaded, max_model_len=len(prompt) + 64)
     num_blocks = 2 * (len(prompt) // BLOCK_SIZE + 8)
     runs = [
-        prompt_kv(make_core(loaded, block_size=BLOCK_SIZE, budget=b, num_blocks=num_blocks), prompt)
+        prompt_kv(
+            make_core(
+                loaded,
+                block_size=BLOCK_SIZE,
+                budget=b,
+                num_blocks=num_blocks,
+                kv_cache_dtype=kv_cache_dtype,
+            ),
+            prompt,
+        )  # fmt: skip
         for b in budgets
     ]
     return {b: first_differing_position(runs[0], run) for b, run in zip(budgets, runs, strict=True)}
@@ -139,10 +150,15 @@ def test_the_default_gives_a_long_prompt_the_same_kv_in_any_chunking(row_invaria
     assert differences == dict.fromkeys((2048, 512, 300, 65))
 
 
-def test_the_native_prefill_kernel_gives_a_long_prompt_the_same_kv_in_any_chunking(wide_heads):
+# int8: the 8-bit KV pool (models/kv_int8.py) keeps the kernels chunk-blind.
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_the_native_prefill_kernel_gives_a_long_prompt_the_same_kv_in_any_chunking(
+    wide_heads, kv_cache_dtype
+):
     prompt = random_prompt(random.Random(2), 3000)
-    differences = kv_by_budget(wide_heads, prompt, (4096, 512, 300, 65, 33))
-    assert differences == dict.fromkeys((4096, 512, 300, 65, 33))
+    budgets = (4096, 512, 300, 65, 33)
+    differences = kv_by_budget(wide_heads, prompt, budgets, kv_cache_dtype)
+    assert differences == dict.fromkeys(budgets)
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=2)

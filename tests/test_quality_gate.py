@@ -48,6 +48,25 @@ def test_the_default_stays_within_one_percent_of_float32_perplexity(
     assert increase <= MAX_PERPLEXITY_INCREASE
 
 
+# The 8-bit KV pool (models/kv_int8.py) against the bf16 one, on the default's weights.
+MAX_INT8_KV_INCREASE = 0.005
+
+
+@pytest.mark.parametrize("chunk_tokens", [8, 64])
+def test_int8_kv_stays_within_half_a_percent_of_bf16_kv_perplexity(
+    embedded_model_dir, chunk_tokens
+):
+    loaded = load_model(ModelConfig(cache_dir=embedded_model_dir.parent))
+    ids = loaded.tokenizer.encode(TEXT)
+    bf16 = perplexity(loaded.model, ids, chunk_tokens)
+    int8 = perplexity(loaded.model, ids, chunk_tokens, kv_dtype=torch.int8)
+    increase = int8 / bf16 - 1
+    print(f"\nsteps of {chunk_tokens}: perplexity bf16 KV {bf16:.4f}, int8 KV {int8:.4f}: "
+          f"{increase:+.3%}")  # fmt: skip
+    assert int8 != bf16, "the int8 pool was used"
+    assert increase <= MAX_INT8_KV_INCREASE
+
+
 def test_the_gate_fails_weights_that_lost_precision(embedded_model_dir):
     """The measure can fail: the same weights with 2 bits of mantissa (float8
     e5m2) lose far more than 1%."""

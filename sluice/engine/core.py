@@ -47,6 +47,7 @@ from sluice.engine.scheduler import Scheduler
 from sluice.engine.speculation import Speculator, speculation_stats
 from sluice.engine.startup import (
     cache_salt,
+    kv_dtype_of,
     num_kv_blocks,
     num_state_slots,
     prefix_caching_blocker,
@@ -116,7 +117,7 @@ class EngineCore:
             num_blocks,
             block_size,
             enable_prefix_caching=config.cache.enable_prefix_caching,
-            cache_salt=cache_salt(loaded, dtype),
+            cache_salt=cache_salt(loaded, dtype, kv_dtype_of(config, dtype)),
         )
         # Speculative decoding (n-gram drafts verified in the step); None: off,
         # as asked or where verifying would change outputs (startup.py).
@@ -142,6 +143,7 @@ class EngineCore:
             num_blocks=num_blocks,
             block_size_tokens=block_size,
             dtype=dtype,
+            kv_dtype=kv_dtype_of(config, dtype),
             device=device,
             eos_token_ids=loaded.eos_token_ids,
             num_state_slots=num_slots,

@@ -31,6 +31,7 @@ from sluice.engine.kv_tiers import (
     content_hash,
     default_ram_bytes,
 )
+from sluice.engine.startup import kv_dtype_of
 from sluice.loader import LoadedModel
 
 logger = logging.getLogger("sluice.engine")
@@ -88,6 +89,7 @@ def disk_fingerprint(
         for part in (
             "sluice-kv-disk-1",
             dtype,
+            kv_dtype_of(config, dtype),  # a bf16 block is never read as int8
             choices.dtype,
             choices.quantization,
             choices.activations,

@@ -54,6 +54,7 @@ class ModelRunner:
         eos_token_ids: frozenset[int],
         num_state_slots: int = 0,
         state_snapshots: bool = True,
+        kv_dtype: torch.dtype | None = None,
     ):
         self.model = model
         self.block_size_tokens = block_size_tokens
@@ -62,11 +63,12 @@ class ModelRunner:
         self.has_states = num_state_slots > 0
         # Their snapshot per KV block, for prefix-cache hits (prefix caching on).
         self.state_snapshots = state_snapshots
-        # per layer [2, num_blocks, block_size, num_kv_heads, head_dim]; a
-        # conv layer's [num_blocks + num_state_slots, L - 1, hidden] states
+        # per layer [2, num_blocks, block_size, num_kv_heads, head_dim] (int8
+        # KV: head_dim + 4 bytes, models/kv_int8.py); a conv layer's
+        # [num_blocks + num_state_slots, L - 1, hidden] states
         self.kv_caches = allocate_kv_caches(
             model_config, num_blocks, block_size_tokens, dtype, device, max(1, num_state_slots),
-            state_snapshots,
+            state_snapshots, kv_dtype,
         )  # fmt: skip
         self.sampler = Sampler(model_config.vocab_size, eos_token_ids, device)
 

@@ -11,10 +11,11 @@ import dataclasses
 
 import torch
 
-from sluice.config import EngineConfig, SpeculativeConfig
+from sluice.config import CacheConfig, ConfigError, EngineConfig, SpeculativeConfig
 from sluice.engine.speculation import pays_off
 from sluice.errors import ModelLoadError
 from sluice.loader import LoadedModel, memory_plan
+from sluice.models import kv_int8
 from sluice.models.attention import kv_cache_bytes_per_block
 from sluice.models.linear import row_dependence
 from sluice.models.sequence_state import state_bytes_per_sequence
@@ -112,10 +113,21 @@ def describe_state_cache(config: EngineConfig, loaded: LoadedModel, dtype: torch
     )
 
 
-def cache_salt(loaded: LoadedModel, dtype: torch.dtype) -> bytes:
+def cache_salt(
+    loaded: LoadedModel, dtype: torch.dtype, kv_dtype: torch.dtype | None = None
+) -> bytes:
     """Anything that changes a block's contents for the same tokens."""
     choices = loaded.choices
-    return f"{loaded.name}\0{dtype}\0{choices.quantization}\0{choices.activations}".encode()
+    kv = dtype if kv_dtype is None else kv_dtype
+    return f"{loaded.name}\0{dtype}\0{choices.quantization}\0{choices.activations}\0{kv}".encode()
+
+
+def kv_dtype_of(config: EngineConfig, dtype: torch.dtype) -> torch.dtype:
+    """The KV pool's element type: --kv-cache-dtype over the model's `dtype`."""
+    try:
+        return kv_int8.kv_torch_dtype(config.cache.kv_cache_dtype, dtype)
+    except ValueError as error:
+        raise ConfigError(CacheConfig, "kv_cache_dtype", str(error)) from error
 
 
 def startup_line(
@@ -135,7 +147,8 @@ def startup_line(
         f"engine ready: model {loaded.name}, {choices.dtype}{weights}{activations} on {device} "
         f"with {torch.get_num_threads()} threads ({choices.reason}), max_model_len "
         f"{loaded.max_model_len}, {num_blocks} KV blocks of {block_size} tokens "
-        f"({num_blocks * block_size} tokens, {_kv_mib(config, loaded, dtype, num_blocks)})"
+        f"({num_blocks * block_size} tokens, {_kv_mib(config, loaded, dtype, num_blocks)} of "
+        f"{_kv_name(kv_dtype_of(config, dtype))} KV)"
         f"{describe_state_cache(config, loaded, dtype)}, max_num_batched_tokens "
         f"{config.scheduler.max_num_batched_tokens}, max_num_seqs {config.scheduler.max_num_seqs}, "
         f"{describe_speculation(config.speculative_config, loaded.step_seconds, blocker)}, "
@@ -169,7 +182,14 @@ def bytes_per_block_of(config: EngineConfig, loaded: LoadedModel, dtype: torch.d
     with prefix caching only (nothing reads it without)."""
     cache = config.cache
     return kv_cache_bytes_per_block(
-        loaded.model_config, cache.block_size_tokens, dtype, cache.enable_prefix_caching
+        loaded.model_config, cache.block_size_tokens, dtype, cache.enable_prefix_caching,
+        kv_dtype_of(config, dtype),
+    )  # fmt: skip
+
+
+def _kv_name(kv_dtype: torch.dtype) -> str:
+    return {torch.int8: "int8", torch.bfloat16: "bf16", torch.float32: "float32"}.get(
+        kv_dtype, str(kv_dtype)
     )
 
 

@@ -60,6 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sluice.models import kv_int8
 from sluice.models.attention_metadata import (
     DECODE_ROW_POSITIONS,
     MAX_DECODE_ROW_CHUNK,
@@ -104,12 +105,16 @@ def allocate_kv_caches(
     device,
     num_state_slots: int = 1,
     with_snapshots: bool = True,
+    kv_dtype: torch.dtype | None = None,
 ) -> list[Tensor]:
     """One zeroed `[2, num_blocks, block_size, num_kv_heads, head_dim]` pool per
     attention layer (its own heads: Gemma 4's full layers differ), the very
     pool of its source for a KV-shared layer (Gemma 4); a conv layer (hybrids)
     gets its state rows instead: one snapshot per block (`with_snapshots`: the
-    prefix cache's) and `num_state_slots` live states (sequence_state.py)."""
+    prefix cache's) and `num_state_slots` live states (sequence_state.py).
+    `kv_dtype` int8: the attention pools hold kv_int8.py's rows (head_dim + 4
+    bytes); None: `dtype`."""
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
     num_snapshots = num_blocks if with_snapshots else 0
     stateful = set(state_layer_indices(config))
     caches: list[Tensor] = []
@@ -121,25 +126,34 @@ def allocate_kv_caches(
         elif (source := config.kv_source_layer(index)) != index:
             caches.append(caches[source])
         else:
-            shape = (2, num_blocks, block_size, *config.layer_kv_shape(index))
-            caches.append(torch.zeros(shape, dtype=dtype, device=device))
+            heads, head_dim = config.layer_kv_shape(index)
+            shape = (2, num_blocks, block_size, heads, kv_int8.row_width(head_dim, kv_dtype))
+            caches.append(torch.zeros(shape, dtype=kv_dtype, device=device))
     return caches
 
 
 def kv_cache_bytes_per_block(
-    config: DecoderConfig, block_size: int, dtype: torch.dtype, with_snapshots: bool = True
+    config: DecoderConfig,
+    block_size: int,
+    dtype: torch.dtype,
+    with_snapshots: bool = True,
+    kv_dtype: torch.dtype | None = None,
 ) -> int:
     """Bytes one block index costs summed over all layers (K and V of the
-    attention layers, and with snapshots the conv layers' state at its end)."""
+    attention layers in `kv_dtype`, `dtype` if None, and with snapshots the
+    conv layers' state at its end)."""
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
     stateful = set(state_layer_indices(config))
     owners = [
         index for index in range(config.num_hidden_layers)
         if index not in stateful and config.kv_source_layer(index) == index
     ]  # fmt: skip
     shapes = [config.layer_kv_shape(index) for index in owners]
-    kv_values = sum(2 * block_size * heads * size for heads, size in shapes)
+    kv_values = sum(
+        2 * block_size * heads * kv_int8.row_width(size, kv_dtype) for heads, size in shapes
+    )
     snapshot = state_bytes_per_sequence(config, dtype) if with_snapshots else 0
-    return kv_values * dtype.itemsize + snapshot
+    return kv_values * kv_dtype.itemsize + snapshot
 
 
 def paged_attention(
@@ -155,7 +169,11 @@ def paged_attention(
     """Store the new K/V (unless the caller's RoPE kernel already did:
     `kv_written`), then attend each query over its sequence's context, each
     prefill chunk on the kernel `kernels` gives its length (kernel_plan.py)."""
-    if not kv_written:
+    if kv_cache.dtype == torch.int8:  # the kernels read int8 rows dequantized (kv_int8.py)
+        k, v, kv_cache = kv_int8.prepare(
+            k, v, kv_cache, meta.slot_mapping, meta.block_tables, kv_written
+        )
+    elif not kv_written:
         _write_kv(kv_cache, k, v, meta.slot_mapping)
     decode = meta.decode
     if decode is not None and decode.token_indices is None:  # every token a decode row
@@ -181,7 +199,12 @@ def batch_invariant_attention(
     scale: float,
 ) -> Tensor:  # [num_tokens, num_heads, head_dim]
     """`paged_attention` with every token as one decode row (module docstring)."""
-    _write_kv(kv_cache, k, v, meta.slot_mapping)
+    if kv_cache.dtype == torch.int8:  # the kernels read int8 rows dequantized (kv_int8.py)
+        k, v, kv_cache = kv_int8.prepare(
+            k, v, kv_cache, meta.slot_mapping, meta.block_tables, False
+        )
+    else:
+        _write_kv(kv_cache, k, v, meta.slot_mapping)
     rows = meta.token_rows()
     if q.device.type == "cpu" and (kernel := decode_attention_kernel(q.dtype)) is not None:
         return kernel(q, kv_cache, rows.block_ids, rows.seq_lens, scale)

@@ -173,7 +173,8 @@ def _plan_decodes(meta: AttentionMetadata) -> DecodePlan | None:
         sequences, keys = list(range(len(meta.query_lens))), meta.seq_lens_list
         token_indices, tables, seq_lens = None, meta.block_tables, meta.seq_lens
     else:
-        sequences, tokens, keys, start = [], [], [], 0
+        tokens: list[int] = []
+        sequences, keys, start = [], [], 0
         for b, (query_len, seq_len) in enumerate(
             zip(meta.query_lens, meta.seq_lens_list, strict=True)
         ):

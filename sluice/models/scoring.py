@@ -25,13 +25,19 @@ _BLOCK_SIZE = 16
 
 @torch.inference_mode()
 def forward_chunks(
-    model: LlamaForCausalLM, token_ids: list[int], chunk_tokens: int
+    model: LlamaForCausalLM,
+    token_ids: list[int],
+    chunk_tokens: int,
+    kv_dtype: torch.dtype | None = None,
 ) -> Iterator[tuple[int, int, Tensor]]:
     """(start, end, hidden [end - start, hidden]) for each chunk of `token_ids`,
-    fed through the model in order over a paged KV cache of its own."""
+    fed through the model in order over a paged KV cache of its own (in
+    `kv_dtype`, int8 for models/kv_int8.py's pool; None: the model's)."""
     num_blocks = -(-len(token_ids) // _BLOCK_SIZE)
     device = model.norm.device  # the final norm: a tensor on every path (lm_head may be blocks)
-    caches = allocate_kv_caches(model.config, num_blocks, _BLOCK_SIZE, model.dtype, device)
+    caches = allocate_kv_caches(
+        model.config, num_blocks, _BLOCK_SIZE, model.dtype, device, kv_dtype=kv_dtype
+    )
     table = [list(range(num_blocks))]
     ids = torch.tensor(token_ids, dtype=torch.int64, device=device)
     for start in range(0, len(token_ids), chunk_tokens):
@@ -43,18 +49,26 @@ def forward_chunks(
 
 @torch.inference_mode()
 def token_logprobs(
-    model: LlamaForCausalLM, token_ids: list[int], chunk_tokens: int = 8
+    model: LlamaForCausalLM,
+    token_ids: list[int],
+    chunk_tokens: int = 8,
+    kv_dtype: torch.dtype | None = None,
 ) -> list[float]:
     """log p(token_i | tokens before it) for i = 1 .. len(token_ids) - 1."""
     targets = torch.tensor(token_ids[1:], dtype=torch.int64, device=model.norm.device)
     logprobs: list[float] = []
-    for start, end, hidden in forward_chunks(model, token_ids[:-1], chunk_tokens):
+    for start, end, hidden in forward_chunks(model, token_ids[:-1], chunk_tokens, kv_dtype):
         log_probs = torch.log_softmax(model.compute_logits(hidden), dim=-1)  # [n, vocab] f32
         logprobs += log_probs.gather(1, targets[start:end, None])[:, 0].tolist()
     return logprobs
 
 
-def perplexity(model: LlamaForCausalLM, token_ids: list[int], chunk_tokens: int = 8) -> float:
+def perplexity(
+    model: LlamaForCausalLM,
+    token_ids: list[int],
+    chunk_tokens: int = 8,
+    kv_dtype: torch.dtype | None = None,
+) -> float:
     """exp of the mean negative log-likelihood of `token_ids` after the first."""
-    logprobs = token_logprobs(model, token_ids, chunk_tokens)
+    logprobs = token_logprobs(model, token_ids, chunk_tokens, kv_dtype)
     return math.exp(-sum(logprobs) / len(logprobs))

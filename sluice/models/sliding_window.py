@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sluice.models import kv_int8
 from sluice.models.attention import AttentionMetadata, _sdpa, _write_kv
 
 
@@ -44,7 +45,11 @@ def sliding_window_attention(
     over the keys of its window (scores capped at `softcap` first, if set;
     `sinks` [num_heads], if set: one more logit per head in the softmax's
     denominator, gpt-oss's attention sinks, which attend to nothing)."""
-    if not kv_written:
+    if kv_cache.dtype == torch.int8:  # read dequantized (kv_int8.py)
+        k, v, kv_cache = kv_int8.prepare(
+            k, v, kv_cache, meta.slot_mapping, meta.block_tables, kv_written
+        )
+    elif not kv_written:
         _write_kv(kv_cache, k, v, meta.slot_mapping)
     out = torch.empty_like(q)
     decodes = [] if is_batch_invariant else [b for b, n in enumerate(meta.query_lens) if n == 1]

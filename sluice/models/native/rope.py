@@ -15,6 +15,7 @@ from functools import cache
 import torch
 from torch import Tensor
 
+from sluice.models import kv_int8
 from sluice.models.native import _library
 
 
@@ -22,7 +23,8 @@ from sluice.models.native import _library
 def rope_write_kv_kernel(dtype: torch.dtype):
     """rope_write_kv(qkv [T, Hq + 2 Hkv, D], num_heads, cos [T, D/2] f32, sin [T, D/2] f32,
     kv_cache [2, blocks, block_size, Hkv, D], slot_mapping [T] int64)
-    -> (q [T, Hq, D], k [T, Hkv, D]) rotated; k and v written at the slots. None: no kernel."""
+    -> (q [T, Hq, D], k [T, Hkv, D]) rotated; k and v written at the slots (quantized
+    into an int8 pool, sluice/models/kv_int8.py). None: no kernel."""
     if dtype != torch.bfloat16:
         return None
     library = _library()
@@ -40,6 +42,11 @@ def rope_write_kv_kernel(dtype: torch.dtype):
         assert cos.dtype == sin.dtype == torch.float32, "float32 angles"
         assert cos.is_contiguous() and sin.is_contiguous() and kv_cache.is_contiguous()
         assert slot_mapping.dtype == torch.int64 and slot_mapping.is_contiguous()
+        if kv_cache.dtype == torch.int8:  # the kernel writes bf16 rows: quantize a copy
+            rows = torch.empty((2, 1, tokens, num_kv_heads, head_dim), dtype=torch.bfloat16)
+            q, k = rope_write_kv(qkv, num_heads, cos, sin, rows, torch.arange(tokens))
+            kv_int8.write_kv(kv_cache, rows[0, 0], rows[1, 0], slot_mapping)
+            return q, k
         two, num_blocks, block_size = kv_cache.shape[:3]
         q = torch.empty((tokens, num_heads, head_dim), dtype=torch.bfloat16)
         k = torch.empty((tokens, num_kv_heads, head_dim), dtype=torch.bfloat16)

@@ -1,0 +1,110 @@
+"""8-bit KV cache (`--kv-cache-dtype int8`, issue 44): a fixed per-token scheme.
+
+Layout: an int8 pool per attention layer, `[2, num_blocks, block_size,
+num_kv_heads, head_dim + SCALE_BYTES]`. Each (token, KV head) row holds its K
+(or V) vector as int8 values q = round(x / s), clamped to [-127, 127], and in
+its last four bytes the float32 scale s = absmax(x) / 127 of that vector (0
+for an all-zero vector). The value read back is bf16(float(q) * s), rounded
+to nearest even. So:
+
+- a token's stored bytes depend only on its own K/V, and the bits read back
+  only on those bytes: whatever chunk, batch or step computed the token, the
+  attention kernels see the same keys and values, and keep their own
+  guarantees (chunk-blind, row-invariant: sluice/models/attention.py);
+- a new token's own K/V, which a prefill kernel reads straight from the step
+  and not from the cache, go through the same round trip (`prepare`): the
+  chunk's rows then read exactly what a later step reads from the pool;
+- the scale lives inside the row, so a block's bytes are the whole block: the
+  RAM and disk tiers (sluice/engine/kv_tiers.py, kv_disk.py) carry int8
+  blocks with their scales as they carry bf16 ones.
+
+Reading: `prepare` dequantizes every block the step's block tables name into
+a pool shaped like a bf16 one, at the same block ids, which every kernel (the
+AVX512 and AMX ones, torch's) reads unchanged: the plan picks the same
+kernels for int8 KV as for bf16. The dequantizing pass costs a read of the
+step's blocks per layer (docs/OPERATIONS.md, "KV sizing", has the figures).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+# The float32 scale at the end of each int8 row.
+SCALE_BYTES = 4
+INT8_MAX = 127.0
+# What --kv-cache-dtype takes; the fp8 names are refused with a line saying why.
+KV_CACHE_DTYPES = ("auto", "bf16", "int8")
+FP8_NAMES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+def kv_torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The pool's dtype for --kv-cache-dtype `name`: auto keeps the model's
+    dtype (bf16 KV on CPU's bfloat16 default: the faster read, measured in
+    docs/OPERATIONS.md), int8 is this module's layout."""
+    if name == "int8":
+        return torch.int8
+    if name == "bf16" and model_dtype != torch.bfloat16:
+        raise ValueError(f"bf16: needs a bfloat16 model (--dtype bfloat16), not {model_dtype}")
+    return model_dtype
+
+
+def row_width(head_dim: int, kv_dtype: torch.dtype) -> int:
+    """Elements of one (token, KV head) row of the pool."""
+    return head_dim + SCALE_BYTES if kv_dtype == torch.int8 else head_dim
+
+
+def quantize_rows(x: Tensor) -> Tensor:  # [..., D] -> [..., D + 4] int8
+    """Each vector of the last dimension as int8 values and its float32 scale."""
+    values = x.float()  # [..., D]
+    scale = values.abs().amax(dim=-1, keepdim=True) / INT8_MAX  # [..., 1]
+    divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(values / divisor).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return torch.cat([q, scale.contiguous().view(torch.int8)], dim=-1)
+
+
+def dequantize_rows(rows: Tensor, dtype: torch.dtype) -> Tensor:  # [..., D + 4] -> [..., D]
+    """The values a quantized row stands for, rounded once to `dtype`."""
+    scale = rows[..., -SCALE_BYTES:].contiguous().view(torch.float32)  # [..., 1]
+    return (rows[..., :-SCALE_BYTES].float() * scale).to(dtype)
+
+
+def write_kv(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
+    """Quantize the new K/V ([T, Hkv, D]) into the int8 pool at their slots."""
+    two, num_blocks, block_size, num_kv_heads, width = kv_cache.shape
+    slots = kv_cache.view(two, num_blocks * block_size, num_kv_heads, width)
+    slots[0].index_copy_(0, slot_mapping, quantize_rows(k))
+    slots[1].index_copy_(0, slot_mapping, quantize_rows(v))
+
+
+def round_trip(x: Tensor) -> Tensor:
+    """`x` as the pool gives it back: what a later step reads for these rows."""
+    return dequantize_rows(quantize_rows(x), x.dtype)
+
+
+def readable_pool(kv_cache: Tensor, block_ids: Tensor, dtype: torch.dtype) -> Tensor:
+    """A `[2, num_blocks, block_size, Hkv, D]` pool of `dtype` whose blocks
+    `block_ids` hold the int8 pool's blocks dequantized (the others are never
+    read: every kernel reads only blocks its tables name)."""
+    two, num_blocks, block_size, num_kv_heads, width = kv_cache.shape
+    shape = (two, num_blocks, block_size, num_kv_heads, width - SCALE_BYTES)
+    pool = torch.empty(shape, dtype=dtype, device=kv_cache.device)
+    ids = torch.unique(block_ids)  # [n] int64
+    pool.index_copy_(1, ids, dequantize_rows(kv_cache.index_select(1, ids), dtype))
+    return pool
+
+
+def prepare(
+    k: Tensor,  # [T, Hkv, D]
+    v: Tensor,  # [T, Hkv, D]
+    kv_cache: Tensor,  # [2, num_blocks, block_size, Hkv, D + 4] int8
+    slot_mapping: Tensor,  # [T] int64
+    block_tables: Tensor,  # [B, max_num_blocks] int64
+    kv_written: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Store the step's K/V quantized (unless a kernel did), and give back
+    what attention reads instead: the step's K/V as the pool will return
+    them, and a readable pool of the step's blocks."""
+    if not kv_written:
+        write_kv(kv_cache, k, v, slot_mapping)
+    return round_trip(k), round_trip(v), readable_pool(kv_cache, block_tables, k.dtype)

@@ -1,0 +1,142 @@
+"""The 8-bit KV cache (sluice/models/kv_int8.py, issue 44): the per-token
+scheme, and that a model on it keeps the bf16 pool's guarantees: a prompt's
+KV bytes, and its greedy tokens and logprobs, do not depend on the chunk
+budget, a prefix-cache hit, a RAM-tier restore or preemption."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from sluice.engine.sampling_params import SamplingParams
+from sluice.loader.loaded_model import LoadedModel
+from sluice.models import kv_int8
+from sluice.models.attention import allocate_kv_caches, kv_cache_bytes_per_block
+from tests.invariance_runs import bf16_loaded, random_prompt
+from tests.model_factory import make_core
+
+BLOCK_SIZE = 16
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2)
+
+
+def test_a_row_reads_back_within_half_a_step_of_its_scale():
+    x = torch.randn(50, 3, 64) * torch.rand(50, 3, 1) * 10  # [T, Hkv, D]
+    rows = kv_int8.quantize_rows(x)
+    assert rows.dtype == torch.int8 and rows.shape == (50, 3, 64 + kv_int8.SCALE_BYTES)
+    back = kv_int8.dequantize_rows(rows, torch.float32)
+    step = x.abs().amax(-1, keepdim=True) / 127
+    assert ((back - x).abs() <= step / 2 * (1 + 1e-5)).all()
+    # The largest element of each row is exact up to float rounding.
+    top = x.abs().argmax(-1, keepdim=True)
+    assert torch.allclose(back.gather(-1, top), x.gather(-1, top), rtol=1e-6)
+
+
+def test_a_rows_bytes_do_not_depend_on_the_rows_beside_it():
+    x = torch.randn(40, 2, 128, dtype=torch.bfloat16)
+    together = kv_int8.quantize_rows(x)
+    alone = torch.stack([kv_int8.quantize_rows(x[i : i + 1])[0] for i in range(40)])
+    assert torch.equal(together, alone)
+
+
+def test_an_all_zero_row_reads_back_as_zeros():
+    rows = kv_int8.quantize_rows(torch.zeros(2, 1, 16))
+    assert not rows.any()
+    assert not kv_int8.dequantize_rows(rows, torch.bfloat16).any()
+
+
+def test_the_pool_is_int8_with_a_scale_per_row_and_about_half_the_bf16_bytes(tiny_loaded):
+    config = tiny_loaded.model_config
+    caches = allocate_kv_caches(config, 8, 16, torch.bfloat16, "cpu", kv_dtype=torch.int8)
+    head_dim = config.layer_kv_shape(0)[1]
+    assert caches[0].dtype == torch.int8 and caches[0].shape[-1] == head_dim + 4
+    bf16 = kv_cache_bytes_per_block(config, 16, torch.bfloat16)
+    int8 = kv_cache_bytes_per_block(config, 16, torch.bfloat16, kv_dtype=torch.int8)
+    assert int8 == bf16 * (head_dim + 4) // (2 * head_dim)
+
+
+def test_fp8_names_and_a_bf16_pool_under_a_float32_model_are_refused():
+    assert kv_int8.kv_torch_dtype("int8", torch.float32) == torch.int8
+    assert kv_int8.kv_torch_dtype("auto", torch.bfloat16) == torch.bfloat16
+    with pytest.raises(ValueError, match="bfloat16 model"):
+        kv_int8.kv_torch_dtype("bf16", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def bf16_tiny(tiny_loaded, tiny_llama) -> LoadedModel:
+    return bf16_loaded(tiny_loaded, tiny_llama, batch_invariant=False)
+
+
+def greedy_run(core, prompt: list[int], request_id: str = "probe", params=GREEDY):
+    core.add_request(request_id, prompt, params)
+    tokens, logprobs = [], []
+    while core.has_unfinished_requests():
+        for delta in core.step():
+            tokens += delta.new_token_ids
+            logprobs += delta.logprobs.logprobs
+    return tokens, logprobs
+
+
+def int8_core(loaded: LoadedModel, budget: int, num_blocks: int = 64, **options):
+    return make_core(
+        loaded, block_size=BLOCK_SIZE, budget=budget, num_blocks=num_blocks,
+        kv_cache_dtype="int8", **options,
+    )  # fmt: skip
+
+
+def test_the_engine_allocates_an_int8_pool(bf16_tiny):
+    core = int8_core(bf16_tiny, 64)
+    assert core.runner.kv_caches[0].dtype == torch.int8
+
+
+def test_any_chunk_budget_gives_the_one_shot_tokens_and_logprobs_bitwise(bf16_tiny):
+    prompt = random_prompt(random.Random(4), 240)
+    loaded = bf16_tiny
+    one_shot = greedy_run(int8_core(loaded, 512), prompt)
+    for budget in (7, 64, 129):
+        assert greedy_run(int8_core(loaded, budget), prompt) == one_shot, budget
+
+
+def test_a_prefix_hit_gives_the_cold_runs_bits(bf16_tiny):
+    prompt = random_prompt(random.Random(5), 200)
+    loaded = bf16_tiny
+    cold = greedy_run(int8_core(loaded, 64), prompt)
+    core = int8_core(loaded, 64)
+    greedy_run(core, prompt[:150] + [7, 8, 9], "warm-up")
+    hits = core.kv.num_hit_tokens
+    assert greedy_run(core, prompt) == cold
+    assert core.kv.num_hit_tokens > hits
+
+
+def test_a_ram_tier_restore_gives_the_cold_runs_bits(bf16_tiny):
+    prompt = random_prompt(random.Random(6), 120)
+    loaded = replace(bf16_tiny, max_model_len=160)
+    cold = greedy_run(int8_core(loaded, 64), prompt)
+    # A pool of 12 blocks: the other prompt evicts the first one's blocks to RAM.
+    core = int8_core(loaded, 64, num_blocks=12, kv_offload_bytes=1 << 20)
+    greedy_run(core, prompt, "first")
+    greedy_run(core, random_prompt(random.Random(7), 150), "evicts")
+    assert greedy_run(core, prompt) == cold
+    assert core.tiers is not None and core.tiers.stats.ram_hit_blocks > 0
+
+
+def test_preemption_gives_each_request_its_cold_runs_bits(bf16_tiny):
+    prompts = [random_prompt(random.Random(10 + i), 60) for i in range(2)]
+    loaded = replace(bf16_tiny, max_model_len=120)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
+    cold = [greedy_run(int8_core(loaded, 64), p, params=params) for p in prompts]
+    # 8 blocks: both prompts (4 blocks each) start, and one is preempted
+    # when both need a fifth.
+    core = int8_core(loaded, 256, num_blocks=8, prefix_caching=False)
+    for i, prompt in enumerate(prompts):
+        core.add_request(f"r{i}", prompt, params)
+    results: dict[str, tuple[list[int], list[float]]] = {"r0": ([], []), "r1": ([], [])}
+    while core.has_unfinished_requests():
+        for delta in core.step():
+            tokens, logprobs = results[delta.request_id]
+            tokens += delta.new_token_ids
+            logprobs += delta.logprobs.logprobs
+    assert core.scheduler.num_preemptions > 0
+    assert [results["r0"], results["r1"]] == cold
