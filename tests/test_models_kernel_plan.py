@@ -230,7 +230,7 @@ def test_the_decode_kernel_round_trips_and_shows_on_the_startup_line(tmp_path):
 
 def test_every_repeat_reports_its_spread_so_a_busy_machine_shows():
     clock = FakeClock()
-    runs = iter([1e-6] * 2 + [1e-6, 1e-6, 1e-6, 5e-6, 1e-6, 1e-6])  # warm-ups, then alternating
+    runs = iter([1e-3] * 2 + [1e-3, 1e-3, 1e-3, 5e-3, 1e-3, 1e-3])  # warm-ups, then alternating
 
     def run(n):
         clock.now += next(runs)

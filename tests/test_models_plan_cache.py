@@ -86,6 +86,13 @@ def test_a_write_that_fails_midway_keeps_the_old_file_and_no_scratch(tmp_path):
     assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["maxima.pt"]
 
 
+def test_repeats_apart_by_jitter_are_steady_and_by_a_preemption_are_not():
+    assert plan_cache.spread([1e-5, 3e-5, 1e-5]) == 1.0  # microseconds apart: jitter
+    assert plan_cache.is_steady([plan_cache.spread([1e-3, 1.5e-3, 1e-3])])
+    assert plan_cache.spread([1e-3, 1e-3 + PREEMPTED_S]) == pytest.approx(3.0)
+    assert not plan_cache.is_steady([1.0, plan_cache.spread([1e-3, 1e-3 + PREEMPTED_S])])
+
+
 def test_auto_reads_measure_ignores_and_a_pinned_file_is_never_written(tmp_path):
     store = PlanStore.open(AUTO, tmp_path, "model")
     assert store.kept == {} and store.source == "cached"
@@ -129,14 +136,18 @@ def config() -> DecoderConfig:
     })  # fmt: skip
 
 
+# What a preempted run loses: a scheduler slice.
+PREEMPTED_S = 2e-3
+
+
 def candidate(clock, seconds, busy_on=None):
     """A kernel that takes `seconds` of the fake clock a call; its call
-    number `busy_on` takes five times that (a preempted run)."""
+    number `busy_on` is preempted."""
     calls = []
 
     def run(n):
         calls.append(n)
-        clock.now += seconds * (5 if len(calls) == busy_on else 1)
+        clock.now += seconds + (PREEMPTED_S if len(calls) == busy_on else 0.0)
 
     return run
 

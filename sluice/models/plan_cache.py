@@ -14,7 +14,7 @@ w8a8-bands-*.json) are ignored.
 
 A measurement taken on a busy machine is not kept: where any candidate's
 repeat timings at one size spread beyond `BUSY_SPREAD` (slowest over
-fastest), the plan serves this run only, the startup line says so, and the
+fastest, and apart by more than a preemption costs: BUSY_FLOOR_S), the plan serves this run only, the startup line says so, and the
 next start measures again.
 
 `--kernel-plan auto` reads the kept file and measures what it lacks;
@@ -46,6 +46,9 @@ AUTO, MEASURE = "auto", "measure"
 # the machine was busy while measuring: a preempted run takes several times
 # an undisturbed one, while undisturbed repeats stay well within this.
 BUSY_SPREAD = 2.0
+# A preempted run loses at least a scheduler slice (about a millisecond):
+# repeats closer than this are timer and cache jitter, not a busy machine.
+BUSY_FLOOR_S = 5e-4
 
 
 def is_steady(spreads: Sequence[float]) -> bool:
@@ -54,8 +57,12 @@ def is_steady(spreads: Sequence[float]) -> bool:
 
 
 def spread(seconds: Sequence[float]) -> float:
-    """Slowest over fastest of one candidate's repeat timings."""
-    return max(seconds) / max(min(seconds), 1e-12)
+    """Slowest over fastest of one candidate's repeat timings; 1.0 where
+    they differ by less than BUSY_FLOOR_S."""
+    slowest, fastest = max(seconds), min(seconds)
+    if slowest - fastest < BUSY_FLOOR_S:
+        return 1.0
+    return slowest / max(fastest, 1e-12)
 
 
 def model_key(middle: torch.nn.Module, dtype: torch.dtype, *choices: object) -> str:
