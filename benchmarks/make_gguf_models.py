@@ -12,7 +12,12 @@ GGUF, then `llama-quantize` to the type asked; the F16 file is removed after.
 Shapes (Llama 3.2 1B / 3B and Llama 3.1 8B but for the vocabulary):
 - `llama-1b`: hidden 2,048, 16 layers, 32 heads of 64, 8 KV heads, MLP 8,192, tied;
 - `llama-3b`: hidden 3,072, 28 layers, 24 heads of 128, 8 KV heads, MLP 8,192, tied;
-- `llama-8b`: hidden 4,096, 32 layers, 32 heads of 128, 8 KV heads, MLP 14,336.
+- `llama-8b`: hidden 4,096, 32 layers, 32 heads of 128, 8 KV heads, MLP 14,336;
+- `qwen3-moe-a3b-3l`: Qwen3-30B-A3B's layer (hidden 2,048, 128 experts of width 768,
+  top 8 with norm_topk_prob, 32 heads of 128, 4 KV heads) but 3 layers of its 48 and
+  the 49,152 vocabulary, tied: 1.9 B, 1.1 GB in Q4_K_M. Three layers keep the random
+  bfloat16 model (built whole in memory) under 4 GB; per token it reads the same
+  experts' bytes a layer as the full model.
 """
 
 from __future__ import annotations
@@ -37,6 +42,11 @@ SHAPES = {
         "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
         "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
         "rope_theta": 500000.0, "tie_word_embeddings": False}),
+    "qwen3-moe-a3b-3l": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, {
+        "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_hidden_layers": 3, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+        "decoder_sparse_step": 1, "rope_theta": 1000000.0}),
 }  # fmt: skip
 
 

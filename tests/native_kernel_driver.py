@@ -26,10 +26,12 @@ from sluice.models.native.mxfp4 import mxfp4_available, mxfp4_groups, mxfp4_matm
 from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
 from sluice.models.native.qblock import (
     QBlockMatrix,
+    expert_array,
     part_array,
     qblock_available,
     qblock_matmul,
     qblock_matmul_parts,
+    qblock_moe,
     qblock_rows,
 )
 from sluice.models.native.rope import rope_write_kv_kernel
@@ -283,6 +285,29 @@ def qblock() -> None:
         qblock_matmul_parts(randn(count, 512, dtype=BF16), part_array(parts), out)
 
 
+def moe_qblock() -> None:
+    """moe_qblock.c: 5 experts (gate/up in two parts of two formats, widths
+    off the tiles; down Q8_0), 1, 3 and 70 tokens (an expert with over one
+    64-row chunk) of top 1 and top 3, both dtypes."""
+    if not qblock_available():
+        return
+    hidden, inter, keep = 256, 64, []
+    for _ in range(5):
+        gate = QBlockMatrix.from_codes(random_codes(FORMATS["Q4_K"], inter - 24, hidden))
+        up = QBlockMatrix.from_codes(random_codes(FORMATS["Q8_0"], inter + 24, hidden))
+        down = QBlockMatrix.from_codes(random_codes(FORMATS["Q8_0"], hidden, inter))
+        keep.append((part_array([gate, up]), part_array([down])))
+    experts = expert_array(keep)
+    for dtype in (BF16, F32):
+        for tokens, top_k in ((1, 1), (3, 3), (70, 3)):
+            ids = torch.stack(
+                [torch.randperm(5, generator=generator)[:top_k] for _ in range(tokens)]
+            )
+            weights = torch.rand(tokens, top_k, generator=generator)
+            out = qblock_moe(randn(tokens, hidden, dtype=dtype), experts, inter, ids, weights)
+            assert out.isfinite().all()
+
+
 def mxfp4() -> None:
     """mxfp4_gemm.c: widths of one and of several 32-value groups, odd row
     counts, an all-zero group, outputs written into a column slice."""
@@ -309,7 +334,7 @@ def main() -> None:
     for name in abi.FUNCTIONS:
         setattr(library, name, Counted(getattr(library, name), name, called))
     drives = (decode_attention, prefill_attention, rows, rope, int8_rows, int8_gemm,
-              decoder_layer, decoder_layer_blocks, qblock, mxfp4)  # fmt: skip
+              decoder_layer, decoder_layer_blocks, qblock, moe_qblock, mxfp4)  # fmt: skip
     for drive in drives:
         drive()
         print(f"{drive.__name__}: done", file=sys.stderr, flush=True)

@@ -165,9 +165,24 @@ def test_greedy_tokens_are_the_same_at_every_chunk_budget(q4_k_m_file, tmp_path)
         assert outputs[0][index][2] == outputs[1][index][2] == outputs[2][index][2]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_layer_runs_its_experts_in_one_call_with_the_per_expert_paths_bits(
+    q4_k_m_file, tmp_path, dtype
+):
+    model = load(q4_k_m_file, tmp_path, dtype=dtype).model
+    x = torch.randn(19, 256, generator=torch.Generator().manual_seed(2)).to(model.dtype)
+    for layer in model.layers:
+        kept = layer.moe.kept
+        assert kept.expert_array is not None  # the one-call path is the default
+        one_call = layer.moe(x, layer.swiglu)
+        kept.expert_array = None  # per expert, one call a projection
+        assert torch.equal(layer.moe(x, layer.swiglu), one_call)
+
+
 def test_a_decode_step_of_one_token_runs_only_its_k_experts(q4_k_m_file, tmp_path):
     loaded = load(q4_k_m_file, tmp_path)
     moe = loaded.model.layers[0].moe
+    moe.kept.expert_array = None  # the per-expert path (test_native_moe_qblock: the one call)
     called: list[int] = []
     original = moe.kept.forward
     moe.kept.forward = lambda expert, swiglu, x: (

@@ -33,7 +33,9 @@ apply to the attention matrices; the experts keep the model dtype, unless
 they stay quantized as the file has them: `keep_experts` swaps the stacks
 for a module that runs each expert from its own 4-bit weights
 (moe_blocks.py: a GGUF's blocks; mxfp4_experts.py: gpt-oss's MXFP4), one
-call per projection over all the rows routed to the expert.
+call per projection over all the rows routed to the expert, or, where the
+module has it (`KeptExperts.weighted_sum`: GGUF blocks with SwiGLU), one
+native call for every chosen expert of every row and their weighted sum.
 """
 
 from __future__ import annotations
@@ -113,10 +115,14 @@ class MoeBlock(nn.Module):
 
     def forward(self, x: Tensor, swiglu: Callable[[Tensor], Tensor]) -> Tensor:  # [T, H] -> [T, H]
         expert_ids, weights = self.route(x)  # [T, k] each
-        outputs = self.expert_outputs(x, expert_ids, swiglu)  # [T, k, H]
-        total = outputs[:, 0].float().mul_(weights[:, :1])  # [T, H] float32
-        for rank in range(1, self.top_k):  # in rank order: the same sum in any step
-            total.add_(outputs[:, rank].float().mul_(weights[:, rank : rank + 1]))
+        total = None  # [T, H] float32
+        if self.kept is not None:  # every chosen expert in one native call, where it has one
+            total = self.kept.weighted_sum(x, expert_ids, weights, swiglu)
+        if total is None:
+            outputs = self.expert_outputs(x, expert_ids, swiglu)  # [T, k, H]
+            total = outputs[:, 0].float().mul_(weights[:, :1])
+            for rank in range(1, self.top_k):  # in rank order: the same sum in any step
+                total.add_(outputs[:, rank].float().mul_(weights[:, rank : rank + 1]))
         if self.shared is not None:
             total.add_(in_row_tiles(functools.partial(self.shared, swiglu), x, _TILE))
         return total.to(x.dtype)
@@ -189,6 +195,14 @@ class KeptExperts(nn.Module):
         self, expert: int, swiglu: Callable[[Tensor], Tensor], x: Tensor
     ) -> Tensor:  # [n, H]: the rows routed to `expert` -> [n, H]
         raise NotImplementedError
+
+    def weighted_sum(
+        self, x: Tensor, expert_ids: Tensor, weights: Tensor, swiglu: Callable[[Tensor], Tensor]
+    ) -> Tensor | None:  # [T, H], [T, k], [T, k] -> [T, H] float32
+        """MoeBlock.forward's weighted sum of the chosen experts, the same bits,
+        in one call; None where the scheme has no such call (then one call a
+        projection a chosen expert, `forward`)."""
+        return None
 
     def nbytes(self) -> int:
         return sum(buffer.nbytes for buffer in self.buffers())

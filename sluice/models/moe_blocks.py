@@ -9,7 +9,14 @@ expert's gate and up rows become one `QBlockLinear` (one kernel call where
 their types agree), its down rows another; the float stacks of `MoeBlock`
 are dropped, so the experts take their file's bytes in memory.
 
-The layer runs an expert on all the rows routed to it in one call per
+With the native SwiGLU (`silu_mul_kernel`) and one block format a
+projection across the experts (a GGUF stacks them in one tensor), the
+whole routed part of the layer is one native call (`qblock_moe`,
+moe_qblock.c): every chosen expert of every row, their gate/up, SwiGLU,
+down and the weighted sum in rank order, reading only the chosen experts'
+blocks: the same bits as the per-expert path below, which runs otherwise.
+
+The per-expert path runs an expert on all the rows routed to it in one call per
 projection: the qblock kernel's rows are row-invariant at any row count
 (int8 activations per super-block, exact integer sums, one float step per
 super-block), and the activation between the two runs on moe.py's fixed row
@@ -31,7 +38,8 @@ from torch import Tensor, nn
 from sluice.errors import ModelLoadError
 from sluice.models.linear import BATCH_INVARIANT_ROW_TILE, in_row_tiles
 from sluice.models.moe import KeptExperts, MoeBlock
-from sluice.models.native.qblock import QBlockMatrix, qblock_rows
+from sluice.models.native import silu_mul_kernel
+from sluice.models.native.qblock import QBlockMatrix, expert_array, qblock_moe, qblock_rows
 from sluice.models.qblock_linear import QBlockLinear, merged_parts
 from sluice.models.weight_targets import WeightTarget
 
@@ -50,6 +58,21 @@ class BlockExperts(KeptExperts):
         self.down = nn.ModuleList(down)
         formats = {part.format.name for linear in (*gate_up, *down) for part in linear.parts}
         self.formats = tuple(sorted(formats))
+        self.width = gate_up[0].out_features // 2  # I
+        # The experts as moe_qblock.c's array (their part arrays keep the bytes alive),
+        # where each projection has one layout across them; None: per expert only.
+        self.expert_array = None
+        if _uniform(gate_up) and _uniform(down):
+            self.expert_array = expert_array(
+                [(up.part_array, dn.part_array) for up, dn in zip(gate_up, down, strict=True)]
+            )
+
+    def weighted_sum(
+        self, x: Tensor, expert_ids: Tensor, weights: Tensor, swiglu: Callable[[Tensor], Tensor]
+    ) -> Tensor | None:  # [T, H], [T, k], [T, k] -> [T, H] float32
+        if self.expert_array is None or swiglu is not silu_mul_kernel(x.dtype):
+            return None
+        return qblock_moe(x, self.expert_array, self.width, expert_ids, weights)
 
     def forward(
         self, expert: int, swiglu: Callable[[Tensor], Tensor], x: Tensor
@@ -60,6 +83,12 @@ class BlockExperts(KeptExperts):
 
     def describe(self) -> str:
         return f"{BLOCKS} ({', '.join(self.formats)})"
+
+
+def _uniform(linears: list[QBlockLinear]) -> bool:
+    """Whether every expert's projection has the same parts: formats and widths."""
+    layout = [[(part.format, part.out_features) for part in linear.parts] for linear in linears]
+    return all(parts == layout[0] for parts in layout)
 
 
 def adopt_expert_blocks(

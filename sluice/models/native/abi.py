@@ -104,6 +104,13 @@ STRUCTS: dict[str, StructFields] = {
         ("num_parts", "int64_t"),
         ("parts", "const QBlockPart *"),
     ),
+    # One expert of an MoE layer in GGUF blocks (moe_qblock.c).
+    "QBlockExpert": (
+        ("gate_up", "const QBlockPart *"),
+        ("num_gate_up", "int64_t"),
+        ("down", "const QBlockPart *"),
+        ("num_down", "int64_t"),
+    ),
     # A Llama decoder layer's weights and shapes (decode_layer.c).
     "DecoderLayer": (
         ("attention_norm", "const uint16_t *"),
@@ -144,6 +151,11 @@ class QBlockPart(ctypes.Structure):
 @_structure
 class LayerMatrix(ctypes.Structure):
     """sluice_abi.h's LayerMatrix (fields: STRUCTS)."""
+
+
+@_structure
+class QBlockExpert(ctypes.Structure):
+    """sluice_abi.h's QBlockExpert (fields: STRUCTS)."""
 
 
 @_structure
@@ -282,6 +294,13 @@ FUNCTIONS: dict[str, Function] = {
         "int",
         "const uint8_t *packed, int64_t n, int64_t k, int bits, int sub, int super_block, "
         "int has_scales, int has_min, int offset, const int64_t *ids, int64_t count, float *out",
+    ),
+    # moe_qblock.c: qblock.py
+    "qblock_moe": Function(
+        "int",
+        "const void *x, int x_bf16, int64_t tokens, int64_t hidden, int64_t inter, "
+        "const QBlockExpert *experts, int64_t num_experts, const int64_t *expert_ids, "
+        "const float *weights, int64_t top_k, float *out",
     ),
     # mxfp4_gemm.c: mxfp4.py
     "mxfp4_gemm_available": Function("int", "void"),

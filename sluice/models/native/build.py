@@ -35,6 +35,7 @@ _SOURCES = tuple(
         "int8_amx.c",
         "decode_layer.c",
         "qblock_gemm.c",
+        "moe_qblock.c",
         "mxfp4_gemm.c",
     )
 )
@@ -49,6 +50,7 @@ _HEADERS = tuple(
         "amx_attention.h",
         "avx512_attention.h",
         "paged_tables.h",
+        "qblock_kernel.h",
     )
 )
 # Compiling with -ffast-math lets gcc vectorize the dot products (float32

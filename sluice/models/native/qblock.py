@@ -23,7 +23,7 @@ from torch import Tensor
 
 from sluice.models.block_codes import BlockCodes, BlockFormat
 from sluice.models.native import _library
-from sluice.models.native.abi import QBlockPart
+from sluice.models.native.abi import QBlockExpert, QBlockPart
 from sluice.models.qblock_pack import pack_codes
 
 
@@ -106,6 +106,44 @@ def qblock_matmul_parts(x: Tensor, parts: ctypes.Array, out: Tensor) -> Tensor:
         is_bf16, out.stride(0),
     )  # fmt: skip
     assert status == 0, "qblock_linear refused a part's format, or had no memory"
+    return out
+
+
+def expert_array(experts: list[tuple[ctypes.Array, ctypes.Array]]) -> ctypes.Array:
+    """Each expert's (gate/up parts, down parts) (`part_array`s, which must
+    outlive it) as a C array of QBlockExpert: an MoE layer's experts."""
+    array = (QBlockExpert * len(experts))()
+    for struct, (gate_up, down) in zip(array, experts, strict=True):
+        struct.gate_up = ctypes.cast(gate_up, ctypes.POINTER(QBlockPart))
+        struct.num_gate_up = len(gate_up)
+        struct.down = ctypes.cast(down, ctypes.POINTER(QBlockPart))
+        struct.num_down = len(down)
+    return array
+
+
+def qblock_moe(
+    x: Tensor, experts: ctypes.Array, inter: int, expert_ids: Tensor, weights: Tensor
+) -> Tensor:
+    """x [T, H] (bfloat16 or float32), each token's experts [T, k] and weights
+    [T, k] float32 -> [T, H] float32: sum over ranks r, in order, of weight
+    times expert(x), expert = down(silu(gate x) * up x) (moe_qblock.c). One
+    call for every chosen expert of every row."""
+    library = _library()
+    assert library is not None, "qblock_moe needs the native library"
+    assert x.dtype in (torch.bfloat16, torch.float32), f"no qblock kernel for {x.dtype}"
+    x = x.contiguous()
+    expert_ids = expert_ids.to(torch.int64).contiguous()
+    weights = weights.to(torch.float32).contiguous()
+    assert expert_ids.shape == weights.shape and expert_ids.shape[0] == x.shape[0]
+    out = torch.empty(x.shape, dtype=torch.float32)
+    status = library.qblock_moe(
+        x.data_ptr(), int(x.dtype == torch.bfloat16), x.shape[0], x.shape[1], inter, experts,
+        len(experts), expert_ids.data_ptr(), weights.data_ptr(), expert_ids.shape[1],
+        out.data_ptr(),
+    )  # fmt: skip
+    if status != 0:
+        raise ValueError(f"qblock_moe refused: an expert id outside [0, {len(experts)}), "
+                         "experts of different formats, or no memory")  # fmt: skip
     return out
 
 

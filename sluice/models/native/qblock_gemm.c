@@ -48,18 +48,10 @@
 #include <string.h>
 
 #include "sluice_abi.h"
+#include "qblock_kernel.h"
 
 #pragma GCC optimize("no-fast-math")
 #pragma GCC optimize("fp-contract=off")
-
-#define TILE 16
-#define ROW_GROUP 4
-#define TILE_GROUP 2
-#define ROW_CHUNK 64
-
-typedef struct {
-    int bits, sub, super_block, has_scales, has_min, offset;
-} qformat;
 
 static int64_t sub_bytes(const qformat *f) {
     int64_t codes = (int64_t)TILE * f->sub * f->bits / 8;
@@ -76,16 +68,6 @@ int64_t qblock_super_bytes(int bits, int sub, int super_block, int has_scales, i
 
 int qblock_gemm_available(void) { return 1; }
 
-/* One quantization of a call's rows for a super-block and sub-block size. */
-typedef struct {
-    int64_t rows, k;
-    int super_block, sub;
-    int8_t *xq;     /* [rows, k] */
-    float *sx;      /* [rows, k / super_block] */
-    int32_t *xsum;  /* [rows, k / sub] */
-    int32_t *xpair; /* [rows, k / sub / 2]: xsum[2p] (low int16) | xsum[2p+1] << 16 */
-} activations;
-
 static __m512 load16_f32(const void *x, int x_bf16, int64_t index) {
     if (!x_bf16) return _mm512_loadu_ps((const float *)x + index);
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + index));
@@ -94,7 +76,7 @@ static __m512 load16_f32(const void *x, int x_bf16, int64_t index) {
 
 /* xq, sx for super-blocks of `super_block` (a multiple of 16): amax over the
  * block, rint(x * (127 / amax)) clamped to +-127, as the scalar code would. */
-static void quantize_rows(const void *x, int x_bf16, activations *a) {
+void qblock_quantize_rows(const void *x, int x_bf16, activations *a) {
     const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
     const int64_t n_super = a->k / a->super_block;
     for (int64_t t = 0; t < a->rows; t++)
@@ -117,7 +99,7 @@ static void quantize_rows(const void *x, int x_bf16, activations *a) {
 }
 
 /* xsum (and its int16 pairs) for sub-blocks of `sub`. */
-static void sum_rows(activations *a) {
+void qblock_sum_rows(activations *a) {
     const int64_t n_sub = a->k / a->sub;
     for (int64_t t = 0; t < a->rows; t++) {
         int32_t *xsum = a->xsum + t * n_sub;
@@ -138,16 +120,6 @@ typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
 static inline __m512i bcast4(const int8_t *p) {
     return _mm512_set1_epi32(*(const unaligned_i32 *)p);
 }
-
-/* Where one call writes: rows of `out`, `stride` elements apart, float32 or bfloat16. */
-typedef struct {
-    const uint8_t *packed;
-    int64_t n, tile_bytes;
-    const activations *act;
-    void *out;
-    int out_bf16;
-    int64_t out_stride;
-} job;
 
 /* One sub-block's codes (tile t's at codes[t]) times R rows' activations at k0:
  * isum[r][t] += sum_k xq[r] * q[t]. */
@@ -318,8 +290,6 @@ static inline __attribute__((always_inline)) void block_rows(
     }
 }
 
-typedef void (*block_fn)(const job *jb, int64_t r0, int rows, int64_t t0, int tiles);
-
 /* One format's kernel, its row and tile counts constants (registers,
  * unrolled loops): full groups of rows and tiles, else one row (and one
  * tile) at a time. Few instances keep the build (and its sanitized one) quick. */
@@ -346,7 +316,7 @@ FORMAT_KERNEL(q5_0, 5, 32, 32, 0, 0, 16)
 FORMAT_KERNEL(q5_1, 5, 32, 32, 0, 1, 0)
 FORMAT_KERNEL(q8_0, 8, 32, 32, 0, 0, 128)
 
-static block_fn kernel_for(const QBlockPart *p) {
+block_fn qblock_kernel_for(const QBlockPart *p) {
 #define MATCH(NAME, B, SUB, SUPER, SC, MIN, OFF)                                              \
     if (p->bits == B && p->sub == SUB && p->super_block == SUPER && p->has_scales == SC &&   \
         p->has_min == MIN && p->offset == OFF)                                               \
@@ -363,20 +333,25 @@ static block_fn kernel_for(const QBlockPart *p) {
     return NULL;
 }
 
+/* Rows [r0, end) times the tile pair at t0 (one work item). */
+void qblock_run_rows(block_fn kernel, const job *jb, int64_t r0, int64_t end, int64_t t0) {
+    const int64_t tiles = (jb->n + TILE - 1) / TILE;
+    const int count_t = tiles - t0 < TILE_GROUP ? (int)(tiles - t0) : TILE_GROUP;
+    for (; r0 < end; r0 += ROW_GROUP) {
+        const int count_r = end - r0 < ROW_GROUP ? (int)(end - r0) : ROW_GROUP;
+        kernel(jb, r0, count_r, t0, count_t);
+    }
+}
+
 /* One part's (row chunk, tile pair) items over OpenMP's threads. */
 static void run_part(block_fn kernel, const job *jb, int64_t rows) {
-    const int64_t tiles = (jb->n + TILE - 1) / TILE;
-    const int64_t groups = (tiles + TILE_GROUP - 1) / TILE_GROUP;
+    const int64_t groups = qblock_tile_pairs(jb->n);
     const int64_t chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
 #pragma omp parallel for schedule(static)
     for (int64_t item = 0; item < chunks * groups; item++) {
         const int64_t chunk = item / groups, t0 = (item % groups) * TILE_GROUP;
-        const int count_t = tiles - t0 < TILE_GROUP ? (int)(tiles - t0) : TILE_GROUP;
         const int64_t end = rows < (chunk + 1) * ROW_CHUNK ? rows : (chunk + 1) * ROW_CHUNK;
-        for (int64_t r0 = chunk * ROW_CHUNK; r0 < end; r0 += ROW_GROUP) {
-            const int count_r = end - r0 < ROW_GROUP ? (int)(end - r0) : ROW_GROUP;
-            kernel(jb, r0, count_r, t0, count_t);
-        }
+        qblock_run_rows(kernel, jb, chunk * ROW_CHUNK, end, t0);
     }
 }
 
@@ -397,7 +372,7 @@ int qblock_linear(const void *x, int x_bf16, int64_t rows, int64_t k, const QBlo
     int64_t column = 0;
     for (int64_t i = 0; i < num_parts && status == 0; i++) {
         const QBlockPart *part = &parts[i];
-        const block_fn kernel = kernel_for(part);
+        const block_fn kernel = qblock_kernel_for(part);
         if (kernel == NULL || k % part->super_block != 0) {
             status = -1;
             break;
@@ -405,11 +380,11 @@ int qblock_linear(const void *x, int x_bf16, int64_t rows, int64_t k, const QBlo
         if (act.super_block != part->super_block) {
             act.super_block = (int)part->super_block;
             act.sub = 0;
-            quantize_rows(x, x_bf16, &act);
+            qblock_quantize_rows(x, x_bf16, &act);
         }
         if (act.sub != part->sub) {
             act.sub = (int)part->sub;
-            sum_rows(&act);
+            qblock_sum_rows(&act);
         }
         const int64_t element = out_bf16 ? 2 : 4;
         const job jb = {part->packed, part->out_features,

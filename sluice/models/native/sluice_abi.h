@@ -49,6 +49,15 @@ typedef struct {
     const QBlockPart *parts;  /* [num_parts] */
 } LayerMatrix;
 
+/* One expert of an MoE layer kept in GGUF blocks (moe_qblock.c): its gate
+ * and up rows as parts side by side, and its down rows. */
+typedef struct {
+    const QBlockPart *gate_up;  /* [num_gate_up] */
+    int64_t num_gate_up;
+    const QBlockPart *down;     /* [num_down] */
+    int64_t num_down;
+} QBlockExpert;
+
 /* One Llama decoder layer's weights and shapes (decode_layer.c). */
 typedef struct {
     const uint16_t *attention_norm;  /* [hidden_size] bfloat16 */
@@ -169,6 +178,11 @@ int qblock_linear(const void *x, int x_bf16, int64_t rows, int64_t k, const QBlo
 int qblock_rows(const uint8_t *packed, int64_t n, int64_t k, int bits, int sub, int super_block,
                 int has_scales, int has_min, int offset, const int64_t *ids, int64_t count,
                 float *out);
+
+/* moe_qblock.c (qblock.py): an MoE layer's chosen experts in GGUF blocks, one call */
+int qblock_moe(const void *x, int x_bf16, int64_t tokens, int64_t hidden, int64_t inter,
+               const QBlockExpert *experts, int64_t num_experts, const int64_t *expert_ids,
+               const float *weights, int64_t top_k, float *out);
 
 /* mxfp4_gemm.c (mxfp4.py): int8 activations times MXFP4 groups (gpt-oss's experts) */
 int mxfp4_gemm_available(void);

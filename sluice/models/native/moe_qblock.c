@@ -1,0 +1,236 @@
+/* A mixture-of-experts layer's routed experts in one call, their weights
+ * kept in GGUF blocks (qblock_gemm.c's packed layout; models/moe_blocks.py):
+ *
+ *     out[t] = sum over ranks r, in order, of w[t, r] * E_{id[t, r]}(x[t])
+ *     E(x) = down(silu(gate x) * up x)
+ *
+ * the values moe_blocks.py's one-call-per-projection path gives, bit for
+ * bit: the (token, rank) assignments are grouped by expert (stably, as
+ * torch's argsort), each chosen expert's gate/up and down run over its rows
+ * with qblock_gemm.c's kernels (a row's bits never depend on the rows beside
+ * it), silu_mul (rows.c) rounds between them in the model dtype, and the
+ * weighted sum is float32 multiplies and adds, each rounded alone, in rank
+ * order. So a token's result depends only on its own routing.
+ *
+ * Work: all chosen experts' (row chunk, tile pair) items of a projection
+ * share one OpenMP loop, so a decode step with one row per expert keeps
+ * every thread busy; only the chosen experts' blocks are read. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sluice_abi.h"
+#include "bf16.h"
+#include "qblock_kernel.h"
+
+#pragma GCC optimize("no-fast-math")
+#pragma GCC optimize("fp-contract=off")
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+
+/* The chosen experts: slot s is expert[s], its grouped rows start[s]..start[s + 1]. */
+typedef struct {
+    int64_t count;
+    int64_t *expert; /* [count] */
+    int64_t *start;  /* [count + 1] */
+} chosen;
+
+static const QBlockPart *part_of(const QBlockExpert *e, int is_down, int64_t p) {
+    return is_down ? &e->down[p] : &e->gate_up[p];
+}
+
+static int64_t num_parts(const QBlockExpert *e, int is_down) {
+    return is_down ? e->num_down : e->num_gate_up;
+}
+
+/* Part p of every chosen expert: one kernel, one format and width (a GGUF
+ * stacks a layer's experts in one tensor), or NULL. */
+static block_fn common_kernel(const QBlockExpert *experts, const chosen *c, int is_down,
+                              int64_t p, int64_t k) {
+    const QBlockPart *first = part_of(&experts[c->expert[0]], is_down, p);
+    const block_fn kernel = qblock_kernel_for(first);
+    if (kernel == NULL || k % first->super_block != 0) return NULL;
+    for (int64_t s = 1; s < c->count; s++) {
+        const QBlockExpert *e = &experts[c->expert[s]];
+        const QBlockPart *part = part_of(e, is_down, p);
+        if (num_parts(e, is_down) <= p || qblock_kernel_for(part) != kernel ||
+            part->out_features != first->out_features)
+            return NULL;
+    }
+    return kernel;
+}
+
+/* One part over every chosen expert's rows: one job an expert, their
+ * (row chunk, tile pair) items in one loop. */
+static int run_experts(const QBlockExpert *experts, const chosen *c, int is_down, int64_t p,
+                       block_fn kernel, const activations *act, char *out, int out_bf16,
+                       int64_t out_stride) {
+    job *jobs = malloc(sizeof(job) * (size_t)c->count);
+    int64_t *first_item = malloc(sizeof(int64_t) * (size_t)(c->count + 1));
+    if (jobs == NULL || first_item == NULL) {
+        free(jobs);
+        free(first_item);
+        return -1;
+    }
+    const QBlockPart *model = part_of(&experts[c->expert[0]], is_down, p);
+    const int64_t pairs = qblock_tile_pairs(model->out_features);
+    const int64_t tile_bytes = (act->k / model->super_block) *
+        qblock_super_bytes((int)model->bits, (int)model->sub, (int)model->super_block,
+                           (int)model->has_scales, (int)model->has_min);
+    first_item[0] = 0;
+    for (int64_t s = 0; s < c->count; s++) {
+        const QBlockPart *part = part_of(&experts[c->expert[s]], is_down, p);
+        jobs[s] = (job){part->packed, part->out_features, tile_bytes, act, out, out_bf16, out_stride};
+        const int64_t rows = c->start[s + 1] - c->start[s];
+        first_item[s + 1] = first_item[s] + (rows + ROW_CHUNK - 1) / ROW_CHUNK * pairs;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t item = 0; item < first_item[c->count]; item++) {
+        int64_t s = 0;
+        while (first_item[s + 1] <= item) s++;
+        const int64_t local = item - first_item[s], chunk = local / pairs;
+        const int64_t r0 = c->start[s] + chunk * ROW_CHUNK;
+        const int64_t end = r0 + ROW_CHUNK < c->start[s + 1] ? r0 + ROW_CHUNK : c->start[s + 1];
+        qblock_run_rows(kernel, &jobs[s], r0, end, (local % pairs) * TILE_GROUP);
+    }
+    free(first_item);
+    free(jobs);
+    return 0;
+}
+
+/* in [A, k] (grouped rows) times each chosen expert's gate/up or down parts
+ * -> out [A, width], in's dtype: qblock_linear's steps, every expert at once. */
+static int grouped_projection(const void *in, int bf16, int64_t k, const QBlockExpert *experts,
+                              const chosen *c, int is_down, void *out, int64_t width) {
+    const int64_t rows = c->start[c->count];
+    activations act = {rows, k, 0, 0, NULL, NULL, NULL, NULL};
+    act.xq = malloc((size_t)(rows * k) + 1);
+    act.sx = malloc(sizeof(float) * (size_t)(rows * (k / 16) + 1));
+    act.xsum = malloc(sizeof(int32_t) * (size_t)(rows * (k / 16) + 1));
+    act.xpair = malloc(sizeof(int32_t) * (size_t)(rows * (k / 32) + 1));
+    int status = act.xq && act.sx && act.xsum && act.xpair ? 0 : -1;
+    const int64_t element = bf16 ? 2 : 4;
+    int64_t column = 0;
+    for (int64_t p = 0; status == 0 && p < num_parts(&experts[c->expert[0]], is_down); p++) {
+        const QBlockPart *model = part_of(&experts[c->expert[0]], is_down, p);
+        const block_fn kernel = common_kernel(experts, c, is_down, p, k);
+        if (kernel == NULL || column + model->out_features > width) {
+            status = -1;
+            break;
+        }
+        if (act.super_block != model->super_block) {
+            act.super_block = (int)model->super_block;
+            act.sub = 0;
+            qblock_quantize_rows(in, bf16, &act);
+        }
+        if (act.sub != model->sub) {
+            act.sub = (int)model->sub;
+            qblock_sum_rows(&act);
+        }
+        status = run_experts(experts, c, is_down, p, kernel, &act, (char *)out + column * element,
+                             bf16, width);
+        column += model->out_features;
+    }
+    if (status == 0 && column != width) status = -1;
+    free(act.xpair);
+    free(act.xsum);
+    free(act.sx);
+    free(act.xq);
+    return status;
+}
+
+/* Assignment a's place among the rows grouped by expert (pos), and the
+ * chosen experts; -1 for an id outside [0, num_experts) or no memory. */
+static int group_by_expert(const int64_t *ids, int64_t assignments, int64_t num_experts,
+                           int64_t *pos, chosen *c) {
+    int64_t *next = calloc((size_t)num_experts + 1, sizeof(int64_t));
+    c->expert = malloc(sizeof(int64_t) * (size_t)(assignments + 1));
+    c->start = malloc(sizeof(int64_t) * (size_t)(assignments + 2));
+    if (next == NULL || c->expert == NULL || c->start == NULL) {
+        free(next);
+        return -1;
+    }
+    for (int64_t a = 0; a < assignments; a++) {
+        if (ids[a] < 0 || ids[a] >= num_experts) {
+            free(next);
+            return -1;
+        }
+        next[ids[a] + 1]++;
+    }
+    c->count = 0;
+    for (int64_t e = 0; e < num_experts; e++) {
+        if (next[e + 1] > 0) {
+            c->expert[c->count] = e;
+            c->start[c->count++] = next[e];
+        }
+        next[e + 1] += next[e];
+    }
+    c->start[c->count] = assignments;
+    for (int64_t a = 0; a < assignments; a++) pos[a] = next[ids[a]]++;
+    free(next);
+    return 0;
+}
+
+/* out[t] = sum over ranks, in order, of weights[t, r] * the expert rows at pos[t, r] (float32). */
+static void weighted_sum(const void *rows, int bf16, const int64_t *pos, const float *weights,
+                         int64_t tokens, int64_t top_k, int64_t hidden, float *out) {
+#pragma omp parallel for schedule(static) if (tokens >= 4)
+    for (int64_t t = 0; t < tokens; t++) {
+        float *o = out + t * hidden;
+        for (int64_t r = 0; r < top_k; r++) {
+            const int64_t at = pos[t * top_k + r] * hidden;
+            const float w = weights[t * top_k + r];
+            for (int64_t i = 0; i < hidden; i++) {
+                const float v = (bf16 ? bf16_load((const uint16_t *)rows + at + i)
+                                      : f32_load((const float *)rows + at + i)) * w;
+                o[i] = r == 0 ? v : o[i] + v;
+            }
+        }
+    }
+}
+
+int qblock_moe(const void *x, int x_bf16, int64_t tokens, int64_t hidden, int64_t inter,
+               const QBlockExpert *experts, int64_t num_experts, const int64_t *expert_ids,
+               const float *weights, int64_t top_k, float *out) {
+    const int64_t assignments = tokens * top_k, element = x_bf16 ? 2 : 4;
+    if (assignments == 0) return 0;
+    chosen c = {0, NULL, NULL};
+    int64_t *pos = malloc(sizeof(int64_t) * (size_t)assignments);
+    char *rows = malloc((size_t)(assignments * hidden * element));
+    char *gate_up = malloc((size_t)(assignments * 2 * inter * element));
+    char *act = malloc((size_t)(assignments * inter * element));
+    char *down = malloc((size_t)(assignments * hidden * element));
+    int status = pos && rows && gate_up && act && down ? 0 : -1;
+    if (status == 0) status = group_by_expert(expert_ids, assignments, num_experts, pos, &c);
+    if (status == 0) {
+        for (int64_t a = 0; a < assignments; a++)
+            memcpy(rows + pos[a] * hidden * element, (const char *)x + a / top_k * hidden * element,
+                   (size_t)(hidden * element));
+        status = grouped_projection(rows, x_bf16, hidden, experts, &c, 0, gate_up, 2 * inter);
+    }
+    if (status == 0) {
+        if (x_bf16) silu_mul_bf16((const uint16_t *)gate_up, assignments, inter, 2 * inter, (uint16_t *)act);
+        else silu_mul_f32((const float *)gate_up, assignments, inter, 2 * inter, (float *)act);
+        status = grouped_projection(act, x_bf16, inter, experts, &c, 1, down, hidden);
+    }
+    if (status == 0) weighted_sum(down, x_bf16, pos, weights, tokens, top_k, hidden, out);
+    free(c.start);
+    free(c.expert);
+    free(down);
+    free(act);
+    free(gate_up);
+    free(rows);
+    free(pos);
+    return status;
+}
+
+#else
+
+int qblock_moe(const void *x, int x_bf16, int64_t tokens, int64_t hidden, int64_t inter,
+               const QBlockExpert *experts, int64_t num_experts, const int64_t *expert_ids,
+               const float *weights, int64_t top_k, float *out) {
+    (void)x; (void)x_bf16; (void)tokens; (void)hidden; (void)inter; (void)experts;
+    (void)num_experts; (void)expert_ids; (void)weights; (void)top_k; (void)out;
+    return -1;
+}
+
+#endif
