@@ -1,6 +1,7 @@
 """Where an engine step's time goes, at batch 1, 16 and 64, with the default model settings.
 
     .venv/bin/python benchmarks/step_profile.py [--batches 1,16,64] [--steps 20] [--dtype auto]
+        [--model embedded|FOLDER|FILE.gguf] [--max-model-len 4096]
 
 Runs the engine core in this process (as the engine process does: the same
 EngineCore, the same threads), fills the batch with greedy requests that
@@ -51,10 +52,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="auto")
+    parser.add_argument("--model", default="embedded", help="'embedded', an HF folder or a .gguf")
+    parser.add_argument("--max-model-len", type=int, default=4096)
     args = parser.parse_args()
     quantization = None if args.quantization == "none" else args.quantization
     core = EngineCore(
-        EngineConfig(model=ModelConfig(dtype=args.dtype, quantization=quantization),
+        EngineConfig(model=ModelConfig(model=args.model, dtype=args.dtype,
+                                       quantization=quantization,
+                                       max_model_len=args.max_model_len),
                      multiprocess=False)
     )  # fmt: skip
     print(f"model: {core.loaded.choices}; torch threads {torch.get_num_threads()}")

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
+import sys
+
 import pytest
 
 from sluice.errors import ModelLoadError
@@ -11,6 +16,7 @@ from sluice.loader.memory_plan import (
     MemoryPlan,
     check_weights_fit,
     cpu_kv_budget,
+    release_free_heap,
     workspace_bytes,
 )
 from sluice.models.families.registry import parse_hf_config
@@ -68,3 +74,31 @@ def test_the_workspace_grows_with_the_step_and_the_line_names_each_part(tmp_path
     assert line == (
         "memory: weights 2501 MiB, KV 1024 MiB, workspace 96 MiB (15.0 GiB still available)"
     )
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim, /proc")
+def test_free_heap_pages_between_kept_chunks_go_back_to_the_system():
+    # What a load leaves: chunks freed between chunks that stay, so the
+    # heap's top cannot shrink and glibc keeps the freed pages resident.
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    chunk = 96 << 10  # under glibc's first mmap threshold: from the heap
+    pointers = [libc.malloc(chunk) for _ in range(2048)]  # 192 MiB
+    for pointer in pointers:
+        ctypes.memset(pointer, 1, chunk)
+    for pointer in pointers[::2]:
+        libc.free(pointer)
+    try:
+        before = _resident_bytes()
+        assert release_free_heap()
+        assert before - _resident_bytes() > 64 << 20  # most of the 96 MiB freed
+    finally:
+        for pointer in pointers[1::2]:
+            libc.free(pointer)

@@ -19,6 +19,9 @@ argument, so tests give it any machine's figures.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 from dataclasses import dataclass
 
 import psutil
@@ -93,6 +96,29 @@ def cpu_kv_budget(
             f" GiB kept free): pass --max-model-len {fits} or less, or free memory"
         )
     return min(budget, usable)
+
+
+def release_free_heap() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim).
+
+    A load leaves holes in the heap: the packing's temporaries (numpy arrays
+    up to 32 MiB come from the heap, not their own mappings) freed between
+    the packed matrices that stay. glibc returns only the heap's top on its
+    own, so those pages stay resident: 835 MiB after a 3B Q4_K_M
+    load. Called once the engine is built; True where pages went back.
+    False where the C library has no malloc_trim (not glibc)."""
+    trim = _malloc_trim()
+    return trim is not None and bool(trim(0))
+
+
+@functools.cache
+def _malloc_trim():
+    library = ctypes.util.find_library("c")
+    function = getattr(ctypes.CDLL(library), "malloc_trim", None) if library else None
+    if function is not None:
+        function.argtypes = [ctypes.c_size_t]
+        function.restype = ctypes.c_int
+    return function
 
 
 def check_weights_fit(name: str, weights_bytes: int, available_bytes: int) -> None:
