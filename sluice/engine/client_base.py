@@ -18,10 +18,16 @@ Guarantees every implementation keeps:
   more (`sink_router.deliver_delta`), and its request is aborted; the other
   sinks are not affected.
 
-The clients of one engine keep them in one place, `routed_client.RoutedEngineClient`
+The port has two sides: `EngineRequests` (add_request, add_pooling_request,
+abort: what the frontend uses) and `EngineHandle` (start, shutdown, restart,
+stats, replicas, reset_prefix_cache, is_alive: what the app's model pool,
+supervisor, health and metrics use); an `EngineClient` is both. The clients
+of one engine keep the guarantees in one place, `routed_client.RoutedEngineClient`
 (the process, in-process and Ray replica clients, and the test fakes); the
-wrappers (`AdmissionGate`, `DataParallelEngineClient`) keep them by passing
-calls on to such clients.
+wrappers keep them by passing calls on to such clients, and implement only
+the side they change: the `AdmissionGate` the requests (its engine's handle
+is `gate.engine`), `DataParallelEngineClient` both (it routes requests and
+sums its replicas' state).
 """
 
 from __future__ import annotations
@@ -75,16 +81,10 @@ class DeltaSink(Protocol):
     def on_error(self, error: BaseException) -> None: ...
 
 
-class EngineClient(abc.ABC):
-    """Everything the app needs of an engine. What the app needs of the model
-    (name, tokenizer, context length) is a `ServedModel` value beside it."""
-
-    # Whether `restart` can replace a dead engine; the app supervises those.
-    can_restart: bool = False
-    # What the engine said once it came up: the model it loaded (the app
-    # checks it against its `ServedModel`). None before `start`, and for an
-    # engine that loads no model (the test fakes).
-    info: EngineReady | None = None
+class EngineRequests(abc.ABC):
+    """The request side of the port: what the frontend uses, per API request.
+    An engine's client implements it (`EngineClient`); so does a wrapper that
+    changes how requests go in (the `AdmissionGate`), and only it."""
 
     @abc.abstractmethod
     def add_request(
@@ -119,7 +119,20 @@ class EngineClient(abc.ABC):
     @abc.abstractmethod
     def abort(self, request_ids: list[str]) -> None:
         """Cancel requests: their sinks hear nothing more from now on, the
-        engine frees them at its next step; unknown or finished ids are ignored."""
+        engine frees them at its next step; unknown or finished ids, and any
+        id once the engine is dead, are ignored."""
+
+
+class EngineHandle(abc.ABC):
+    """The lifecycle side of the port: what the app's model pool, supervisor,
+    health and metrics use of one engine (replicated or not)."""
+
+    # Whether `restart` can replace a dead engine; the app supervises those.
+    can_restart: bool = False
+    # What the engine said once it came up: the model it loaded (the app
+    # checks it against its `ServedModel`). None before `start`, and for an
+    # engine that loads no model (the test fakes).
+    info: EngineReady | None = None
 
     @abc.abstractmethod
     def reset_prefix_cache(self) -> None:
@@ -149,3 +162,9 @@ class EngineClient(abc.ABC):
         """Replace a dead engine with a fresh one (only where `can_restart`);
         raises ModelLoadError on failure."""
         raise NotImplementedError(f"{type(self).__name__} cannot restart")
+
+
+class EngineClient(EngineRequests, EngineHandle):
+    """Everything the app needs of an engine: its requests and its handle.
+    What the app needs of the model (name, tokenizer, context length) is a
+    `ServedModel` value beside it."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from sluice.engine.client_base import EngineClient
+from sluice.engine.client_base import EngineRequests
 from sluice.engine.outputs import PromptLogprobs, RequestDelta, TokenLogprobs
 from sluice.errors import ServiceUnavailableError
 from sluice.frontend.deltas import ChoiceDelta, SampledLogprob
@@ -207,7 +207,7 @@ class OutputProcessor:
         self,
         request: GenerationRequest,
         tokenizer: DecodingTokenizer,
-        engine: EngineClient,
+        engine: EngineRequests,
         output: StreamOutput,
     ):
         self._engine = engine

@@ -35,7 +35,7 @@ from typing import Protocol
 
 import msgspec
 
-from sluice.engine.client_base import EngineClient, QueueTimeout
+from sluice.engine.client_base import EngineRequests, QueueTimeout
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import SluiceError
 from sluice.frontend.deltas import ChoiceDelta
@@ -120,7 +120,7 @@ class EventStream:
 class Frontend:
     def __init__(
         self,
-        engine: EngineClient,
+        engine: EngineRequests,
         tokenizer: DecodingTokenizer,
         observer: RequestObserver | None = None,
     ):
@@ -243,7 +243,7 @@ class _RequestRun:
     def __init__(
         self,
         request: GenerationRequest,
-        engine: EngineClient,
+        engine: EngineRequests,
         queue_timeout: QueueTimeout | None,
         observer: RequestObserver | None,
         usage: UsageCounter,
@@ -279,7 +279,7 @@ class _RequestRun:
                 added.append(request_id)
         except BaseException:
             processor.close()
-            if added and self._engine.is_alive:
+            if added:  # a dead engine ignores it
                 self._engine.abort(added)
             raise
 
@@ -295,7 +295,7 @@ class _RequestRun:
         if processor is not None:
             processor.close()
             unfinished = processor.unfinished_request_ids
-            if unfinished and self._engine.is_alive:
+            if unfinished:  # a dead engine ignores it
                 self._engine.abort(unfinished)
         if self._timer is not None:
             self._timer.report()

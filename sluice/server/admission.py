@@ -1,6 +1,8 @@
 """Admission control at the edge: a bounded queue, queue timeouts, a drain switch.
 
-`AdmissionGate` wraps the engine client the frontend talks to. Each engine
+`AdmissionGate` wraps the request side of the engine client the frontend
+talks to (`EngineRequests`: add_request, add_pooling_request, abort); the
+engine's handle (start, shutdown, stats, health) is `gate.engine`'s. Each engine
 request is counted from `add_request` until its sink hears its finish or an
 error, or it is aborted. Invariants:
 - At most `capacity` engine requests are in flight (running + waiting). The
@@ -32,8 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sluice.config import SchedulerConfig
-from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout, ReplicaState
-from sluice.engine.messages import EngineStatsSnapshot
+from sluice.engine.client_base import DeltaSink, EngineClient, EngineRequests, QueueTimeout
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.pooling_params import PoolingInput, PoolingParams
 from sluice.engine.sampling_params import SamplingParams
@@ -116,8 +117,8 @@ class _TrackedSink:
             self.timeout_handle = None
 
 
-class AdmissionGate(EngineClient):
-    """An `EngineClient` that admits at most `capacity` engine requests at once."""
+class AdmissionGate(EngineRequests):
+    """The requests of `engine`, at most `capacity` of them at once."""
 
     def __init__(self, engine: EngineClient, capacity: int):
         assert capacity >= 1, "the gate must admit at least one request"
@@ -157,7 +158,7 @@ class AdmissionGate(EngineClient):
                 f"the waiting queue is full ({self.capacity} requests in flight); retry later"
             )
 
-    # -- EngineClient ------------------------------------------------------------
+    # -- EngineRequests ----------------------------------------------------------
 
     def add_request(
         self,
@@ -221,25 +222,6 @@ class AdmissionGate(EngineClient):
             if tracked is not None:
                 tracked.end()
         self.engine.abort(request_ids)
-
-    def reset_prefix_cache(self) -> None:
-        self.engine.reset_prefix_cache()
-
-    @property
-    def is_alive(self) -> bool:
-        return self.engine.is_alive
-
-    def stats(self) -> EngineStatsSnapshot:
-        return self.engine.stats()
-
-    def replicas(self) -> list[ReplicaState]:
-        return self.engine.replicas()
-
-    async def start(self) -> None:
-        await self.engine.start()
-
-    async def shutdown(self) -> None:
-        await self.engine.shutdown()
 
     # -- draining ----------------------------------------------------------------
 

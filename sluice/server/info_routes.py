@@ -95,7 +95,7 @@ class InfoRoutes:
         replicas = self.parts.replicas()
         if replicas:  # data parallel: degraded (still 200) while one replica serves
             return replica_health(replicas)
-        dead = [name for name, active in self.models.loaded() if not active.gate.is_alive]
+        dead = [name for name, active in self.models.loaded() if not active.gate.engine.is_alive]
         if not dead:
             return Response(status_code=200)
         return unavailable_response(EngineDeadError(_dead_message(dead)))
@@ -105,11 +105,11 @@ class InfoRoutes:
         before its next step (the API key guards it like every route but
         /health, /metrics)."""
         loaded = self.models.loaded()
-        dead = [name for name, active in loaded if not active.gate.is_alive]
+        dead = [name for name, active in loaded if not active.gate.engine.is_alive]
         if dead:
             raise EngineDeadError(_dead_message(dead) + "; retry later")
         for _, active in loaded:
-            active.gate.reset_prefix_cache()
+            active.gate.engine.reset_prefix_cache()
         return Response(status_code=200)
 
     async def version(self) -> Response:

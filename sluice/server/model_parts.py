@@ -91,7 +91,7 @@ def model_parts(
     whether that engine still serves it (its stats are shown while it does)."""
 
     def stats() -> EngineStatsSnapshot | None:
-        return gate.stats() if is_running(gate) else None
+        return gate.engine.stats() if is_running(gate) else None
 
     model_metrics = metrics.for_model(model.name, stats, model.max_model_len)
     model_metrics.stats = stats  # this start's engine (the metrics outlive it)

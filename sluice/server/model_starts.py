@@ -209,7 +209,7 @@ class ModelStarts(Generic[P]):
         if active.supervisor is not None:
             entry.num_restarts_before += active.supervisor.num_restarts
             await active.supervisor.stop()
-        await active.gate.shutdown()
+        await active.gate.engine.shutdown()
         for reason, count in active.gate.num_refused.items():
             entry.num_refused_before[reason] = entry.num_refused_before.get(reason, 0) + count
         logger.info("model %s unloaded", entry.spec.name)

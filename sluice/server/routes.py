@@ -154,7 +154,7 @@ class Routes:
     def replicas(self) -> list[ReplicaState]:
         """The replicas of a data-parallel engine (a server of one model)."""
         loaded = self.models.loaded()
-        return loaded[0][1].gate.replicas() if len(loaded) == 1 else []
+        return loaded[0][1].gate.engine.replicas() if len(loaded) == 1 else []
 
     def _prepare(self, name: str, served: ServedModel, gate: AdmissionGate) -> ModelParts:
         options = self._options.get(name) or self._options.setdefault(
@@ -189,7 +189,7 @@ class Routes:
                 param="model",
             )
         timeout_s = self._queue_timeout_left(request)
-        if not model.gate.is_alive:
+        if not model.gate.engine.is_alive:
             raise EngineDeadError(f"the engine of `{model.name}` is not running; retry later")
         model.gate.check_open(n)
         lease = context_of(request.scope).key_lease
