@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import torch
 
-from sluice.models import native
+from sluice.models import kv_int8, native
 from sluice.models.block_codes import FORMATS, BlockCodes
 from sluice.models.native import abi
 from sluice.models.native.int8 import int8_gemm_kernels, int8_row_kernels
@@ -83,6 +83,18 @@ def decode_attention() -> None:
                 cache, block_ids, seq_lens = cache_and_tables(lengths, kv_heads, head_dim, dtype)
                 q = randn(len(lengths), heads, head_dim, dtype=dtype)
                 kernel(q, cache, block_ids, seq_lens, 0.125)
+
+
+def decode_attention_int8kv() -> None:
+    """paged_decode_attention.c over an int8 pool (models/kv_int8.py): the
+    fixed-block heads (64, 128) and one it refuses (96: the caller dequantizes)."""
+    kernel = native.decode_attention_int8kv_kernel()
+    assert kernel is not None, "the library is loaded"
+    for (heads, kv_heads), head_dim in (((9, 3), 64), ((8, 1), 128), ((3, 3), 96)):
+        for lengths in ([1], [17], [5, 33, 16, 1], [1, 2, 3, 4, 5, 6, 7, 200]):
+            cache, block_ids, seq_lens = cache_and_tables(lengths, kv_heads, head_dim, F32)
+            q = randn(len(lengths), heads, head_dim, dtype=BF16)
+            kernel(q, kv_int8.quantize_rows(cache), block_ids, seq_lens, 0.125)
 
 
 def prefill_attention() -> None:
@@ -333,7 +345,8 @@ def main() -> None:
     called: set[str] = set()
     for name in abi.FUNCTIONS:
         setattr(library, name, Counted(getattr(library, name), name, called))
-    drives = (decode_attention, prefill_attention, rows, rope, int8_rows, int8_gemm,
+    drives = (decode_attention, decode_attention_int8kv, prefill_attention, rows, rope, int8_rows,
+              int8_gemm,
               decoder_layer, decoder_layer_blocks, qblock, moe_qblock, mxfp4)  # fmt: skip
     for drive in drives:
         drive()

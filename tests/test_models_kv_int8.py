@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from sluice.engine.sampling_params import SamplingParams
+from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
-from sluice.models import kv_int8
+from sluice.models import kv_int8, native
 from sluice.models.attention import allocate_kv_caches, kv_cache_bytes_per_block
 from tests.invariance_runs import bf16_loaded, random_prompt
-from tests.model_factory import make_core
+from tests.model_factory import build_tiny_model, load_tiny_llama, make_core
 
 BLOCK_SIZE = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2)
@@ -140,3 +141,53 @@ def test_preemption_gives_each_request_its_cold_runs_bits(bf16_tiny):
             logprobs += delta.logprobs.logprobs
     assert core.scheduler.num_preemptions > 0
     assert [results["r0"], results["r1"]] == cold
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 1, 128), (4, 4, 64)])
+def test_the_native_int8_decode_rows_are_the_bf16_kernels_bits_over_the_dequantized_pool(
+    heads, kv_heads, head_dim
+):
+    int8_kernel = native.decode_attention_int8kv_kernel()
+    bf16_kernel = native.decode_attention_kernel(torch.bfloat16)
+    if int8_kernel is None or bf16_kernel is None:
+        pytest.skip("no native library here")
+    generator = torch.Generator().manual_seed(heads * head_dim)
+    lengths = [1, 17, 100, 333]
+    pool = kv_int8.quantize_rows(
+        torch.randn(2, 120, 16, kv_heads, head_dim, generator=generator) * 3
+    )  # [2, blocks, 16, Hkv, D + 4]
+    tables = torch.randperm(119, generator=generator)[: 4 * 21].view(4, 21) + 1
+    q = torch.randn(4, heads, head_dim, generator=generator).to(torch.bfloat16)
+    seq_lens = torch.tensor(lengths)
+    out = int8_kernel(q, pool, tables, seq_lens, 0.125)
+    if out is None:
+        pytest.skip("no AVX512-BF16 fixed-block kernel here")
+    readable = kv_int8.readable_pool(pool, tables, torch.bfloat16)
+    assert torch.equal(out, bf16_kernel(q, readable, tables, seq_lens, 0.125))
+
+
+@pytest.fixture(scope="module")
+def wide_heads(tiny_loaded, tmp_path_factory) -> LoadedModel:
+    """A tiny bf16 model with one head of 64: the fixed-block kernels' heads."""
+    tiny = build_tiny_model(
+        "llama_tied", tmp_path_factory.mktemp("wide-heads"), hidden_size=64,
+        num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=1100,
+    )  # fmt: skip
+    model = load_tiny_llama(tiny, torch.bfloat16)
+    choices = ModelChoices("bfloat16", None, "as asked")
+    return replace(
+        tiny_loaded, model=model, model_config=model.config, choices=choices, max_model_len=1000
+    )
+
+
+def test_decoded_tokens_sent_back_as_prompt_give_the_decodes_next_token_bitwise(wide_heads):
+    """Past position 512 a chunk's rows run in the prefill kernel over the
+    dequantized pool, a decode step's in the native int8 decode kernel: the
+    same bits."""
+    prompt = random_prompt(random.Random(9), 600)
+    tokens, logprobs = greedy_run(int8_core(wide_heads, 256, num_blocks=160), prompt)
+    next_one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, logprobs=2)
+    again = greedy_run(
+        int8_core(wide_heads, 100, num_blocks=160), prompt + tokens[:3], params=next_one
+    )
+    assert again == ([tokens[3]], [logprobs[3]])

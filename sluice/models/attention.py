@@ -74,6 +74,7 @@ from sluice.models.decoder_config import DecoderConfig
 from sluice.models.kernel_plan import AMX, NATIVE, TORCH, KernelPlan
 from sluice.models.native import (
     decode_attention_amx_kernel,
+    decode_attention_int8kv_kernel,
     decode_attention_kernel,
     merge_attention_kernel,
 )
@@ -169,13 +170,19 @@ def paged_attention(
     """Store the new K/V (unless the caller's RoPE kernel already did:
     `kv_written`), then attend each query over its sequence's context, each
     prefill chunk on the kernel `kernels` gives its length (kernel_plan.py)."""
+    decode = meta.decode
     if kv_cache.dtype == torch.int8:  # the kernels read int8 rows dequantized (kv_int8.py)
+        if not kv_written:
+            kv_int8.write_kv(kv_cache, k, v, meta.slot_mapping)
+        if decode is not None and decode.token_indices is None:  # every token a decode row
+            out = _int8_decode_attention(q, kv_cache, decode, scale, kernels)
+            if out is not None:
+                return out
         k, v, kv_cache = kv_int8.prepare(
-            k, v, kv_cache, meta.slot_mapping, meta.block_tables, kv_written
+            k, v, kv_cache, meta.slot_mapping, meta.block_tables, kv_written=True
         )
     elif not kv_written:
         _write_kv(kv_cache, k, v, meta.slot_mapping)
-    decode = meta.decode
     if decode is not None and decode.token_indices is None:  # every token a decode row
         return _decode_attention(q, kv_cache, decode, scale, kernels)
     out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
@@ -201,7 +208,7 @@ def batch_invariant_attention(
     """`paged_attention` with every token as one decode row (module docstring)."""
     if kv_cache.dtype == torch.int8:  # the kernels read int8 rows dequantized (kv_int8.py)
         k, v, kv_cache = kv_int8.prepare(
-            k, v, kv_cache, meta.slot_mapping, meta.block_tables, False
+            k, v, kv_cache, meta.slot_mapping, meta.block_tables, kv_written=False
         )
     else:
         _write_kv(kv_cache, k, v, meta.slot_mapping)
@@ -246,6 +253,30 @@ def _decode_attention(
         block_ids = plan.block_ids.view(q.shape[0], plan.num_blocks)  # contiguous
         return kernel(q, kv_cache, block_ids, plan.seq_lens, scale)
     return decode_attention_torch(q, kv_cache, plan, scale)
+
+
+def _int8_decode_attention(
+    q: Tensor,  # [num_decodes, num_heads, head_dim]
+    kv_cache: Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim + 4] int8
+    plan: DecodePlan,
+    scale: float,
+    kernels: KernelPlan,
+) -> Tensor | None:  # [num_decodes, num_heads, head_dim]
+    """Decode rows straight over the int8 pool (paged_decode_attention.c
+    dequantizes each 32-key step as it packs it), where the plan's decode
+    kernel is the AVX512 one, whose bits it gives; None elsewhere (an AMX
+    plan, other heads or dtypes): the caller dequantizes the step's blocks."""
+    native_rows = decode_attention_kernel(torch.bfloat16)
+    if (
+        q.device.type != "cpu"
+        or q.dtype != torch.bfloat16
+        or native_rows is None
+        or decode_kernel(q.dtype, q.shape[2], kernels) is not native_rows
+        or (kernel := decode_attention_int8kv_kernel()) is None
+    ):
+        return None
+    block_ids = plan.block_ids.view(q.shape[0], plan.num_blocks)  # contiguous
+    return kernel(q, kv_cache, block_ids, plan.seq_lens, scale)
 
 
 def decode_kernel(dtype: torch.dtype, head_dim: int, kernels: KernelPlan):

@@ -18,11 +18,17 @@ to nearest even. So:
   RAM and disk tiers (sluice/engine/kv_tiers.py, kv_disk.py) carry int8
   blocks with their scales as they carry bf16 ones.
 
-Reading: `prepare` dequantizes every block the step's block tables name into
-a pool shaped like a bf16 one, at the same block ids, which every kernel (the
-AVX512 and AMX ones, torch's) reads unchanged: the plan picks the same
-kernels for int8 KV as for bf16. The dequantizing pass costs a read of the
-step's blocks per layer (docs/OPERATIONS.md, "KV sizing", has the figures).
+Reading: a step whose every token is a decode row, where the plan's decode
+kernel is the AVX512 one, reads the int8 pool in place
+(native/paged_decode_attention.c dequantizes each 32-key step as it packs
+it, to the same bf16 words). Every other step (prefill chunks, mixed
+batches, AMX plans, heads the fixed-block kernels do not take) goes through
+`prepare`, which dequantizes every block the step's block tables name into a
+pool shaped like a bf16 one, at the same block ids, which every kernel
+(AVX512, AMX, torch's) reads unchanged: the plan picks the same kernels for
+int8 KV as for bf16, and a decode row gets the same bits either way. That
+pass costs a read of the step's blocks per layer, amortised over a prefill
+chunk's rows (docs/OPERATIONS.md, "KV sizing", has the figures).
 """
 
 from __future__ import annotations
@@ -100,6 +106,7 @@ def prepare(
     kv_cache: Tensor,  # [2, num_blocks, block_size, Hkv, D + 4] int8
     slot_mapping: Tensor,  # [T] int64
     block_tables: Tensor,  # [B, max_num_blocks] int64
+    *,
     kv_written: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Store the step's K/V quantized (unless a kernel did), and give back

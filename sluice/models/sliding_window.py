@@ -47,7 +47,7 @@ def sliding_window_attention(
     denominator, gpt-oss's attention sinks, which attend to nothing)."""
     if kv_cache.dtype == torch.int8:  # read dequantized (kv_int8.py)
         k, v, kv_cache = kv_int8.prepare(
-            k, v, kv_cache, meta.slot_mapping, meta.block_tables, kv_written
+            k, v, kv_cache, meta.slot_mapping, meta.block_tables, kv_written=kv_written
         )
     elif not kv_written:
         _write_kv(kv_cache, k, v, meta.slot_mapping)

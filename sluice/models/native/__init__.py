@@ -138,6 +138,18 @@ class _DecodeAttention:
         seq_lens: Tensor,  # [num_seqs] int64
         scale: float,
     ) -> Tensor:  # [num_seqs, num_heads, head_dim]
+        status, out = self.run(q, kv_cache, block_ids, seq_lens, scale)
+        if status != 0:
+            raise ValueError(
+                "decode attention: a sequence length or block id is out of range, "
+                "or the head layout is unsupported"
+            )
+        return out
+
+    def run(
+        self, q: Tensor, kv_cache: Tensor, block_ids: Tensor, seq_lens: Tensor, scale: float
+    ) -> tuple[int, Tensor]:
+        """The kernel's status and its output (written where the status is 0)."""
         num_seqs, num_heads, head_dim = q.shape
         _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
         assert q.stride(2) == 1 and q.stride(1) == head_dim, "heads and dims contiguous"
@@ -160,12 +172,32 @@ class _DecodeAttention:
             scale,
             out.data_ptr(),
         )
-        if status != 0:
+        return status, out
+
+
+@cache
+def decode_attention_int8kv_kernel():
+    """decode_attention_int8kv(q [S, Hq, D] bf16, int8 pool [2, blocks, block_size,
+    Hkv, D + 4] (models/kv_int8.py), block_ids, seq_lens, scale) -> [S, Hq, D] or
+    None where the kernel does not take these heads (the caller dequantizes);
+    a row gets the bits the bf16 decode kernel gives it over the dequantized
+    pool. None: no native library."""
+    library = _library()
+    if library is None:
+        return None
+    attention = _DecodeAttention(library.decode_attention_int8kv_bf16)
+
+    def decode_attention_int8kv(
+        q: Tensor, kv_cache: Tensor, block_ids: Tensor, seq_lens: Tensor, scale: float
+    ) -> Tensor | None:
+        status, out = attention.run(q, kv_cache, block_ids, seq_lens, scale)
+        if status < 0:
             raise ValueError(
-                "decode attention: a sequence length or block id is out of range, "
-                "or the head layout is unsupported"
+                "decode attention (int8 KV): a sequence length or block id is out of range"
             )
-        return out
+        return out if status == 0 else None
+
+    return decode_attention_int8kv
 
 
 @cache

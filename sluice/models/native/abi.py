@@ -208,6 +208,9 @@ FUNCTIONS: dict[str, Function] = {
     # paged_decode_attention.c, decode_attention_amx.c: native/__init__.py
     "decode_attention_bf16": Function("int", _decode_attention("uint16_t")),
     "decode_attention_f32": Function("int", _decode_attention("float")),
+    "decode_attention_int8kv_bf16": Function(
+        "int", _decode_attention("uint16_t").replace("const uint16_t *cache", "const int8_t *cache")
+    ),
     "decode_attention_amx_available": Function("int", "void"),
     "decode_attention_amx_bf16": Function("int", _decode_attention("uint16_t")),
     # prefill_attention.c, prefill_attention_amx.c: prefill.py

@@ -208,6 +208,62 @@ static void decode_attention_bf16_tiles(const uint16_t *q, const uint16_t *cache
                          out + b * num_heads * head_dim + h0 * group * head_dim);
     }
 }
+
+/* An int8 pool's row (sluice/models/kv_int8.py: head_dim int8 values, then a
+ * float32 scale) as bfloat16: bf16(float(q) * scale), rounded to nearest even
+ * as torch rounds (denormals kept), so a step packs the very words the bf16
+ * kernels read from kv_int8.readable_pool's copy of the row. */
+static void dequantize_row(const int8_t *row, int64_t head_dim, uint16_t *dst) {
+    float scale;
+    memcpy(&scale, row + head_dim, sizeof scale);
+    const __m512 scales = _mm512_set1_ps(scale);
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
+    for (int64_t d = 0; d < head_dim; d += 16) {
+        const __m128i q = _mm_loadu_si128((const __m128i *)(row + d));
+        const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scales);
+        __m512i u = _mm512_castps_si512(x);
+        u = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+        _mm256_storeu_si256((__m256i *)(dst + d), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+    }
+}
+
+/* attend_task_bf16 over an int8 pool, one KV head h0 (`row_bytes`: head_dim
+ * + 4): each step's 32 key and value rows are dequantized, then packed and
+ * stepped as the bf16 kernel does. */
+static void attend_task_int8kv(const uint16_t *q, const int8_t *keys, const int8_t *values,
+                               const int64_t *table, int64_t len, int64_t block_size,
+                               int64_t token_stride, int64_t group, int64_t head_dim,
+                               float scale, uint16_t *out) {
+    const int64_t per_head = (group + AVX_ROWS - 1) / AVX_ROWS;
+    struct avx_rows states[MAX_TASK_STATES];
+    for (int64_t part = 0; part < per_head; part++) {
+        const int64_t first = part * AVX_ROWS;
+        const int64_t rows = group - first < AVX_ROWS ? group - first : AVX_ROWS;
+        avx_rows_start(&states[part], rows, head_dim, q + first * head_dim, head_dim, len - 1, 0);
+    }
+    uint32_t kp[AVX_STEP_KEYS * AVX_MAX_DIM / 2] __attribute__((aligned(64)));
+    uint32_t vp[AVX_STEP_KEYS * AVX_MAX_DIM / 2] __attribute__((aligned(64)));
+    uint16_t kd[AVX_STEP_KEYS][AVX_MAX_DIM], vd[AVX_STEP_KEYS][AVX_MAX_DIM];
+    const int64_t steps = (len + AVX_STEP_KEYS - 1) / AVX_STEP_KEYS;
+    for (int64_t step = 0; step < steps; step++) {
+        const uint16_t *key_rows[AVX_STEP_KEYS], *value_rows[AVX_STEP_KEYS];
+        for (int64_t i = 0; i < AVX_STEP_KEYS; i++) {
+            const int64_t key = step * AVX_STEP_KEYS + i;
+            key_rows[i] = value_rows[i] = NULL;
+            if (key >= len) continue;
+            const int64_t at = (table[key / block_size] * block_size + key % block_size) * token_stride;
+            dequantize_row(keys + at, head_dim, kd[i]);
+            dequantize_row(values + at, head_dim, vd[i]);
+            key_rows[i] = kd[i];
+            value_rows[i] = vd[i];
+        }
+        avx_pack_step(key_rows, value_rows, head_dim, kp, vp);
+        for (int64_t part = 0; part < per_head; part++)
+            avx_rows_step(&states[part], kp, vp, step, scale);
+    }
+    for (int64_t part = 0; part < per_head; part++)
+        avx_rows_finish(&states[part], out + part * AVX_ROWS * head_dim, head_dim);
+}
 #define HAS_BF16_TILES 1
 #else
 #define HAS_BF16_TILES 0
@@ -285,3 +341,38 @@ static int tiled_f32(const float *q, const float *cache, const int64_t *block_id
 
 DEFINE_DECODE_ATTENTION(decode_attention_bf16, attend_one_bf16, tiled_bf16, uint16_t)
 DEFINE_DECODE_ATTENTION(decode_attention_f32, attend_one_f32, tiled_f32, float)
+
+/* Decode attention over an int8 pool (models/kv_int8.py): cache is
+ * [2, num_blocks, block_size, num_kv_heads, head_dim + 4] int8. Only where the
+ * bf16 kernel takes its fixed key blocks (AVX512-BF16, heads of 64 or 128):
+ * there a row gets the bits the bf16 kernel gives it over the dequantized
+ * pool. Returns 1 (nothing written) elsewhere: the caller dequantizes. */
+int decode_attention_int8kv_bf16(const uint16_t *q, const int8_t *cache,
+                                 const int64_t *block_ids, const int64_t *seq_lens,
+                                 int64_t q_stride, int64_t num_seqs, int64_t blocks_per_seq,
+                                 int64_t num_blocks, int64_t block_size, int64_t num_heads,
+                                 int64_t num_kv_heads, int64_t head_dim, float scale,
+                                 uint16_t *out) {
+    if (num_kv_heads <= 0 || num_heads % num_kv_heads) return -1;
+    if (check_tables(block_ids, seq_lens, num_seqs, blocks_per_seq, num_blocks, block_size))
+        return -1;
+#if HAS_BF16_TILES
+    const int64_t group = num_heads / num_kv_heads;
+    if (!has_tiles(head_dim, group)) return 1;
+    const int64_t token_stride = num_kv_heads * (head_dim + 4);
+    const int8_t *values = cache + num_blocks * block_size * token_stride;
+    const int64_t num_tasks = num_seqs * num_kv_heads;
+    _Pragma("omp parallel for schedule(dynamic, 1) if (num_tasks >= 2)")
+    for (int64_t task = 0; task < num_tasks; task++) {
+        const int64_t b = task / num_kv_heads, h = task % num_kv_heads;
+        attend_task_int8kv(q + b * q_stride + h * group * head_dim, cache + h * (head_dim + 4),
+                           values + h * (head_dim + 4), block_ids + b * blocks_per_seq,
+                           seq_lens[b], block_size, token_stride, group, head_dim, scale,
+                           out + (b * num_heads + h * group) * head_dim);
+    }
+    return 0;
+#else
+    (void)q, (void)cache, (void)q_stride, (void)num_heads, (void)head_dim, (void)scale, (void)out;
+    return 1;
+#endif
+}

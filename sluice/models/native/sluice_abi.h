@@ -88,6 +88,13 @@ int decode_attention_f32(const float *q, const float *cache, const int64_t *bloc
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
                          float *out);
 
+int decode_attention_int8kv_bf16(const uint16_t *q, const int8_t *cache,
+                                 const int64_t *block_ids, const int64_t *seq_lens,
+                                 int64_t q_stride, int64_t num_seqs, int64_t blocks_per_seq,
+                                 int64_t num_blocks, int64_t block_size, int64_t num_heads,
+                                 int64_t num_kv_heads, int64_t head_dim, float scale,
+                                 uint16_t *out);
+
 /* decode_attention_amx.c (native/__init__.py: decode_attention_amx_kernel) */
 int decode_attention_amx_available(void);
 int decode_attention_amx_bf16(const uint16_t *q, const uint16_t *cache, const int64_t *block_ids,
