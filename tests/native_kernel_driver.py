@@ -303,11 +303,12 @@ def moe_qblock() -> None:
     64-row chunk) of top 1 and top 3, both dtypes."""
     if not qblock_available():
         return
-    hidden, inter, keep = 256, 64, []
+    hidden, inter, keep, matrices = 256, 64, [], []
     for _ in range(5):
         gate = QBlockMatrix.from_codes(random_codes(FORMATS["Q4_K"], inter - 24, hidden))
         up = QBlockMatrix.from_codes(random_codes(FORMATS["Q8_0"], inter + 24, hidden))
         down = QBlockMatrix.from_codes(random_codes(FORMATS["Q8_0"], hidden, inter))
+        matrices.extend([gate, up, down])  # the part arrays point into their bytes
         keep.append((part_array([gate, up]), part_array([down])))
     experts = expert_array(keep)
     for dtype in (BF16, F32):
