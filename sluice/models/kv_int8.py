@@ -46,8 +46,8 @@ FP8_NAMES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 
 def kv_torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     """The pool's dtype for --kv-cache-dtype `name`: auto keeps the model's
-    dtype (bf16 KV on CPU's bfloat16 default: the faster read, measured in
-    docs/OPERATIONS.md), int8 is this module's layout."""
+    dtype (bf16 KV on CPU's bfloat16 default: int8 is not clearly faster and
+    costs about 1% perplexity, docs/OPERATIONS.md), int8 is this module's layout."""
     if name == "int8":
         return torch.int8
     if name == "bf16" and model_dtype != torch.bfloat16:
