@@ -220,7 +220,7 @@ def test_a_queue_timeout_fires_only_while_nothing_was_produced():
         engine = FakeEngine(step_interval_s=0.01, prefill_steps=30)
         gate = AdmissionGate(engine, capacity=4)
         waiting, served = RecordingSink(), RecordingSink()
-        gate.add_request("waiting", [5], PARAMS, waiting, queue_timeout=QueueTimeout(0.1))
+        gate.with_deadline(QueueTimeout(0.1)).add_request("waiting", [5], PARAMS, waiting)
         await waiting.done.wait()
         # Cut at its timeout, long before its first token (30 steps: 0.3 s).
         assert loop.time() == pytest.approx(0.1)
@@ -229,7 +229,7 @@ def test_a_queue_timeout_fires_only_while_nothing_was_produced():
         quick = FakeEngine(step_interval_s=0.05)
         gate = AdmissionGate(quick, capacity=4)
         added_s = loop.time()
-        gate.add_request("served", [5], PARAMS, served, queue_timeout=QueueTimeout(0.08))
+        gate.with_deadline(QueueTimeout(0.08)).add_request("served", [5], PARAMS, served)
         await served.done.wait()
         # Its first token came at 50 ms, in time; the other four took until
         # 250 ms, long past the 80 ms timeout: no error.
@@ -244,7 +244,7 @@ def test_the_choices_of_one_api_request_share_their_queue_timeout_and_count_once
         queue_timeout = QueueTimeout(0.1)
         sinks = [RecordingSink(), RecordingSink()]
         for request_id, sink in zip("ab", sinks, strict=True):
-            gate.add_request(request_id, [5], PARAMS, sink, queue_timeout=queue_timeout)
+            gate.with_deadline(queue_timeout).add_request(request_id, [5], PARAMS, sink)
         assert gate.num_in_flight == 2
         await asyncio.gather(*(sink.done.wait() for sink in sinks))
         assert all([type(e) for e in sink.errors] == [QueueTimeoutError] for sink in sinks)

@@ -67,7 +67,7 @@ class ReplicaState(msgspec.Struct, frozen=True):
 class QueueTimeout:
     """The longest one API request may wait for its first token: a value its
     engine requests (one per choice) share. The `AdmissionGate` enforces it
-    (sluice/server/admission.py); an engine takes it and ignores it."""
+    (sluice/server/admission.py, `with_deadline`); engines never see it."""
 
     timeout_s: float
     # Set when the first of its engine requests ran out of time, so that the
@@ -94,11 +94,9 @@ class EngineRequests(abc.ABC):
         params: SamplingParams,
         sink: DeltaSink,
         *,
-        queue_timeout: QueueTimeout | None = None,
         trace_context: str | None = None,
     ) -> None:
         """Queue a request. Raises EngineDeadError if the engine is down.
-        `queue_timeout` is the admission gate's: an engine ignores it.
         `trace_context`: the W3C traceparent the engine's spans continue
         (sluice/tracing.py); None: not traced."""
 
@@ -108,8 +106,6 @@ class EngineRequests(abc.ABC):
         inputs: list[PoolingInput],
         params: PoolingParams,
         sink: DeltaSink,
-        *,
-        queue_timeout: QueueTimeout | None = None,
     ) -> None:
         """Queue a pooling request (an embedder's or reranker's engine): its one
         finishing delta carries `pooled`, a vector per input. Raises

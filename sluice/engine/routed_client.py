@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 
-from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout
+from sluice.engine.client_base import DeltaSink, EngineClient
 from sluice.engine.messages import (
     AbortRequests,
     AddPoolingRequest,
@@ -54,7 +54,6 @@ class RoutedEngineClient(EngineClient):
         params: SamplingParams,
         sink: DeltaSink,
         *,
-        queue_timeout: QueueTimeout | None = None,
         trace_context: str | None = None,
     ) -> None:
         if not self._is_alive:
@@ -68,8 +67,6 @@ class RoutedEngineClient(EngineClient):
         inputs: list[PoolingInput],
         params: PoolingParams,
         sink: DeltaSink,
-        *,
-        queue_timeout: QueueTimeout | None = None,
     ) -> None:
         if not self._is_alive:
             raise EngineDeadError("the engine is not running")

@@ -35,7 +35,7 @@ from typing import Protocol
 
 import msgspec
 
-from sluice.engine.client_base import EngineRequests, QueueTimeout
+from sluice.engine.client_base import EngineRequests
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import SluiceError
 from sluice.frontend.deltas import ChoiceDelta
@@ -138,19 +138,19 @@ class Frontend:
         self,
         request: GenerationRequest,
         chunks: ResponseChunks,
-        queue_timeout: QueueTimeout | None = None,
+        engine: EngineRequests | None = None,
         observer: RequestObserver | None = None,
         trace_context: str | None = None,
     ) -> EventStream:
         """The SSE events of `request`; nothing starts before the first `__anext__`.
-        Its engine requests are added with `queue_timeout` and `trace_context`
+        Its engine requests are added to `engine` (default: the frontend's;
+        the HTTP edge passes its gate's, with the request's queue deadline) with `trace_context`
         (the traceparent their engine spans continue); `chunks` (its API's
         builder) projects its deltas; `observer` (default: the
         frontend's) is told of it."""
         run = _RequestRun(
-            request, self._engine, queue_timeout, observer or self._observer, chunks.usage,
-            trace_context,
-        )  # fmt: skip
+            request, engine or self._engine, observer or self._observer, chunks.usage, trace_context
+        )
 
         def render(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
             events = [delivered_event(chunks, index, delta) for index, delta in taken]
@@ -195,15 +195,14 @@ class Frontend:
         self,
         request: GenerationRequest,
         chunks: ResponseChunks,
-        queue_timeout: QueueTimeout | None = None,
+        engine: EngineRequests | None = None,
         observer: RequestObserver | None = None,
         trace_context: str | None = None,
     ) -> bytes:
         """The JSON body of `request`; engine errors propagate. The rest as for `stream`."""
         run = _RequestRun(
-            request, self._engine, queue_timeout, observer or self._observer, chunks.usage,
-            trace_context,
-        )  # fmt: skip
+            request, engine or self._engine, observer or self._observer, chunks.usage, trace_context
+        )
 
         def fold(taken: list[tuple[int, ChoiceDelta]]) -> list[bytes]:
             for index, delta in taken:
@@ -244,14 +243,12 @@ class _RequestRun:
         self,
         request: GenerationRequest,
         engine: EngineRequests,
-        queue_timeout: QueueTimeout | None,
         observer: RequestObserver | None,
         usage: UsageCounter,
         trace_context: str | None = None,
     ):
         self._request = request
         self._engine = engine
-        self._queue_timeout = queue_timeout
         self._trace_context = trace_context
         self._observer = observer
         self._timer = None if observer is None else ChunkTimer(observer)
@@ -273,7 +270,6 @@ class _RequestRun:
                     list(prompt.token_ids),
                     params,
                     processor,
-                    queue_timeout=self._queue_timeout,
                     trace_context=self._trace_context,
                 )
                 added.append(request_id)

@@ -28,7 +28,7 @@ import math
 from itertools import zip_longest
 
 from sluice.config import DataParallelConfig, EngineConfig
-from sluice.engine.client_base import DeltaSink, EngineClient, QueueTimeout, ReplicaState
+from sluice.engine.client_base import DeltaSink, EngineClient, ReplicaState
 from sluice.engine.messages import EngineReady, EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
@@ -92,7 +92,6 @@ class DataParallelEngineClient(EngineClient):
         params: SamplingParams,
         sink: DeltaSink,
         *,
-        queue_timeout: QueueTimeout | None = None,
         trace_context: str | None = None,
     ) -> None:
         healthy = self._healthy_replicas()

@@ -11,7 +11,7 @@ error, or it is aborted. Invariants:
   raises QueueFullError at once (503 with Retry-After): nothing piles up.
   An API request whose choices could never all be admitted is a 400 naming
   `n` (`check_open`): retrying could not help.
-- A request added with a `QueueTimeout` (the longest its API request may wait
+- A request added through `with_deadline(QueueTimeout)` (the longest its API request may wait
   for its first token: the X-Sluice-Queue-Timeout header or --queue-timeout-s)
   that has produced nothing when it runs out is aborted in the engine and its
   sink gets one QueueTimeoutError: a 503 if its stream has not started, an
@@ -160,6 +160,12 @@ class AdmissionGate(EngineRequests):
 
     # -- EngineRequests ----------------------------------------------------------
 
+    def with_deadline(self, queue_timeout: QueueTimeout | None) -> EngineRequests:
+        """The gate's requests of one API request, each ended with
+        QueueTimeoutError if it produces nothing within `queue_timeout` (its
+        choices share it); None: the gate itself (no deadline)."""
+        return self if queue_timeout is None else _DeadlineRequests(self, queue_timeout)
+
     def add_request(
         self,
         request_id: str,
@@ -167,11 +173,26 @@ class AdmissionGate(EngineRequests):
         params: SamplingParams,
         sink: DeltaSink,
         *,
-        queue_timeout: QueueTimeout | None = None,
         trace_context: str | None = None,
     ) -> None:
-        """Admit and add one engine request; with `queue_timeout`, end it with
-        QueueTimeoutError if it produces nothing within that time."""
+        """Admit and add one engine request (no deadline: `with_deadline`)."""
+        self._add_request(request_id, prompt_token_ids, params, sink, trace_context, None)
+
+    def add_pooling_request(
+        self, request_id: str, inputs: list[PoolingInput], params: PoolingParams, sink: DeltaSink
+    ) -> None:
+        """Admit and add one pooling request, counted as `add_request`'s."""
+        self._add_pooling_request(request_id, inputs, params, sink, None)
+
+    def _add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: DeltaSink,
+        trace_context: str | None,
+        queue_timeout: QueueTimeout | None,
+    ) -> None:
         tracked = self._admit(request_id, sink)
         try:
             self.engine.add_request(
@@ -182,16 +203,14 @@ class AdmissionGate(EngineRequests):
             raise
         self._start_timeout(request_id, tracked, queue_timeout)
 
-    def add_pooling_request(
+    def _add_pooling_request(
         self,
         request_id: str,
         inputs: list[PoolingInput],
         params: PoolingParams,
         sink: DeltaSink,
-        *,
-        queue_timeout: QueueTimeout | None = None,
+        queue_timeout: QueueTimeout | None,
     ) -> None:
-        """Admit and add one pooling request, counted and timed as `add_request`'s."""
         tracked = self._admit(request_id, sink)
         try:
             self.engine.add_pooling_request(request_id, inputs, params, tracked)
@@ -281,6 +300,35 @@ class AdmissionGate(EngineRequests):
             tracked.is_open = False
         if not self._open:
             self._idle.set()
+
+
+class _DeadlineRequests(EngineRequests):
+    """The gate's requests of one API request, which share its queue timeout."""
+
+    def __init__(self, gate: AdmissionGate, queue_timeout: QueueTimeout):
+        self._gate = gate
+        self._queue_timeout = queue_timeout
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: DeltaSink,
+        *,
+        trace_context: str | None = None,
+    ) -> None:
+        self._gate._add_request(
+            request_id, prompt_token_ids, params, sink, trace_context, self._queue_timeout
+        )
+
+    def add_pooling_request(
+        self, request_id: str, inputs: list[PoolingInput], params: PoolingParams, sink: DeltaSink
+    ) -> None:
+        self._gate._add_pooling_request(request_id, inputs, params, sink, self._queue_timeout)
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._gate.abort(request_ids)
 
 
 class AdmissionCounts(Protocol):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from starlette.responses import Response
 
-from sluice.engine.client_base import QueueTimeout
+from sluice.engine.client_base import EngineRequests, QueueTimeout
 from sluice.frontend.observer import RequestObserver
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import ResponseChunks
@@ -70,7 +70,7 @@ class GenerationRun:
         self, observer: RequestObserver, trace_context: str | None, send_timeout_s: float
     ) -> Response:
         events = self.model.frontend.stream(
-            self.generation, self.chunks, self.queue_timeout, observer, trace_context
+            self.generation, self.chunks, self._engine(), observer, trace_context
         )
         # Wait for the first event before sending headers: an error up to here
         # propagates from it and becomes a real HTTP error (errors.py).
@@ -94,9 +94,13 @@ class GenerationRun:
         body = await unless_disconnected(
             self.request.receive,
             self.model.frontend.complete(
-                self.generation, self.chunks, self.queue_timeout, observer, trace_context
+                self.generation, self.chunks, self._engine(), observer, trace_context
             ),
         )
         if body is None:
             return Response(status_code=CLIENT_CLOSED_STATUS)
         return Response(body, media_type="application/json")
+
+    def _engine(self) -> EngineRequests:
+        """Its model's gate, ending each engine request that waits past the queue timeout."""
+        return self.model.gate.with_deadline(self.queue_timeout)

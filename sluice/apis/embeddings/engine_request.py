@@ -75,7 +75,7 @@ async def pool(
     observer = context.observer(parts.metrics)
     sink = _PooledSink()
     gate = parts.gate
-    gate.add_pooling_request(request_id, inputs, params, sink, queue_timeout=queue_timeout)
+    gate.with_deadline(queue_timeout).add_pooling_request(request_id, inputs, params, sink)
     try:
         delta = await unless_disconnected(request.receive, sink.result)
     except asyncio.CancelledError:
