@@ -84,15 +84,19 @@ class ModelConfig:
     # "auto": none where the row-invariant int8 scheme runs (with
     # activation_quantization auto: sluice/loader/choices.py), else int4 when
     # the weights came in 4 bits (a Q4 GGUF), else None; a GGUF of 512 MiB or
-    # more keeps its blocks ("gguf": sluice/loader/block_default.py).
+    # more keeps its blocks ("gguf": sluice/loader/block_default.py), and an HF
+    # checkpoint that size in 4-bit blocks is quantized to them at load
+    # ("q4_k_m"; "q8_0" asks for 8-bit blocks: sluice/loader/hf_blocks.py).
     quantization: str | None = setting(
         "auto",
         "weight-only quantization of the decoder matrices (CPU; giving it leaves the "
         "row-invariant default); auto: none where the row-invariant int8 matmuls run, else "
-        "int4 when the weights came in 4 bits, else none, and gguf for a GGUF of 512 MiB or "
-        "more; gguf: a GGUF's matrices stay in the file's 4-8 bit blocks (no copy in other "
-        "bits; AVX512-VNNI)",
-        choices=("auto", "int8", "int4", "gguf"),
+        "int4 when the weights came in 4 bits, else none, gguf for a GGUF of 512 MiB or "
+        "more and q4_k_m for an HF checkpoint of 512 MiB or more in 4 bits; gguf: a GGUF's "
+        "matrices stay in the file's 4-8 bit blocks (no copy in other bits; AVX512-VNNI); "
+        "q4_k_m, q8_0: an HF checkpoint's matrices quantized at load to those GGUF blocks "
+        "(llama-quantize's Q4_K_M mix; Q8_0), run as a GGUF's",
+        choices=("auto", "int8", "int4", "gguf", "q4_k_m", "q8_0"),
         none_as="none",
     )
     # Int8 activations times int8 weights (W8A8), calibrated at load
@@ -187,7 +191,6 @@ class CacheConfig:
         "the most bytes --kv-cache-dir holds, least recently used files removed first",
         at_least=1,
     )
-
     # The KV pool's element type (vLLM's flag): int8 is a per-token scheme
     # (sluice/models/kv_int8.py), about half the bytes of bf16; auto keeps the
     # model's dtype (docs/OPERATIONS.md, "KV sizing", says why).

@@ -150,3 +150,61 @@ def test_a_load_that_keeps_the_blocks_parses_the_gguf_header_once(q4_file, tmp_p
     monkeypatch.setattr(gguf.GGUFReader, "__init__", counting_init)
     load_model(config)
     assert len(opens) == 1
+
+
+MiB = 2**20
+
+
+@pytest.mark.parametrize(
+    ("model_type", "four_bit_mib", "extra", "quantized"),
+    [
+        ("llama", 511, {}, False),  # the embedded 135M is ~75 MiB in 4 bits
+        ("llama", 512, {}, True),
+        ("llama", 663, {}, True),  # Llama 3.2 1B: 1.24 G values
+        ("qwen2", 4_200, {}, True),
+        ("qwen3", 600, {}, True),
+        ("gemma3", 4_000, {}, False),  # not an architecture the block path serves
+        ("llama", 4_000, {"quantization_config": {"quant_method": "gptq"}}, False),
+    ],
+)
+def test_an_hf_checkpoint_follows_the_gguf_bound_by_its_size_in_4_bit_blocks(
+    model_type, four_bit_mib, extra, quantized, tiny, tmp_path, monkeypatch
+):
+    import json
+    import shutil
+
+    folder = tmp_path / "hf"
+    shutil.copytree(tiny.path, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": model_type, **extra}))
+    monkeypatch.setattr(block_default, "four_bit_bytes", lambda files: four_bit_mib * MiB)
+    reason = block_default.hf_blocks_by_default(folder, kernel_runs=lambda: True)
+    assert (reason is not None) == quantized
+    if quantized:
+        assert f"{four_bit_mib:,} MiB in 4-bit blocks" in reason and "Q4_K_M" in reason
+
+
+def test_without_the_kernel_an_hf_checkpoint_keeps_the_int8_copy(tiny):
+    assert (
+        block_default.hf_blocks_by_default(tiny.path, from_bytes=0, kernel_runs=lambda: False)
+        is None
+    )
+
+
+def test_an_hf_checkpoints_4_bit_size_is_its_values_at_4_5_bits(tiny):
+    from sluice.loader.hf_blocks import four_bit_bytes, parameter_count
+
+    values = sum(p.numel() for p in tiny.hf_model.parameters())
+    assert parameter_count([tiny.path / "model.safetensors"]) == values
+    assert four_bit_bytes([tiny.path / "model.safetensors"]) == values * 144 // 256
+
+
+def test_auto_resolves_an_hf_checkpoint_to_q4_k_m_and_an_explicit_choice_wins(tiny, monkeypatch):
+    from sluice.loader.sources import resolve_source
+
+    monkeypatch.setattr(block_default, "BLOCKS_FROM_BYTES", 0)
+    monkeypatch.setattr(block_default, "qblock_available", lambda: True)
+    source = resolve_source(str(tiny.path))
+    quantization, reason = block_default.resolve_quantization("auto", source)
+    assert quantization == "q4_k_m" and reason is not None
+    assert block_default.resolve_quantization("int8", source) == ("int8", None)

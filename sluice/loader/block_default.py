@@ -15,16 +15,26 @@ projections, 1.5x on down_proj, where the copy pays for A13 pairs).
 
 Smaller files keep the int8 copy: the embedded 135M model and Gemma 3 270M
 lose little memory to it, and its batched matmuls are faster on their
-narrow shapes. An explicit `--quantization` always wins."""
+narrow shapes. An explicit `--quantization` always wins.
+
+An HF checkpoint follows the same rule, judged by the same measure: its size
+in 4-bit blocks (about a Q4_K_M GGUF's bytes, from the safetensors headers:
+loader/hf_blocks.four_bit_bytes), for the HF model types of the same
+architectures, where the kernel runs. From the bound on it is quantized at
+load to Q4_K_M blocks (`--quantization q4_k_m`: loader/hf_blocks.py); a
+checkpoint that came quantized (a `quantization_config`) is left alone."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sluice.loader.choices import AUTO, GGUF_BLOCKS
+from sluice.loader.hf_blocks import Q4_K_M, four_bit_bytes
 from sluice.loader.sources import ModelSource
+from sluice.loader.weights import checkpoint_files
 from sluice.models.block_codes import FORMATS
 from sluice.models.native.qblock import qblock_available
 
@@ -37,6 +47,9 @@ BLOCKS_FROM_BYTES = 512 * 2**20
 # gpt-oss's expert stacks are MXFP4 in every published GGUF: they stay in 4 bits
 # on either path (loader/gguf_mxfp4.py), so they count as blocks here.
 BLOCK_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3", "qwen3moe", "gpt-oss"})
+# The HF model types of the dense ones (config.json's model_type), which an HF
+# checkpoint quantizes to (loader/hf_blocks.py).
+HF_BLOCK_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3"})
 
 
 class GgufHeader:
@@ -109,7 +122,38 @@ def resolve_quantization(
     says so, and its reason (None where nothing was resolved here): the one
     decision the engine's load and the server's reading of the tokenizer share.
     `header`: a GGUF source opened once for the whole load (None: opened here)."""
-    if quantization != AUTO or source.kind != "gguf":
+    if quantization != AUTO:
         return quantization, None
+    if source.kind == "hf_folder":
+        reason = hf_blocks_by_default(source.path)
+        return (Q4_K_M, reason) if reason else (quantization, None)
     reason = blocks_by_default(source.path, header=header)
     return (GGUF_BLOCKS, reason) if reason else (quantization, None)
+
+
+def hf_blocks_by_default(
+    folder: Path,
+    *,
+    from_bytes: int | None = None,
+    kernel_runs: Callable[[], bool] | None = None,
+) -> str | None:
+    """Why auto quantizes this HF checkpoint to Q4_K_M blocks at load (a phrase
+    for the startup line), or None where auto keeps the int8 copy: the GGUF
+    rule, the checkpoint judged by its size in 4-bit blocks. Reads only
+    config.json and the safetensors headers."""
+    from_bytes = BLOCKS_FROM_BYTES if from_bytes is None else from_bytes
+    kernel_runs = qblock_available if kernel_runs is None else kernel_runs
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        if config.get("model_type") not in HF_BLOCK_MODEL_TYPES or "quantization_config" in config:
+            return None
+        size = four_bit_bytes(checkpoint_files(folder))
+    except Exception:  # a broken folder: the load that follows names the error
+        return None
+    if size < from_bytes or not kernel_runs():
+        return None
+    return (
+        f"auto: a checkpoint of {size / 2**20:,.0f} MiB in 4-bit blocks is quantized to "
+        f"Q4_K_M at load (from {from_bytes / 2**20:,.0f} MiB, as a GGUF keeps its blocks; "
+        "an int8 copy would hold ~2x its bytes)"
+    )

@@ -53,6 +53,17 @@ _GGUF_BLOCKS = (
     "GGUF blocks kept as the file has them: int8 activations times the blocks' codes at "
     "every step, exact integer sums per block (llama.cpp's arithmetic; row-invariant)"
 )
+# `--quantization q4_k_m` / `q8_0`: an HF checkpoint's matrices quantized at load
+# into those GGUF blocks (loader/hf_blocks.py), then run as a GGUF's are.
+HF_BLOCKS = {
+    "q4_k_m": "Q4_K_M blocks quantized at load (Q4_K; Q6_K for lm_head and the v/down "
+    "matrices of some layers, as llama-quantize)",
+    "q8_0": "Q8_0 blocks quantized at load",
+}
+_HF_BLOCKS = (
+    ": int8 activations times the blocks' codes at every step, exact integer sums per "
+    "block (row-invariant)"
+)
 # GGUF tensor types by the bits per weight of their values' grid.
 _GGUF_TYPE_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5,
                    "Q6_K": 6, "Q8_0": 8, "Q8_K": 8, "F16": 16, "BF16": 16, "F32": 32}  # fmt: skip
@@ -127,6 +138,9 @@ def choose(
     if quantization == GGUF_BLOCKS:
         reasons.append(_GGUF_BLOCKS)
         return ModelChoices(dtype, GGUF_BLOCKS, "; ".join(reasons), None)
+    if quantization in HF_BLOCKS:
+        reasons.append(HF_BLOCKS[quantization] + _HF_BLOCKS)
+        return ModelChoices(dtype, quantization, "; ".join(reasons), None)
     if quantization == AUTO and activations == AUTO and device.type == "cpu":
         if int8_gemm is None:
             int8_gemm = int8_gemm_kernels() is not None

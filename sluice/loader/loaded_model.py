@@ -30,6 +30,7 @@ from sluice.loader import choices, memory_plan
 from sluice.loader.block_default import GgufHeader, resolve_quantization
 from sluice.loader.gguf_convert import cache_folder_for, converted_folder, source_tensor_types
 from sluice.loader.gguf_tensors import gguf_weights
+from sluice.loader.hf_blocks import four_bit_bytes, hf_block_weights
 from sluice.loader.sources import ModelSource, resolve_source
 from sluice.loader.weights import checkpoint_files, iter_weights
 from sluice.models import calibration, longrope, mxfp4
@@ -84,10 +85,10 @@ def load_model(config: ModelConfig) -> LoadedModel:
     source = resolve_source(config.model)
     header = GgufHeader(source.path)  # a GGUF's header, parsed once if at all
     quantization, blocks_reason = resolve_quantization(config.quantization, source, header)
-    keep_blocks = quantization == choices.GGUF_BLOCKS
+    keep_blocks = quantization == choices.GGUF_BLOCKS or quantization in choices.HF_BLOCKS
     if keep_blocks:
-        _check_block_source(source)
-    folder = _hf_folder(source, config, with_weights=not keep_blocks)
+        _check_block_source(source, quantization)
+    folder = _hf_folder(source, config, with_weights=quantization != choices.GGUF_BLOCKS)
     # 2. Everything that can be checked without allocating the model.
     config_json = read_config_json(folder)
     model_config = parse_hf_config(config_json)
@@ -108,17 +109,20 @@ def load_model(config: ModelConfig) -> LoadedModel:
     if not keep_blocks:
         check_quantization(chosen.quantization, device)
     calibration.check_activation_quantization(chosen.activations, device)
-    files = [] if keep_blocks else checkpoint_files(folder)
+    files = [] if quantization == choices.GGUF_BLOCKS else checkpoint_files(folder)
     if device.type == "cpu":
-        weights = _weights_estimate(source, files, dtype)
+        weights = _weights_estimate(source, files, dtype, keep_blocks)
         memory_plan.check_weights_fit(source.name, weights, memory_plan.available_memory_bytes())
     tokenizer = Tokenizer.from_folder(folder)
     _check_vocab(tokenizer, model_config)
     # 3. Build and fill the model.
     model = build_model(model_config, dtype, device, config.batch_invariant)
-    model.load_weights(
-        gguf_weights(header.reader(), config_json) if keep_blocks else iter_weights(files)
-    )
+    if quantization == choices.GGUF_BLOCKS:
+        model.load_weights(gguf_weights(header.reader(), config_json))
+    elif quantization in choices.HF_BLOCKS:  # quantized tensor by tensor as they stream in
+        model.load_weights(hf_block_weights(iter_weights(files), quantization, config_json))
+    else:
+        model.load_weights(iter_weights(files))
     # The execution plan kept for this CPU and model, read once (plan_cache.py).
     middle = model.layers[len(model.layers) // 2]
     store = PlanStore.open(config.kernel_plan, config.cache_dir, model_key(
@@ -251,12 +255,17 @@ def resolve_max_model_len(requested: int | None, model_config: DecoderConfig) ->
     return requested
 
 
-def _weights_estimate(source: ModelSource, files: list[Path], dtype: torch.dtype) -> int:
+def _weights_estimate(
+    source: ModelSource, files: list[Path], dtype: torch.dtype, blocks: bool = False
+) -> int:
     """Bytes the weights take once loaded: a GGUF's blocks as the file holds
-    them; a converted GGUF's float32 checkpoint in the model dtype; an HF
-    folder's files as they are, MXFP4 experts dequantized (gpt-oss)."""
+    them; an HF checkpoint quantized to blocks at load about its 4-bit size;
+    a converted GGUF's float32 checkpoint in the model dtype; an HF folder's
+    files as they are, MXFP4 experts dequantized (gpt-oss)."""
     if not files:
         return source.path.stat().st_size
+    if blocks:
+        return four_bit_bytes(files)
     stored = sum(path.stat().st_size for path in files)
     if source.kind == "gguf":  # float32 but for gpt-oss's MXFP4 experts (uint8, kept)
         packed = mxfp4.stored_bytes(files)
@@ -264,13 +273,19 @@ def _weights_estimate(source: ModelSource, files: list[Path], dtype: torch.dtype
     return stored + mxfp4.growth_bytes(files, dtype)
 
 
-def _check_block_source(source: ModelSource) -> None:
-    """`--quantization gguf` needs a GGUF file and the kernel that reads its blocks."""
-    if source.kind == "hf_folder":
+def _check_block_source(source: ModelSource, quantization: str | None) -> None:
+    """`--quantization gguf` needs a GGUF file, q4_k_m and q8_0 an HF
+    checkpoint, and each the kernel that reads the blocks."""
+    if source.kind == "hf_folder" and quantization == choices.GGUF_BLOCKS:
         raise ModelLoadError("--quantization gguf keeps a GGUF file's blocks; this is an HF folder")
+    if source.kind == "gguf" and quantization != choices.GGUF_BLOCKS:
+        raise ModelLoadError(
+            f"--quantization {quantization} quantizes an HF checkpoint at load; a GGUF file "
+            "keeps its own blocks (--quantization gguf)"
+        )
     if not qblock_available():
         raise ModelLoadError(
-            "--quantization gguf needs the native kernels on an AVX512-VNNI CPU "
+            f"--quantization {quantization} needs the native kernels on an AVX512-VNNI CPU "
             f"({native_status().describe()})"
         )
 
