@@ -2,8 +2,8 @@
 
 Architectures (`general.architecture`): llama (Llama, SmolLM2, Mistral as
 llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3, gemma2, gemma3, smollm3 and phi3 (Phi-3; LongRoPE's
-rope_factors_long/short tensors become the config's "longrope" scaling), qwen3moe and gpt-oss
-(its MXFP4 expert stacks read by loader/gguf_mxfp4.py), each with llama.cpp's tensor names
+rope_factors_long/short tensors become the config's "longrope" scaling), qwen3moe, gpt-oss
+(its MXFP4 expert stacks read by loader/gguf_mxfp4.py) and qwen35 (Qwen3.5), each with llama.cpp's tensor names
 and metadata keys (each family's `GgufFamily`, sluice/models/families/). Read with `gguf.GGUFReader`
 (memory-mapped, fast); no transformers here.
 
@@ -26,7 +26,7 @@ Invariants of what this module yields:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,8 @@ _GLOBAL_NAMES = {
 }
 # A stem may hold dots (LFM2's `shortconv.in_proj`).
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.([\w.]+)\.(weight|bias)")
+# Any layer tensor: a family may name one whole, suffix or none (qwen35's `ssm_a`).
+_ANY_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.([\w.]+)")
 # The HF name a family gives llama.cpp's stacked experts (families/qwen_moe.py).
 _STACKED_EXPERTS = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\w+\.weight)")
 ROPE_FREQS = "rope_freqs.weight"
@@ -111,7 +113,8 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
         "model_type": hf_family.model_type,
         "hidden_size": hidden_size,
         "intermediate_size": meta("feed_forward_length"),
-        "num_hidden_layers": meta("block_count"),
+        # llama.cpp counts multi-token-prediction layers (nextn) among the blocks; sluice skips them.
+        "num_hidden_layers": meta("block_count") - meta("nextn_predict_layers", 0),
         "num_attention_heads": num_heads,
         "num_key_value_heads": meta("attention.head_count_kv", num_heads),
         "head_dim": head_dim,
@@ -258,7 +261,7 @@ def hf_tensors(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str
     """(HF name, float32 array in HF shape) for every tensor of the GGUF."""
     gguf = family(reader).gguf
     for tensor, name, heads in model_tensors(reader, config):
-        yield from per_expert(name, hf_array(tensor, name, heads, gguf))
+        yield from per_expert(name, hf_array(tensor, name, heads, gguf, config))
 
 
 def per_expert(name: str, weights: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
@@ -284,6 +287,8 @@ def model_tensors(
     for tensor in reader.tensors:
         if tensor.name in _CONFIG_TENSORS:
             continue  # in the config's rope_parameters (`_rope_scaling`)
+        if _nextn_layer(tensor.name, config):
+            continue  # a multi-token-prediction layer past the decoder's (not served)
         heads = None
         if gguf.permutes_qk and ".attn_q." in tensor.name:
             heads = config["num_attention_heads"]
@@ -292,20 +297,48 @@ def model_tensors(
         yield tensor, hf_tensor_name(tensor.name, gguf), heads
 
 
-def hf_array(tensor: Any, name: str, heads: int | None, gguf: GgufFamily) -> np.ndarray:
-    """One tensor dequantized to float32 in HF's shape, rows unpermuted, norms unshifted."""
+def _nextn_layer(gguf_name: str, config: dict[str, Any]) -> bool:
+    """Whether `gguf_name` belongs to a layer past the config's decoder layers."""
+    match, layers = _ANY_LAYER_TENSOR.fullmatch(gguf_name), config.get("num_hidden_layers")
+    return match is not None and layers is not None and int(match[1]) >= layers
+
+
+def hf_array(
+    tensor: Any,
+    name: str,
+    heads: int | None,
+    gguf: GgufFamily,
+    config: dict[str, Any] | None = None,
+) -> np.ndarray:
+    """One tensor dequantized to float32 in HF's shape, rows unpermuted, norms
+    unshifted, the family's other changes undone (`GgufFamily.restore`, given
+    the HF `config`)."""
     # GGUF dims are fastest-first; HF (row-major) lists them slowest-first.
     weights = _dequantize(tensor).reshape(tuple(reversed([int(n) for n in tensor.shape])))
     if heads is not None:
         weights = unpermute_rope_rows(weights, heads)
     if gguf.norm_shift and name.endswith("norm.weight"):
         weights = weights - np.float32(gguf.norm_shift)
+    if (undo := restorer(gguf, name, config)) is not None:
+        weights = undo(np.asarray(weights, dtype=np.float32))
     return np.ascontiguousarray(weights, dtype=np.float32)
+
+
+def restorer(
+    gguf: GgufFamily, name: str, config: dict[str, Any] | None
+) -> Callable[[np.ndarray], np.ndarray] | None:
+    """The family's undoing of the converter's change to tensor `name`; None for none."""
+    if gguf.restore is None or config is None:
+        return None
+    return gguf.restore(name, config)
 
 
 def hf_tensor_name(gguf_name: str, family: GgufFamily | None = None) -> str:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; a
     family's own stems (`family.layer_names`) on top of llama's."""
+    whole = _ANY_LAYER_TENSOR.fullmatch(gguf_name)
+    if whole is not None and family is not None and whole[2] in family.layer_names:
+        return f"model.layers.{whole[1]}.{family.layer_names[whole[2]]}"
     match = _LAYER_TENSOR.fullmatch(gguf_name)
     if match is not None:
         layer, stem, kind = match.groups()

@@ -25,6 +25,7 @@ from sluice.loader.gguf_llama import (
     hf_array,
     model_tensors,
     per_expert,
+    restorer,
     unpermute_rope_rows,
 )
 from sluice.loader.gguf_mxfp4 import is_expert_stack, release_experts, release_name
@@ -41,13 +42,15 @@ def gguf_weights(reader: GGUFReader, config: dict[str, Any]) -> Iterator[tuple[s
         name = release_name(gguf_name) if gguf.release_experts else gguf_name
         if gguf.release_experts and is_expert_stack(name):
             experts.append((tensor, name))
+        elif restorer(gguf, name, config) is not None:  # the family's values, float32
+            yield name, torch.from_numpy(hf_array(tensor, name, heads, gguf, config).copy())
         elif keeps_blocks(tensor, name):
             codes = decode_blocks(tensor.data, tensor.tensor_type.name, int(tensor.shape[0]))
             yield name, codes if heads is None else permuted_rows(codes, heads)
         elif keeps_expert_blocks(tensor, name):
             yield from expert_codes(tensor, name)
         else:  # a copy: an F32 tensor's array is a view of the read-only map
-            for hf_name, array in per_expert(name, hf_array(tensor, name, heads, gguf)):
+            for hf_name, array in per_expert(name, hf_array(tensor, name, heads, gguf, config)):
                 yield hf_name, torch.from_numpy(array.copy())
     for hf_name, array in release_experts(experts, gguf):  # MXFP4 ones stay in 4 bits
         yield hf_name, torch.from_numpy(array)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from sluice.models.decoder_config import DecoderConfig
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from sluice.models.llama import LlamaForCausalLM
 
 # One metadata value of the GGUF's architecture: meta("attention.sliding_window").
@@ -55,6 +57,14 @@ class GgufFamily:
     # llama-vocab.cpp rule; gpt-oss's harmony: `<|return|>`, `<|call|>`): their
     # ids join the config's eos_token_id where the vocabulary has them.
     stop_tokens: tuple[str, ...] = ()
+    # The converter's other changes to a tensor, undone: (HF name, the HF config)
+    # -> a function of the tensor's float32 values in HF shape giving HF's values,
+    # or None where it stored the tensor as HF holds it (Qwen3.5's `ssm_a` is
+    # -exp(A_log), its V heads reordered). Such a tensor loads in float32 even
+    # from a block type.
+    restore: Callable[[str, dict[str, Any]], Callable[[np.ndarray], np.ndarray] | None] | None = (
+        None
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,16 +10,47 @@ multimodal RoPE sections rotate a text token as plain RoPE does). A
 multimodal `Qwen3_5ForConditionalGeneration` checkpoint runs as its text
 decoder (`text_config`). A layer kind or a state shape it cannot run is one
 line.
+
+From a GGUF (`qwen35`, as llama.cpp's convert_hf_to_gguf.py writes it:
+Qwen3_5TextModel), `QWEN35_GGUF` undoes what the converter did on the way
+from the HF checkpoint. The converter:
+- renames the Gated DeltaNet's tensors (`in_proj_qkv` -> `attn_qkv`,
+  `in_proj_z` -> `attn_gate`, `in_proj_a`/`_b` -> `ssm_alpha`/`_beta`,
+  `conv1d` -> `ssm_conv1d` squeezed to [channels, kernel], `dt_bias` ->
+  `ssm_dt.bias`, `norm` -> `ssm_norm`, `out_proj` -> `ssm_out`);
+- stores `ssm_a` = -exp(A_log) (float32), which is the A the model computes
+  from A_log: the A_log given back is the float32 whose exp is that A
+  exactly where one exists (else the nearest), so the model's A is the
+  file's;
+- stores 1 + weight for every RMSNorm but the DeltaNet's gated one (Qwen3.5
+  multiplies by 1 + weight): the 1 is taken off again, exactly (the model
+  adds it back to the same float32);
+- where the layer has fewer key heads than value heads, reorders the value
+  heads from grouped by key head to tiled (ggml's broadcast): the V rows of
+  `in_proj_qkv` and the conv, the rows of `in_proj_z`, `in_proj_a`/`_b`,
+  `A_log`, `dt_bias`, and the columns of `out_proj`; put back here;
+- counts multi-token-prediction layers among its blocks (`nextn_predict_layers`),
+  which the loader skips, as it skips the HF checkpoint's `mtp.*`.
+
+The config: layer kinds from `attention.recurrent_layers` (else every
+`full_attention_interval`-th layer attends), the DeltaNet's sizes from
+`ssm.*` (conv_kernel, state_size = key head dim, group_count = key heads,
+time_step_rank = value heads, inner_size = value heads x value head dim),
+the rotated share of a head from `rope.dimension_count`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
+import torch
 
 from sluice.errors import ModelLoadError
 from sluice.models.decoder_config import FULL, LINEAR, DecoderConfig
-from sluice.models.families.family import Family
+from sluice.models.families.family import QK_NORM_NAMES, Family, GgufFamily, GgufMeta
 from sluice.models.families.hf_fields import check_swiglu, common_fields
 from sluice.models.qwen3_5 import Qwen3_5ConditionalTextModel, Qwen3_5ForCausalLM
 
@@ -94,8 +125,135 @@ def parse_qwen3_5_conditional(d: dict[str, Any]) -> DecoderConfig:
     return dataclasses.replace(config, architecture=CONDITIONAL)
 
 
+GGUF_ARCHITECTURE = "qwen35"
+_LAYER_NAMES = QK_NORM_NAMES | {
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+    # Named whole: no `.weight` suffix on either side.
+    "ssm_a": "linear_attn.A_log",
+    "ssm_dt.bias": "linear_attn.dt_bias",
+}
+# How far from log(-A) the search for A_log's float32 goes, in ulps.
+_SEARCH_ULPS = 8
+
+Restore = Callable[[np.ndarray], np.ndarray]
+
+
+def _gguf_config(config: dict[str, Any], meta: GgufMeta) -> dict[str, Any]:
+    num_layers = config["num_hidden_layers"]
+    recurrent = meta("attention.recurrent_layers")
+    if recurrent is None:
+        interval = int(meta("full_attention_interval", 4))
+        recurrent = [(i + 1) % interval != 0 for i in range(num_layers)]
+    value_heads = int(meta("ssm.time_step_rank"))
+    inner = int(meta("ssm.inner_size"))
+    if value_heads < 1 or inner % value_heads:
+        raise ModelLoadError(
+            f"unsupported qwen35 GGUF: ssm.inner_size {inner} is not a multiple of "
+            f"ssm.time_step_rank {value_heads}"
+        )
+    factor = int(meta("rope.dimension_count", config["head_dim"])) / config["head_dim"]
+    return {
+        "layer_types": [LINEAR if kind else FULL for kind in recurrent[:num_layers]],
+        "linear_conv_kernel_dim": int(meta("ssm.conv_kernel")),
+        "linear_key_head_dim": int(meta("ssm.state_size")),
+        "linear_num_key_heads": int(meta("ssm.group_count")),
+        "linear_num_value_heads": value_heads,
+        "linear_value_head_dim": inner // value_heads,
+        "partial_rotary_factor": factor,
+        "rope_parameters": config["rope_parameters"] | {"partial_rotary_factor": factor},
+    }
+
+
+def _restore(name: str, config: dict[str, Any]) -> Restore | None:
+    """How to undo what the converter did to tensor `name` (module docstring)."""
+    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        return _minus_one
+    if ".linear_attn." not in name:
+        return None
+    tiled = _tiled_axis(name, config)
+    if name.endswith(".A_log"):
+        return lambda a: _a_log(_grouped(a, config, tiled) if tiled else a)
+    if name.endswith(".conv1d.weight"):
+        return lambda w: (_grouped(w, config, tiled) if tiled else w)[:, None, :]
+    if tiled is None:
+        return None
+    return lambda w: _grouped(w, config, tiled)
+
+
+def _minus_one(weights: np.ndarray) -> np.ndarray:
+    return weights - np.float32(1.0)
+
+
+def _tiled_axis(name: str, config: dict[str, Any]) -> tuple[int, int, int] | None:
+    """(axis, first index, per-head size) of the tensor's tiled value heads; None
+    where the converter kept them grouped (as many key heads as value heads)."""
+    key_heads, value_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    if key_heads == value_heads:
+        return None
+    qk = 2 * key_heads * config["linear_key_head_dim"]
+    value_dim = config["linear_value_head_dim"]
+    for suffix, axis in ((".in_proj_qkv.weight", (0, qk, value_dim)),
+                         (".conv1d.weight", (0, qk, value_dim)),
+                         (".in_proj_z.weight", (0, 0, value_dim)),
+                         (".in_proj_a.weight", (0, 0, 1)), (".in_proj_b.weight", (0, 0, 1)),
+                         (".A_log", (0, 0, 1)), (".dt_bias", (0, 0, 1)),
+                         (".out_proj.weight", (1, 0, value_dim))):  # fmt: skip
+        if name.endswith(suffix):
+            return axis
+    return None
+
+
+def _grouped(
+    weights: np.ndarray, config: dict[str, Any], tiled: tuple[int, int, int]
+) -> np.ndarray:
+    """Value heads from the converter's tiled order [per key, key heads] back to
+    HF's grouped one [key heads, per key] along `axis`, from index `first` on."""
+    axis, first, size = tiled
+    key_heads = config["linear_num_key_heads"]
+    per_key = config["linear_num_value_heads"] // key_heads
+    moved = np.moveaxis(weights, axis, 0)
+    heads = moved[first:].reshape(per_key, key_heads, size, *moved.shape[1:])
+    grouped = heads.swapaxes(0, 1).reshape(moved[first:].shape)
+    return np.moveaxis(np.concatenate([moved[:first], grouped]), 0, axis)
+
+
+def _a_log(a: np.ndarray) -> np.ndarray:
+    """The float32 A_log with -exp(A_log) == `a` exactly (torch's float32 exp,
+    as the model takes it), searched within _SEARCH_ULPS of log(-a); the
+    nearest where none is exact."""
+    target = torch.from_numpy(np.ascontiguousarray(-a, dtype=np.float32))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        start = np.log(-a.astype(np.float64)).astype(np.float32)
+    best, best_error = start, np.full(a.shape, np.inf)
+    for step in range(-_SEARCH_ULPS, _SEARCH_ULPS + 1):
+        toward = np.float32(np.inf if step > 0 else -np.inf)
+        candidate = start
+        for _ in range(abs(step)):
+            candidate = np.nextafter(candidate, toward)
+        error = (torch.exp(torch.from_numpy(candidate)) - target).abs().double().numpy()
+        better = error < best_error
+        best, best_error = np.where(better, candidate, best), np.where(better, error, best_error)
+    return best.astype(np.float32)
+
+
+QWEN35_GGUF = GgufFamily(
+    GGUF_ARCHITECTURE,
+    permutes_qk=False,
+    layer_names=_LAYER_NAMES,
+    config_entries=_gguf_config,
+    restore=_restore,
+)
+
+
 QWEN3_5 = Family(ARCHITECTURE, "qwen3_5_text", parse_qwen3_5, Qwen3_5ForCausalLM,
-                 partial_rotary=True)  # fmt: skip
+                 gguf=QWEN35_GGUF, partial_rotary=True)  # fmt: skip
 QWEN3_5_CONDITIONAL = Family(CONDITIONAL, "qwen3_5", parse_qwen3_5_conditional,
                              Qwen3_5ConditionalTextModel, partial_rotary=True)  # fmt: skip
 FAMILIES = (QWEN3_5, QWEN3_5_CONDITIONAL)
