@@ -32,6 +32,13 @@ def test_auto_quantization_is_int4_only_for_weights_that_came_in_4_bits():
         assert chosen.quantization is None and "--quantization" in chosen.reason
 
 
+def test_a_checkpoint_whose_experts_stay_in_mxfp4_says_so_instead_of_no_quantization():
+    chosen = choose("auto", "auto", CPU, None, OLD_CPU, kept_experts="MXFP4")
+    assert chosen.quantization is None and "no quantization" not in chosen.reason
+    assert "experts in MXFP4 as the checkpoint has them" in chosen.reason
+    assert "--quantization" in chosen.reason  # the other matrices could still be asked
+
+
 def test_explicit_values_pass_through_untouched():
     chosen = choose("float32", "int8", CPU, 4, SAPPHIRE_RAPIDS)
     assert (chosen.dtype, chosen.quantization, chosen.reason) == ("float32", "int8", "as asked")

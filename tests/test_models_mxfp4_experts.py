@@ -52,6 +52,8 @@ def test_the_experts_stay_in_mxfp4_at_the_files_bytes(checkpoint, tmp_path):
     assert model.expert_bytes() == stored
     assert model.weight_bytes() < stored + 600_000  # attention, embeddings: no float experts
     assert f"expert weights {stored / 2**20:.1f} MiB in MXFP4;" in loaded.choices.reason
+    assert "no quantization" not in loaded.choices.reason  # float32: the fallthrough's line
+    assert "experts in MXFP4 as the checkpoint has them" in loaded.choices.reason
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

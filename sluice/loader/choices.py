@@ -122,10 +122,12 @@ def choose(
     flags: frozenset[str] | None = None,
     activations: str | None = None,
     int8_gemm: bool | None = None,
+    kept_experts: str | None = None,
 ) -> ModelChoices:
     """Resolve "auto" in `dtype`, `quantization` and `activations`; explicit
     values pass through. `int8_gemm`: whether the native int8 matmul runs here
-    (None: ask the kernels)."""
+    (None: ask the kernels). `kept_experts`: the 4-bit format a checkpoint's
+    experts stay in whatever is chosen ("MXFP4": gpt-oss), else None."""
     flags = cpu_flags() if flags is None else flags
     reasons = []
     if dtype == AUTO:
@@ -153,7 +155,12 @@ def choose(
             reasons.append(f"int4: the weights came in {weight_bits} bits")
         else:
             quantization = None
-            reasons.append("no quantization: " + _why_not_int4(device, weight_bits))
+            why = _why_not_int4(device, weight_bits)
+            if kept_experts:
+                why = f"experts in {kept_experts} as the checkpoint has them, the rest unquantized: {why}"
+            else:
+                why = "no quantization: " + why
+            reasons.append(why)
     if activations == AUTO:
         activations = None
         if device.type == "cpu" and quantization is not None and (vnni := _vnni(flags)):

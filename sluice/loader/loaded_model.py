@@ -104,6 +104,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         device,
         choices.decoder_weight_bits(source_tensor_types(folder)),
         activations=None if config.batch_invariant else config.activation_quantization,
+        kept_experts=mxfp4.kept_format(config_json),
     )
     dtype = torch_dtype(chosen.dtype)
     if not keep_blocks:

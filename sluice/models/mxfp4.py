@@ -30,6 +30,15 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
 BYTES_PER_BLOCK = 16  # 32 values
 
 
+def kept_format(config_json: dict) -> str | None:
+    """The experts' format where a checkpoint's come in MXFP4 (its
+    `quantization_config` says "mxfp4": OpenAI's gpt-oss release) and stay so
+    (the native kernel runs here): "MXFP4"; else None (dequantized, or none)."""
+    quantization = config_json.get("quantization_config")
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    return "MXFP4" if method == "mxfp4" and mxfp4_available() else None
+
+
 def dequantize_mxfp4(
     name: str, blocks: Tensor, scales: Tensor
 ) -> Tensor:  # [..., G, 16] uint8, [..., G] uint8 -> [..., G * 32] float32
