@@ -9,7 +9,9 @@ HF folder's load, and transformers' within float32 rounding."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -143,3 +145,20 @@ def test_an_unsupported_variant_is_refused_in_one_line(converted, change, messag
         with pytest.raises(ModelLoadError, match=message) as raised:
             gguf_llama.hf_config(reader)
     assert "\n" not in str(raised.value)
+
+
+def test_a_multi_token_prediction_layer_counted_among_the_blocks_is_left_out(converted, tmp_path):
+    """Qwen3.5 checkpoints declare one MTP layer: the converter counts it in
+    block_count (nextn_predict_layers 1); the decoder keeps its 4 layers."""
+    tiny, _ = converted
+    folder = tmp_path / "mtp"
+    shutil.copytree(tiny.path, folder)
+    config = json.loads((folder / "config.json").read_text()) | {"mtp_num_hidden_layers": 1}
+    (folder / "config.json").write_text(json.dumps(config))
+    reader = GGUFReader(convert(folder, tmp_path / "mtp.gguf", CONVERTER_CLASS))
+    assert gguf_llama.field_value(reader, "qwen35.block_count") == 5
+    hf = gguf_llama.hf_config(reader)
+    assert parse_hf_config(hf).layer_types == parse_hf_config(tiny.config_dict).layer_types
+    assert {name for name, _ in gguf_llama.hf_tensors(reader, hf)} == set(
+        load_file(str(tiny.path / "model.safetensors"))
+    )
