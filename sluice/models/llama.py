@@ -71,7 +71,7 @@ from sluice.models.linear import (
 from sluice.models.native import silu_mul_kernel
 from sluice.models.native.qblock import QBlockMatrix
 from sluice.models.native.rope import rope_write_kv_kernel
-from sluice.models.qblock_linear import adopt_block_codes
+from sluice.models.qblock_linear import adopt_block_codes, on_huge_pages
 from sluice.models.quantization import check_quantization
 from sluice.models.rope_norm import Float32Angles, RMSNorm, RopeAngles, rope_cos_sin
 from sluice.models.sequence_state import SequenceStates
@@ -396,7 +396,8 @@ class LlamaForCausalLM(nn.Module):
                 unexpected.append(name)
                 continue
             if isinstance(tensor, BlockCodes):
-                block_codes.append((name, target, QBlockMatrix.from_codes(tensor)))
+                # Onto huge pages as each arrives (the packing's copy freed at once).
+                block_codes.append((name, target, on_huge_pages(QBlockMatrix.from_codes(tensor))))
             else:
                 target.copy_from(name, tensor)
             loaded.add(name)

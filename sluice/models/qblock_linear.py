@@ -131,7 +131,6 @@ def adopt_block_codes(
     partly as codes and partly as floats is refused.
     """
     owners = _linear_owners(model)
-    arrived = [(name, target, on_huge_pages(matrix)) for name, target, matrix in arrived]
     parts: dict[int, list[CodesFor]] = {}
     names: dict[int, str] = {}
     for name, target, matrix in arrived:
@@ -182,7 +181,8 @@ def huge_page_bytes(size: int) -> Tensor:
 
 
 def on_huge_pages(matrix: QBlockMatrix) -> QBlockMatrix:
-    """The matrix with its packed bytes copied into `huge_page_bytes` (same bits)."""
+    """The matrix with its packed bytes copied into `huge_page_bytes` (same
+    bits): llama.py's load_weights moves each matrix as it arrives."""
     packed = huge_page_bytes(matrix.packed.numel())
     packed.copy_(matrix.packed)
     return dataclasses.replace(matrix, packed=packed)
