@@ -34,6 +34,7 @@ from sluice.models.native.qblock import (
     qblock_moe,
     qblock_rows,
 )
+from sluice.models.native.recurrent import Kept, RecurrentRows, gated_delta_rule, mamba_scan
 from sluice.models.native.rope import rope_write_kv_kernel
 from sluice.models.qblock_pack import super_block_bytes
 
@@ -340,6 +341,32 @@ def mxfp4() -> None:
             mxfp4_matmul(randn(3, k, dtype=dtype), groups, wide[:, 2 : 2 + n])
 
 
+def recurrences() -> None:
+    """gated_delta.c and mamba_scan.c: widths off every vector (dk, dv, N of
+    5..33), grouped heads, sequences of 0, 1 and 6 tokens (one from zeros,
+    one from a cache row), state rows after a conv tail (strided), saves to
+    snapshot rows and to kept rows, both roundings."""
+    spans = [(0, 1, None), (1, 0, 2), (1, 6, 3)]
+    saves = [(0, 1, 0), (1, 0, 1), (2, 6, 4), (2, 3, 5)] + [(2, m, Kept(m)) for m in range(7)]
+    rows = RecurrentRows(spans, saves)
+    for hk, hv, dk, dv in ((1, 3, 5, 7), (2, 2, 33, 17)):
+        numel = hv * dk * dv
+        cache, kept = randn(6, numel + 3), randn(7, numel)
+        inputs = [randn(7, 2 * hk * dk + hv * dv), randn(7, hv * dv), randn(7, hv), randn(7, hv)]
+        weights = (-randn(hv).exp(), randn(hv), randn(dv))
+        for bf16 in (False, True):
+            out = gated_delta_rule(tuple(inputs), weights, rows, cache[:, 3:], kept, (hk, hv, dk, dv),
+                                   1e-6, bf16)  # fmt: skip
+            assert out.isfinite().all()
+    for heads, dim, groups, n in ((3, 5, 1, 7), (4, 3, 2, 33)):
+        numel = heads * dim * n
+        cache, kept = randn(6, numel + 5), randn(7, numel)
+        dt = torch.rand(7, heads, generator=generator)
+        y = mamba_scan(randn(7, heads, dim), dt, (-dt).exp(), randn(7, groups, n),
+                       randn(7, groups, n), rows, cache[:, 5:], kept)  # fmt: skip
+        assert y.isfinite().all()
+
+
 def main() -> None:
     library = native._library()
     assert library is not None, native.native_status().describe()
@@ -348,7 +375,8 @@ def main() -> None:
         setattr(library, name, Counted(getattr(library, name), name, called))
     drives = (decode_attention, decode_attention_int8kv, prefill_attention, rows, rope, int8_rows,
               int8_gemm,
-              decoder_layer, decoder_layer_blocks, qblock, moe_qblock, mxfp4)  # fmt: skip
+              decoder_layer, decoder_layer_blocks, qblock, moe_qblock, mxfp4,
+              recurrences)  # fmt: skip
     for drive in drives:
         drive()
         print(f"{drive.__name__}: done", file=sys.stderr, flush=True)

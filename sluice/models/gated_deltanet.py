@@ -16,12 +16,15 @@ S, in float32, as transformers' `torch_recurrent_gated_delta_rule`:
 
 and o is RMS-normed per head, times its weight and SiLU(z), into o_proj.
 
-Exactness over speed: every token's update is the same ops on tensors of the
-same shapes, one sequence and one token at a time, so a sequence's state and
-outputs are bitwise the same whatever the chunking of its prompt, its
-neighbours in the step, a prefix-cache hit (the snapshot was written by the
-same ops) or verified drafts. It costs about 30 small torch ops per token per
-layer on the host loop (no chunked WY form, no native kernel yet).
+Exactness: every token's update is the same ops in the same order, one
+sequence and one token at a time, so a sequence's state and outputs are
+bitwise the same whatever the chunking of its prompt, its neighbours in the
+step, a prefix-cache hit (the snapshot was written by the same ops) or
+verified drafts. The step's sequences and heads run in one call of
+native/gated_delta.c (from the silu of the conv to the gated norm, the model
+dtype's roundings included); where the native library is off, the same
+recurrence runs as about 30 small torch ops per token per layer (`_in_torch`;
+not the kernel's bits, which sum in another fixed order).
 
 The per-sequence state is one float32 row per slot or KV block
 (sequence_state.py): the conv tail, then S for every value head.
@@ -29,6 +32,7 @@ The per-sequence state is one float32 row per slot or KV block
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,6 +44,13 @@ from sluice.models.attention import AttentionMetadata
 from sluice.models.decoder_config import DecoderConfig
 from sluice.models.linear import Linear, uninitialised_weight
 from sluice.models.llama import LlamaDecoderLayer
+from sluice.models.native.recurrent import (
+    Kept,
+    RecurrentRows,
+    gated_delta_rule,
+    recurrent_available,
+    roll_back_rows,
+)
 from sluice.models.rope_norm import Float32Angles, RopeAngles
 from sluice.models.sequence_state import SequenceStates, linear_state_sizes
 from sluice.models.short_conv import conv_taps_sum, lay_out_conv_inputs, store_conv_states
@@ -148,8 +159,47 @@ class GatedDeltaNetLayer(LlamaDecoderLayer):
         ext = lay_out_conv_inputs(mixed, conv_cache, plan)  # [num_ext_rows, conv_dim]
         conv = conv_taps_sum(ext, plan.first_taps, self.taps, None)  # [T, conv_dim]
         store_conv_states(ext, conv_cache, plan, states)
-        out = x.new_empty(x.shape[0], self.value_dim)  # [T, value_dim]
         spans = _spans(states, attn, context_lens, num_rows)
+        if recurrent_available() and x.dtype in (torch.bfloat16, torch.float32):
+            out = self._native(spans, (conv, z, b, a), cache, states)
+        else:
+            out = self._in_torch(spans, (conv, z, b, a), recurrent, states)
+        return self.o_proj(out)
+
+    def _native(
+        self,
+        spans: list[_Span],
+        inputs: tuple[Tensor, Tensor, Tensor, Tensor],
+        cache: Tensor,
+        states: SequenceStates,
+    ) -> Tensor:  # [T, value_dim]
+        """Every span on gated_delta.c in one call; the kept states in one buffer."""
+        rows, num_kept, kept_at = RecurrentRows(), 0, {}
+        for index, span in enumerate(spans):
+            rows.spans.append((span.first_token, span.num_tokens, span.source_row))
+            rows.saves += [(index, span.num_tokens, span.slot_row)]
+            rows.saves += [(index, m, row) for m, row in span.snapshots]
+            if span.keeps:
+                kept_at[index] = (span.slot_row, num_kept)
+                rows.saves += [(index, m, Kept(num_kept + m)) for m in range(span.num_tokens + 1)]
+                num_kept += span.num_tokens + 1
+        recurrent = cache[:, self.conv_state_numel :]
+        kept = recurrent.new_empty(num_kept, recurrent.shape[1]) if kept_at else None
+        heads = (self.num_k_heads, self.num_v_heads, self.key_head_dim, self.value_head_dim)
+        weights = (self.neg_a, self.dt_bias, self.gated_norm)
+        out = gated_delta_rule(inputs, weights, rows, recurrent, kept, heads, self.eps,
+                               inputs[0].dtype == torch.bfloat16)  # fmt: skip
+        if kept is not None:
+            states.on_roll_back(functools.partial(roll_back_rows, recurrent, kept, kept_at))
+        return out.to(inputs[0].dtype)
+
+    def _in_torch(
+        self, spans: list[_Span], inputs: tuple[Tensor, ...], recurrent: Tensor,
+        states: SequenceStates,
+    ) -> Tensor:  # fmt: skip
+        """The same recurrence as torch ops, where the native library is off."""
+        conv, z, b, a = inputs
+        out = z.new_empty(z.shape[0], self.value_dim)  # [T, value_dim]
         kept: dict[int, tuple[int, list[Tensor]]] = {}
         for index, span in enumerate(spans):
             seen = self._run_span(span, conv, z, b, a, recurrent, out)
@@ -157,7 +207,7 @@ class GatedDeltaNetLayer(LlamaDecoderLayer):
                 kept[index] = (span.slot_row, seen)
         if kept:
             states.on_roll_back(lambda num_kept: _roll_back(recurrent, kept, num_kept))
-        return self.o_proj(out)
+        return out
 
     def _run_span(
         self, span: _Span, conv: Tensor, z: Tensor, b: Tensor, a: Tensor, recurrent: Tensor,

@@ -31,6 +31,7 @@ from sluice.models.decoder_config import DecoderConfig
 from sluice.models.linear import Linear, in_row_tiles, uninitialised_weight
 from sluice.models.llama import LlamaDecoderLayer
 from sluice.models.mamba2_config import mamba_shape
+from sluice.models.native.recurrent import mamba_scan, recurrent_available
 from sluice.models.rope_norm import Float32Angles, RMSNorm, RopeAngles
 from sluice.models.weight_targets import WeightTarget
 
@@ -116,17 +117,38 @@ class Mamba2Layer(LlamaDecoderLayer):
         dt = self._tiled(self._time_steps, dt.contiguous()).float()  # [T, heads]
         decay = self._tiled(torch.exp, dt * self.decay_rate)  # [T, heads]
         heads = xs.reshape(num_tokens, shape.num_heads, shape.head_dim)
-        y, states = mamba2_scan.scan(
-            heads, dt, decay, self._per_head(b_in), self._per_head(c_out),
-            mamba2_scan.ssm_of(start, shape).clone(), plan,
-        )  # fmt: skip
+        if recurrent_available():
+            grouped = (num_tokens, shape.num_groups, shape.state_size)
+            y = self._scan_native(heads, dt, decay, b_in.reshape(grouped),
+                                  c_out.reshape(grouped), cache, plan, ext, attn)  # fmt: skip
+        else:
+            y, states = mamba2_scan.scan(
+                heads, dt, decay, self._per_head(b_in), self._per_head(c_out),
+                mamba2_scan.ssm_of(start, shape).clone(), plan,
+            )  # fmt: skip
+            self._store(cache, plan, ext, states, attn)
         y = y + heads * self.d_skip.float()[:, None]  # [T, heads, head_dim]
-        self._store(cache, plan, ext, states, attn)
         # 3. Gated RMSNorm per group, then out_proj.
         gated = y.reshape(num_tokens, -1) * self._tiled(F.silu, z.float().contiguous())
         normed = self.group_norm(gated.view(-1, shape.inner_size // shape.num_groups))
         out = normed.view(num_tokens, -1) * self.gated_norm_weight.float()
         return self.o_proj(out.to(x.dtype))
+
+    def _scan_native(
+        self, heads: Tensor, dt: Tensor, decay: Tensor, b_in: Tensor, c_out: Tensor,
+        cache: Tensor, plan: mamba2_scan.MambaPlan, ext: Tensor, attn: AttentionMetadata,
+    ) -> Tensor:  # fmt: skip
+        """The scan on mamba_scan.c, which writes the states' SSM parts (the
+        slots, snapshots and kept rows); then their conv tails."""
+        kept = mamba2_scan.new_kept(cache, plan)
+        ssm = self.shape.conv_numel
+        y = mamba_scan(heads, dt, decay, b_in, c_out, mamba2_scan.recurrent_rows(plan),
+                       cache[:, ssm:], None if kept is None else kept[:, ssm:])  # fmt: skip
+        mamba2_scan.store_tails(cache, plan, ext, self.shape.conv_kernel, kept)
+        if kept is not None:
+            assert attn.sequence_states is not None, "verification runs with sequence states"
+            attn.sequence_states.on_roll_back(functools.partial(_roll_back, cache, plan, kept))
+        return y
 
     def _time_steps(self, dt: Tensor) -> Tensor:  # [tile, heads] -> dt after softplus, clamped
         dt = F.softplus(dt + self.dt_bias)

@@ -18,9 +18,11 @@ next token would have seen), nor on which rows share the step.
 Transcendentals (exp, softplus, silu) run on fixed row tiles where the model
 is row-invariant, as every activation of the decoder does.
 
-This is exact rather than fast: a prefill of n tokens takes n small steps
-per layer (the chunked SSD form, which would batch them, sums in an order
-that depends on where chunks fall).
+The layer runs the scan on native/mamba_scan.c (`recurrent_rows` gives it
+the plan; it sums `state . C` in 16 lane partials, its own fixed order),
+one call per step with every token in C; `scan` here is the same recurrence
+in torch, for where the native library is off. Neither takes the chunked
+SSD form, which sums in an order that depends on where chunks fall.
 
 States in the layer's cache (sluice/models/mamba2_config.py) are read at
 the step's start (zeros at position 0, the slot while a sequence continues,
@@ -40,6 +42,7 @@ from torch import Tensor
 
 from sluice.models.attention import AttentionMetadata
 from sluice.models.mamba2_config import MambaShape
+from sluice.models.native.recurrent import Kept, RecurrentRows
 
 
 @dataclass(slots=True)
@@ -197,24 +200,54 @@ def store_states(
     """Write the slots and snapshots the plan names into `cache` [rows, numel];
     return the kept states [K, numel] of the verifying sequences (None: none
     verifies)."""
+    kept = new_kept(cache, plan)
+    store_tails(cache, plan, ext, kernel, kept)
+    num_tail = (kernel - 1) * ext.shape[1]
+    for b, writes in enumerate(plan.writes):
+        for m, target in writes:
+            cache[target, num_tail:] = ssm_states[(b, m)].reshape(-1)
+    for b, (_, offset) in plan.kept.items():
+        for m in range(plan.query_lens[b] + 1):
+            assert kept is not None, "a verifying sequence has kept rows"
+            kept[offset + m, num_tail:] = ssm_states[(b, m)].reshape(-1)
+    return kept
+
+
+def new_kept(cache: Tensor, plan: MambaPlan) -> Tensor | None:
+    """The verifying sequences' kept rows [K, numel] (None: none verifies)."""
+    return cache.new_empty(plan.num_kept_states, cache.shape[1]) if plan.kept else None
+
+
+def store_tails(
+    cache: Tensor, plan: MambaPlan, ext: Tensor, kernel: int, kept: Tensor | None
+) -> None:
+    """The conv tails of the states the plan writes and keeps (each row's
+    first (L - 1) conv_dim values)."""
     num_tail = kernel - 1
 
-    def put(dest: Tensor, b: int, m: int) -> None:  # dest [numel] <- the state after m tokens
+    def put(dest: Tensor, b: int, m: int) -> None:  # dest [numel] <- the tail after m tokens
         first = b * num_tail + plan.token_starts[b] + m
         tail = ext[first : first + num_tail].reshape(-1)
         dest[: tail.numel()] = tail
-        dest[tail.numel() :] = ssm_states[(b, m)].reshape(-1)
 
     for b, writes in enumerate(plan.writes):
         for m, target in writes:
             put(cache[target], b, m)
-    if not plan.kept:
-        return None
-    kept = cache.new_empty(plan.num_kept_states, cache.shape[1])  # [K, numel]
     for b, (_, offset) in plan.kept.items():
+        assert kept is not None, "a verifying sequence has kept rows"
         for m in range(plan.query_lens[b] + 1):
             put(kept[offset + m], b, m)
-    return kept
+
+
+def recurrent_rows(plan: MambaPlan) -> RecurrentRows:
+    """The plan as the native scan's spans and saves (mamba_scan.c)."""
+    rows = RecurrentRows()
+    for b, (start, q) in enumerate(zip(plan.token_starts, plan.query_lens, strict=True)):
+        rows.spans.append((start, q, None if plan.zeros[b] else plan.sources[b]))
+        rows.saves += [(b, m, row) for m, row in plan.writes[b]]
+    for b, (_, offset) in plan.kept.items():
+        rows.saves += [(b, m, Kept(offset + m)) for m in range(plan.query_lens[b] + 1)]
+    return rows
 
 
 def tails_of(start: Tensor, shape: MambaShape) -> Tensor:  # [B, numel] -> [B, L - 1, conv_dim]

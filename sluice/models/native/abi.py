@@ -204,6 +204,13 @@ def _dequantize_rows(t: str) -> str:
     )
 
 
+_RECURRENT_ROWS = (
+    "const int64_t *spans, int64_t num_seqs, const int64_t *saves, int64_t num_saves, "
+    "float *cache, int64_t cache_rows, int64_t cache_stride, float *kept, int64_t kept_rows, "
+    "int64_t kept_stride"
+)
+
+
 FUNCTIONS: dict[str, Function] = {
     # paged_decode_attention.c, decode_attention_amx.c: native/__init__.py
     "decode_attention_bf16": Function("int", _decode_attention("uint16_t")),
@@ -311,6 +318,20 @@ FUNCTIONS: dict[str, Function] = {
         "int",
         "const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *weights, int64_t n, "
         "void *out, int out_bf16, int64_t out_stride",
+    ),
+    # gated_delta.c, mamba_scan.c: recurrent.py
+    "gated_delta_rule_f32": Function(
+        "int",
+        "const float *conv, const float *z, const float *b, const float *a, "
+        "const float *neg_a, const float *dt_bias, const float *norm_weight, "
+        f"{_RECURRENT_ROWS}, int64_t num_k_heads, int64_t num_v_heads, "
+        "int64_t key_head_dim, int64_t value_head_dim, float eps, int bf16, float *out",
+    ),
+    "mamba_scan_f32": Function(
+        "int",
+        "const float *x, const float *dt, const float *decay, const float *b_in, "
+        f"const float *c_out, {_RECURRENT_ROWS}, int64_t num_heads, int64_t head_dim, "
+        "int64_t num_groups, int64_t state_size, float *y",
     ),
 }
 

@@ -37,6 +37,8 @@ _SOURCES = tuple(
         "qblock_gemm.c",
         "moe_qblock.c",
         "mxfp4_gemm.c",
+        "gated_delta.c",
+        "mamba_scan.c",
     )
 )
 _HEADERS = tuple(
@@ -51,6 +53,7 @@ _HEADERS = tuple(
         "avx512_attention.h",
         "paged_tables.h",
         "qblock_kernel.h",
+        "recurrent_spans.h",
     )
 )
 # Compiling with -ffast-math lets gcc vectorize the dot products (float32

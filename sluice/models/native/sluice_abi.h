@@ -196,4 +196,22 @@ int mxfp4_gemm_available(void);
 int mxfp4_gemm(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *weights,
                int64_t n, void *out, int out_bf16, int64_t out_stride);
 
+
+/* gated_delta.c and mamba_scan.c (recurrent.py): the hybrids' recurrences,
+ * token by token per sequence and head (spans and saves: recurrent_spans.h) */
+int gated_delta_rule_f32(const float *conv, const float *z, const float *b, const float *a,
+                         const float *neg_a, const float *dt_bias, const float *norm_weight,
+                         const int64_t *spans, int64_t num_seqs, const int64_t *saves,
+                         int64_t num_saves, float *cache, int64_t cache_rows,
+                         int64_t cache_stride, float *kept, int64_t kept_rows,
+                         int64_t kept_stride, int64_t num_k_heads, int64_t num_v_heads,
+                         int64_t key_head_dim, int64_t value_head_dim, float eps, int bf16,
+                         float *out);
+int mamba_scan_f32(const float *x, const float *dt, const float *decay, const float *b_in,
+                   const float *c_out, const int64_t *spans, int64_t num_seqs,
+                   const int64_t *saves, int64_t num_saves, float *cache, int64_t cache_rows,
+                   int64_t cache_stride, float *kept, int64_t kept_rows, int64_t kept_stride,
+                   int64_t num_heads, int64_t head_dim, int64_t num_groups, int64_t state_size,
+                   float *y);
+
 #endif
