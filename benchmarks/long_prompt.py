@@ -134,7 +134,8 @@ class GroupMemory:
     def __init__(self, pgid: int, interval_s: float):
         self.pgid, self.interval_s = pgid, interval_s
         self.peak = (0, 0)
-        self.window_peak = (0, 0)
+        self.window_peak = (0, 0)  # since start_window; (0, 0) before it
+        self._in_window = False
         self.max_processes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -153,12 +154,17 @@ class GroupMemory:
         sizes = [rss_pss_bytes(pid) for pid in pids]
         total = (sum(s[0] for s in sizes), sum(s[1] for s in sizes))
         self.peak = (max(self.peak[0], total[0]), max(self.peak[1], total[1]))
-        self.window_peak = (max(self.window_peak[0], total[0]), max(self.window_peak[1], total[1]))
+        if self._in_window:
+            self.window_peak = (
+                max(self.window_peak[0], total[0]),
+                max(self.window_peak[1], total[1]),
+            )
         return total
 
     def start_window(self) -> None:
         """From now on window_peak is the peak since this call."""
         self.window_peak = (0, 0)
+        self._in_window = True
 
     def _run(self) -> None:
         while not self._stop.is_set():  # bounded by __exit__

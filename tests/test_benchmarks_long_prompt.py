@@ -55,6 +55,9 @@ def test_the_memory_of_a_process_group_sums_every_process_in_it():
         assert memory.max_processes == 2
         assert sizes[0] > 128 * 2**20 and sizes[1] > 120 * 2**20  # one alone: ~64 + 10 MiB
         assert memory.peak[0] >= sizes[0]
+        assert memory.window_peak == (0, 0)  # no window started: startup is not the prompt
+        memory.start_window()
+        assert memory.sample()[0] > 0 and memory.window_peak[0] > 128 * 2**20
     finally:
         process.stdin.close()
         process.wait(timeout=30)
