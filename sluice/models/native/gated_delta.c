@@ -130,21 +130,23 @@ int gated_delta_rule_f32(const float *conv, const float *z, const float *b, cons
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
     for (int64_t task = 0; task < num_seqs * num_v_heads; task++) {
         const int64_t seq = task / num_v_heads, h = task % num_v_heads;
-        float *s = malloc(sizeof(float) * (head_numel + 5 * widest));
-        if (s == NULL) {
+        const int64_t *span = spans + 3 * seq;
+        int64_t next = first_save[seq];
+        const int in_place = recurrent_in_place(&rows, seq, next);
+        float *buffer = malloc(sizeof(float) * ((in_place ? 0 : head_numel) + 5 * widest));
+        if (buffer == NULL) {
             failed = 1;
             continue;
         }
-        float *scratch = s + head_numel;
-        recurrent_load(&rows, seq, h * head_numel, head_numel, s);
-        const int64_t *span = spans + 3 * seq;
-        int64_t next = first_save[seq];
+        float *s = in_place ? cache + span[2] * cache_stride + h * head_numel : buffer;
+        float *scratch = in_place ? buffer : buffer + head_numel;
+        if (!in_place) recurrent_load(&rows, seq, h * head_numel, head_numel, s);
         for (int64_t m = 0;; m++) {
             next = recurrent_save(&rows, seq, m, next, h * head_numel, head_numel, s);
             if (m == span[1]) break;
             delta_token(&d, span[0] + m, h, s, scratch);
         }
-        free(s);
+        free(buffer);
     }
     free(first_save);
     return failed ? -1 : 0;

@@ -69,20 +69,23 @@ int mamba_scan_f32(const float *x, const float *dt, const float *decay, const fl
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
     for (int64_t task = 0; task < num_seqs * num_heads; task++) {
         const int64_t seq = task / num_heads, h = task % num_heads;
-        float *s = malloc(sizeof(float) * (head_numel + state_size));
-        if (s == NULL) {
+        const int64_t *span = spans + 3 * seq;
+        int64_t next = first_save[seq];
+        const int in_place = recurrent_in_place(&rows, seq, next);
+        float *buffer = malloc(sizeof(float) * ((in_place ? 0 : head_numel) + state_size));
+        if (buffer == NULL) {
             failed = 1;
             continue;
         }
-        recurrent_load(&rows, seq, h * head_numel, head_numel, s);
-        const int64_t *span = spans + 3 * seq;
-        int64_t next = first_save[seq];
+        float *s = in_place ? cache + span[2] * cache_stride + h * head_numel : buffer;
+        float *scratch = in_place ? buffer : buffer + head_numel;
+        if (!in_place) recurrent_load(&rows, seq, h * head_numel, head_numel, s);
         for (int64_t m = 0;; m++) {
             next = recurrent_save(&rows, seq, m, next, h * head_numel, head_numel, s);
             if (m == span[1]) break;
-            scan_token(&p, span[0] + m, h, s, s + head_numel);
+            scan_token(&p, span[0] + m, h, s, scratch);
         }
-        free(s);
+        free(buffer);
     }
     free(first_save);
     return failed ? -1 : 0;

@@ -67,12 +67,30 @@ static inline void recurrent_load(const RecurrentRows *r, int64_t seq, int64_t o
         memcpy(s, r->cache + source * r->cache_stride + offset, sizeof(float) * (size_t)n);
 }
 
+/* Whether the sequence can run in its start row: it starts from a cache row
+ * (a decode step's slot) that only its final state is saved to. Then the
+ * state is not copied in and out: that row is the running state. */
+static inline int recurrent_in_place(const RecurrentRows *r, int64_t seq, int64_t first) {
+    const int64_t *span = r->spans + 3 * seq;
+    int found = 0;
+    if (span[2] < 0) return 0;
+    for (int64_t i = first; i < r->num_saves && r->saves[3 * i] == seq; i++) {
+        if (r->saves[3 * i + 2] != span[2]) continue;
+        if (r->saves[3 * i + 1] != span[1]) return 0;
+        found = 1;
+    }
+    return found;
+}
+
 /* Copy s [n] to every target the saves name for the state after m tokens,
- * from save `next` on; the next save not yet reached. */
+ * from save `next` on (but to s itself); the next save not yet reached. */
 static inline int64_t recurrent_save(const RecurrentRows *r, int64_t seq, int64_t m, int64_t next,
                                      int64_t offset, int64_t n, const float *s) {
-    for (; next < r->num_saves && r->saves[3 * next] == seq && r->saves[3 * next + 1] == m; next++)
-        memcpy(recurrent_row(r, r->saves[3 * next + 2]) + offset, s, sizeof(float) * (size_t)n);
+    for (; next < r->num_saves && r->saves[3 * next] == seq && r->saves[3 * next + 1] == m;
+         next++) {
+        float *target = recurrent_row(r, r->saves[3 * next + 2]) + offset;
+        if (target != s) memcpy(target, s, sizeof(float) * (size_t)n);
+    }
     return next;
 }
 
