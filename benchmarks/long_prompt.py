@@ -210,7 +210,9 @@ def stream_chat(
             pieces.append(text)
     connection.close()
     total_s = time.monotonic() - start_s
-    return (ttft_s if ttft_s is not None else total_s), total_s, "".join(pieces)
+    if ttft_s is None:  # e.g. the server died mid-prompt: no TTFT to report
+        raise RuntimeError(f"the stream ended after {total_s:.1f} s with no content")
+    return ttft_s, total_s, "".join(pieces)
 
 
 def wait_ready(port: int, process: subprocess.Popen, timeout_s: float) -> None:
