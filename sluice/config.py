@@ -320,9 +320,10 @@ class EngineConfig:
     # Run the engine core in its own process (default) or in this one (tests).
     multiprocess: bool = True
     # Seconds without any message from the engine process before it is declared
-    # hung and killed. The engine sends one message per step and one a second
-    # when idle, so this must exceed the longest step: a CPU prefill chunk can
-    # take seconds on a loaded machine, hence the generous default.
+    # hung and killed. The engine sends one message per step, one a second
+    # when idle, and one a second during a step while its decoder layers
+    # progress (engine/progress_beat.py), so this must exceed the longest
+    # single layer of one step, not the whole step.
     heartbeat_timeout_s: float = setting(
         60.0,
         "seconds of engine silence, with requests pending, before it is declared hung "

@@ -5,7 +5,8 @@ one message.
 
 The loop blocks on input only when it has nothing to run; otherwise it drains
 whatever arrived and steps at once. While idle it sends a heartbeat so the
-client can tell a hung engine from a quiet one.
+client can tell a hung engine from a quiet one; during a long step a thread
+sends one whenever decoder layers ran since its last (`ProgressBeat`).
 
 Signals: SIGINT is ignored (Ctrl+C reaches the whole process group; the server
 decides how to stop, draining first). If the server process disappears
@@ -19,6 +20,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -31,6 +33,7 @@ from sluice.engine.messages import (
 )
 from sluice.engine.outputs import EngineError, RequestDelta
 from sluice.engine.pooling_core import Core, engine_core_for
+from sluice.engine.progress_beat import ProgressBeat, decoder_layers, socket_sender
 from sluice.loader.memory_plan import release_free_heap
 
 logger = logging.getLogger("sluice.engine")
@@ -48,18 +51,25 @@ def run_engine_process(config: EngineConfig, input_address: str, output_address:
     outputs = context.socket(zmq.PUSH)
     outputs.connect(output_address)
     try:
-        serve_engine(config, inputs, outputs)
+        serve_engine(config, inputs, outputs, beat=lambda: socket_sender(context, output_address))
     finally:
         outputs.close(linger=1000)
         inputs.close(linger=0)
         context.term()
 
 
-def serve_engine(config: EngineConfig, inputs: zmq.Socket, outputs: zmq.Socket) -> None:
+def serve_engine(
+    config: EngineConfig,
+    inputs: zmq.Socket,
+    outputs: zmq.Socket,
+    beat: Callable[[], tuple[Callable[[bytes], None], Callable[[], None]]] | None = None,
+) -> None:
     """Build the engine core, say ready (or why not), run the loop until Shutdown.
 
     Shared by the engine process and a Ray replica (sluice/scaleout), which
-    differ only in who binds the sockets; the caller closes them.
+    differ only in who binds the sockets; the caller closes them. `beat`
+    opens a second sender to the client for the mid-step heartbeat
+    (engine/progress_beat.py); a replica, whose end binds, has none.
     """
     try:
         core = engine_core_for(config)
@@ -69,11 +79,20 @@ def serve_engine(config: EngineConfig, inputs: zmq.Socket, outputs: zmq.Socket) 
     # The load's freed temporaries, back to the system (~0.8 GiB of a 3B GGUF).
     release_free_heap()
     outputs.send(output_encoder.encode(core.info))
+    progress = None
+    if beat is not None:
+        send, close = beat()
+        progress = ProgressBeat(send, decoder_layers(core), interval_s=HEARTBEAT_INTERVAL_S)
+        progress.start()
     try:
         EngineLoop(core, inputs, outputs).run()
     except Exception as error:  # noqa: BLE001
         logger.exception("engine step failed")
         outputs.send(output_encoder.encode(EngineFailed(f"engine failed: {error}")))
+    finally:
+        if progress is not None:
+            progress.stop()
+            close()
 
 
 class EngineLoop:

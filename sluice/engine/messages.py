@@ -130,7 +130,12 @@ class EngineFailed(msgspec.Struct, frozen=True, tag="failed"):
     message: str
 
 
-EngineOutput = EngineReady | StepOutputs | EngineFailed
+class EngineAlive(msgspec.Struct, frozen=True, tag="alive"):
+    # Mid-step: decoder layers ran since the last beat (engine/progress_beat.py).
+    layers_done: int
+
+
+EngineOutput = EngineReady | StepOutputs | EngineFailed | EngineAlive
 
 input_encoder = msgspec.msgpack.Encoder()
 input_decoder = msgspec.msgpack.Decoder(EngineInput)

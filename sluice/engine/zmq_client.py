@@ -28,6 +28,7 @@ import zmq
 import zmq.asyncio
 
 from sluice.engine.messages import (
+    EngineAlive,
     EngineFailed,
     EngineInput,
     EngineReady,
@@ -126,6 +127,8 @@ class ZmqEngineClient(RoutedEngineClient):
                 raise ModelLoadError(reason)
             await asyncio.wait([ready], timeout=0.2)
         message = output_decoder.decode(ready.result())
+        if isinstance(message, EngineAlive):  # a beat that overtook the ready message
+            return await self._wait_ready()
         if isinstance(message, EngineFailed):
             raise ModelLoadError(message.message)
         assert isinstance(message, EngineReady), f"unexpected first message {message!r}"
