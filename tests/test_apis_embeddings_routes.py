@@ -375,7 +375,7 @@ def test_each_pooling_route_reads_its_tables_model_and_counts_its_tokens(server,
 
 def test_the_server_describes_each_pooling_model_as_its_engine_loads_it(minilm, tmp_path):
     """`sluice serve` reads a model's small files in the server process and its
-    weights in the engine's: the two readings agree (check_served_by) for an
+    weights in the engine's: the two readings agree (served_by) for an
     encoder, a decoder embedder and a decoder reranker."""
     embedder = build_tiny_embedder(tmp_path / "embedder").path
     reranker = build_tiny_reranker(tmp_path / "reranker").path
@@ -386,5 +386,5 @@ def test_the_server_describes_each_pooling_model_as_its_engine_loads_it(minilm, 
         )  # fmt: skip
         served = describe_model(model)
         core = engine_core_for(EngineConfig(model=model, multiprocess=False))
-        served.check_served_by(core.info)
+        served.served_by(core.info)
         assert isinstance(core, PoolingCore) and served.pooling == core.spec

@@ -12,8 +12,9 @@ import pytest
 import torch
 import transformers
 
-from sluice.config import CacheConfig, EngineConfig
-from sluice.engine.startup import num_kv_blocks, prefix_caching_blocker
+from sluice.config import CacheConfig, EngineConfig, ModelConfig
+from sluice.engine.startup import fit_max_model_len, num_kv_blocks, prefix_caching_blocker
+from sluice.loader import memory_plan
 from sluice.models.families.registry import parse_hf_config
 
 
@@ -74,3 +75,34 @@ def test_int8_kv_holds_about_twice_the_tokens_of_bf16_in_the_same_bytes():
         for name in ("auto", "int8")
     }
     assert abs(blocks["int8"] - blocks["auto"] * 128 / 68) < 1
+
+
+def _loaded_8b() -> Any:
+    """Llama-3.1-8B's attention shape, declaring 131,072 tokens (16 GiB of bf16 KV)."""
+    hf_config = transformers.LlamaConfig(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, max_position_embeddings=131072,
+    )  # fmt: skip
+    return SimpleNamespace(
+        model_config=parse_hf_config(hf_config.to_dict() | {"architectures": ["LlamaForCausalLM"]}),
+        max_model_len=131072,
+    )
+
+
+@pytest.mark.parametrize(
+    "config, fitted",
+    [
+        (EngineConfig(), True),
+        (EngineConfig(model=ModelConfig(max_model_len=131072)), False),  # asked: refused later
+        (EngineConfig(cache=CacheConfig(kv_cache_memory_bytes=8 << 30)), False),
+    ],
+)
+def test_an_unasked_context_is_fitted_to_the_machine_and_an_asked_one_never(
+    monkeypatch, config, fitted
+):
+    # The machine's figure, given: 13 GiB available once the weights are in.
+    monkeypatch.setattr(memory_plan, "available_memory_bytes", lambda: 13 << 30)
+    length = fit_max_model_len(config, _loaded_8b(), torch.bfloat16, torch.device("cpu"))
+    assert (length is not None) is fitted
+    if length is not None:
+        assert 16384 <= length < 131072 and length % 1024 == 0

@@ -16,6 +16,7 @@ from sluice.loader.memory_plan import (
     MemoryPlan,
     check_weights_fit,
     cpu_kv_budget,
+    fitted_max_model_len,
     release_free_heap,
     workspace_bytes,
 )
@@ -53,6 +54,22 @@ def test_a_pool_that_cannot_fit_is_refused_with_the_figures_and_what_fits(availa
     usable = available - GIB // 4 - RESERVE_BYTES
     assert suggested // 16 * BLOCK_8B <= usable < (suggested // 16 + 1) * BLOCK_8B
     assert cpu_kv_budget(BLOCK_8B, 16, suggested, available, GIB // 4) <= usable
+
+
+def test_an_unasked_context_that_does_not_fit_is_fitted_to_half_the_usable_memory():
+    # An 8B file declaring 131,072 tokens (16 GiB of bf16 KV) on a machine with 13 GiB left.
+    available, workspace = 13 * GIB, GIB // 4
+    fitted = fitted_max_model_len(BLOCK_8B, 16, 131072, available, workspace)
+    usable = available - workspace - RESERVE_BYTES
+    assert fitted is not None and fitted % 1024 == 0
+    assert fitted // 16 * BLOCK_8B <= usable // 2 < (fitted // 16 + 64) * BLOCK_8B
+    # The fitted length then gets its pool without a refusal.
+    assert cpu_kv_budget(BLOCK_8B, 16, fitted, available, workspace) >= fitted // 16 * BLOCK_8B
+
+
+def test_nothing_is_fitted_where_the_models_limit_fits_or_not_even_the_minimum_does():
+    assert fitted_max_model_len(BLOCK_1B, 16, 8192, 20 * GIB, GIB // 8) is None
+    assert fitted_max_model_len(BLOCK_8B, 16, 131072, GIB * 3 // 2, 0) is None
 
 
 def test_a_small_machine_gets_less_than_the_default_but_one_full_request():

@@ -47,6 +47,7 @@ from sluice.engine.scheduler import Scheduler
 from sluice.engine.speculation import Speculator, speculation_stats
 from sluice.engine.startup import (
     cache_salt,
+    fit_max_model_len,
     kv_dtype_of,
     num_kv_blocks,
     num_state_slots,
@@ -96,6 +97,13 @@ class EngineCore:
         if (blocker := prefix_caching_blocker(config, self.loaded, dtype)) is not None:
             logger.warning("%s", blocker)  # a hybrid whose state snapshots would not pay
             self.config = config = without_prefix_caching(config)
+        if (fitted := fit_max_model_len(config, self.loaded, dtype, device)) is not None:
+            logger.warning(
+                "max_model_len %d: the model's own %d does not fit this machine's memory "
+                "(pass --max-model-len to choose)", fitted, self.loaded.max_model_len,
+            )  # fmt: skip
+            # The core owns its loaded model; every reader below sees the fitted length.
+            self.loaded.max_model_len = self.max_model_len = fitted
         num_blocks = num_kv_blocks(config, self.loaded, dtype, device)
         # 2. Build the parts.
         self._build(num_blocks, dtype, device)

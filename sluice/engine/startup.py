@@ -21,6 +21,23 @@ from sluice.models.linear import row_dependence
 from sluice.models.sequence_state import state_bytes_per_sequence
 
 
+def fit_max_model_len(
+    config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype, device: torch.device
+) -> int | None:
+    """On a CPU with no --max-model-len and no --kv-cache-memory, the context
+    that fits when the model's own limit does not (loader/memory_plan.py);
+    None where nothing is fitted."""
+    if config.model.max_model_len is not None or config.cache.kv_cache_memory_bytes is not None:
+        return None
+    if device.type != "cpu":
+        return None
+    return memory_plan.fitted_max_model_len(
+        bytes_per_block_of(config, loaded, dtype), config.cache.block_size_tokens,
+        loaded.max_model_len, memory_plan.available_memory_bytes(),
+        _workspace(config, loaded, dtype),
+    )  # fmt: skip
+
+
 def num_kv_blocks(
     config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype, device: torch.device
 ) -> int:

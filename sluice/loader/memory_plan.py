@@ -11,7 +11,9 @@ On a CPU, with no `--kv-cache-memory`, the pool takes `DEFAULT_CPU_KV_BYTES`,
 or more where one request of max_model_len needs more, and never more than
 the memory available once the weights are in, less the workspace and a
 reserve for the server process: a pool that cannot fit is refused with the
-figures, not swapped to death. Before anything is loaded, a model whose
+figures, not swapped to death. Where no --max-model-len was asked and the
+model's own limit does not fit, the context is fitted to half the usable
+memory instead (`fitted_max_model_len`), and the startup line says so. Before anything is loaded, a model whose
 weights alone exceed the available memory is refused the same way
 (`check_weights_fit`). Every decision takes the available bytes as an
 argument, so tests give it any machine's figures.
@@ -33,6 +35,10 @@ from sluice.models.decoder_config import DecoderConfig
 DEFAULT_CPU_KV_BYTES = 1 << 30
 # Kept free for the server process, the tokenizer, the allocator's slack.
 RESERVE_BYTES = 1 << 30
+# A context fitted to memory (`fitted_max_model_len`): whole multiples of
+# this, never below the minimum.
+FITTED_LEN_STEP = 1024
+MIN_FITTED_LEN = 4096
 _MIB = 1 << 20
 _GIB = 1 << 30
 
@@ -96,6 +102,27 @@ def cpu_kv_budget(
             f" GiB kept free): pass --max-model-len {fits} or less, or free memory"
         )
     return min(budget, usable)
+
+
+def fitted_max_model_len(
+    bytes_per_block: int,
+    block_size_tokens: int,
+    max_model_len: int,
+    available_bytes: int,
+    workspace: int,
+) -> int | None:
+    """Where no --max-model-len was asked and one request of the model's own
+    limit does not fit (an 8B file declaring 131,072 tokens needs 16 GiB of
+    bf16 KV): the context that half of the usable memory holds, in whole
+    multiples of `FITTED_LEN_STEP`, so the default command starts instead of
+    refusing. None where the model's limit fits, or where not even
+    `MIN_FITTED_LEN` does (then `cpu_kv_budget` refuses with the figures)."""
+    usable = available_bytes - workspace - RESERVE_BYTES
+    if -(-max_model_len // block_size_tokens) * bytes_per_block <= usable:
+        return None
+    tokens = max(usable, 0) // 2 // bytes_per_block * block_size_tokens
+    fitted = min(tokens // FITTED_LEN_STEP * FITTED_LEN_STEP, max_model_len)
+    return fitted if fitted >= MIN_FITTED_LEN else None
 
 
 def release_free_heap() -> bool:

@@ -186,5 +186,7 @@ class ModelEntry(Generic[P]):
             state = "unloading"
         elif self.loading is not None and self.active is None:
             state = "loading"
-        return ModelStatus(self.spec.name, state, self.served, self.spec.estimated_bytes,
+        # A loaded model's context as its engine serves it (maybe fitted to memory).
+        served = self.active.served if self.active is not None else self.served
+        return ModelStatus(self.spec.name, state, served, self.spec.estimated_bytes,
                            self.last_error, self.expires_at, self.num_loads)  # fmt: skip

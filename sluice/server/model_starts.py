@@ -150,7 +150,7 @@ class ModelStarts(Generic[P]):
         engine = entry.spec.make_engine()
         try:
             await engine.start()
-            served.check_served_by(engine.info)
+            served = served.served_by(engine.info)
         except BaseException:
             with contextlib.suppress(Exception):
                 await engine.shutdown()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from sluice.engine.messages import EngineReady
@@ -35,14 +35,17 @@ class ServedModel:
     # None: a generation model.
     pooling: PoolingSpec | None = None
 
-    def check_served_by(self, ready: EngineReady | None) -> None:
-        """The engine loaded the model described here: the server process reads
-        the model's small files, the engine its weights, two readings of one
-        model that must agree (a ModelLoadError naming what differs). None: an
-        engine that loads no model (the test fakes)."""
+    def served_by(self, ready: EngineReady | None) -> ServedModel:
+        """The model as the engine serves it: the server process reads the
+        model's small files, the engine its weights, two readings of one model
+        that must agree (a ModelLoadError naming what differs). The engine may
+        hold a shorter context than described, never a longer one: where no
+        --max-model-len was asked and the model's own does not fit in memory,
+        it fits one (engine/startup.fit_max_model_len), and that is the context
+        served. None: an engine that loads no model (the test fakes)."""
         if ready is None:
-            return
-        if (ready.model_name, ready.max_model_len) != (self.name, self.max_model_len):
+            return self
+        if ready.model_name != self.name or ready.max_model_len > self.max_model_len:
             raise ModelLoadError(
                 f"the engine loaded {ready.model_name!r} with a context of "
                 f"{ready.max_model_len} tokens, but the server describes {self.name!r} "
@@ -53,3 +56,4 @@ class ServedModel:
                 f"the engine serves {ready.model_name!r} as {ready.pooling}, but the "
                 f"server describes it as {self.pooling}"
             )
+        return replace(self, max_model_len=ready.max_model_len)
