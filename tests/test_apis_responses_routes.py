@@ -184,3 +184,30 @@ def test_a_slow_reader_gets_merged_deltas_that_add_up_to_the_same_items():
     assert whole["output"][3]["arguments"] == "{}"
     deltas = [e for e in events if e["type"].endswith(".delta")]
     assert len(deltas) < len(token_ids)  # the reader lagged: deltas merged
+
+
+def _nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"input": "hi", "tools": TOOLS + [{"type": "function", "name": "f", "x": _nested(300)}]},
+         "tools"),
+        ({"input": "hi", "tool_choice": {"type": "function", "name": "get_weather",
+                                         "x": _nested(300)}}, "tool_choice"),
+        ({"input": [{"type": "local_shell_call", "call_id": "c1", "action": _nested(300)}]},
+         "input[0].action"),
+    ],
+)  # fmt: skip
+def test_json_nested_past_the_limit_in_an_echoed_field_is_a_400_naming_it(live, body, param):
+    """Fields echoed into the response object (or turned into a call's
+    arguments) were serialized as they came: 300 levels is past what the
+    encoder takes, and the request failed with a 500 (the fuzz test found it)."""
+    response = post(live, body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param

@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from sluice.errors import InvalidRequestError
+from sluice.server.limits import check_json_depth
 
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
@@ -110,6 +111,7 @@ def _add_call(messages: list[dict[str, Any]], item: dict[str, Any], param: str) 
         name = _string(item, "name", param)
         arguments = orjson.dumps({"input": _string(item, "input", param)}).decode()
     else:  # local_shell_call: its action as the arguments
+        check_json_depth(item.get("action"), f"{param}.action")
         name, arguments = "local_shell", orjson.dumps(item.get("action") or {}).decode()
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
     last = messages[-1] if messages else None

@@ -28,6 +28,7 @@ from sluice.apis.responses.input_items import chat_tool_choice, chat_tools, inpu
 from sluice.apis.responses.protocol import ResponsesRequest
 from sluice.errors import InvalidRequestError, RequestError
 from sluice.frontend.request import GenerationRequest, ResponsesSettings
+from sluice.server.limits import check_json_depth
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # A chat field's name in an error -> the Responses field it came from.
@@ -67,7 +68,10 @@ async def responses_request(
         request = await chat_to_internal.chat_request(chat_body, options, clamps_max_tokens=True)
     except RequestError as error:
         raise _renamed(error) from None
-    settings = ResponsesSettings(orjson.dumps(_echoed(body)), custom_tool_names)
+    echoed = _echoed(body)
+    for field, value in echoed.items():  # what the encoder takes (it stops at 255 levels)
+        check_json_depth(value, field)
+    settings = ResponsesSettings(orjson.dumps(echoed), custom_tool_names)
     request = replace(
         request, kind="responses", response_id=f"resp_{uuid.uuid4().hex}", responses=settings
     )
