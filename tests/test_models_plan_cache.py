@@ -112,6 +112,13 @@ def test_auto_reads_measure_ignores_and_a_pinned_file_is_never_written(tmp_path)
     assert json.loads(pinned.read_text()) == {"prefill_attention": [[0, "native"]]}
 
 
+def test_a_cache_dir_given_as_text_keeps_the_plan_in_the_same_file(tmp_path):
+    """A ModelConfig built in Python may carry its cache_dir as a str (the
+    native-kernels test does); the store failed on `str / str` before."""
+    store = PlanStore.open(AUTO, str(tmp_path), "model")
+    assert store.path == PlanStore.open(AUTO, tmp_path, "model").path
+
+
 def test_an_older_separate_cache_file_is_ignored(tmp_path):
     folder = tmp_path / "calibration"
     folder.mkdir()

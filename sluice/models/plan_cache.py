@@ -142,7 +142,7 @@ class PlanStore:
         says what is wrong)."""
         if setting not in (AUTO, MEASURE):
             return cls(None, read_json(Path(setting)) or {}, setting)
-        path = None if cache_dir is None else plan_path(cache_dir, model_part)
+        path = None if cache_dir is None else plan_path(Path(cache_dir), model_part)
         kept = read_json(path) if setting == AUTO and path is not None else None
         return cls(path, kept or {})
 
