@@ -59,55 +59,18 @@ static block_fn common_kernel(const QBlockExpert *experts, const chosen *c, int 
     return kernel;
 }
 
-/* One part over every chosen expert's rows: one job an expert, their
- * (row chunk, tile pair) items in one loop. */
-static int run_experts(const QBlockExpert *experts, const chosen *c, int is_down, int64_t p,
-                       block_fn kernel, const activations *act, char *out, int out_bf16,
-                       int64_t out_stride) {
-    job *jobs = malloc(sizeof(job) * (size_t)c->count);
-    int64_t *first_item = malloc(sizeof(int64_t) * (size_t)(c->count + 1));
-    if (jobs == NULL || first_item == NULL) {
-        free(jobs);
-        free(first_item);
-        return -1;
-    }
-    const QBlockPart *model = part_of(&experts[c->expert[0]], is_down, p);
-    const int64_t pairs = qblock_tile_pairs(model->out_features);
-    const int64_t tile_bytes = (act->k / model->super_block) *
-        qblock_super_bytes((int)model->bits, (int)model->sub, (int)model->super_block,
-                           (int)model->has_scales, (int)model->has_min);
-    first_item[0] = 0;
-    for (int64_t s = 0; s < c->count; s++) {
-        const QBlockPart *part = part_of(&experts[c->expert[s]], is_down, p);
-        jobs[s] = (job){part->packed, part->out_features, tile_bytes, act, out, out_bf16, out_stride};
-        const int64_t rows = c->start[s + 1] - c->start[s];
-        first_item[s + 1] = first_item[s] + (rows + ROW_CHUNK - 1) / ROW_CHUNK * pairs;
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t item = 0; item < first_item[c->count]; item++) {
-        int64_t s = 0;
-        while (first_item[s + 1] <= item) s++;
-        const int64_t local = item - first_item[s], chunk = local / pairs;
-        const int64_t r0 = c->start[s] + chunk * ROW_CHUNK;
-        const int64_t end = r0 + ROW_CHUNK < c->start[s + 1] ? r0 + ROW_CHUNK : c->start[s + 1];
-        qblock_run_rows(kernel, &jobs[s], r0, end, (local % pairs) * TILE_GROUP);
-    }
-    free(first_item);
-    free(jobs);
-    return 0;
-}
-
 /* in [A, k] (grouped rows) times each chosen expert's gate/up or down parts
- * -> out [A, width], in's dtype: qblock_linear's steps, every expert at once. */
+ * -> out [A, width], in's dtype: qblock_linear's steps, every expert at once
+ * (one span a chosen expert, its rows, in one loop a part). */
 static int grouped_projection(const void *in, int bf16, int64_t k, const QBlockExpert *experts,
                               const chosen *c, int is_down, void *out, int64_t width) {
-    const int64_t rows = c->start[c->count];
-    activations act = {rows, k, 0, 0, NULL, NULL, NULL, NULL};
-    act.xq = malloc((size_t)(rows * k) + 1);
-    act.sx = malloc(sizeof(float) * (size_t)(rows * (k / 16) + 1));
-    act.xsum = malloc(sizeof(int32_t) * (size_t)(rows * (k / 16) + 1));
-    act.xpair = malloc(sizeof(int32_t) * (size_t)(rows * (k / 32) + 1));
-    int status = act.xq && act.sx && act.xsum && act.xpair ? 0 : -1;
+    activations act;
+    span *spans = malloc(sizeof(span) * (size_t)c->count);
+    int status = spans != NULL ? qblock_activations_alloc(&act, c->start[c->count], k) : -1;
+    if (status != 0) {
+        free(spans);
+        return -1;
+    }
     const int64_t element = bf16 ? 2 : 4;
     int64_t column = 0;
     for (int64_t p = 0; status == 0 && p < num_parts(&experts[c->expert[0]], is_down); p++) {
@@ -117,24 +80,17 @@ static int grouped_projection(const void *in, int bf16, int64_t k, const QBlockE
             status = -1;
             break;
         }
-        if (act.super_block != model->super_block) {
-            act.super_block = (int)model->super_block;
-            act.sub = 0;
-            qblock_quantize_rows(in, bf16, &act);
+        for (int64_t s = 0; s < c->count; s++) {
+            spans[s].start = c->start[s], spans[s].end = c->start[s + 1];
+            qblock_prepare(in, bf16, &act, part_of(&experts[c->expert[s]], is_down, p),
+                           (char *)out + column * element, bf16, width, &spans[s].jb);
         }
-        if (act.sub != model->sub) {
-            act.sub = (int)model->sub;
-            qblock_sum_rows(&act);
-        }
-        status = run_experts(experts, c, is_down, p, kernel, &act, (char *)out + column * element,
-                             bf16, width);
+        qblock_run_spans(kernel, spans, c->count, model->out_features);
         column += model->out_features;
     }
     if (status == 0 && column != width) status = -1;
-    free(act.xpair);
-    free(act.xsum);
-    free(act.sx);
-    free(act.xq);
+    qblock_activations_free(&act);
+    free(spans);
     return status;
 }
 

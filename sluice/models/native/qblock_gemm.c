@@ -76,7 +76,7 @@ static __m512 load16_f32(const void *x, int x_bf16, int64_t index) {
 
 /* xq, sx for super-blocks of `super_block` (a multiple of 16): amax over the
  * block, rint(x * (127 / amax)) clamped to +-127, as the scalar code would. */
-void qblock_quantize_rows(const void *x, int x_bf16, activations *a) {
+static void quantize_rows(const void *x, int x_bf16, activations *a) {
     const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
     const int64_t n_super = a->k / a->super_block;
     for (int64_t t = 0; t < a->rows; t++)
@@ -99,7 +99,7 @@ void qblock_quantize_rows(const void *x, int x_bf16, activations *a) {
 }
 
 /* xsum (and its int16 pairs) for sub-blocks of `sub`. */
-void qblock_sum_rows(activations *a) {
+static void sum_rows(activations *a) {
     const int64_t n_sub = a->k / a->sub;
     for (int64_t t = 0; t < a->rows; t++) {
         int32_t *xsum = a->xsum + t * n_sub;
@@ -334,7 +334,7 @@ block_fn qblock_kernel_for(const QBlockPart *p) {
 }
 
 /* Rows [r0, end) times the tile pair at t0 (one work item). */
-void qblock_run_rows(block_fn kernel, const job *jb, int64_t r0, int64_t end, int64_t t0) {
+static void run_rows(block_fn kernel, const job *jb, int64_t r0, int64_t end, int64_t t0) {
     const int64_t tiles = (jb->n + TILE - 1) / TILE;
     const int count_t = tiles - t0 < TILE_GROUP ? (int)(tiles - t0) : TILE_GROUP;
     for (; r0 < end; r0 += ROW_GROUP) {
@@ -343,16 +343,64 @@ void qblock_run_rows(block_fn kernel, const job *jb, int64_t r0, int64_t end, in
     }
 }
 
-/* One part's (row chunk, tile pair) items over OpenMP's threads. */
-static void run_part(block_fn kernel, const job *jb, int64_t rows) {
-    const int64_t groups = qblock_tile_pairs(jb->n);
-    const int64_t chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
-#pragma omp parallel for schedule(static)
-    for (int64_t item = 0; item < chunks * groups; item++) {
-        const int64_t chunk = item / groups, t0 = (item % groups) * TILE_GROUP;
-        const int64_t end = rows < (chunk + 1) * ROW_CHUNK ? rows : (chunk + 1) * ROW_CHUNK;
-        qblock_run_rows(kernel, jb, chunk * ROW_CHUNK, end, t0);
+void qblock_run_spans(block_fn kernel, const span *spans, int64_t count, int64_t n) {
+    const int64_t pairs = qblock_tile_pairs(n);
+    int64_t one[2], *first_item = count == 1 ? one : malloc(sizeof(int64_t) * (size_t)(count + 1));
+    if (first_item == NULL) { /* no memory for the index: the spans one after another */
+        for (int64_t s = 0; s < count; s++) qblock_run_spans(kernel, &spans[s], 1, n);
+        return;
     }
+    first_item[0] = 0;
+    for (int64_t s = 0; s < count; s++)
+        first_item[s + 1] = first_item[s] + (spans[s].end - spans[s].start + ROW_CHUNK - 1) / ROW_CHUNK * pairs;
+#pragma omp parallel for schedule(static)
+    for (int64_t item = 0; item < first_item[count]; item++) {
+        int64_t s = 0;
+        while (first_item[s + 1] <= item) s++;
+        const int64_t local = item - first_item[s], r0 = spans[s].start + local / pairs * ROW_CHUNK;
+        const int64_t end = r0 + ROW_CHUNK < spans[s].end ? r0 + ROW_CHUNK : spans[s].end;
+        run_rows(kernel, &spans[s].jb, r0, end, (local % pairs) * TILE_GROUP);
+    }
+    if (first_item != one) free(first_item);
+}
+
+int qblock_activations_alloc(activations *a, int64_t rows, int64_t k) {
+    *a = (activations){rows, k, 0, 0, NULL, NULL, NULL, NULL};
+    a->xq = malloc((size_t)(rows * k) + 1);
+    a->sx = malloc(sizeof(float) * (size_t)(rows * (k / 16) + 1));
+    a->xsum = malloc(sizeof(int32_t) * (size_t)(rows * (k / 16) + 1));
+    a->xpair = malloc(sizeof(int32_t) * (size_t)(rows * (k / 32) + 1));
+    if (a->xq && a->sx && a->xsum && a->xpair) return 0;
+    qblock_activations_free(a);
+    return -1;
+}
+
+void qblock_activations_free(activations *a) {
+    free(a->xpair);
+    free(a->xsum);
+    free(a->sx);
+    free(a->xq);
+    a->xq = NULL, a->sx = NULL, a->xsum = NULL, a->xpair = NULL;
+}
+
+block_fn qblock_prepare(const void *x, int x_bf16, activations *a, const QBlockPart *p, void *out,
+                        int out_bf16, int64_t out_stride, job *jb) {
+    const block_fn kernel = qblock_kernel_for(p);
+    if (kernel == NULL || a->k % p->super_block != 0) return NULL;
+    if (a->super_block != p->super_block) {
+        a->super_block = (int)p->super_block;
+        a->sub = 0;
+        quantize_rows(x, x_bf16, a);
+    }
+    if (a->sub != p->sub) {
+        a->sub = (int)p->sub;
+        sum_rows(a);
+    }
+    const int64_t super_bytes = qblock_super_bytes((int)p->bits, (int)p->sub, (int)p->super_block,
+                                                   (int)p->has_scales, (int)p->has_min);
+    *jb = (job){p->packed, p->out_features, (a->k / p->super_block) * super_bytes, a, out, out_bf16,
+                out_stride};
+    return kernel;
 }
 
 /* out[rows, sum of parts' n] = x[rows, k] W^T for W the parts' rows one
@@ -363,43 +411,22 @@ static void run_part(block_fn kernel, const job *jb, int64_t rows) {
  * Returns 0, or -1 for a format it has no kernel for or no memory. */
 int qblock_linear(const void *x, int x_bf16, int64_t rows, int64_t k, const QBlockPart *parts,
                   int64_t num_parts, void *out, int out_bf16, int64_t out_stride) {
-    activations act = {rows, k, 0, 0, NULL, NULL, NULL, NULL};
-    act.xq = malloc((size_t)(rows * k) + 1);
-    act.sx = malloc(sizeof(float) * (size_t)(rows * (k / 16) + 1));
-    act.xsum = malloc(sizeof(int32_t) * (size_t)(rows * (k / 16) + 1));
-    act.xpair = malloc(sizeof(int32_t) * (size_t)(rows * (k / 32) + 1));
-    int status = act.xq && act.sx && act.xsum && act.xpair ? 0 : -1;
+    activations act;
+    int status = qblock_activations_alloc(&act, rows, k);
+    const int64_t element = out_bf16 ? 2 : 4;
     int64_t column = 0;
     for (int64_t i = 0; i < num_parts && status == 0; i++) {
-        const QBlockPart *part = &parts[i];
-        const block_fn kernel = qblock_kernel_for(part);
-        if (kernel == NULL || k % part->super_block != 0) {
+        span one = {.start = 0, .end = rows};
+        const block_fn kernel = qblock_prepare(x, x_bf16, &act, &parts[i], (char *)out + column * element,
+                                               out_bf16, out_stride, &one.jb);
+        if (kernel == NULL) {
             status = -1;
             break;
         }
-        if (act.super_block != part->super_block) {
-            act.super_block = (int)part->super_block;
-            act.sub = 0;
-            qblock_quantize_rows(x, x_bf16, &act);
-        }
-        if (act.sub != part->sub) {
-            act.sub = (int)part->sub;
-            qblock_sum_rows(&act);
-        }
-        const int64_t element = out_bf16 ? 2 : 4;
-        const job jb = {part->packed, part->out_features,
-                        (k / part->super_block) * qblock_super_bytes((int)part->bits, (int)part->sub,
-                                                                     (int)part->super_block,
-                                                                     (int)part->has_scales,
-                                                                     (int)part->has_min),
-                        &act, (char *)out + column * element, out_bf16, out_stride};
-        run_part(kernel, &jb, rows);
-        column += part->out_features;
+        qblock_run_spans(kernel, &one, 1, parts[i].out_features);
+        column += parts[i].out_features;
     }
-    free(act.xpair);
-    free(act.xsum);
-    free(act.sx);
-    free(act.xq);
+    qblock_activations_free(&act);
     return status;
 }
 

@@ -1,6 +1,7 @@
-/* qblock_gemm.c's pieces that moe_qblock.c runs too: the activations'
- * quantization, one work item of rows times a tile pair, and the kernel of a
- * block format. Defined only where AVX512-VNNI is; hidden, so not exported
+/* qblock_gemm.c's pieces that moe_qblock.c runs too: the activations (one
+ * buffer, quantized again only where a part's block sizes change), the row
+ * and tile walk over spans of rows (one matrix each: a projection, or each
+ * chosen expert's), and the kernel of a block format. Defined only where AVX512-VNNI is; hidden, so not exported
  * (the library exports exactly sluice_abi.h's functions). */
 #ifndef QBLOCK_KERNEL_H
 #define QBLOCK_KERNEL_H
@@ -47,12 +48,27 @@ static inline int64_t qblock_tile_pairs(int64_t n) {
     return ((n + TILE - 1) / TILE + TILE_GROUP - 1) / TILE_GROUP;
 }
 
-/* xq and sx of a->rows rows of x (a->super_block set), then xsum and xpair (a->sub set). */
-QBLOCK_HIDDEN void qblock_quantize_rows(const void *x, int x_bf16, activations *a);
-QBLOCK_HIDDEN void qblock_sum_rows(activations *a);
+/* One matrix over rows [start, end) of the activations. */
+typedef struct {
+    job jb;
+    int64_t start, end;
+} span;
+
+/* a's buffers for `rows` rows of width k (nothing quantized yet): 0, or -1
+ * with nothing held when memory runs out; qblock_activations_free after. */
 /* The kernel of p's block format; NULL: none. */
 QBLOCK_HIDDEN block_fn qblock_kernel_for(const QBlockPart *p);
-/* Rows [r0, end) of jb's activations times the tile pair at tile t0. */
-QBLOCK_HIDDEN void qblock_run_rows(block_fn kernel, const job *jb, int64_t r0, int64_t end, int64_t t0);
+QBLOCK_HIDDEN int qblock_activations_alloc(activations *a, int64_t rows, int64_t k);
+QBLOCK_HIDDEN void qblock_activations_free(activations *a);
+/* x's rows quantized for part p's super-block and sub-block sizes (again
+ * only where they differ from the last part's); the job of p writing at
+ * `out` (a column slice, rows `out_stride` apart); p's kernel, or NULL where
+ * there is none for its format or k is not whole super-blocks. */
+QBLOCK_HIDDEN block_fn qblock_prepare(const void *x, int x_bf16, activations *a,
+                                      const QBlockPart *p, void *out, int out_bf16,
+                                      int64_t out_stride, job *jb);
+/* Every span's (row chunk, tile pair) items in one OpenMP loop, all spans'
+ * matrices n columns wide and of one kernel. */
+QBLOCK_HIDDEN void qblock_run_spans(block_fn kernel, const span *spans, int64_t count, int64_t n);
 
 #endif
