@@ -409,7 +409,7 @@ REASONING_EFFORTS = ("minimal", "low", "medium", "high", "xhigh")
 @dataclass(frozen=True, slots=True)
 class ReasoningEffortBudgets:
     """The thinking budget, in tokens, of each `reasoning_effort` /
-    `reasoning.effort` (sluice/server/reasoning_fields.py); None: unbounded."""
+    `reasoning.effort` (sluice/apis/rules/reasoning_fields.py); None: unbounded."""
 
     minimal: int | None = 256
     low: int | None = 1024
@@ -661,7 +661,7 @@ class ServerConfig:
         "template; none: never)",
     )
     # The thinking budget of each reasoning effort a request names
-    # (sluice/server/reasoning_fields.py).
+    # (sluice/apis/rules/reasoning_fields.py).
     reasoning_effort_budgets: ReasoningEffortBudgets = setting(
         default_factory=ReasoningEffortBudgets,
         help_text="the thinking budget in tokens of each reasoning_effort, e.g. "

@@ -17,19 +17,19 @@ from sluice.apis.messages.to_internal import count_tokens, messages_request
 from sluice.apis.openai_request import RequestOptions
 from sluice.apis.responses.protocol import ResponsesRequest
 from sluice.apis.responses.to_internal import responses_request
-from sluice.config import ReasoningEffortBudgets
-from sluice.engine.sampling_params import ThinkingBudget
-from sluice.errors import InvalidRequestError, RequestError
-from sluice.frontend.preprocess import Preprocessor
-from sluice.frontend.request import GenerationRequest
-from sluice.server.reasoning_fields import (
+from sluice.apis.rules.reasoning_fields import (
     ReasoningPlan,
     TemplateReasoning,
     reasoning_plan,
     template_reasoning,
     thinking_budget,
 )
-from sluice.server.tool_fields import ToolPlan
+from sluice.apis.rules.tool_fields import ToolPlan
+from sluice.config import ReasoningEffortBudgets
+from sluice.engine.sampling_params import ThinkingBudget
+from sluice.errors import InvalidRequestError, RequestError
+from sluice.frontend.preprocess import Preprocessor
+from sluice.frontend.request import GenerationRequest
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.tools.output_parsing import OutputParsing
 

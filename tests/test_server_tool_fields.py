@@ -9,8 +9,8 @@ import json
 from sluice.apis.chat import protocol as chat_protocol
 from sluice.apis.chat.to_internal import chat_request
 from sluice.apis.openai_request import RequestOptions
+from sluice.apis.rules.tool_fields import tool_plan
 from sluice.frontend.preprocess import Preprocessor
-from sluice.server.tool_fields import tool_plan
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.tools.output_parsing import OutputParsing
 from sluice.tools.tool_format import ToolCallFormat

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from sluice.apis.rules.tool_prompt import shown_tools_messages
 from sluice.frontend.preprocess import ChatMessage, MessageToolCall
-from sluice.server.tool_prompt import shown_tools_messages
 from sluice.testing import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.grammar_script import GrammarChoice

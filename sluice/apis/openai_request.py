@@ -18,12 +18,12 @@ from typing import Literal, TypeVar
 import msgspec
 
 from sluice.apis.openai_protocol import INT64_MAX, SamplingFields, StreamOptions
+from sluice.apis.rules.structured_fields import GrammarCheck
 from sluice.config import GenerationDefaults, ReasoningEffortBudgets, RequestLimits
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import InvalidRequestError, ModelNotFoundError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.request import GenerationRequest, PromptInput
-from sluice.server.structured_fields import GrammarCheck
 from sluice.structured.spec import StructuredOutputSpec
 from sluice.tools.tool_format import ToolCallFormat
 

@@ -1,7 +1,7 @@
 """What a request's output must match: one frozen value, `StructuredOutputSpec`.
 
 The HTTP edge builds it from `response_format`, `structured_outputs` or the
-`guided_*` fields (`sluice.server.structured_fields`), tool calling builds it
+`guided_*` fields (`sluice.apis.rules.structured_fields`), tool calling builds it
 from a tool's parameters (`StructuredOutputSpec.json_schema`); it rides in
 `SamplingParams` across the process boundary, and the engine compiles it
 (`sluice.structured.grammar`). It imports nothing heavier than msgspec, so

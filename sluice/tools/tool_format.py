@@ -12,7 +12,7 @@ Tools work with no flags on every model:
   system prompt with the default call format instead (hermes-style
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, or the format
   `--tool-call-parser` names), and writes earlier calls and their results as
-  text in that format (`sluice/server/tool_prompt.py`). The model is shown
+  text in that format (`sluice/apis/rules/tool_prompt.py`). The model is shown
   exactly one format, and it is the one parsed.
 `--tool-call-parser none` turns tool calling off where it cannot work (a
 model too small to call tools, a context too small for an agent's tool

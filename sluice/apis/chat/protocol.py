@@ -89,7 +89,7 @@ class ChatCompletionRequest(SamplingFields):
     # OpenAI's deprecated forms of the same: refused by name, never ignored.
     functions: Any = None
     function_call: Any = None
-    # Reasoning controls (server/reasoning_fields.py): OpenAI's effort ("none"
+    # Reasoning controls (apis/rules/reasoning_fields.py): OpenAI's effort ("none"
     # turns thinking off, the others cap it at the server's budget for it).
     reasoning_effort: ReasoningEffort | None = None
     # vLLM extensions.

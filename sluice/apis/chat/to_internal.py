@@ -2,7 +2,7 @@
 
 Pydantic has already checked types and ranges (protocol.py); this module
 reads the messages (text content parts only, tool calls of earlier turns),
-plans tools and reasoning (server/tool_fields.py, reasoning_fields.py),
+plans tools and reasoning (apis/rules/tool_fields.py, reasoning_fields.py),
 renders the chat template through the `Preprocessor`, and raises a typed
 `RequestError` naming the field for anything it refuses. The agent APIs
 (Messages, Responses, Ollama) build a chat body and convert it here. What it
@@ -30,12 +30,13 @@ from sluice.apis.openai_request import (
     with_default_stop,
     with_prompt_logprobs,
 )
+from sluice.apis.rules import reasoning_fields, tool_fields
+from sluice.apis.rules.structured_fields import structured_output
+from sluice.apis.rules.tool_prompt import template_inputs
 from sluice.errors import InvalidRequestError
 from sluice.frontend.preprocess import ChatMessage
 from sluice.frontend.request import GenerationRequest
-from sluice.server import limits, reasoning_fields, tool_fields
-from sluice.server.structured_fields import structured_output
-from sluice.server.tool_prompt import template_inputs
+from sluice.server import limits
 
 
 async def chat_request(

@@ -28,11 +28,11 @@ from sluice.apis.openai_request import (
     with_default_stop,
     with_prompt_logprobs,
 )
+from sluice.apis.rules.structured_fields import structured_output
 from sluice.errors import InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.request import GenerationRequest, PromptInput
 from sluice.server import limits
-from sluice.server.structured_fields import structured_output
 
 # Completions default; chat's default is the rest of the context.
 DEFAULT_COMPLETION_MAX_TOKENS = 16

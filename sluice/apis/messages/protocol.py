@@ -82,7 +82,7 @@ class Thinking(OpenAIModel):
     # the output, if the server has one.
     type: str
     # The most tokens the reasoning may take before its end is forced (chat's
-    # `thinking_token_budget`: server/reasoning_fields.py). Below max_tokens
+    # `thinking_token_budget`: apis/rules/reasoning_fields.py). Below max_tokens
     # (MessagesRequest checks), as Anthropic requires.
     budget_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
 

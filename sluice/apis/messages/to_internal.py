@@ -25,10 +25,11 @@ from sluice.apis.chat import protocol as chat_protocol
 from sluice.apis.chat.to_internal import chat_messages, chat_request
 from sluice.apis.messages import protocol as messages_protocol
 from sluice.apis.openai_request import RequestOptions
+from sluice.apis.rules import reasoning_fields, tool_fields
+from sluice.apis.rules.tool_prompt import template_inputs
 from sluice.errors import InvalidRequestError
 from sluice.frontend.request import GenerationRequest
-from sluice.server import limits, reasoning_fields, tool_fields
-from sluice.server.tool_prompt import template_inputs
+from sluice.server import limits
 from sluice.tools.harmony import HARMONY
 
 _CUSTOM_TOOL_TYPES = (None, "custom")
@@ -96,7 +97,7 @@ def _with_thinking(
 
 
 def _thinking_fields(body: messages_protocol.PromptFields) -> dict[str, Any]:
-    """Chat's reasoning controls for `thinking` (server/reasoning_fields.py):
+    """Chat's reasoning controls for `thinking` (apis/rules/reasoning_fields.py):
     disabled is the effort "none", a budget chat's `thinking_token_budget`."""
     thinking = body.thinking
     fields: dict[str, Any] = {"chat_template_kwargs": body.chat_template_kwargs}

@@ -14,7 +14,7 @@ reasoning, limits and the max_tokens policy are the chat API's own:
   prompt's tokens, as Ollama puts it;
 - `options` as sampling fields (num_predict -> max_tokens, repeat_penalty ->
   repetition_penalty); `format` as response_format; `think` as chat's
-  reasoning controls (server/reasoning_fields.py): false is the effort "none"
+  reasoning controls (apis/rules/reasoning_fields.py): false is the effort "none"
   (the template's thinking off) with the reasoning parser off, a level is
   that effort (its budget), true asks for a reasoning parser (a 400 where the
   model has none);
@@ -41,9 +41,10 @@ from sluice.apis.completions.to_internal import completion_request
 from sluice.apis.max_tokens import effective_max_tokens
 from sluice.apis.ollama import protocol as ollama
 from sluice.apis.openai_request import RequestOptions
+from sluice.apis.rules import reasoning_fields
 from sluice.errors import InvalidRequestError, ModelNotFoundError, RequestError
 from sluice.frontend.request import GenerationRequest, PromptInput
-from sluice.server import limits, reasoning_fields
+from sluice.server import limits
 
 # Ollama's own name for the newest version of a model.
 LATEST_TAG = ":latest"

@@ -52,7 +52,7 @@ class TextOptions(OpenAIModel):
 
 
 class ReasoningOptions(OpenAIModel):
-    # Chat's `reasoning_effort` (server/reasoning_fields.py): "none" turns
+    # Chat's `reasoning_effort` (apis/rules/reasoning_fields.py): "none" turns
     # thinking off, the others cap it; checked there, named here.
     effort: str | None = None
     summary: str | None = None

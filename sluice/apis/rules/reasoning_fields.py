@@ -34,11 +34,11 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from sluice.apis.chat import protocol as chat_protocol
+from sluice.apis.rules.tool_fields import ToolPlan
 from sluice.config import ReasoningEffortBudgets
 from sluice.engine.sampling_params import ThinkingBudget
 from sluice.frontend.preprocess import PromptTokenizer
 from sluice.frontend.request import PromptInput
-from sluice.server.tool_fields import ToolPlan
 from sluice.tools.harmony import is_harmony_template
 from sluice.tools.reasoning import THINK_END, THINK_START
 

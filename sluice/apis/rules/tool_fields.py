@@ -5,7 +5,7 @@ sampling and the reading of the output: one `ToolPlan`.
   `limits.MAX_JSON_DEPTH` deep, `$defs` an object) and shown to the model in
   the request's shape: by the chat template, or by the server in the system
   prompt where the template shows no format it knows (`ToolCallFormat`,
-  `sluice/tools/tool_format.py`; `sluice/server/tool_prompt.py`).
+  `sluice/tools/tool_format.py`; `sluice/apis/rules/tool_prompt.py`).
 - `tool_choice` defaults to "auto" with tools, "none" without; any value
   without tools is a 400 (as OpenAI), and so is a named function not in them.
   - "auto": the output is read by the server's tool-call parser
@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.apis.chat import protocol as chat_protocol
+from sluice.apis.rules.structured_fields import GrammarCheck, check_json_schema
 from sluice.errors import InvalidRequestError
 from sluice.frontend.preprocess import MessageToolCall
 from sluice.server import limits
-from sluice.server.structured_fields import GrammarCheck, check_json_schema
 from sluice.structured.spec import StructuredOutputSpec
 from sluice.tools.call_grammar import calls_or_answer
 from sluice.tools.output_parsing import NAMED_FORMAT, REQUIRED_FORMAT, OutputParsing
