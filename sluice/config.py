@@ -548,7 +548,7 @@ class ServerConfig:
     api_key: tuple[str, ...] = setting(
         (), "comma-separated keys clients must send as a Bearer token (default: none)"
     )
-    # One key per line with an optional name and limits (sluice/server/api_keys.py,
+    # One key per line with an optional name and limits (sluice/server/keys/api_keys.py,
     # docs/OPERATIONS.md); read again on SIGHUP.
     api_key_file: Path | None = setting(
         None, "a file of keys, one a line with optional name= and limits; reread on SIGHUP"

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.cli import build_parser, main, server_config_from
-from sluice.server.api_keys import KeyFileError, KeyLimits, KeyRing, digest_of, parse_key_file
+from sluice.server.keys.api_keys import KeyFileError, KeyLimits, KeyRing, digest_of, parse_key_file
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL

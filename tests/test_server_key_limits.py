@@ -13,8 +13,8 @@ import httpx2
 import pytest
 
 from sluice.errors import RateLimitError
-from sluice.server.api_keys import ApiKey, KeyLimits, digest_of
-from sluice.server.key_limits import KeyLimiter
+from sluice.server.keys.api_keys import ApiKey, KeyLimits, digest_of
+from sluice.server.keys.key_limits import KeyLimiter
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL

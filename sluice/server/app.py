@@ -47,10 +47,10 @@ from sluice.apis.surface import (
 from sluice.config import ServerConfig
 from sluice.engine.client_base import EngineClient
 from sluice.server.admission import AdmissionCollector
-from sluice.server.api_keys import KeyRing
 from sluice.server.errors import install_error_handlers
 from sluice.server.info_routes import InfoRoutes, sluice_version
-from sluice.server.key_limits import KeyLimiter
+from sluice.server.keys.api_keys import KeyRing
+from sluice.server.keys.key_limits import KeyLimiter
 from sluice.server.loop_watchdog import LoopWatchdog
 from sluice.server.middleware import middleware_stack
 from sluice.server.model_entry import ModelSpec

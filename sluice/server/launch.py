@@ -17,7 +17,7 @@ Signals (main thread only): SIGTERM or a first SIGINT drain the app
 (`sluice.server.shutdown`) and then stop, exit status 0; a second SIGINT
 exits at once. Unlike plain uvicorn, the signal is not re-raised afterwards,
 so a drained server exits 0. SIGHUP reads the API key file again
-(sluice/server/api_keys.py). Connections beyond `max_connections` get 503.
+(sluice/server/keys/api_keys.py). Connections beyond `max_connections` get 503.
 """
 
 from __future__ import annotations
@@ -341,8 +341,8 @@ def build_data_parallel_engine(config: ServerConfig) -> EngineAssembly:
 def run_server(config: ServerConfig) -> int:
     """`sluice serve`: build the engine and the app from `config`, serve; the exit status."""
     _configure_logging()
-    from sluice.server.api_keys import KeyRing
     from sluice.server.app import create_app
+    from sluice.server.keys.api_keys import KeyRing
     from sluice.server.model_catalog import model_paths, model_specs
 
     KeyRing(config.api_key, config.api_key_file)  # a broken key file fails before any load

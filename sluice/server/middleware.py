@@ -5,7 +5,7 @@ untouched and a client disconnect reaches the route as it happens.
 Order, outermost first: request context (sluice/server/request_context.py:
 id + access log, so even a 401 is logged with its id), CORS (so preflights never need a key), the request's
 trace with tracing on (sluice/server/request_spans.py), API key and its
-limits (sluice/server/api_keys.py, key_limits.py). Which paths are keyed,
+limits (sluice/server/keys/api_keys.py, key_limits.py). Which paths are keyed,
 traced and generation routes, and the shape of an error on each, is read
 from the app's API table (sluice/apis/surface.py).
 
@@ -34,9 +34,9 @@ from sluice.apis.surface import API_TABLE, ApiTable
 from sluice.config import ServerConfig
 from sluice.errors import ErrorShape, PermissionDeniedError, RateLimitError
 from sluice.server.access_log import RequestLog, log_safe
-from sluice.server.api_keys import ApiKey, KeyRing
 from sluice.server.errors import error_response, internal_error_response, request_error_response
-from sluice.server.key_limits import KeyLimiter
+from sluice.server.keys.api_keys import ApiKey, KeyRing
+from sluice.server.keys.key_limits import KeyLimiter
 from sluice.server.pages import is_public_page
 from sluice.server.request_context import SCOPE_KEY, RequestContext, context_of
 from sluice.server.request_spans import RequestTrace

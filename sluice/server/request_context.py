@@ -27,8 +27,8 @@ from starlette.types import Scope
 
 from sluice.frontend.observer import RequestObserver
 from sluice.server.access_log import RequestLog
-from sluice.server.api_keys import ApiKey
-from sluice.server.key_limits import KeyLease
+from sluice.server.keys.api_keys import ApiKey
+from sluice.server.keys.key_limits import KeyLease
 from sluice.server.metrics import ModelMetrics
 from sluice.server.request_spans import RequestTrace
 

@@ -11,7 +11,7 @@ position, no limits) and from `--api-key-file`, one key a line:
 
 `name=` is what logs, metrics and the dashboard show (never the key);
 `max_concurrent`, `rpm` (requests per minute) and `tpm` (prompt and generated
-tokens per minute) are the key's limits (sluice/server/key_limits.py),
+tokens per minute) are the key's limits (sluice/server/keys/key_limits.py),
 unlimited when absent; `admin=true` lets the key call the admin routes
 (`POST /reset_prefix_cache`), which other keys are refused (403).
 A comment starts at a `#` that begins a word (at the start of the line or

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sluice.errors import RateLimitError
-from sluice.server.api_keys import ApiKey, KeyLimits
+from sluice.server.keys.api_keys import ApiKey, KeyLimits
 
 WINDOW_S = 60.0
 
