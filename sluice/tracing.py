@@ -2,7 +2,7 @@
 `traceparent` in and out.
 
 One trace per API request, across processes: the HTTP edge's request span
-(sluice/server/request_spans.py: `receive` and `stream` inside it) continues
+(sluice/server/observability/request_spans.py: `receive` and `stream` inside it) continues
 the client's `traceparent` header, if any, and hands its own traceparent to
 the engine in `AddRequest.trace_context`, through the engine process's ZMQ
 socket or a Ray replica's TCP one alike; the engine loop

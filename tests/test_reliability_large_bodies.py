@@ -50,7 +50,7 @@ import pytest
 
 from sluice.config import RequestLimits
 from sluice.server.launch import tune_gc_for_serving
-from sluice.server.loop_watchdog import SAMPLE_INTERVAL_S
+from sluice.server.observability.loop_watchdog import SAMPLE_INTERVAL_S
 from sluice.testing import FakeEngine
 from sluice.testing.event_loops import run
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer

@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sluice.server.loop_watchdog import SAMPLE_INTERVAL_S, LoopWatchdog
+from sluice.server.observability.loop_watchdog import SAMPLE_INTERVAL_S, LoopWatchdog
 from sluice.testing.event_loops import run
 from sluice.testing.server_process import ServerProcess
 from sluice.testing.stream_reader import read_stream

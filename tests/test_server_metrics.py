@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from sluice.server.metrics import ServerMetrics
+from sluice.server.observability.metrics import ServerMetrics
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Metrics read from their owner when scraped (sluice/server/read_metrics.py):
+"""Metrics read from their owner when scraped (sluice/server/observability/read_metrics.py):
 each scrape shows the owner's numbers of that moment, one sample per model
 or label set."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sluice.server.read_metrics import ReadInfos, ReadModelCounters
+from sluice.server.observability.read_metrics import ReadInfos, ReadModelCounters
 
 
 def scrape(*collectors) -> str:

@@ -1,10 +1,10 @@
-"""The tiers' Prometheus families (sluice/server/tier_metrics.py): vLLM's
+"""The tiers' Prometheus families (sluice/server/observability/tier_metrics.py): vLLM's
 names for what vLLM has, sluice's disk series beside them."""
 
 from __future__ import annotations
 
 from sluice.engine.messages import KVTierStats
-from sluice.server.tier_metrics import tier_families
+from sluice.server.observability.tier_metrics import tier_families
 
 STATS = KVTierStats(
     queried_tokens=64,

@@ -29,7 +29,7 @@ from sluice.testing.live_server import LiveServer
 
 SLUICE = Path(sluice.__file__).parent
 TRACING_FILES = frozenset(str(SLUICE / name) for name in
-                          ("tracing.py", "server/request_spans.py", "engine/engine_spans.py"))  # fmt: skip
+                          ("tracing.py", "server/observability/request_spans.py", "engine/engine_spans.py"))  # fmt: skip
 OPENTELEMETRY = "/opentelemetry/"
 SHORT, LONG = 8, 40
 

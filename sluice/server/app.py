@@ -51,14 +51,14 @@ from sluice.server.errors import install_error_handlers
 from sluice.server.info_routes import InfoRoutes, sluice_version
 from sluice.server.keys.api_keys import KeyRing
 from sluice.server.keys.key_limits import KeyLimiter
-from sluice.server.loop_watchdog import LoopWatchdog
 from sluice.server.middleware import middleware_stack
 from sluice.server.model_entry import ModelSpec
 from sluice.server.model_parts import ModelParts
 from sluice.server.model_pool import ModelPool
+from sluice.server.observability.loop_watchdog import LoopWatchdog
+from sluice.server.observability.read_metrics import ReadInfos, ReadModelCounters
+from sluice.server.observability.replicas import ReplicaCollector
 from sluice.server.pages import add_pages
-from sluice.server.read_metrics import ReadInfos, ReadModelCounters
-from sluice.server.replicas import ReplicaCollector
 from sluice.server.routes import Handler, Routes
 from sluice.server.served_model import ServedModel
 from sluice.server.shutdown import GracefulShutdown

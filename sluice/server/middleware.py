@@ -4,14 +4,14 @@ Pure ASGI (no `BaseHTTPMiddleware`), so streaming bodies pass through
 untouched and a client disconnect reaches the route as it happens.
 Order, outermost first: request context (sluice/server/request_context.py:
 id + access log, so even a 401 is logged with its id), CORS (so preflights never need a key), the request's
-trace with tracing on (sluice/server/request_spans.py), API key and its
+trace with tracing on (sluice/server/observability/request_spans.py), API key and its
 limits (sluice/server/keys/api_keys.py, key_limits.py). Which paths are keyed,
 traced and generation routes, and the shape of an error on each, is read
 from the app's API table (sluice/apis/surface.py).
 
 Invariants: every HTTP response carries `X-Request-Id` (the client's, or a
 fresh one); exactly one "sluice.access" log line per HTTP request, written
-when its last body byte is sent or it failed (sluice/server/access_log.py);
+when its last body byte is sent or it failed (sluice/server/observability/access_log.py);
 each middleware writes what it learns into the request's one
 `RequestContext`, never into the scope under a key of its own.
 """
@@ -33,13 +33,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sluice.apis.surface import API_TABLE, ApiTable
 from sluice.config import ServerConfig
 from sluice.errors import ErrorShape, PermissionDeniedError, RateLimitError
-from sluice.server.access_log import RequestLog, log_safe
 from sluice.server.errors import error_response, internal_error_response, request_error_response
 from sluice.server.keys.api_keys import ApiKey, KeyRing
 from sluice.server.keys.key_limits import KeyLimiter
+from sluice.server.observability.access_log import RequestLog, log_safe
+from sluice.server.observability.request_spans import RequestTrace
 from sluice.server.pages import is_public_page
 from sluice.server.request_context import SCOPE_KEY, RequestContext, context_of
-from sluice.server.request_spans import RequestTrace
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -206,7 +206,7 @@ def _unauthorized(scope: Scope, shape: ErrorShape) -> Response:
 
 
 class TraceMiddleware:
-    """A `RequestTrace` (sluice/server/request_spans.py) in the request's
+    """A `RequestTrace` (sluice/server/observability/request_spans.py) in the request's
     context for each request to `routes` (method, path), ended with its status."""
 
     def __init__(self, app: ASGIApp, tracer: Tracer, routes: Collection[tuple[str, str]]):

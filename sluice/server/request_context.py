@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from starlette.types import Scope
 
 from sluice.frontend.observer import RequestObserver
-from sluice.server.access_log import RequestLog
 from sluice.server.keys.api_keys import ApiKey
 from sluice.server.keys.key_limits import KeyLease
-from sluice.server.metrics import ModelMetrics
-from sluice.server.request_spans import RequestTrace
+from sluice.server.observability.access_log import RequestLog
+from sluice.server.observability.metrics import ModelMetrics
+from sluice.server.observability.request_spans import RequestTrace
 
 # The scope key of the request's context (ASGI lets a server's own keys ride there).
 SCOPE_KEY = "sluice.request_context"

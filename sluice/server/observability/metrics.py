@@ -34,8 +34,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from sluice.engine.messages import EngineStatsSnapshot
-from sluice.server.request_series import RequestSeries, SeriesObserver
-from sluice.server.tier_metrics import tier_families
+from sluice.server.observability.request_series import RequestSeries, SeriesObserver
+from sluice.server.observability.tier_metrics import tier_families
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
-from sluice.server.loop_series import LoopCounter, LoopHistogram
-from sluice.server.metric_buckets import (
+from sluice.server.observability.loop_series import LoopCounter, LoopHistogram
+from sluice.server.observability.metric_buckets import (
     ITL_BUCKETS_S,
     REQUEST_LATENCY_BUCKETS_S,
     TOKENS_PER_CHUNK_BUCKETS,
