@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 
 
@@ -29,7 +30,7 @@ def decode_step_medians(
     params = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
     ids = [f"b{batch}-{i}" for i in range(batch)]
     for request_id in ids:
-        core.add_request(request_id, prompt, params)
+        core.add_request(generation_request(request_id, prompt, params))
     for _ in range(5):  # the prefill, then steps that are all decodes
         core.step()
     seconds: dict[str, list[float]] = {path: [] for path in paths}

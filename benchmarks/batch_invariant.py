@@ -21,6 +21,7 @@ import torch
 
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 
 
@@ -30,7 +31,7 @@ def decode_step_s(core: EngineCore, batch: int, max_tokens: int) -> float:
     tokenizer = core.loaded.tokenizer
     for i in range(batch):
         prompt = tokenizer.encode(f"Request {i}: write a long story about the number {i}.")
-        core.add_request(f"bench-{time.monotonic_ns()}-{i}", prompt, params)
+        core.add_request(generation_request(f"bench-{time.monotonic_ns()}-{i}", prompt, params))
     steps_s, started = [], set()
     while core.has_unfinished_requests():
         # Once every request has its first token, each step decodes them all.

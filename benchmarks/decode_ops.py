@@ -26,6 +26,7 @@ import torch
 
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.models.native.qblock import qblock_matmul_parts
 from sluice.models.qblock_linear import QBlockLinear
@@ -64,7 +65,7 @@ def main() -> None:
     model = core.runner.model
     prompt = core.loaded.tokenizer.encode("Write a long story about a lighthouse keeper.")
     params = SamplingParams(max_tokens=1_000_000, temperature=0.0, ignore_eos=True)
-    core.add_request("decode", prompt, params)
+    core.add_request(generation_request("decode", prompt, params))
     for _ in range(3):  # prefill, then two decode steps
         core.step()
     steps: list[float] = []

@@ -25,6 +25,7 @@ import torch
 
 from sluice.config import EngineConfig, ModelConfig, SchedulerConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 
 PROMPTS = [
@@ -52,7 +53,7 @@ def chat_prompt_ids(tokenizer, i: int) -> list[int]:
 def run_sluice(core: EngineCore, prompts: list[list[int]], max_tokens: int) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     for i, prompt in enumerate(prompts):
-        core.add_request(f"bench-{time.monotonic_ns()}-{i}", prompt, params)
+        core.add_request(generation_request(f"bench-{time.monotonic_ns()}-{i}", prompt, params))
     step_s: list[float] = []
     num_tokens = 0
     start = time.perf_counter()
@@ -103,13 +104,15 @@ def mixed_run(config: EngineConfig, tokenizer, chunked: bool, loaded) -> float:
     stream = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     long_prompt = (tokenizer.encode(" ".join(PROMPTS)) * 200)[:2000]
     for i in range(16):
-        core.add_request(f"stream-{i}", chat_prompt_ids(tokenizer, i), stream)
+        core.add_request(generation_request(f"stream-{i}", chat_prompt_ids(tokenizer, i), stream))
     last_token_s: dict[str, float] = {}
     worst_gap_s = 0.0
     step = 0
     while core.has_unfinished_requests():
         if step in (8, 16, 24):
-            core.add_request(f"long-{step}", long_prompt, SamplingParams(max_tokens=1))
+            core.add_request(
+                generation_request(f"long-{step}", long_prompt, SamplingParams(max_tokens=1))
+            )
         deltas = core.step()
         now = time.perf_counter()
         for delta in deltas:

@@ -27,6 +27,7 @@ import torch
 
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.structured.spec import StructuredOutputSpec
 
@@ -58,7 +59,7 @@ class Loop:
         """One pass: hand over `inputs`, step; returns the token gap (s)."""
         start = time.perf_counter()
         for request_id, prompt, params in inputs:
-            self.core.add_request(request_id, prompt, params)
+            self.core.add_request(generation_request(request_id, prompt, params))
         self.handover_s += time.perf_counter() - start
         for delta in self.core.step():
             if delta.new_token_ids:
@@ -99,7 +100,7 @@ def main() -> None:
     # Warm-up: the llguidance tokenizer view and a small grammar, then the streams.
     stall(loop, [("warm", prompt, _constrained(enum_schema(1, "warm")))])
     for i in range(args.streams):
-        core.add_request(f"stream-{i}", prompt, FREE)
+        core.add_request(generation_request(f"stream-{i}", prompt, FREE))
     baseline = [loop.turn() for _ in range(30)][5:]
     print(f"{args.streams} streams, median token gap {statistics.median(baseline) * 1e3:.1f} ms, "
           f"max {max(baseline) * 1e3:.1f} ms")  # fmt: skip

@@ -26,6 +26,7 @@ from _interleaved import decode_step_medians
 
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.models.calibration import INT8_ACTIVATION_MATRICES
 
@@ -76,7 +77,11 @@ def main() -> None:
             path = ("bf16", "w8a8")[i % 2]
             use(path)
             core.kv.reset_prefix_cache()
-            core.add_request(f"p{length}-{i}", text_ids[:length], SamplingParams(max_tokens=1))
+            core.add_request(
+                generation_request(
+                    f"p{length}-{i}", text_ids[:length], SamplingParams(max_tokens=1)
+                )
+            )
             start = time.perf_counter()
             while core.has_unfinished_requests():
                 core.step()

@@ -24,6 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
@@ -69,7 +70,7 @@ def main() -> None:
     for batch in [int(b) for b in args.batches.split(",")]:
         ids = [f"b{batch}-{i}" for i in range(batch)]
         for request_id in ids:
-            core.add_request(request_id, prompt, params)
+            core.add_request(generation_request(request_id, prompt, params))
         for _ in range(3):  # prefill, then two decode steps
             core.step()
         phases = Phases()

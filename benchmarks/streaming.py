@@ -62,6 +62,7 @@ from _sse_reference import (
 )
 
 from sluice.config import ServerConfig, default_cache_dir
+from sluice.engine.engine_request import generation_request
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 from sluice.testing import FakeEngine
@@ -314,7 +315,9 @@ def engine_tokens_per_s(workload: Workload, num_requests: int) -> float:
         params = SamplingParams(max_tokens=workload.max_tokens, temperature=0.0)
         started_s = time.perf_counter()
         for i in range(num_requests):
-            engine.add_request(f"r{i}", list(workload.prompt_token_ids), params, sink)
+            engine.add_request(
+                generation_request(f"r{i}", list(workload.prompt_token_ids), params), sink
+            )
         await done.wait()
         return sink.num_tokens / (time.perf_counter() - started_s)
 

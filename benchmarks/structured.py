@@ -30,6 +30,7 @@ import torch
 import sluice.engine.sampling.batch as sampling_batch
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling.batch import SamplingRow
 from sluice.engine.sampling_params import SamplingParams
 from sluice.structured.matcher import GrammarMatcher
@@ -78,7 +79,9 @@ def run_variant(core: EngineCore, prompt: list[int], batch: int, variant: str, s
     num_constrained = {"free": 0, "schema": batch, "half": batch // 2}[variant]
     ids = [f"{variant}-{i}" for i in range(batch)]
     for i, request_id in enumerate(ids):
-        core.add_request(request_id, prompt, constrained if i < num_constrained else free)
+        core.add_request(
+            generation_request(request_id, prompt, constrained if i < num_constrained else free)
+        )
     while len(core.awaiting_grammar):  # a new grammar compiles off the loop first
         core.step()
     for _ in range(4):  # prefill, the opening `{"story": "`, then decoding

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.outputs import FinishReason
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import ContextLengthError, InvalidRequestError
@@ -115,7 +116,7 @@ class LLM:
         request_id = f"offline-{self._next_id}"
         self._next_id += 1
         try:
-            self.core.add_request(request_id, prompt_token_ids, params)
+            self.core.add_request(generation_request(request_id, prompt_token_ids, params))
         except ValueError as error:  # a request the engine could never run
             raise InvalidRequestError(str(error), param=name) from error
         return request_id

@@ -4,7 +4,7 @@
 One trace per API request, across processes: the HTTP edge's request span
 (sluice/server/observability/request_spans.py: `receive` and `stream` inside it) continues
 the client's `traceparent` header, if any, and hands its own traceparent to
-the engine in `AddRequest.trace_context`, through the engine process's ZMQ
+the engine in `EngineRequest.trace_context`, through the engine process's ZMQ
 socket or a Ray replica's TCP one alike; the engine loop
 (sluice/engine/engine_spans.py) records `queue`, `prefill` and `decode` as
 children of it.

@@ -9,6 +9,7 @@ from dataclasses import replace
 import torch
 
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
@@ -31,10 +32,10 @@ def probe_output(core: EngineCore, probe: list[int], crowd: list[list[int]], rng
     requests added before it, beside it, or a few steps before it."""
     delay = rng.choice([0, 0, 1, 3])
     for i, prompt in enumerate(crowd):
-        core.add_request(f"c{i}", prompt, CROWD[i % len(CROWD)])
+        core.add_request(generation_request(f"c{i}", prompt, CROWD[i % len(CROWD)]))
     for _ in range(delay):
         core.step()
-    core.add_request("probe", probe, PROBE)
+    core.add_request(generation_request("probe", probe, PROBE))
     tokens, logprobs, top_ids, top_logprobs = [], [], [], []
     while core.has_unfinished_requests():
         for delta in core.step():

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
@@ -117,7 +118,9 @@ def run(core: EngineCore, prompts, params=GREEDY, abort_at: dict[int, int] | Non
     """Run prompts to completion; returns request index -> (token ids, finish reason)."""
     for i, prompt in enumerate(prompts):
         core.add_request(
-            f"r{i}", prompt, params if isinstance(params, SamplingParams) else params[i]
+            generation_request(
+                f"r{i}", prompt, params if isinstance(params, SamplingParams) else params[i]
+            )
         )
     tokens = {i: [] for i in range(len(prompts))}
     finish: dict[int, str] = {}
@@ -141,7 +144,7 @@ def run_one_by_one(core: EngineCore, prompts, params) -> list[tuple[list[int], l
     """Each prompt alone, one after the other: (tokens, logprobs, cached tokens)."""
     results = []
     for index, prompt in enumerate(prompts):
-        core.add_request(f"s{index}", prompt, params)
+        core.add_request(generation_request(f"s{index}", prompt, params))
         tokens, logprobs, cached = [], [], 0
         while core.has_unfinished_requests():
             for delta in core.step():

@@ -8,6 +8,7 @@ import random
 
 from sluice.config import SpeculativeConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.loader.loaded_model import LoadedModel
 from tests.model_factory import make_core as factory_core
@@ -42,7 +43,9 @@ def run(core: EngineCore, prompts, params=GREEDY):
     (token ids, finish reason, logprobs, number of deltas)."""
     for i, prompt in enumerate(prompts):
         core.add_request(
-            f"r{i}", prompt, params if isinstance(params, SamplingParams) else params[i]
+            generation_request(
+                f"r{i}", prompt, params if isinstance(params, SamplingParams) else params[i]
+            )
         )
     results = {i: ([], None, [], 0) for i in range(len(prompts))}
     while core.has_unfinished_requests():

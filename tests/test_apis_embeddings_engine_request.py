@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from sluice.engine.messages import AddPoolingRequest, EngineInput
+from sluice.engine.engine_request import EngineRequest, Pooling
 from sluice.engine.outputs import PooledOutput, RequestDelta
 from sluice.engine.pooling_params import PoolingSpec
 from sluice.server.model_entry import ModelSpec
@@ -53,16 +53,11 @@ class HeldPoolingEngine(FakeEngineBase):
 
     def __init__(self) -> None:
         super().__init__()
-        self.pooling_requests: dict[str, AddPoolingRequest] = {}
+        self.pooling_requests: dict[str, Pooling] = {}
 
-    def _add(self, message) -> None:
-        raise AssertionError("a pooling engine got a generation request")
-
-    def _send(self, message: EngineInput) -> None:
-        if isinstance(message, AddPoolingRequest):
-            self.added_request_ids.append(message.request_id)
-            self.pooling_requests[message.request_id] = message
-        super()._send(message)
+    def _add(self, request: EngineRequest) -> None:
+        assert isinstance(request.payload, Pooling), "a pooling engine got a generation request"
+        self.pooling_requests[request.request_id] = request.payload
 
     def answer(self, request_id: str) -> None:
         message = self.pooling_requests[request_id]

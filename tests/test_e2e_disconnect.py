@@ -25,6 +25,7 @@ import pytest
 
 from sluice.config import CacheConfig, EngineConfig, SchedulerConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import EngineRequest
 from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.engine.request import Request, RequestStatus
 from sluice.frontend.output_processor import engine_request_id
@@ -71,20 +72,17 @@ class EngineLog:
         self._lock = threading.Lock()
         step, add, abort = core.step, core.add_request, core.abort_requests
         core.step = lambda: self._count(step)
-        core.add_request = lambda request_id, ids, params, *rest: self._add(
-            add, request_id, ids, params, *rest
-        )
+        core.add_request = lambda request: self._add(add, request)
         core.abort_requests = lambda request_ids: self._abort(abort, request_ids)
 
     def _count(self, step: Callable[[], list]) -> list:
         self.num_steps += 1
         return step()
 
-    def _add(self, add: Callable, request_id: str, ids: list[int], params, *rest) -> None:
-        """`rest`: what else the core's add_request takes (the trace context)."""
-        add(request_id, ids, params, *rest)
+    def _add(self, add: Callable, request: EngineRequest) -> None:
+        add(request)
         with self._lock:
-            self.prompts[request_id] = list(ids)
+            self.prompts[request.request_id] = list(request.payload.prompt_token_ids)
 
     def _abort(self, abort: Callable, request_ids: list[str]) -> list:
         records = {}

@@ -18,6 +18,7 @@ import torch
 
 from sluice.config import CacheConfig, EngineConfig, ModelConfig
 from sluice.engine.client_base import EngineClient
+from sluice.engine.engine_request import generation_request
 from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.engine.process_client import MultiprocessEngineClient
 from sluice.engine.sampling_params import SamplingParams
@@ -49,13 +50,13 @@ async def test_in_process_client_delivers_every_token_once_on_the_loop(tiny_load
         sinks = [RecordingSink() for _ in range(4)]
         prompts = [[5 + i, 9, 13, 40 + i] for i in range(4)]
         for i, (prompt, sink) in enumerate(zip(prompts, sinks, strict=True)):
-            client.add_request(f"c{i}", prompt, GREEDY, sink)
+            client.add_request(generation_request(f"c{i}", prompt, GREEDY), sink)
         await asyncio.wait_for(asyncio.gather(*(s.done.wait() for s in sinks)), 60)
     finally:
         await client.shutdown()
     reference = make_core(tiny_loaded)
     for i, prompt in enumerate(prompts):
-        reference.add_request(f"c{i}", prompt, GREEDY)
+        reference.add_request(generation_request(f"c{i}", prompt, GREEDY))
     tokens: dict[str, list[int]] = {f"c{i}": [] for i in range(4)}
     while reference.has_unfinished_requests():
         for delta in reference.step():
@@ -75,7 +76,7 @@ async def test_in_process_abort_silences_the_sink_and_frees_blocks(tiny_loaded):
     try:
         sink = RecordingSink()
         params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
-        client.add_request("long", [7, 8, 9], params, sink)
+        client.add_request(generation_request("long", [7, 8, 9], params), sink)
         await sink.has_delta.wait()
         client.abort(["long"])
         client.abort(["long"])  # idempotent
@@ -106,7 +107,7 @@ async def test_engine_process_streams_tokens_and_reports_its_death(embedded_mode
         assert client.is_alive
         assert client.info.max_model_len == 2048
         finished = RecordingSink()
-        client.add_request("short", [1, 4093, 198], GREEDY, finished)
+        client.add_request(generation_request("short", [1, 4093, 198], GREEDY), finished)
         await asyncio.wait_for(finished.done.wait(), 120)
         assert len(finished.token_ids) == 12
         assert finished.deltas[-1].finish_reason == "length"
@@ -118,7 +119,7 @@ async def test_engine_process_streams_tokens_and_reports_its_death(embedded_mode
             if name == "reset":
                 client.reset_prefix_cache()
             sink = RecordingSink()
-            client.add_request(name, prompt, GREEDY, sink)
+            client.add_request(generation_request(name, prompt, GREEDY), sink)
             await asyncio.wait_for(sink.done.wait(), 120)
             cached.append(sink.deltas[-1].num_cached_tokens)
         assert cached == [0, 32, 0]
@@ -126,7 +127,7 @@ async def test_engine_process_streams_tokens_and_reports_its_death(embedded_mode
 
         hanging = RecordingSink()
         long_params = SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True)
-        client.add_request("long", [1, 4093, 198], long_params, hanging)
+        client.add_request(generation_request("long", [1, 4093, 198], long_params), hanging)
         await asyncio.wait_for(hanging.has_delta.wait(), 120)
         os.kill(client._process.pid, signal.SIGKILL)
         # At once (the process sentinel), not by the heartbeat's silence: well within it.
@@ -135,7 +136,7 @@ async def test_engine_process_streams_tokens_and_reports_its_death(embedded_mode
         assert isinstance(hanging.errors[0], EngineDeadError)
         assert not client.is_alive
         with pytest.raises(EngineDeadError):
-            client.add_request("after", [1, 2, 3], GREEDY, RecordingSink())
+            client.add_request(generation_request("after", [1, 2, 3], GREEDY), RecordingSink())
     finally:
         await client.shutdown()
 
@@ -183,14 +184,14 @@ def test_after_abort_a_sink_hears_nothing_more_on_every_engine_client(request, m
         try:
             aborted, after = RecordingSink(), RecordingSink()
             endless = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
-            client.add_request("aborted", [7, 8, 9], endless, aborted)
+            client.add_request(generation_request("aborted", [7, 8, 9], endless), aborted)
             await aborted.has_delta.wait()
             client.abort(["aborted"])
             num_heard = len(aborted.deltas)
             client.abort(["aborted", "unknown"])  # idempotent; unknown ids ignored
             # The engine applies its inputs in order: by the time this one
             # finishes, the engine's final "abort" delta was handled too.
-            client.add_request("after", [7, 8, 9], GREEDY, after)
+            client.add_request(generation_request("after", [7, 8, 9], GREEDY), after)
             await asyncio.wait_for(after.done.wait(), 120)
             return aborted, num_heard, after
         finally:

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 import torch
 
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 from tests.model_factory import make_core
 from tests.model_runs import GREEDY, random_prompts, run, run_one_by_one
@@ -84,7 +85,7 @@ def test_aborts_free_every_block_and_end_with_abort(tiny_loaded):
 def test_logprobs_come_one_per_token_and_are_normalised(tiny_loaded):
     params = msgspec.structs.replace(GREEDY, logprobs=5, max_tokens=6)
     core = make_core(tiny_loaded)
-    core.add_request("r0", random_prompts(1, seed=6)[0], params)
+    core.add_request(generation_request("r0", random_prompts(1, seed=6)[0], params))
     entries = []
     while core.has_unfinished_requests():
         for delta in core.step():

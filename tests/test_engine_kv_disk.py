@@ -18,6 +18,7 @@ import torch
 from sluice.config import CacheConfig, EngineConfig, SchedulerConfig
 from sluice.engine import kv_disk
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.kv_disk import HEADER, DiskBlockStore
 from sluice.engine.messages import Shutdown
 from sluice.engine.sampling_params import SamplingParams
@@ -210,7 +211,7 @@ def disk_core(
 
 
 def run(core: EngineCore, prompt: list[int], request_id: str = "r"):
-    core.add_request(request_id, prompt, GREEDY)
+    core.add_request(generation_request(request_id, prompt, GREEDY))
     tokens, logprobs, top, cached = [], [], [], 0
     while core.has_unfinished_requests():
         for delta in core.step():

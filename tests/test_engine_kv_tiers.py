@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from sluice.config import CacheConfig, EngineConfig, SchedulerConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.kv_cache import KVCacheManager
 from sluice.engine.kv_tiers import HostBlockStore, KVTiers, default_ram_bytes, tier_stats
 from sluice.engine.request import Request
@@ -53,7 +54,7 @@ def tier_core(
 
 def run(core: EngineCore, prompt: list[int], request_id: str = "r"):
     """(tokens, logprobs, top ids, top logprobs, cached tokens) of one greedy request."""
-    core.add_request(request_id, prompt, GREEDY)
+    core.add_request(generation_request(request_id, prompt, GREEDY))
     tokens, logprobs, top_ids, top_logprobs, cached = [], [], [], [], 0
     while core.has_unfinished_requests():
         for delta in core.step():

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from sluice.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from sluice.engine.messages import AbortRequests, AddPoolingRequest, AddRequest
+from sluice.engine.engine_request import generation_request, pooling_request
+from sluice.engine.messages import AbortRequests, AddRequest
 from sluice.engine.outputs import EngineError, RequestDelta
 from sluice.engine.pooling_core import PoolingCore, engine_core_for
 from sluice.engine.pooling_params import PoolingInput, PoolingParams
@@ -74,14 +75,14 @@ def vectors(delta: RequestDelta) -> np.ndarray:
 
 def test_a_request_spanning_several_steps_finishes_once_with_every_vector_in_order(tiny_bert):
     core, recorder = core_of(tiny_bert, budget=10)
-    core.add_request("r", inputs_of(6, 6, 4), PoolingParams())
+    core.add_request(pooling_request("r", inputs_of(6, 6, 4), PoolingParams()))
     deltas = run(core)
     assert [len(step) for step in recorder.steps] == [1, 2]  # 6, then 6 + 4
     assert [d.request_id for d in deltas] == ["r"] and deltas[0].finish_reason == "stop"
     assert deltas[0].num_prompt_tokens == 16
     alone, _ = core_of(tiny_bert)
     for index, one in enumerate(inputs_of(6, 6, 4)):
-        alone.add_request(f"alone{index}", [one], PoolingParams())
+        alone.add_request(pooling_request(f"alone{index}", [one], PoolingParams()))
         (delta,) = run(alone)
         assert np.allclose(vectors(delta)[0], vectors(deltas[0])[index], atol=1e-6)
 
@@ -89,7 +90,7 @@ def test_a_request_spanning_several_steps_finishes_once_with_every_vector_in_ord
 def test_many_requests_share_a_step_up_to_the_budget_and_the_sequence_cap(tiny_bert):
     core, recorder = core_of(tiny_bert, budget=100, max_seqs=3)
     for name in "abcd":
-        core.add_request(name, inputs_of(5), PoolingParams())
+        core.add_request(pooling_request(name, inputs_of(5), PoolingParams()))
     deltas = run(core)
     assert [len(step) for step in recorder.steps] == [3, 1]
     assert [d.request_id for d in deltas] == ["a", "b", "c", "d"]
@@ -97,15 +98,15 @@ def test_many_requests_share_a_step_up_to_the_budget_and_the_sequence_cap(tiny_b
 
 def test_an_input_longer_than_the_budget_runs_alone(tiny_bert):
     core, recorder = core_of(tiny_bert, budget=8)
-    core.add_request("long", inputs_of(20), PoolingParams())
-    core.add_request("short", inputs_of(4), PoolingParams())
+    core.add_request(pooling_request("long", inputs_of(20), PoolingParams()))
+    core.add_request(pooling_request("short", inputs_of(4), PoolingParams()))
     run(core)
     assert [[len(ids) for ids in step] for step in recorder.steps] == [[20], [4]]
 
 
 def test_dimensions_cut_each_vector_and_normalize_it_again(tiny_bert):
     core, _ = core_of(tiny_bert)
-    core.add_request("r", inputs_of(5, 7), PoolingParams(dimensions=8))
+    core.add_request(pooling_request("r", inputs_of(5, 7), PoolingParams(dimensions=8)))
     (delta,) = run(core)
     cut = vectors(delta)
     assert cut.shape == (2, 8)
@@ -116,7 +117,7 @@ def test_an_aborted_request_leaves_the_queue_with_an_abort_delta(tiny_bert):
     core, recorder = core_of(tiny_bert)
     deltas: list[RequestDelta] = []
     errors: list[EngineError] = []
-    core.handle(AddPoolingRequest("r", inputs_of(5), PoolingParams()), deltas, errors)
+    core.handle(AddRequest(pooling_request("r", inputs_of(5), PoolingParams())), deltas, errors)
     core.handle(AbortRequests(["r"]), deltas, errors)
     assert [(d.request_id, d.finish_reason, d.pooled) for d in deltas] == [("r", "abort", None)]
     assert not core.has_unfinished_requests() and not recorder.steps
@@ -126,9 +127,9 @@ def test_the_pooling_core_refuses_generation_and_inputs_it_cannot_run(tiny_bert)
     core, _ = core_of(tiny_bert)
     deltas: list[RequestDelta] = []
     errors: list[EngineError] = []
-    core.handle(AddRequest("gen", [1, 2], SamplingParams()), deltas, errors)
-    core.handle(AddPoolingRequest("none", [], PoolingParams()), deltas, errors)
-    core.handle(AddPoolingRequest("long", inputs_of(65), PoolingParams()), deltas, errors)
+    core.handle(AddRequest(generation_request("gen", [1, 2], SamplingParams())), deltas, errors)
+    core.handle(AddRequest(pooling_request("none", [], PoolingParams())), deltas, errors)
+    core.handle(AddRequest(pooling_request("long", inputs_of(65), PoolingParams())), deltas, errors)
     assert [e.request_id for e in errors] == ["gen", "none", "long"]
     assert "pooling model" in errors[0].message
     assert "65 tokens" in errors[2].message and "1 to 64" in errors[2].message
@@ -139,7 +140,7 @@ def test_the_generation_core_refuses_a_pooling_request(tiny_loaded):
     core = make_core(tiny_loaded)
     deltas: list[RequestDelta] = []
     errors: list[EngineError] = []
-    core.handle(AddPoolingRequest("p", inputs_of(3), PoolingParams()), deltas, errors)
+    core.handle(AddRequest(pooling_request("p", inputs_of(3), PoolingParams())), deltas, errors)
     assert [e.request_id for e in errors] == ["p"] and "does not embed" in errors[0].message
     assert not core.has_unfinished_requests()
 

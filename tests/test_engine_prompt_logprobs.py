@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from sluice.config import CacheConfig, EngineConfig, SchedulerConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 from sluice.loader import load_model
@@ -49,7 +50,9 @@ def engine(loaded, max_num_batched_tokens: int) -> EngineCore:
 
 
 def run(core: EngineCore, request_id: str, prompt: list[int], **params) -> list[RequestDelta]:
-    core.add_request(request_id, prompt, SamplingParams(temperature=0.0, **params))
+    core.add_request(
+        generation_request(request_id, prompt, SamplingParams(temperature=0.0, **params))
+    )
     deltas = []
     while core.has_unfinished_requests():
         deltas += [d for d in core.step() if d.request_id == request_id]

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from sluice.engine.engine_request import generation_request
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import EngineDeadError
@@ -43,7 +44,9 @@ async def run_until_idle(engine: FakeEngine) -> None:
 def test_requests_stop_at_max_tokens_with_length_and_the_prompt_size():
     async def scenario() -> Sink:
         engine, sink = FakeEngine(count_up, tokens_per_step=3), Sink()
-        engine.add_request("r", [1, 2], SamplingParams(max_tokens=7, logprobs=2), sink)
+        engine.add_request(
+            generation_request("r", [1, 2], SamplingParams(max_tokens=7, logprobs=2)), sink
+        )
         await run_until_idle(engine)
         return sink
 
@@ -60,7 +63,9 @@ def test_one_step_delivers_every_running_requests_delta_together():
         log: list[str] = []
         engine = FakeEngine(count_up)
         for name in "abc":
-            engine.add_request(name, [1], SamplingParams(max_tokens=2), Sink(log))
+            engine.add_request(
+                generation_request(name, [1], SamplingParams(max_tokens=2)), Sink(log)
+            )
         await run_until_idle(engine)
         assert engine.num_steps == 2
         return log
@@ -75,8 +80,10 @@ def test_eos_and_stop_token_ids_finish_with_stop_and_name_the_token():
     async def scenario() -> tuple[Sink, Sink]:
         engine = FakeEngine(script, eos_token_id=0)
         eos, stop = Sink(), Sink()
-        engine.add_request("eos", [1], SamplingParams(), eos)
-        engine.add_request("stop", [1], SamplingParams(stop_token_ids=(9,)), stop)
+        engine.add_request(generation_request("eos", [1], SamplingParams()), eos)
+        engine.add_request(
+            generation_request("stop", [1], SamplingParams(stop_token_ids=(9,))), stop
+        )
         await run_until_idle(engine)
         return eos, stop
 
@@ -88,7 +95,7 @@ def test_eos_and_stop_token_ids_finish_with_stop_and_name_the_token():
 def test_after_abort_the_sink_hears_nothing_and_the_engine_ends_the_request_at_its_next_step():
     async def scenario() -> tuple[FakeEngine, Sink, int]:
         engine, sink = FakeEngine(count_up, step_interval_s=0.001), Sink()
-        engine.add_request("r", [1], SamplingParams(max_tokens=1000), sink)
+        engine.add_request(generation_request("r", [1], SamplingParams(max_tokens=1000)), sink)
         await asyncio.sleep(0.01)
         num_heard = len(sink.deltas)
         engine.abort(["r", "unknown"])
@@ -111,7 +118,7 @@ def test_a_request_whose_sink_raised_is_aborted_in_the_engine():
 
     async def scenario() -> tuple[FakeEngine, BrokenSink]:
         engine, sink = FakeEngine(count_up), BrokenSink()
-        engine.add_request("r", [1], SamplingParams(max_tokens=1000), sink)
+        engine.add_request(generation_request("r", [1], SamplingParams(max_tokens=1000)), sink)
         await run_until_idle(engine)
         return engine, sink
 
@@ -123,7 +130,7 @@ def test_a_request_whose_sink_raised_is_aborted_in_the_engine():
 def test_prefill_steps_produce_no_deltas():
     async def scenario() -> tuple[FakeEngine, Sink]:
         engine, sink = FakeEngine(count_up, prefill_steps=3), Sink()
-        engine.add_request("r", [1], SamplingParams(max_tokens=1), sink)
+        engine.add_request(generation_request("r", [1], SamplingParams(max_tokens=1)), sink)
         await run_until_idle(engine)
         return engine, sink
 
@@ -137,12 +144,14 @@ def test_a_dead_engine_fails_every_open_sink_once_and_refuses_new_requests():
         engine = FakeEngine(count_up, step_interval_s=0.001)
         sinks = [Sink(), Sink()]
         for number, sink in enumerate(sinks):
-            engine.add_request(str(number), [1], SamplingParams(max_tokens=1000), sink)
+            engine.add_request(
+                generation_request(str(number), [1], SamplingParams(max_tokens=1000)), sink
+            )
         await asyncio.sleep(0.005)
         engine.die()
         await asyncio.sleep(0.005)
         with pytest.raises(EngineDeadError):
-            engine.add_request("late", [1], SamplingParams(), Sink())
+            engine.add_request(generation_request("late", [1], SamplingParams()), Sink())
         return engine, sinks
 
     engine, sinks = asyncio.run(scenario())
@@ -162,7 +171,7 @@ def test_the_same_seed_and_request_id_give_the_same_tokens_whatever_the_step_siz
             seed=7,
         )
         sink = Sink()
-        engine.add_request("same", [1], SamplingParams(max_tokens=60), sink)
+        engine.add_request(generation_request("same", [1], SamplingParams(max_tokens=60)), sink)
         await run_until_idle(engine)
         return sink.token_ids
 
@@ -174,7 +183,7 @@ def test_the_same_seed_and_request_id_give_the_same_tokens_whatever_the_step_siz
 def test_the_default_script_repeats_the_prompt():
     async def scenario() -> Sink:
         engine, sink = FakeEngine(), Sink()
-        engine.add_request("r", [4, 5], SamplingParams(max_tokens=5), sink)
+        engine.add_request(generation_request("r", [4, 5], SamplingParams(max_tokens=5)), sink)
         await run_until_idle(engine)
         return sink
 

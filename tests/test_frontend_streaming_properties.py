@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
+from sluice.engine.engine_request import generation_request
 from sluice.engine.outputs import RequestDelta
 from sluice.engine.sampling_params import SamplingParams
 from sluice.frontend import Frontend, GenerationRequest, PromptInput
@@ -69,7 +70,8 @@ def raw_generation(engine_kwargs: dict, request: GenerationRequest) -> list[Gene
         for index, recorder in enumerate(recorders):
             prompt = request.prompts[index // request.n].token_ids
             engine.add_request(
-                f"{request.response_id}-{index}", list(prompt), request.params, recorder
+                generation_request(f"{request.response_id}-{index}", list(prompt), request.params),
+                recorder,
             )
         while engine.num_running:
             await asyncio.sleep(0)

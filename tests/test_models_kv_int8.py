@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
@@ -71,7 +72,7 @@ def bf16_tiny(tiny_loaded, tiny_llama) -> LoadedModel:
 
 
 def greedy_run(core, prompt: list[int], request_id: str = "probe", params=GREEDY):
-    core.add_request(request_id, prompt, params)
+    core.add_request(generation_request(request_id, prompt, params))
     tokens, logprobs = [], []
     while core.has_unfinished_requests():
         for delta in core.step():
@@ -132,7 +133,7 @@ def test_preemption_gives_each_request_its_cold_runs_bits(bf16_tiny):
     # when both need a fifth.
     core = int8_core(loaded, 256, num_blocks=8, prefix_caching=False)
     for i, prompt in enumerate(prompts):
-        core.add_request(f"r{i}", prompt, params)
+        core.add_request(generation_request(f"r{i}", prompt, params))
     results: dict[str, tuple[list[int], list[float]]] = {"r0": ([], []), "r1": ([], [])}
     while core.has_unfinished_requests():
         for delta in core.step():

@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 
 from sluice.config import ModelConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import generation_request
 from sluice.engine.request import Request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.loader.choices import ModelChoices
@@ -55,7 +56,7 @@ ONE_TOKEN = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 def prompt_kv(core: EngineCore, prompt: list[int]) -> list[torch.Tensor]:
     """Compute `prompt` and return, per layer, the K/V of its full blocks in
     position order: [2, num_full_blocks * block_size, kv_heads, head_dim]."""
-    core.add_request("cold", prompt, ONE_TOKEN)
+    core.add_request(generation_request("cold", prompt, ONE_TOKEN))
     while core.has_unfinished_requests():
         core.step()
     finder = Request("finder", prompt + [0], ONE_TOKEN)  # +1: every full block is reusable
@@ -167,7 +168,7 @@ NEXT_ONE = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, logpro
 
 def greedy_run(core: EngineCore, prompt: list[int], params: SamplingParams = GREEDY):
     """The greedy tokens, their logprobs and the top logprobs of `prompt`."""
-    core.add_request("probe", prompt, params)
+    core.add_request(generation_request("probe", prompt, params))
     tokens, logprobs, tops = [], [], []
     while core.has_unfinished_requests():
         for delta in core.step():

@@ -55,11 +55,11 @@ def test_a_request_the_engine_refuses_aborts_the_ones_added_before_it(llm, monke
     add_request = llm.core.add_request
     calls = []
 
-    def refuse_the_second(request_id, prompt_token_ids, params):
-        calls.append(request_id)
+    def refuse_the_second(request):
+        calls.append(request.request_id)
         if len(calls) == 2:
             raise ValueError("no room for this one")
-        add_request(request_id, prompt_token_ids, params)
+        add_request(request)
 
     monkeypatch.setattr(llm.core, "add_request", refuse_the_second)
     with pytest.raises(InvalidRequestError, match="no room") as refused:

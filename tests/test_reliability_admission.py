@@ -22,6 +22,7 @@ import pytest
 
 from sluice.config import EngineConfig, SchedulerConfig
 from sluice.engine.client_base import QueueTimeout
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import EngineDeadError, InvalidRequestError, QueueFullError
 from sluice.server.admission import (
@@ -184,13 +185,13 @@ def test_the_gate_refuses_beyond_its_capacity_and_admits_again_once_one_ends():
         engine = FakeEngine(step_interval_s=0.01)
         gate = AdmissionGate(engine, capacity=2)
         sinks = [RecordingSink() for _ in range(3)]
-        gate.add_request("a", [5, 6], PARAMS, sinks[0])
-        gate.add_request("b", [5, 6], PARAMS, sinks[1])
+        gate.add_request(generation_request("a", [5, 6], PARAMS), sinks[0])
+        gate.add_request(generation_request("b", [5, 6], PARAMS), sinks[1])
         with pytest.raises(QueueFullError):
-            gate.add_request("c", [5, 6], PARAMS, sinks[2])
+            gate.add_request(generation_request("c", [5, 6], PARAMS), sinks[2])
         assert "c" not in engine.added_request_ids and gate.num_in_flight == 2
         await sinks[0].done.wait()
-        gate.add_request("c", [5, 6], PARAMS, sinks[2])
+        gate.add_request(generation_request("c", [5, 6], PARAMS), sinks[2])
         await asyncio.wait_for(asyncio.gather(sinks[1].done.wait(), sinks[2].done.wait()), 5)
         assert gate.num_in_flight == 0 and gate.num_refused["queue_full"] == 1
 
@@ -202,7 +203,7 @@ def test_an_aborted_request_frees_its_slot_and_its_sink_hears_nothing_more():
         engine = FakeEngine(step_interval_s=0.01)
         gate = AdmissionGate(engine, capacity=1)
         sink = RecordingSink()
-        gate.add_request("a", [5], SamplingParams(max_tokens=1000), sink)
+        gate.add_request(generation_request("a", [5], SamplingParams(max_tokens=1000)), sink)
         await asyncio.sleep(0.05)
         gate.abort(["a"])
         assert gate.num_in_flight == 0
@@ -244,7 +245,9 @@ def test_the_choices_of_one_api_request_share_their_queue_timeout_and_count_once
         queue_timeout = QueueTimeout(0.1)
         sinks = [RecordingSink(), RecordingSink()]
         for request_id, sink in zip("ab", sinks, strict=True):
-            gate.with_deadline(queue_timeout).add_request(request_id, [5], PARAMS, sink)
+            gate.with_deadline(queue_timeout).add_request(
+                generation_request(request_id, [5], PARAMS), sink
+            )
         assert gate.num_in_flight == 2
         await asyncio.gather(*(sink.done.wait() for sink in sinks))
         assert all([type(e) for e in sink.errors] == [QueueTimeoutError] for sink in sinks)
@@ -260,10 +263,12 @@ def test_draining_refuses_new_requests_and_fail_all_tells_every_open_one_once():
         gate = AdmissionGate(engine, capacity=8)
         sinks = [RecordingSink() for _ in range(3)]
         for index, sink in enumerate(sinks):
-            gate.add_request(f"r{index}", [5], SamplingParams(max_tokens=1000), sink)
+            gate.add_request(
+                generation_request(f"r{index}", [5], SamplingParams(max_tokens=1000)), sink
+            )
         gate.start_draining()
         with pytest.raises(ShuttingDownError):
-            gate.add_request("late", [5], PARAMS, RecordingSink())
+            gate.add_request(generation_request("late", [5], PARAMS), RecordingSink())
         assert not await gate.wait_idle(0.05)
         assert gate.fail_all(ShuttingDownError("bye")) == 3
         await asyncio.sleep(0.05)
@@ -280,7 +285,7 @@ def test_a_request_the_engine_refuses_takes_no_slot():
         engine.die()
         gate = AdmissionGate(engine, capacity=1)
         with pytest.raises(EngineDeadError):
-            gate.add_request("a", [5], PARAMS, RecordingSink())
+            gate.add_request(generation_request("a", [5], PARAMS), RecordingSink())
         assert gate.num_in_flight == 0
 
     run_in_virtual_time(go())

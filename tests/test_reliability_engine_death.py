@@ -24,6 +24,7 @@ import httpx2
 import pytest
 
 from sluice.config import CacheConfig, EngineConfig
+from sluice.engine.engine_request import generation_request
 from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.engine.process_client import MultiprocessEngineClient
 from sluice.engine.sampling_params import SamplingParams
@@ -169,7 +170,7 @@ def test_an_in_process_engine_whose_step_failed_restarts_on_a_fresh_core(tiny_lo
 
         broken_core.step = fail
         sink = RecordingSink()
-        client.add_request("a", [5, 9, 13], SamplingParams(max_tokens=4), sink)
+        client.add_request(generation_request("a", [5, 9, 13], SamplingParams(max_tokens=4)), sink)
         await asyncio.wait_for(sink.done.wait(), 30)
         assert [type(e) for e in sink.errors] == [EngineDeadError] and not client.is_alive
         await client.restart()
@@ -179,7 +180,7 @@ def test_an_in_process_engine_whose_step_failed_restarts_on_a_fresh_core(tiny_lo
             # ignore_eos: the tiny random model samples EOS now and then, which
             # would end the request with "stop" before its 4 tokens.
             params = SamplingParams(max_tokens=4, ignore_eos=True)
-            client.add_request("b", [5, 9, 13], params, again)
+            client.add_request(generation_request("b", [5, 9, 13], params), again)
             await asyncio.wait_for(again.done.wait(), 30)
             assert again.deltas[-1].finish_reason == "length" and len(again.token_ids) == 4
         finally:

@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
+from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.server.admission import AdmissionGate
 from sluice.server.shutdown import EXIT_FORCED, GracefulShutdown
@@ -145,7 +146,7 @@ def test_a_drain_waits_for_a_request_that_finishes_in_time():
     async def go() -> None:
         gate = AdmissionGate(FakeEngine(step_interval_s=0.01), capacity=4)
         sink = RecordingSink()
-        gate.add_request("r", [5], SamplingParams(max_tokens=20), sink)
+        gate.add_request(generation_request("r", [5], SamplingParams(max_tokens=20)), sink)
         stops = []
         shutdown = GracefulShutdown(gate, drain_timeout_s=5)
         shutdown.bind(stops.append)

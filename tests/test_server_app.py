@@ -294,7 +294,7 @@ def test_a_dead_engine_means_503_with_retry_after_until_it_is_back():
 
 
 class FullFakeEngine(LoopFakeEngine):
-    def add_request(self, request_id, prompt_token_ids, params, sink, **options) -> None:
+    def add_request(self, request, sink) -> None:
         raise QueueFullError("the waiting queue is full")
 
 

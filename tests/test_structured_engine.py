@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import pytest
 
+from sluice.engine.engine_request import generation_request
 from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.engine.messages import AddRequest, input_decoder, input_encoder
 from sluice.engine.sampling_params import SamplingParams
@@ -65,7 +66,7 @@ def greedy(spec: StructuredOutputSpec | None, **fields) -> SamplingParams:
 def run(core, requests: dict[str, tuple[list[int], SamplingParams]]):
     """Run to completion; request id -> (token ids, finish reason, logprob deltas)."""
     for request_id, (prompt, params) in requests.items():
-        core.add_request(request_id, prompt, params)
+        core.add_request(generation_request(request_id, prompt, params))
     results = {request_id: ([], None, []) for request_id in requests}
     while core.has_unfinished_requests():
         for delta in core.step():
@@ -164,7 +165,7 @@ def record_preemptions(core) -> list[str]:
 
 def test_an_aborted_request_drops_its_matcher(loaded):
     core = make_core(loaded)
-    core.add_request("r", PROMPTS[0], greedy(StructuredOutputSpec.regex("a+")))
+    core.add_request(generation_request("r", PROMPTS[0], greedy(StructuredOutputSpec.regex("a+"))))
     step_until_admitted(core, "r")
     matcher = weakref.ref(core.scheduler.get_request("r").grammar)
     (delta,) = core.abort_requests(["r"])
@@ -195,8 +196,12 @@ def test_a_grammar_the_tokenizer_cannot_serve_is_an_error_for_that_request(loade
     core = make_core(loaded)
     deltas, errors = [], []
     bad = greedy(StructuredOutputSpec.grammar('start: "a" <|no_such_token|>'))
-    core.handle(AddRequest("bad", PROMPTS[0], bad), deltas, errors)
-    core.handle(AddRequest("good", PROMPTS[1], greedy(None, max_tokens=2)), deltas, errors)
+    core.handle(AddRequest(generation_request("bad", PROMPTS[0], bad)), deltas, errors)
+    core.handle(
+        AddRequest(generation_request("good", PROMPTS[1], greedy(None, max_tokens=2))),
+        deltas,
+        errors,
+    )
     while core.has_unfinished_requests():
         deltas.extend(core.step())
         errors.extend(core.take_errors())
@@ -204,19 +209,23 @@ def test_a_grammar_the_tokenizer_cannot_serve_is_an_error_for_that_request(loade
     assert request_id == "bad" and "no_such_token" in message
     assert [d.finish_reason for d in deltas if d.request_id == "good"][-1] == "length"
     # The refusal is remembered: the same grammar again is refused at once.
-    core.handle(AddRequest("again", PROMPTS[0], bad), deltas, errors)
+    core.handle(AddRequest(generation_request("again", PROMPTS[0], bad)), deltas, errors)
     assert errors[-1].request_id == "again" and "no_such_token" in errors[-1].message
 
 
 def test_a_model_without_a_tokenizer_refuses_structured_requests(tiny_loaded):
     core = make_core(tiny_loaded)
     with pytest.raises(ValueError, match="tokenizer"):
-        core.add_request("r", PROMPTS[0], greedy(StructuredOutputSpec.json_object()))
+        core.add_request(
+            generation_request("r", PROMPTS[0], greedy(StructuredOutputSpec.json_object()))
+        )
 
 
 def test_the_spec_crosses_the_process_boundary_as_a_value(loaded):
     """What the engine process decodes from the wire builds the same matcher."""
-    sent = AddRequest("r", PROMPTS[0], greedy(StructuredOutputSpec.json_schema(SCHEMA)))
+    sent = AddRequest(
+        generation_request("r", PROMPTS[0], greedy(StructuredOutputSpec.json_schema(SCHEMA)))
+    )
     received = input_decoder.decode(input_encoder.encode(sent))
     assert received == sent
     core = make_core(loaded)
@@ -273,8 +282,12 @@ def run_to_completion(core, deltas=()) -> dict[str, tuple[list[int], str | None]
 
 def test_other_requests_keep_stepping_while_a_grammar_compiles(loaded, gated):
     core, compiler = gated
-    core.add_request("free", PROMPTS[1], greedy(None, ignore_eos=True, max_tokens=6))
-    core.add_request("slow", PROMPTS[0], greedy(StructuredOutputSpec.regex(PATTERN)))
+    core.add_request(
+        generation_request("free", PROMPTS[1], greedy(None, ignore_eos=True, max_tokens=6))
+    )
+    core.add_request(
+        generation_request("slow", PROMPTS[0], greedy(StructuredOutputSpec.regex(PATTERN)))
+    )
     free_tokens = []
     for _ in range(6):
         for delta in core.step():
@@ -293,7 +306,7 @@ def test_the_choices_of_one_request_share_one_compile(loaded, gated):
     core, compiler = gated
     spec = StructuredOutputSpec.json_schema(SCHEMA)
     for i in range(3):
-        core.add_request(f"c{i}", PROMPTS[0], greedy(spec))
+        core.add_request(generation_request(f"c{i}", PROMPTS[0], greedy(spec)))
     compiler.gate.set()
     deltas = step_until_admitted(core, "c2")
     matchers = {id(core.scheduler.get_request(f"c{i}").grammar.matcher) for i in range(3)}
@@ -304,36 +317,38 @@ def test_the_choices_of_one_request_share_one_compile(loaded, gated):
     (output,) = outputs  # greedy: the same valid object three times
     assert set(json.loads(output)) == {"ok", "colour"}
     # A later request of the same spec starts at once, from the cache.
-    core.add_request("later", PROMPTS[1], greedy(spec))
+    core.add_request(generation_request("later", PROMPTS[1], greedy(spec)))
     assert core.scheduler.get_request("later") is not None and compiler.specs == [spec]
 
 
 def test_a_request_aborted_while_its_grammar_compiles_ends_with_abort_and_never_runs(loaded, gated):
     core, compiler = gated
     spec = StructuredOutputSpec.regex(PATTERN)
-    core.add_request("slow", PROMPTS[0], greedy(spec))
+    core.add_request(generation_request("slow", PROMPTS[0], greedy(spec)))
     (delta,) = core.abort_requests(["slow", "unknown"])
     assert delta.request_id == "slow" and delta.finish_reason == "abort"
     assert delta.new_token_ids == () and not core.has_unfinished_requests()
     assert core.stats().num_waiting == 0
     # Its compile goes on for the next request of the same spec.
-    core.add_request("slow", PROMPTS[0], greedy(spec))
+    core.add_request(generation_request("slow", PROMPTS[0], greedy(spec)))
     compiler.gate.set()
     assert run_to_completion(core)["slow"][1] == "stop" and compiler.specs == [spec]
 
 
 def test_a_request_id_waiting_for_its_grammar_is_live(gated):
     core, _ = gated
-    core.add_request("r", PROMPTS[0], greedy(StructuredOutputSpec.regex("a+")))
+    core.add_request(generation_request("r", PROMPTS[0], greedy(StructuredOutputSpec.regex("a+"))))
     with pytest.raises(ValueError, match="already live"):
-        core.add_request("r", PROMPTS[1], greedy(None))
+        core.add_request(generation_request("r", PROMPTS[1], greedy(None)))
 
 
 def test_a_spec_over_the_size_limit_is_refused_at_once_without_a_compile(gated):
     core, compiler = gated
     choices = [f"{i:09d}" for i in range(MAX_GRAMMAR_SOURCE_CHARS // 12 + 1)]  # 12 chars each
     with pytest.raises(GrammarLimitError, match="over the limit"):
-        core.add_request("big", PROMPTS[0], greedy(StructuredOutputSpec.choice(choices)))
+        core.add_request(
+            generation_request("big", PROMPTS[0], greedy(StructuredOutputSpec.choice(choices)))
+        )
     assert compiler.specs == [] and not core.has_unfinished_requests()
 
 
@@ -342,7 +357,9 @@ def test_a_grammar_over_the_compile_time_limit_is_an_error_for_that_request(load
     monkeypatch.setattr(grammar_module, "MAX_GRAMMAR_COMPILE_CPU_S", 0.0)
     core = make_core(loaded)
     deltas, errors = [], []
-    request = AddRequest("r", PROMPTS[0], greedy(StructuredOutputSpec.regex("b+")))
+    request = AddRequest(
+        generation_request("r", PROMPTS[0], greedy(StructuredOutputSpec.regex("b+")))
+    )
     core.handle(request, deltas, errors)  # refused here if the compile is done already
     while core.has_unfinished_requests():
         deltas.extend(core.step())
@@ -361,8 +378,10 @@ def test_a_grammar_refused_while_compiling_reaches_the_client_as_that_requests_e
         await client.start()
         try:
             refused, served = RecordingSink(), RecordingSink()
-            client.add_request("bad", PROMPTS[0], bad, refused)
-            client.add_request("good", PROMPTS[1], greedy(None, max_tokens=3), served)
+            client.add_request(generation_request("bad", PROMPTS[0], bad), refused)
+            client.add_request(
+                generation_request("good", PROMPTS[1], greedy(None, max_tokens=3)), served
+            )
             await served.done.wait()  # "good" ran while "bad" compiled
             assert not refused.done.is_set()
             compiler.gate.set()

@@ -4,7 +4,7 @@ An engine client lives on the asyncio event loop. Requests are added with a
 sink; the client calls the sink's methods on the event loop thread only, once
 per engine step for the whole batch (never one loop callback per token):
 
-    frontend ──add_request(id, prompt ids, params, sink)──▶ client ──▶ engine core
+    frontend ──add_request(EngineRequest, sink)──▶ client ──▶ engine core
     frontend ◀──sink.on_delta(RequestDelta) / sink.on_error(exc)── client
 
 Guarantees every implementation keeps:
@@ -18,8 +18,8 @@ Guarantees every implementation keeps:
   more (`sink_router.deliver_delta`), and its request is aborted; the other
   sinks are not affected.
 
-The port has two sides: `EngineRequests` (add_request, add_pooling_request,
-abort: what the frontend uses) and `EngineHandle` (start, shutdown, restart,
+The port has two sides: `EngineRequests` (add_request, abort: what the
+frontend uses; a request is one `engine_request.EngineRequest` value) and `EngineHandle` (start, shutdown, restart,
 stats, replicas, reset_prefix_cache, is_alive: what the app's model pool,
 supervisor, health and metrics use); an `EngineClient` is both. The clients
 of one engine keep the guarantees in one place, `routed_client.RoutedEngineClient`
@@ -38,10 +38,9 @@ from typing import Protocol
 
 import msgspec
 
+from sluice.engine.engine_request import EngineRequest
 from sluice.engine.messages import EngineReady, EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
-from sluice.engine.pooling_params import PoolingInput, PoolingParams
-from sluice.engine.sampling_params import SamplingParams
 
 
 class ReplicaState(msgspec.Struct, frozen=True):
@@ -87,30 +86,10 @@ class EngineRequests(abc.ABC):
     changes how requests go in (the `AdmissionGate`), and only it."""
 
     @abc.abstractmethod
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        sink: DeltaSink,
-        *,
-        trace_context: str | None = None,
-    ) -> None:
-        """Queue a request. Raises EngineDeadError if the engine is down.
-        `trace_context`: the W3C traceparent the engine's spans continue
-        (sluice/tracing.py); None: not traced."""
-
-    def add_pooling_request(
-        self,
-        request_id: str,
-        inputs: list[PoolingInput],
-        params: PoolingParams,
-        sink: DeltaSink,
-    ) -> None:
-        """Queue a pooling request (an embedder's or reranker's engine): its one
-        finishing delta carries `pooled`, a vector per input. Raises
-        EngineDeadError if the engine is down; the same guarantees as `add_request`."""
-        raise NotImplementedError(f"{type(self).__name__} serves no pooling model")
+    def add_request(self, request: EngineRequest, sink: DeltaSink) -> None:
+        """Queue `request` (generation or pooling: its payload says; a pooling
+        request's one finishing delta carries `pooled`, a vector per input).
+        Raises EngineDeadError if the engine is down."""
 
     @abc.abstractmethod
     def abort(self, request_ids: list[str]) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sluice.config import EngineConfig
+from sluice.engine.engine_request import EngineRequest, Generation
 from sluice.engine.engine_spans import engine_spans
 from sluice.engine.grammar_queue import GrammarQueue
 from sluice.engine.indent_tokens import IndentTokens
@@ -31,7 +32,6 @@ from sluice.engine.kv_tier_setup import build_tiers
 from sluice.engine.kv_tiers import tier_stats
 from sluice.engine.messages import (
     AbortRequests,
-    AddPoolingRequest,
     AddRequest,
     EngineInput,
     EngineReady,
@@ -42,7 +42,6 @@ from sluice.engine.messages import (
 from sluice.engine.outputs import EngineError, RequestDelta
 from sluice.engine.request import Request, RequestStatus
 from sluice.engine.runner import ModelRunner
-from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.scheduler import Scheduler
 from sluice.engine.speculation import Speculator, speculation_stats
 from sluice.engine.startup import (
@@ -173,31 +172,28 @@ class EngineCore:
         # Requests that failed after add_request returned (a refused grammar).
         self._errors: list[EngineError] = []
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        trace_context: str | None = None,
-    ) -> None:
-        """Queue a request; a structured one first waits for its grammar.
-        Raises ValueError for a request the engine can never run (a grammar
-        refused at once is a GrammarError, one of those; one refused later
-        comes out of `take_errors`). `trace_context`: the traceparent its
-        spans continue (with tracing on)."""
-        request = Request(request_id, list(prompt_token_ids), params)
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a generation request; a structured one first waits for its
+        grammar. Raises ValueError for a request the engine can never run (a
+        pooling one; a grammar refused at once is a GrammarError, one of those;
+        one refused later comes out of `take_errors`). Its spans continue
+        `request.trace_context` (with tracing on)."""
+        request_id, payload = request.request_id, request.payload
+        if not isinstance(payload, Generation):
+            raise ValueError(f"{self.loaded.name} generates; it does not embed or score")
+        running = Request(request_id, list(payload.prompt_token_ids), payload.params)
         if request_id in self.awaiting_grammar:
             raise ValueError(f"request id {request_id!r} is already live")
-        self.scheduler.check_admissible(request)
-        spec = params.structured_output
+        self.scheduler.check_admissible(running)
+        spec = payload.params.structured_output
         if spec is None:
-            self.scheduler.add_request(request)
+            self.scheduler.add_request(running)
         elif (grammar := self.grammars.compiled(spec)).done():
-            self._admit(request, grammar)  # compiled before: no need to wait a step
+            self._admit(running, grammar)  # compiled before: no need to wait a step
         else:
-            self.awaiting_grammar.add(request, grammar)
+            self.awaiting_grammar.add(running, grammar)
         if self.spans is not None:
-            self.spans.on_add(request_id, trace_context, len(prompt_token_ids))
+            self.spans.on_add(request_id, request.trace_context, len(payload.prompt_token_ids))
 
     def _admit(self, request: Request, grammar: Future[CompiledGrammar]) -> None:
         """Give a request its matcher and queue it. Raises the grammar's error."""
@@ -237,14 +233,11 @@ class EngineCore:
         the in-process thread, call this); what it yields goes into `deltas`
         and `errors`. False when the input is Shutdown."""
         match message:
-            case AddRequest(request_id, prompt_token_ids, params, trace_context):
+            case AddRequest(request):
                 try:
-                    self.add_request(request_id, prompt_token_ids, params, trace_context)
+                    self.add_request(request)
                 except ValueError as error:
-                    errors.append(EngineError(request_id, str(error)))
-            case AddPoolingRequest(request_id=request_id):
-                refusal = f"{self.loaded.name} generates; it does not embed or score"
-                errors.append(EngineError(request_id, refusal))
+                    errors.append(EngineError(request.request_id, str(error)))
             case AbortRequests(request_ids):
                 deltas.extend(self.abort_requests(request_ids))
             case ResetPrefixCache():

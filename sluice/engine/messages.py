@@ -1,7 +1,7 @@
 """Typed messages between the engine client and the engine process (msgpack).
 
-    client ──EngineInput (AddRequest | AddPoolingRequest | AbortRequests
-                          | ResetPrefixCache | Shutdown)──▶ engine
+    client ──EngineInput (AddRequest | AbortRequests | ResetPrefixCache
+                          | Shutdown)──▶ engine
     client ◀──EngineOutput (EngineReady | StepOutputs | EngineFailed)── engine process
 
 Every message is a value: decoded into fresh objects on the receiving side.
@@ -11,28 +11,15 @@ from __future__ import annotations
 
 import msgspec
 
+from sluice.engine.engine_request import EngineRequest
 from sluice.engine.outputs import EngineError, RequestDelta
-from sluice.engine.pooling_params import PoolingInput, PoolingParams, PoolingSpec
-from sluice.engine.sampling_params import SamplingParams
+from sluice.engine.pooling_params import PoolingSpec
 
 
 class AddRequest(msgspec.Struct, frozen=True, tag="add"):
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    # The W3C traceparent of the API request's span (sluice/tracing.py):
-    # the engine's spans continue that trace. None: not traced.
-    trace_context: str | None = None
+    """Queue one engine request (generation or pooling: its payload says)."""
 
-
-class AddPoolingRequest(msgspec.Struct, frozen=True, tag="add_pooling"):
-    """One API request's inputs for a pooling model (sluice/engine/pooling_core.py):
-    pooled together, answered in one delta whose `pooled` holds a vector each."""
-
-    request_id: str
-    inputs: list[PoolingInput]
-    params: PoolingParams
-    trace_context: str | None = None
+    request: EngineRequest
 
 
 class AbortRequests(msgspec.Struct, frozen=True, tag="abort"):
@@ -47,7 +34,7 @@ class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
     pass
 
 
-EngineInput = AddRequest | AddPoolingRequest | AbortRequests | ResetPrefixCache | Shutdown
+EngineInput = AddRequest | AbortRequests | ResetPrefixCache | Shutdown
 
 
 class EngineReady(msgspec.Struct, frozen=True, tag="ready"):

@@ -4,10 +4,11 @@ beside the generation core (`core.EngineCore`) and driven the same way.
 Both cores offer what a driver (the engine process's loop, the in-process
 client's thread) calls: `handle` one client input, `step`, `take_errors`,
 `has_unfinished_requests`, `stats`, `info`; `engine_core_for` builds the one
-the model needs. A pooling request (`AddPoolingRequest`) is one API request:
-all its inputs, answered together in one finishing delta whose `pooled`
-holds a vector per input, in order. A generation request sent here (or a
-pooling one to the generation core) is refused with an EngineError.
+the model needs. A pooling request (an `EngineRequest` with a `Pooling`
+payload) is one API request: all its inputs, answered together in one
+finishing delta whose `pooled` holds a vector per input, in order. A
+generation request sent here (or a pooling one to the generation core) is
+refused with an EngineError.
 
 A step takes waiting inputs first come, first served, up to the scheduler's
 token budget (`max_num_batched_tokens`) and `max_num_seqs` sequences, and
@@ -28,9 +29,9 @@ import torch
 
 from sluice.config import EngineConfig
 from sluice.engine.core import EngineCore
+from sluice.engine.engine_request import EngineRequest, Pooling
 from sluice.engine.messages import (
     AbortRequests,
-    AddPoolingRequest,
     AddRequest,
     EngineInput,
     EngineReady,
@@ -121,19 +122,22 @@ class PoolingCore:
             ", normalized" if self.spec.normalize else "", self.max_num_batched_tokens,
         )  # fmt: skip
 
-    def add_request(self, request_id: str, inputs: list[PoolingInput], params: PoolingParams):
-        """Queue a request; ValueError for one the engine can never run."""
-        if not inputs:
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a pooling request; ValueError for one the engine can never run."""
+        request_id, payload = request.request_id, request.payload
+        if not isinstance(payload, Pooling):
+            raise ValueError(f"{self.loaded.name} is a pooling model")
+        if not payload.inputs:
             raise ValueError("a pooling request needs at least one input")
-        for one in inputs:
+        for one in payload.inputs:
             if not 0 < len(one.token_ids) <= self.loaded.max_model_len:
                 raise ValueError(
                     f"an input of {len(one.token_ids)} tokens; this model takes 1 to "
                     f"{self.loaded.max_model_len}"
                 )
-        if any(request.request_id == request_id for request in self.waiting):
+        if any(waiting.request_id == request_id for waiting in self.waiting):
             raise ValueError(f"request id {request_id!r} is already live")
-        self.waiting.append(PoolingRequest(request_id, list(inputs), params))
+        self.waiting.append(PoolingRequest(request_id, list(payload.inputs), payload.params))
 
     def abort_requests(self, request_ids: list[str]) -> list[RequestDelta]:
         gone = set(request_ids)
@@ -146,13 +150,11 @@ class PoolingCore:
     ) -> bool:
         """Apply one client input (as `EngineCore.handle`); False on Shutdown."""
         match message:
-            case AddPoolingRequest(request_id, inputs, params):
+            case AddRequest(request):
                 try:
-                    self.add_request(request_id, inputs, params)
+                    self.add_request(request)
                 except ValueError as error:
-                    errors.append(EngineError(request_id, str(error)))
-            case AddRequest(request_id=request_id):
-                errors.append(EngineError(request_id, f"{self.loaded.name} is a pooling model"))
+                    errors.append(EngineError(request.request_id, str(error)))
             case AbortRequests(request_ids):
                 deltas.extend(self.abort_requests(request_ids))
             case ResetPrefixCache():

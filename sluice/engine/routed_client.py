@@ -2,12 +2,12 @@
 
 `RoutedEngineClient` keeps the open requests' sinks in a `SinkRouter` and
 turns the app's calls into the engine protocol's inputs (`AddRequest`,
-`AddPoolingRequest`, `AbortRequests`, `ResetPrefixCache`), which a subclass
+`AbortRequests`, `ResetPrefixCache`), which a subclass
 hands to its engine (`_send`): over ZMQ (`zmq_client`), through a queue to an engine thread
 (`inproc_client`), or to the test fakes' own stepping (sluice/testing). So
 the client side of the contract in `client_base` is kept in one place:
 
-- `add_request` (`add_pooling_request`) registers the sink, then sends; a
+- `add_request` registers the sink, then sends; a
   dead engine refuses it.
 - `abort` unregisters the sinks of the requests still open, then sends one
   AbortRequests for them: the consumer is gone, so its sink hears nothing
@@ -22,17 +22,15 @@ from __future__ import annotations
 import abc
 
 from sluice.engine.client_base import DeltaSink, EngineClient
+from sluice.engine.engine_request import EngineRequest
 from sluice.engine.messages import (
     AbortRequests,
-    AddPoolingRequest,
     AddRequest,
     EngineInput,
     EngineStatsSnapshot,
     ResetPrefixCache,
 )
 from sluice.engine.outputs import EngineError, RequestDelta
-from sluice.engine.pooling_params import PoolingInput, PoolingParams
-from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.sink_router import SinkRouter
 from sluice.errors import EngineDeadError
 
@@ -47,31 +45,11 @@ class RoutedEngineClient(EngineClient):
     def _send(self, message: EngineInput) -> None:
         """Hand one input to the engine, in order, without blocking the loop."""
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        sink: DeltaSink,
-        *,
-        trace_context: str | None = None,
-    ) -> None:
+    def add_request(self, request: EngineRequest, sink: DeltaSink) -> None:
         if not self._is_alive:
             raise EngineDeadError("the engine is not running")
-        self._router.register(request_id, sink)
-        self._send(AddRequest(request_id, list(prompt_token_ids), params, trace_context))
-
-    def add_pooling_request(
-        self,
-        request_id: str,
-        inputs: list[PoolingInput],
-        params: PoolingParams,
-        sink: DeltaSink,
-    ) -> None:
-        if not self._is_alive:
-            raise EngineDeadError("the engine is not running")
-        self._router.register(request_id, sink)
-        self._send(AddPoolingRequest(request_id, list(inputs), params))
+        self._router.register(request.request_id, sink)
+        self._send(AddRequest(request))
 
     def abort(self, request_ids: list[str]) -> None:
         live = [request_id for request_id in request_ids if request_id in self._router]

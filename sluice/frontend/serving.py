@@ -36,6 +36,7 @@ from typing import Protocol
 import msgspec
 
 from sluice.engine.client_base import EngineRequests
+from sluice.engine.engine_request import EngineRequest, generation_request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import SluiceError
 from sluice.frontend.deltas import ChoiceDelta
@@ -261,18 +262,9 @@ class _RequestRun:
         processor = self._processor = OutputProcessor(request, tokenizer, self._engine, output)
         added: list[str] = []
         try:
-            for index in range(request.num_choices):
-                request_id = engine_request_id(request.response_id, index)
-                prompt = request.prompts[index // request.n]
-                params = _choice_params(request.params, index)
-                self._engine.add_request(
-                    request_id,
-                    list(prompt.token_ids),
-                    params,
-                    processor,
-                    trace_context=self._trace_context,
-                )
-                added.append(request_id)
+            for engine_request in engine_requests_of(request, self._trace_context):
+                self._engine.add_request(engine_request, processor)
+                added.append(engine_request.request_id)
         except BaseException:
             processor.close()
             if added:  # a dead engine ignores it
@@ -313,6 +305,21 @@ class _RequestRun:
                     now_s - self._timer.started_s,
                     delta.finish_reason,
                 )
+
+
+def engine_requests_of(
+    request: GenerationRequest, trace_context: str | None = None
+) -> list[EngineRequest]:
+    """The engine requests of `request`, one per choice, in choice order."""
+    return [
+        generation_request(
+            engine_request_id(request.response_id, index),
+            request.prompts[index // request.n].token_ids,
+            _choice_params(request.params, index),
+            trace_context,
+        )
+        for index in range(request.num_choices)
+    ]
 
 
 def _choice_params(params: SamplingParams, index: int) -> SamplingParams:

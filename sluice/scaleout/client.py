@@ -29,9 +29,9 @@ from itertools import zip_longest
 
 from sluice.config import DataParallelConfig, EngineConfig
 from sluice.engine.client_base import DeltaSink, EngineClient, ReplicaState
+from sluice.engine.engine_request import EngineRequest, Generation
 from sluice.engine.messages import EngineReady, EngineStatsSnapshot
 from sluice.engine.outputs import RequestDelta
-from sluice.engine.sampling_params import SamplingParams
 from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import EngineDeadError
 from sluice.scaleout import ray_cluster
@@ -85,26 +85,19 @@ class DataParallelEngineClient(EngineClient):
 
     # -- requests --------------------------------------------------------------
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        sink: DeltaSink,
-        *,
-        trace_context: str | None = None,
-    ) -> None:
+    def add_request(self, request: EngineRequest, sink: DeltaSink) -> None:
+        if not isinstance(request.payload, Generation):
+            raise NotImplementedError("data-parallel replicas serve no pooling model")
         healthy = self._healthy_replicas()
         if not healthy:
             raise EngineDeadError("no engine replica is running")
-        index = self.router.route(request_id, prompt_token_ids, params.max_tokens, healthy)
+        request_id, payload = request.request_id, request.payload
+        index = self.router.route(
+            request_id, payload.prompt_token_ids, payload.params.max_tokens, healthy
+        )
         try:
             self.replica_clients[index].add_request(
-                request_id,
-                prompt_token_ids,
-                params,
-                _RoutedSink(self.router, request_id, sink),
-                trace_context=trace_context,
+                request, _RoutedSink(self.router, request_id, sink)
             )
         except BaseException:
             self.router.finish(request_id)

@@ -1,7 +1,7 @@
 """Admission control at the edge: a bounded queue, queue timeouts, a drain switch.
 
 `AdmissionGate` wraps the request side of the engine client the frontend
-talks to (`EngineRequests`: add_request, add_pooling_request, abort); the
+talks to (`EngineRequests`: add_request, abort); the
 engine's handle (start, shutdown, stats, health) is `gate.engine`'s. Each engine
 request is counted from `add_request` until its sink hears its finish or an
 error, or it is aborted. Invariants:
@@ -35,9 +35,8 @@ from prometheus_client.registry import Collector
 
 from sluice.config import SchedulerConfig
 from sluice.engine.client_base import DeltaSink, EngineClient, EngineRequests, QueueTimeout
+from sluice.engine.engine_request import EngineRequest
 from sluice.engine.outputs import RequestDelta
-from sluice.engine.pooling_params import PoolingInput, PoolingParams
-from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import InvalidRequestError, QueueFullError, ServiceUnavailableError
 
 # Request header: the longest this request may wait for its first token, in seconds.
@@ -166,58 +165,20 @@ class AdmissionGate(EngineRequests):
         choices share it); None: the gate itself (no deadline)."""
         return self if queue_timeout is None else _DeadlineRequests(self, queue_timeout)
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        sink: DeltaSink,
-        *,
-        trace_context: str | None = None,
-    ) -> None:
+    def add_request(self, request: EngineRequest, sink: DeltaSink) -> None:
         """Admit and add one engine request (no deadline: `with_deadline`)."""
-        self._add_request(request_id, prompt_token_ids, params, sink, trace_context, None)
-
-    def add_pooling_request(
-        self, request_id: str, inputs: list[PoolingInput], params: PoolingParams, sink: DeltaSink
-    ) -> None:
-        """Admit and add one pooling request, counted as `add_request`'s."""
-        self._add_pooling_request(request_id, inputs, params, sink, None)
+        self._add_request(request, sink, None)
 
     def _add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        sink: DeltaSink,
-        trace_context: str | None,
-        queue_timeout: QueueTimeout | None,
+        self, request: EngineRequest, sink: DeltaSink, queue_timeout: QueueTimeout | None
     ) -> None:
-        tracked = self._admit(request_id, sink)
+        tracked = self._admit(request.request_id, sink)
         try:
-            self.engine.add_request(
-                request_id, prompt_token_ids, params, tracked, trace_context=trace_context
-            )
+            self.engine.add_request(request, tracked)
         except BaseException:
             tracked.end()
             raise
-        self._start_timeout(request_id, tracked, queue_timeout)
-
-    def _add_pooling_request(
-        self,
-        request_id: str,
-        inputs: list[PoolingInput],
-        params: PoolingParams,
-        sink: DeltaSink,
-        queue_timeout: QueueTimeout | None,
-    ) -> None:
-        tracked = self._admit(request_id, sink)
-        try:
-            self.engine.add_pooling_request(request_id, inputs, params, tracked)
-        except BaseException:
-            tracked.end()
-            raise
-        self._start_timeout(request_id, tracked, queue_timeout)
+        self._start_timeout(request.request_id, tracked, queue_timeout)
 
     def _admit(self, request_id: str, sink: DeltaSink) -> _TrackedSink:
         self.check_open()
@@ -309,23 +270,8 @@ class _DeadlineRequests(EngineRequests):
         self._gate = gate
         self._queue_timeout = queue_timeout
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        sink: DeltaSink,
-        *,
-        trace_context: str | None = None,
-    ) -> None:
-        self._gate._add_request(
-            request_id, prompt_token_ids, params, sink, trace_context, self._queue_timeout
-        )
-
-    def add_pooling_request(
-        self, request_id: str, inputs: list[PoolingInput], params: PoolingParams, sink: DeltaSink
-    ) -> None:
-        self._gate._add_pooling_request(request_id, inputs, params, sink, self._queue_timeout)
+    def add_request(self, request: EngineRequest, sink: DeltaSink) -> None:
+        self._gate._add_request(request, sink, self._queue_timeout)
 
     def abort(self, request_ids: list[str]) -> None:
         self._gate.abort(request_ids)

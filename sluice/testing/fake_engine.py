@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import cycle
 
+from sluice.engine.engine_request import EngineRequest, Generation
 from sluice.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -49,6 +50,13 @@ from sluice.engine.sampling_params import SamplingParams
 TokenScript = Callable[[str, tuple[int, ...], SamplingParams], Iterable[int]]
 # (position in the output, token id, k) -> (logprob, top k ids, their logprobs).
 LogprobsFn = Callable[[int, int, int], tuple[float, tuple[int, ...], tuple[float, ...]]]
+
+
+def generation_of(request: EngineRequest) -> tuple[tuple[int, ...], SamplingParams]:
+    """The prompt and params of a generation request (the fakes generate)."""
+    payload = request.payload
+    assert isinstance(payload, Generation), "the fake engines serve no pooling model"
+    return payload.prompt_token_ids, payload.params
 
 
 def parrot(
@@ -113,7 +121,7 @@ class FakeEngineBase(RoutedEngineClient):
         self.num_prefix_cache_resets = 0
 
     @abc.abstractmethod
-    def _add(self, message: AddRequest) -> None:
+    def _add(self, request: EngineRequest) -> None:
         """The engine's side of add_request (the sink is registered already)."""
 
     def _abort(self, request_ids: list[str]) -> None:
@@ -121,8 +129,8 @@ class FakeEngineBase(RoutedEngineClient):
 
     def _send(self, message: EngineInput) -> None:
         if isinstance(message, AddRequest):
-            self.added_request_ids.append(message.request_id)
-            self._add(message)
+            self.added_request_ids.append(message.request.request_id)
+            self._add(message.request)
         elif isinstance(message, AbortRequests):
             self.aborted_request_ids.extend(message.request_ids)
             self._abort(message.request_ids)
@@ -192,21 +200,20 @@ class FakeEngine(FakeEngineBase):
 
     # -- the engine's side ------------------------------------------------------
 
-    def _add(self, message: AddRequest) -> None:
-        prompt = tuple(message.prompt_token_ids)
-        params = message.params
-        request = _FakeRequest(
-            request_id=message.request_id,
-            tokens=iter(self._script(message.request_id, prompt, params)),
+    def _add(self, request: EngineRequest) -> None:
+        request_id, (prompt, params) = request.request_id, generation_of(request)
+        fake = _FakeRequest(
+            request_id=request_id,
+            tokens=iter(self._script(request_id, prompt, params)),
             params=params,
             num_prompt_tokens=len(prompt),
             limit=min(params.max_tokens, self._max_model_len - len(prompt)),
-            rng=random.Random(f"{self._seed}:{message.request_id}"),
+            rng=random.Random(f"{self._seed}:{request_id}"),
             num_prefill_steps_left=self._prefill_steps,
             prompt=prompt,
         )
-        self._requests[message.request_id] = request
-        self.outputs[message.request_id] = request.output_token_ids
+        self._requests[request_id] = fake
+        self.outputs[request_id] = fake.output_token_ids
         self._schedule_step()
 
     def _abort(self, request_ids: list[str]) -> None:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from sluice.engine.messages import AddRequest
+from sluice.engine.engine_request import EngineRequest
 from sluice.engine.outputs import FinishReason, RequestDelta
 from sluice.engine.sampling_params import SamplingParams
-from sluice.testing.fake_engine import FakeEngineBase, token_logprobs
+from sluice.testing.fake_engine import FakeEngineBase, generation_of, token_logprobs
 
 
 class ManualEngine(FakeEngineBase):
@@ -35,10 +35,10 @@ class ManualEngine(FakeEngineBase):
         # Set whenever a request is added (a test awaits it, no sleeping).
         self.request_added = asyncio.Event()
 
-    def _add(self, message: AddRequest) -> None:
-        request_id = message.request_id
-        self._params[request_id] = message.params
-        self._num_prompt_tokens[request_id] = len(message.prompt_token_ids)
+    def _add(self, request: EngineRequest) -> None:
+        request_id, (prompt_token_ids, params) = request.request_id, generation_of(request)
+        self._params[request_id] = params
+        self._num_prompt_tokens[request_id] = len(prompt_token_ids)
         self._num_delivered[request_id] = 0
         self.request_added.set()
 

@@ -27,6 +27,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from sluice.engine.client_base import QueueTimeout
+from sluice.engine.engine_request import pooling_request
 from sluice.engine.outputs import PooledOutput, RequestDelta
 from sluice.engine.pooling_params import PoolingInput, PoolingParams
 from sluice.server.connection import unless_disconnected
@@ -75,7 +76,7 @@ async def pool(
     observer = context.observer(parts.metrics)
     sink = _PooledSink()
     gate = parts.gate
-    gate.with_deadline(queue_timeout).add_pooling_request(request_id, inputs, params, sink)
+    gate.with_deadline(queue_timeout).add_request(pooling_request(request_id, inputs, params), sink)
     try:
         delta = await unless_disconnected(request.receive, sink.result)
     except asyncio.CancelledError:
