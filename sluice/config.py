@@ -523,7 +523,7 @@ class RequestLimits:
     # Bodies beyond this are a 413: by their Content-Length before a byte is
     # read, or once that many bytes arrived. Besides the memory one connection
     # can pin, this bounds the few steps of a large body still done in one
-    # call (copying ~2M prompt token ids into a tuple: ~5 ms; sluice/server/body.py).
+    # call (copying ~2M prompt token ids into a tuple: ~5 ms; sluice/server/body/body.py).
     max_request_body_bytes: int = setting(
         4 * 1024 * 1024,
         "the largest request body, e.g. 4MiB (beyond it: 413)",

@@ -22,8 +22,8 @@ from sluice.apis.completions import to_internal as completions_to_internal
 from sluice.config import RequestLimits
 from sluice.errors import InvalidRequestError, RequestError, RequestTooLargeError
 from sluice.frontend.preprocess import Preprocessor
-from sluice.server import body as body_module
-from sluice.server.body import HUGE_BODY_BYTES, BodyReader, release_in_pieces
+from sluice.server.body import body as body_module
+from sluice.server.body.body import HUGE_BODY_BYTES, BodyReader, release_in_pieces
 from sluice.testing import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.server import json_pieces
-from sluice.server.json_pieces import JSONPiecesError, loads
+from sluice.server.body import json_pieces
+from sluice.server.body.json_pieces import JSONPiecesError, loads
 
 PIECE_SIZES = (1, 2, 3, 5, 8, 16, 64)
 # Strings with what makes cutting them hard: escapes, multi-byte characters,

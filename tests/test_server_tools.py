@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from sluice.server.limits import MAX_JSON_DEPTH
+from sluice.server.body.limits import MAX_JSON_DEPTH
 from sluice.testing import FakeEngine
 from sluice.testing.contract import parse_sse
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer

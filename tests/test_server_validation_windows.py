@@ -12,8 +12,8 @@ from sluice.apis import openai_protocol
 from sluice.apis.chat import protocol as chat_protocol
 from sluice.apis.completions import protocol as completions_protocol
 from sluice.errors import InvalidRequestError
-from sluice.server import validation_windows
-from sluice.server.validation_windows import validate
+from sluice.server.body import validation_windows
+from sluice.server.body.validation_windows import validate
 
 WINDOW_ITEMS = 3
 

@@ -17,7 +17,7 @@ from sluice.apis.completions.to_internal import completion_request
 from sluice.apis.openai_request import RequestOptions
 from sluice.errors import InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
-from sluice.server.limits import MAX_JSON_DEPTH
+from sluice.server.body.limits import MAX_JSON_DEPTH
 from sluice.structured import StructuredOutputSpec as Spec
 from sluice.testing.contract import parse_sse
 from sluice.testing.fake_engine import LoopFakeEngine

@@ -11,7 +11,7 @@ every numeric range the API documents is checked here so the error names the
 field. `parse_body` is the one way a body becomes a model: bad JSON and
 invalid fields become a 400 `InvalidRequestError`, a body not declared JSON a
 415. Its steps (`check_content_type`, `json_object`, `validate_body`) are
-public for `sluice.server.body`, which runs them off the event loop, in
+public for `sluice.server.body.body`, which runs them off the event loop, in
 pieces, for large bodies. Checks that need the model (vocabulary, context
 length, the served name) or relate several fields live in the `to_internal`
 modules (what completions and chat share: `openai_request`).

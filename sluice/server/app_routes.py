@@ -15,7 +15,7 @@ from starlette.responses import Response
 from sluice.engine.client_base import QueueTimeout
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import ResponseChunks
-from sluice.server.body import BodyReader
+from sluice.server.body.body import BodyReader
 from sluice.server.model_parts import ModelOptions, ModelParts
 from sluice.server.model_pool import ModelPool
 

@@ -23,7 +23,7 @@ from sluice.engine.client_base import ReplicaState
 from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.server.admission import ShuttingDownError
-from sluice.server.body import BodyReader
+from sluice.server.body.body import BodyReader
 from sluice.server.errors import unavailable_response
 from sluice.server.model_parts import ModelOptions, ModelParts
 from sluice.server.model_pool import ModelPool

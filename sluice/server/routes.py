@@ -34,7 +34,7 @@ from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend, ResponseChunks
 from sluice.server import admission
 from sluice.server.admission import AdmissionGate
-from sluice.server.body import BodyReader
+from sluice.server.body.body import BodyReader
 from sluice.server.event_stream import (
     EVENT_STREAM_MEDIA_TYPE,
 )

@@ -36,7 +36,7 @@ from sluice.apis.rules.tool_prompt import template_inputs
 from sluice.errors import InvalidRequestError
 from sluice.frontend.preprocess import ChatMessage
 from sluice.frontend.request import GenerationRequest
-from sluice.server import limits
+from sluice.server.body import limits
 
 
 async def chat_request(

@@ -32,7 +32,7 @@ from sluice.apis.rules.structured_fields import structured_output
 from sluice.errors import InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.request import GenerationRequest, PromptInput
-from sluice.server import limits
+from sluice.server.body import limits
 
 # Completions default; chat's default is the rest of the context.
 DEFAULT_COMPLETION_MAX_TOKENS = 16

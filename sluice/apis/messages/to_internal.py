@@ -29,7 +29,7 @@ from sluice.apis.rules import reasoning_fields, tool_fields
 from sluice.apis.rules.tool_prompt import template_inputs
 from sluice.errors import InvalidRequestError
 from sluice.frontend.request import GenerationRequest
-from sluice.server import limits
+from sluice.server.body import limits
 from sluice.tools.harmony import HARMONY
 
 _CUSTOM_TOOL_TYPES = (None, "custom")

@@ -44,7 +44,7 @@ from sluice.apis.openai_request import RequestOptions
 from sluice.apis.rules import reasoning_fields
 from sluice.errors import InvalidRequestError, ModelNotFoundError, RequestError
 from sluice.frontend.request import GenerationRequest, PromptInput
-from sluice.server import limits
+from sluice.server.body import limits
 
 # Ollama's own name for the newest version of a model.
 LATEST_TAG = ":latest"

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from sluice.errors import InvalidRequestError
-from sluice.server.limits import check_json_depth
+from sluice.server.body.limits import check_json_depth
 
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})

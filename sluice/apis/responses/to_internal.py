@@ -28,7 +28,7 @@ from sluice.apis.responses.input_items import chat_tool_choice, chat_tools, inpu
 from sluice.apis.responses.protocol import ResponsesRequest
 from sluice.errors import InvalidRequestError, RequestError
 from sluice.frontend.request import GenerationRequest, ResponsesSettings
-from sluice.server.limits import check_json_depth
+from sluice.server.body.limits import check_json_depth
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # A chat field's name in an error -> the Responses field it came from.

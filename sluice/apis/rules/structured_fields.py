@@ -26,7 +26,7 @@ import orjson
 
 from sluice.apis import openai_protocol
 from sluice.errors import InvalidRequestError
-from sluice.server import limits
+from sluice.server.body import limits
 from sluice.structured.grammar import GrammarError, grammar_of
 from sluice.structured.spec import StructuredOutputSpec
 
@@ -36,7 +36,7 @@ class GrammarCheck:
     """Compiles a spec to check it, off the event loop.
 
     From the loop, the compile runs in a worker thread. A conversion that
-    already runs in one (a large body's, `sluice.server.body`) must never
+    already runs in one (a large body's, `sluice.server.body.body`) must never
     suspend: it compiles right there (`is_inline`), as its Preprocessor
     tokenizes right there."""
 

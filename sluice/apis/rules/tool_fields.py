@@ -40,7 +40,7 @@ from sluice.apis.chat import protocol as chat_protocol
 from sluice.apis.rules.structured_fields import GrammarCheck, check_json_schema
 from sluice.errors import InvalidRequestError
 from sluice.frontend.preprocess import MessageToolCall
-from sluice.server import limits
+from sluice.server.body import limits
 from sluice.structured.spec import StructuredOutputSpec
 from sluice.tools.call_grammar import calls_or_answer
 from sluice.tools.output_parsing import NAMED_FORMAT, REQUIRED_FORMAT, OutputParsing

@@ -63,7 +63,7 @@ from sluice.apis.rules.structured_fields import GrammarCheck
 from sluice.config import RequestLimits
 from sluice.errors import RequestTooLargeError
 from sluice.frontend.preprocess import Preprocessor
-from sluice.server import json_pieces, limits, validation_windows
+from sluice.server.body import json_pieces, limits, validation_windows
 
 # Bodies longer than this are parsed and converted in a worker thread (as
 # `preprocess` tokenizes texts longer than 8,192 characters in one).

@@ -5,7 +5,7 @@ Checked in two places by `to_internal`: `check_body` before any tokenization
 logit_bias entries, max_tokens), `check_prompts` after it (prompt tokens). `cap_max_tokens` bounds
 a default max_tokens (chat's "rest of the context") without refusing.
 The protocol's fixed caps still apply first; these can only be stricter.
-`check_parsed` runs earlier, by `sluice.server.body` on the parsed JSON before
+`check_parsed` runs earlier, by `sluice.server.body.body` on the parsed JSON before
 pydantic sees it: counts that bound validation's own cost (chat messages,
 logit_bias entries, which pydantic validates in one call).
 
