@@ -221,7 +221,9 @@ def test_a_queue_timeout_fires_only_while_nothing_was_produced():
         engine = FakeEngine(step_interval_s=0.01, prefill_steps=30)
         gate = AdmissionGate(engine, capacity=4)
         waiting, served = RecordingSink(), RecordingSink()
-        gate.with_deadline(QueueTimeout(0.1)).add_request("waiting", [5], PARAMS, waiting)
+        gate.with_deadline(QueueTimeout(0.1)).add_request(
+            generation_request("waiting", [5], PARAMS), waiting
+        )
         await waiting.done.wait()
         # Cut at its timeout, long before its first token (30 steps: 0.3 s).
         assert loop.time() == pytest.approx(0.1)
@@ -230,12 +232,16 @@ def test_a_queue_timeout_fires_only_while_nothing_was_produced():
         quick = FakeEngine(step_interval_s=0.05)
         gate = AdmissionGate(quick, capacity=4)
         added_s = loop.time()
-        gate.with_deadline(QueueTimeout(0.08)).add_request("served", [5], PARAMS, served)
+        gate.with_deadline(QueueTimeout(0.08)).add_request(
+            generation_request("served", [5], PARAMS), served
+        )
         await served.done.wait()
         # Its first token came at 50 ms, in time; the other four took until
         # 250 ms, long past the 80 ms timeout: no error.
         assert loop.time() - added_s == pytest.approx(0.25)
         assert not served.errors and served.deltas[-1].finish_reason == "length"
+
+    run_in_virtual_time(go())
 
 
 def test_the_choices_of_one_api_request_share_their_queue_timeout_and_count_once():
