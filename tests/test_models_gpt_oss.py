@@ -24,9 +24,10 @@ from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models import calibration, gpt_oss
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
-from sluice.models.gpt_oss import GptOssDecoderLayer, GptOssForCausalLM, clamped_swiglu
+from sluice.models.gpt_oss import GptOssDecoderLayer, GptOssForCausalLM
 from sluice.models.moe_decoder import describe_experts
 from sluice.models.mxfp4 import E2M1_VALUES
+from sluice.models.mxfp4_experts import clamped_swiglu
 from sluice.models.native.int8 import int8_gemm_kernels
 from tests.engine_paths import (
     check_chunked_prefill_equals_whole_prompts,

@@ -166,3 +166,22 @@ def test_a_chunk_behind_cached_context_merges_natively_or_in_torch_alike(monkeyp
     torch_out = attention._cached_prefix_then_chunk(q, q, q, None, plan, 0.125)
     assert native_out.shape == torch_out.shape == (64, 9, 64)
     torch.testing.assert_close(native_out.float(), torch_out.float(), atol=2e-2, rtol=1e-2)
+
+
+@requires_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_clamped_swiglu_is_torchs_clamped_swiglu(dtype):
+    """gpt-oss's activation (mxfp4_experts.clamped_swiglu): the clamp bites
+    both ways (limit 1.5 on values up to ~12), NaN-free, strided rows too."""
+    from sluice.models.mxfp4_experts import clamped_swiglu
+
+    generator = torch.Generator().manual_seed(3)
+    buffer = (torch.randn(34, 2 * 300, generator=generator) * 4).to(dtype)
+    for x in (buffer, buffer[::2]):
+        got = native.clamped_swiglu_kernel(dtype)(x, 1.702, 1.5)
+        want = clamped_swiglu(1.702, 1.5, x)
+        if dtype == torch.bfloat16:  # each step rounded as torch's: all but rare sigmoid ties
+            assert (got != want).float().mean() < 0.01
+            torch.testing.assert_close(got, want, rtol=2**-7, atol=0)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)

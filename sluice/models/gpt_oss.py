@@ -11,7 +11,8 @@ What it adds to moe_decoder.py's layer, as transformers 5.24's
   every expert's two projections;
 - routing: the k largest router logits, then a softmax over those k;
 - the clamped SwiGLU: gate clamped to at most `limit`, up to [-limit, limit],
-  out = (up + 1) * gate * sigmoid(alpha * gate);
+  out = (up + 1) * gate * sigmoid(alpha * gate) (mxfp4_experts.ClampedSwiglu:
+  native where the library runs);
 - YaRN RoPE (rope_norm.py), in the half-split layout like Llama.
 
 The checkpoint stacks each layer's experts as transformers holds them:
@@ -50,7 +51,7 @@ from sluice.models.llama import LlamaDecoderLayer
 from sluice.models.moe import MoeBlock
 from sluice.models.moe_decoder import MoeDecoderLayer, MoeForCausalLM
 from sluice.models.mxfp4 import check_pair, dequantize_mxfp4
-from sluice.models.mxfp4_experts import StackTarget, keep_mxfp4
+from sluice.models.mxfp4_experts import ClampedSwiglu, StackTarget, keep_mxfp4
 from sluice.models.native.mxfp4 import mxfp4_available, mxfp4_groups
 from sluice.models.sliding_window import sliding_window_attention
 from sluice.models.weight_targets import WeightTarget
@@ -63,14 +64,6 @@ class GptOssConfig(DecoderConfig):
     # out = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit).
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
-
-
-def clamped_swiglu(
-    alpha: float, limit: float, gate_up: Tensor
-) -> Tensor:  # [T, 2 I] (gate rows, then up) -> [T, I]
-    gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
-    gate = gate.clamp(max=limit)
-    return (up.clamp(-limit, limit) + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
 class GptOssExperts(MoeBlock):
@@ -116,9 +109,7 @@ class GptOssDecoderLayer(MoeDecoderLayer):
             sliding_window_attention, window=window, is_batch_invariant=batch_invariant,
             sinks=self.sinks,
         )  # fmt: skip
-        self.clamped_swiglu = functools.partial(
-            clamped_swiglu, config.swiglu_alpha, config.swiglu_limit
-        )
+        self.clamped_swiglu = ClampedSwiglu(config.swiglu_alpha, config.swiglu_limit)
         # The expert stacks' load targets and their names' prefix (`expert_targets`).
         self.stacks = (StackTarget(self.moe.gate_up), StackTarget(self.moe.down), "mlp.experts.")
 

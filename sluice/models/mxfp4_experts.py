@@ -12,6 +12,13 @@ stacks dropped): each chosen expert's gate/up and down in one
 kernel's rows are row-invariant at any row count and the activation runs on
 moe.py's fixed row tiles, so a token's bits are its own. A layer where only
 one stack came in MXFP4 gets that stack's exact values as floats.
+
+gpt-oss's clamped SwiGLU is `ClampedSwiglu`: rows.c's kernel where the
+native library runs (torch's ops, `clamped_swiglu`, elsewhere). With it, the
+whole routed part of the layer is one native call (`mxfp4_moe`,
+moe_mxfp4.c): every chosen expert of every row, gate/up, biases, SwiGLU,
+down and the weighted sum in rank order, the same bits as the per-expert
+path above, which runs otherwise.
 """
 
 from __future__ import annotations
@@ -26,8 +33,38 @@ from sluice.errors import ModelLoadError
 from sluice.models.linear import BATCH_INVARIANT_ROW_TILE, in_row_tiles
 from sluice.models.moe import KeptExperts, MoeBlock
 from sluice.models.mxfp4 import dequantize_mxfp4
-from sluice.models.native.mxfp4 import GROUP, GROUP_BYTES, mxfp4_matmul
+from sluice.models.native import clamped_swiglu_kernel
+from sluice.models.native.mxfp4 import GROUP, GROUP_BYTES, mxfp4_matmul, mxfp4_moe
 from sluice.models.weight_targets import WeightTarget
+
+
+def clamped_swiglu(
+    alpha: float, limit: float, gate_up: Tensor
+) -> Tensor:  # [T, 2 I] (gate rows, then up) -> [T, I]
+    """out = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)."""
+    gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
+    gate = gate.clamp(max=limit)
+    return (up.clamp(-limit, limit) + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+@dataclass(frozen=True)
+class ClampedSwiglu:
+    """gpt-oss's experts' activation with its alpha and limit: rows.c's
+    kernel (each step rounded as torch's ops round) where it runs, else
+    `clamped_swiglu`."""
+
+    alpha: float
+    limit: float
+
+    def native(self, dtype: torch.dtype):
+        """The native kernel for `dtype` rows; None: torch's ops."""
+        return clamped_swiglu_kernel(dtype)
+
+    def __call__(self, gate_up: Tensor) -> Tensor:  # [T, 2 I] -> [T, I]
+        kernel = self.native(gate_up.dtype) if gate_up.device.type == "cpu" else None
+        if kernel is None or gate_up.stride(-1) != 1:
+            return clamped_swiglu(self.alpha, self.limit, gate_up)
+        return kernel(gate_up, self.alpha, self.limit)
 
 
 class Mxfp4Experts(KeptExperts):
@@ -42,6 +79,18 @@ class Mxfp4Experts(KeptExperts):
         self.register_buffer("down", down, persistent=False)
         # [E, 2 I] and [E, H]: the block's own parameters (counted there), shared.
         self.gate_up_bias, self.down_bias = gate_up_bias, down_bias
+
+    def weighted_sum(
+        self, x: Tensor, expert_ids: Tensor, weights: Tensor, swiglu: Callable[[Tensor], Tensor]
+    ) -> Tensor | None:  # [T, H], [T, k], [T, k] -> [T, H] float32
+        native = isinstance(swiglu, ClampedSwiglu) and swiglu.native(x.dtype) is not None
+        if not native or self.gate_up_bias.dtype != x.dtype or self.down_bias.dtype != x.dtype:
+            return None
+        assert isinstance(swiglu, ClampedSwiglu)
+        return mxfp4_moe(
+            x, (self.gate_up, self.down), (self.gate_up_bias, self.down_bias), expert_ids,
+            weights, swiglu.alpha, swiglu.limit,
+        )  # fmt: skip
 
     def forward(
         self, expert: int, swiglu: Callable[[Tensor], Tensor], x: Tensor

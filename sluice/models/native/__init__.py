@@ -240,6 +240,28 @@ def silu_mul_kernel(dtype: torch.dtype):
     return silu_mul
 
 
+def clamped_swiglu_kernel(dtype: torch.dtype):
+    """x [T, 2 I] (gate, then up; rows contiguous), alpha, limit -> gpt-oss's
+    clamped SwiGLU [T, I] (rows.c); None: no kernel."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        return None
+    library = _library()
+    if library is None:
+        return None
+    function = (
+        library.clamped_swiglu_bf16 if dtype == torch.bfloat16 else library.clamped_swiglu_f32
+    )
+
+    def clamped_swiglu(x: Tensor, alpha: float, limit: float) -> Tensor:
+        rows, width = x.shape
+        assert x.stride(1) == 1 and width % 2 == 0, "rows contiguous, gate and up halves"
+        out = torch.empty((rows, width // 2), dtype=x.dtype)
+        function(x.data_ptr(), rows, width // 2, x.stride(0), alpha, limit, out.data_ptr())
+        return out
+
+    return clamped_swiglu
+
+
 @cache
 def argmax_kernel():
     """x [B, V] float32 (rows contiguous) -> [B] int64, torch.argmax's answer; None: no kernel."""

@@ -190,6 +190,13 @@ def _silu_mul(t: str) -> str:
     return f"const {t} *x, int64_t rows, int64_t inter, int64_t row_stride, {t} *out"
 
 
+def _clamped_swiglu(t: str) -> str:
+    return (
+        f"const {t} *x, int64_t rows, int64_t inter, int64_t row_stride, float alpha, "
+        f"float limit, {t} *out"
+    )
+
+
 def _quantize_rows(t: str) -> str:
     return (
         f"const {t} *x, int64_t rows, int64_t cols, int64_t row_stride, "
@@ -230,6 +237,8 @@ FUNCTIONS: dict[str, Function] = {
     "rms_norm_f32": Function("void", _rms_norm("float")),
     "silu_mul_bf16": Function("void", _silu_mul("uint16_t")),
     "silu_mul_f32": Function("void", _silu_mul("float")),
+    "clamped_swiglu_bf16": Function("void", _clamped_swiglu("uint16_t")),
+    "clamped_swiglu_f32": Function("void", _clamped_swiglu("float")),
     "argmax_f32": Function("void", "const float *x, int64_t rows, int64_t cols, int64_t *out"),
     "merge_attention_bf16": Function(
         "void",
@@ -318,6 +327,14 @@ FUNCTIONS: dict[str, Function] = {
         "int",
         "const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *weights, int64_t n, "
         "void *out, int out_bf16, int64_t out_stride",
+    ),
+    # moe_mxfp4.c: mxfp4.py
+    "mxfp4_moe": Function(
+        "int",
+        "const void *x, int x_bf16, int64_t tokens, int64_t hidden, int64_t inter, "
+        "const uint8_t *gate_up, const uint8_t *down, const void *gate_up_bias, "
+        "const void *down_bias, int64_t num_experts, const int64_t *expert_ids, "
+        "const float *weights, int64_t top_k, float alpha, float limit, float *out",
     ),
     # gated_delta.c, mamba_scan.c: recurrent.py
     "gated_delta_rule_f32": Function(

@@ -37,6 +37,7 @@ _SOURCES = tuple(
         "qblock_gemm.c",
         "moe_qblock.c",
         "mxfp4_gemm.c",
+        "moe_mxfp4.c",
         "gated_delta.c",
         "mamba_scan.c",
     )
@@ -53,6 +54,8 @@ _HEADERS = tuple(
         "avx512_attention.h",
         "paged_tables.h",
         "qblock_kernel.h",
+        "moe_rows.h",
+        "mxfp4_kernel.h",
         "recurrent_spans.h",
     )
 )

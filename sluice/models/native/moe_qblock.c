@@ -20,19 +20,13 @@
 
 #include "sluice_abi.h"
 #include "bf16.h"
+#include "moe_rows.h"
 #include "qblock_kernel.h"
 
 #pragma GCC optimize("no-fast-math")
 #pragma GCC optimize("fp-contract=off")
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-
-/* The chosen experts: slot s is expert[s], its grouped rows start[s]..start[s + 1]. */
-typedef struct {
-    int64_t count;
-    int64_t *expert; /* [count] */
-    int64_t *start;  /* [count + 1] */
-} chosen;
 
 static const QBlockPart *part_of(const QBlockExpert *e, int is_down, int64_t p) {
     return is_down ? &e->down[p] : &e->gate_up[p];
@@ -94,56 +88,6 @@ static int grouped_projection(const void *in, int bf16, int64_t k, const QBlockE
     return status;
 }
 
-/* Assignment a's place among the rows grouped by expert (pos), and the
- * chosen experts; -1 for an id outside [0, num_experts) or no memory. */
-static int group_by_expert(const int64_t *ids, int64_t assignments, int64_t num_experts,
-                           int64_t *pos, chosen *c) {
-    int64_t *next = calloc((size_t)num_experts + 1, sizeof(int64_t));
-    c->expert = malloc(sizeof(int64_t) * (size_t)(assignments + 1));
-    c->start = malloc(sizeof(int64_t) * (size_t)(assignments + 2));
-    if (next == NULL || c->expert == NULL || c->start == NULL) {
-        free(next);
-        return -1;
-    }
-    for (int64_t a = 0; a < assignments; a++) {
-        if (ids[a] < 0 || ids[a] >= num_experts) {
-            free(next);
-            return -1;
-        }
-        next[ids[a] + 1]++;
-    }
-    c->count = 0;
-    for (int64_t e = 0; e < num_experts; e++) {
-        if (next[e + 1] > 0) {
-            c->expert[c->count] = e;
-            c->start[c->count++] = next[e];
-        }
-        next[e + 1] += next[e];
-    }
-    c->start[c->count] = assignments;
-    for (int64_t a = 0; a < assignments; a++) pos[a] = next[ids[a]]++;
-    free(next);
-    return 0;
-}
-
-/* out[t] = sum over ranks, in order, of weights[t, r] * the expert rows at pos[t, r] (float32). */
-static void weighted_sum(const void *rows, int bf16, const int64_t *pos, const float *weights,
-                         int64_t tokens, int64_t top_k, int64_t hidden, float *out) {
-#pragma omp parallel for schedule(static) if (tokens >= 4)
-    for (int64_t t = 0; t < tokens; t++) {
-        float *o = out + t * hidden;
-        for (int64_t r = 0; r < top_k; r++) {
-            const int64_t at = pos[t * top_k + r] * hidden;
-            const float w = weights[t * top_k + r];
-            for (int64_t i = 0; i < hidden; i++) {
-                const float v = (bf16 ? bf16_load((const uint16_t *)rows + at + i)
-                                      : f32_load((const float *)rows + at + i)) * w;
-                o[i] = r == 0 ? v : o[i] + v;
-            }
-        }
-    }
-}
-
 int qblock_moe(const void *x, int x_bf16, int64_t tokens, int64_t hidden, int64_t inter,
                const QBlockExpert *experts, int64_t num_experts, const int64_t *expert_ids,
                const float *weights, int64_t top_k, float *out) {
@@ -158,9 +102,7 @@ int qblock_moe(const void *x, int x_bf16, int64_t tokens, int64_t hidden, int64_
     int status = pos && rows && gate_up && act && down ? 0 : -1;
     if (status == 0) status = group_by_expert(expert_ids, assignments, num_experts, pos, &c);
     if (status == 0) {
-        for (int64_t a = 0; a < assignments; a++)
-            memcpy(rows + pos[a] * hidden * element, (const char *)x + a / top_k * hidden * element,
-                   (size_t)(hidden * element));
+        gather_rows(x, element, hidden, pos, assignments, top_k, rows);
         status = grouped_projection(rows, x_bf16, hidden, experts, &c, 0, gate_up, 2 * inter);
     }
     if (status == 0) {

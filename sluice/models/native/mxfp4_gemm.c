@@ -29,14 +29,15 @@
 #include <stdlib.h>
 
 #include "bf16.h"
+#include "mxfp4_kernel.h"
 #include "sluice_abi.h"
 
 #pragma GCC optimize("no-fast-math")
 #pragma GCC optimize("fp-contract=off")
 
-#define GROUP 32
-#define GROUP_BYTES 17
-#define ROW_CHUNK 16
+#define GROUP MXFP4_GROUP
+#define GROUP_BYTES MXFP4_GROUP_BYTES
+#define ROW_CHUNK MXFP4_ROW_CHUNK
 
 static const int8_t DOUBLED_E2M1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
@@ -112,49 +113,66 @@ static void quantize_rows(const void *x, int x_bf16, int64_t rows, int64_t k, in
         }
 }
 
+int mxfp4_rows_quantize(mxfp4_rows *a, const void *x, int x_bf16, int64_t rows, int64_t k) {
+    a->rows = rows, a->k = k;
+    a->xq = malloc((size_t)(rows * k) + 1);
+    a->sx = malloc(sizeof(float) * (size_t)(rows * (k / GROUP) + 1));
+    if (a->xq == NULL || a->sx == NULL) {
+        mxfp4_rows_free(a);
+        return -1;
+    }
+    quantize_rows(x, x_bf16, rows, k, a->xq, a->sx);
+    for (int e = 0; e < 256; e++) a->half_scale[e] = ldexpf(1.0f, e - 128);
+    return 0;
+}
+
+void mxfp4_rows_free(mxfp4_rows *a) {
+    free(a->sx);
+    free(a->xq);
+    a->xq = NULL, a->sx = NULL;
+}
+
+void mxfp4_item(const mxfp4_rows *a, const uint8_t *weights, int64_t r0, int count,
+                int64_t column, const void *bias, void *out, int out_bf16, int64_t out_stride) {
+    const int64_t k = a->k, groups = k / GROUP;
+    float acc[ROW_CHUNK] = {0};
+    const uint8_t *row = weights + column * groups * GROUP_BYTES;
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *group = row + g * GROUP_BYTES;
+        const float step = a->half_scale[group[0]];
+        const __typeof__(decode_group(group + 1)) w = decode_group(group + 1);
+        for (int r = 0; r < count; r++) {
+            const int64_t t = r0 + r;
+            const float sum = (float)group_dot(w, a->xq + t * k + g * GROUP);
+            acc[r] += sum * (a->sx[t * groups + g] * step);
+        }
+    }
+    for (int r = 0; r < count; r++) {
+        const int64_t at = (r0 + r) * out_stride + column;
+        if (out_bf16) {
+            const float b = bias ? bf16_load((const uint16_t *)bias + column) : 0.0f;
+            bf16_store((uint16_t *)out + at, bias ? bf16_round(acc[r]) + b : acc[r]);
+        } else {
+            ((float *)out)[at] = bias ? acc[r] + ((const float *)bias)[column] : acc[r];
+        }
+    }
+}
+
 /* out[rows, n] (rows `out_stride` elements apart) = x[rows, k] W^T for W
  * [n, k] in the groups above; x and out float32, or bfloat16 where the flags
  * say so. Returns 0, or -1 when k is not whole groups or memory runs out. */
 int mxfp4_gemm(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *weights,
                int64_t n, void *out, int out_bf16, int64_t out_stride) {
     if (k % GROUP != 0 || rows < 0 || n < 0) return -1;
-    const int64_t groups = k / GROUP;
-    int8_t *xq = malloc((size_t)(rows * k) + 1);
-    float *sx = malloc(sizeof(float) * (size_t)(rows * groups + 1));
-    if (xq == NULL || sx == NULL) {
-        free(xq);
-        free(sx);
-        return -1;
-    }
-    quantize_rows(x, x_bf16, rows, k, xq, sx);
-    float half_scale[256]; /* 2^(E - 128): the doubled values' step */
-    for (int e = 0; e < 256; e++) half_scale[e] = ldexpf(1.0f, e - 128);
+    mxfp4_rows a;
+    if (mxfp4_rows_quantize(&a, x, x_bf16, rows, k) != 0) return -1;
     const int64_t chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
 #pragma omp parallel for schedule(static)
     for (int64_t item = 0; item < chunks * n; item++) {
         const int64_t column = item % n, r0 = (item / n) * ROW_CHUNK;
         const int count = rows - r0 < ROW_CHUNK ? (int)(rows - r0) : ROW_CHUNK;
-        float acc[ROW_CHUNK] = {0};
-        const uint8_t *row = weights + column * groups * GROUP_BYTES;
-        for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *group = row + g * GROUP_BYTES;
-            const float step = half_scale[group[0]];
-            const __typeof__(decode_group(group + 1)) w = decode_group(group + 1);
-            for (int r = 0; r < count; r++) {
-                const int64_t t = r0 + r;
-                const float sum = (float)group_dot(w, xq + t * k + g * GROUP);
-                acc[r] += sum * (sx[t * groups + g] * step);
-            }
-        }
-        for (int r = 0; r < count; r++) {
-            const int64_t at = (r0 + r) * out_stride + column;
-            if (out_bf16)
-                bf16_store((uint16_t *)out + at, acc[r]);
-            else
-                ((float *)out)[at] = acc[r];
-        }
+        mxfp4_item(&a, weights, r0, count, column, NULL, out, out_bf16, out_stride);
     }
-    free(sx);
-    free(xq);
+    mxfp4_rows_free(&a);
     return 0;
 }

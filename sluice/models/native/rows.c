@@ -1,4 +1,4 @@
-/* Row-wise kernels of a step: SwiGLU's activation, and the argmax of greedy sampling.
+/* Row-wise kernels of a step: SwiGLU's activations, and the argmax of greedy sampling.
  *
  * silu_mul: x [rows, 2 * inter] holds gate then up in each row (rows start
  * row_stride elements apart); out [rows, inter] contiguous gets
@@ -46,6 +46,38 @@
 
 DEFINE_SILU_MUL(silu_mul_bf16, uint16_t, bf16_load, bf16_store, bf16_round)
 DEFINE_SILU_MUL(silu_mul_f32, float, f32_load, f32_store, f32_round)
+
+/* clamped_swiglu (gpt-oss's experts): x as silu_mul's; out =
+ *     (clamp(up, -limit, limit) + 1) * (g * sigmoid(alpha * g)),  g = min(gate, limit)
+ * each step rounded in the model dtype as torch's ops in models/mxfp4_experts.py's
+ * `clamped_swiglu` round: alpha * g, the sigmoid, g times it, up + 1, the product. */
+#define DEFINE_CLAMPED_SWIGLU(NAME, T, LOAD, STORE, ROUND)                                 \
+    void NAME(const T *x, int64_t rows, int64_t inter, int64_t row_stride, float alpha,    \
+              float limit, T *out) {                                                       \
+        _Pragma("omp parallel for schedule(static) if (rows >= MIN_PARALLEL_ROWS)")        \
+        for (int64_t t = 0; t < rows; t++) {                                               \
+            const T *gate = x + t * row_stride, *up = gate + inter;                        \
+            T *o = out + t * inter;                                                        \
+            float g[SILU_CHUNK], s[SILU_CHUNK];                                            \
+            for (int64_t start = 0; start < inter; start += SILU_CHUNK) {                  \
+                const int64_t n = inter - start < SILU_CHUNK ? inter - start : SILU_CHUNK; \
+                for (int64_t j = 0; j < n; j++) {                                          \
+                    const float v = LOAD(gate + start + j);                                \
+                    g[j] = v > limit ? limit : v;                                          \
+                    s[j] = ROUND(g[j] * alpha);                                            \
+                }                                                                          \
+                for (int64_t j = 0; j < n; j++) s[j] = ROUND(1.0f / (1.0f + vector_expf(-s[j]))); \
+                for (int64_t j = 0; j < n; j++) {                                          \
+                    float u = LOAD(up + start + j);                                        \
+                    u = u > limit ? limit : (u < -limit ? -limit : u);                     \
+                    STORE(o + start + j, ROUND(u + 1.0f) * ROUND(g[j] * s[j]));            \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+    }
+
+DEFINE_CLAMPED_SWIGLU(clamped_swiglu_bf16, uint16_t, bf16_load, bf16_store, bf16_round)
+DEFINE_CLAMPED_SWIGLU(clamped_swiglu_f32, float, f32_load, f32_store, f32_round)
 
 /* Lanes of the first pass: independent maxima gcc keeps in one vector. */
 #define ARGMAX_LANES 16

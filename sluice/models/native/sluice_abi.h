@@ -126,6 +126,10 @@ void rms_norm_f32(const float *x, const float *w, int64_t rows, int64_t hidden,
 void silu_mul_bf16(const uint16_t *x, int64_t rows, int64_t inter, int64_t row_stride,
                    uint16_t *out);
 void silu_mul_f32(const float *x, int64_t rows, int64_t inter, int64_t row_stride, float *out);
+void clamped_swiglu_bf16(const uint16_t *x, int64_t rows, int64_t inter, int64_t row_stride,
+                         float alpha, float limit, uint16_t *out);
+void clamped_swiglu_f32(const float *x, int64_t rows, int64_t inter, int64_t row_stride,
+                        float alpha, float limit, float *out);
 void argmax_f32(const float *x, int64_t rows, int64_t cols, int64_t *out);
 void merge_attention_bf16(const uint16_t *x, const float *lx, const uint16_t *y, const float *ly,
                           int64_t tokens, int64_t heads, int64_t dim, uint16_t *out);
@@ -195,6 +199,12 @@ int qblock_moe(const void *x, int x_bf16, int64_t tokens, int64_t hidden, int64_
 int mxfp4_gemm_available(void);
 int mxfp4_gemm(const void *x, int x_bf16, int64_t rows, int64_t k, const uint8_t *weights,
                int64_t n, void *out, int out_bf16, int64_t out_stride);
+
+/* moe_mxfp4.c (mxfp4.py): gpt-oss's MoE layer's chosen MXFP4 experts, one call */
+int mxfp4_moe(const void *x, int x_bf16, int64_t tokens, int64_t hidden, int64_t inter,
+              const uint8_t *gate_up, const uint8_t *down, const void *gate_up_bias,
+              const void *down_bias, int64_t num_experts, const int64_t *expert_ids,
+              const float *weights, int64_t top_k, float alpha, float limit, float *out);
 
 
 /* gated_delta.c and mamba_scan.c (recurrent.py): the hybrids' recurrences,
