@@ -27,9 +27,12 @@ import torch
 
 from sluice.loader import choices, load_model
 from sluice.models import calibration, int8_threshold
+from sluice.models.execution_plan import ExecutionPlan
 from sluice.models.int8_activations import MIN_INT8_ACTIVATION_TOKENS, MIN_PACKED_INT8_TOKENS
 from sluice.models.int8_threshold import RACE_ROWS, describe_bands, race_bands
+from sluice.models.linear import RowBands, bands_from
 from sluice.models.llama import LlamaForCausalLM
+from sluice.models.plan_apply import apply
 from sluice.models.plan_cache import AUTO, PlanStore
 
 EVERY_STEP = sys.maxsize
@@ -111,6 +114,14 @@ def bf16_model(tiny_loaded, tiny_llama) -> LlamaForCausalLM:
     return model
 
 
+def race_and_apply(model: LlamaForCausalLM) -> RowBands:
+    """W8A8 from its threshold, raced, and the plan holding the bands applied."""
+    calibration.quantize_activations(model, list(range(3, 60)))
+    bands = calibration.race_w8a8(model)
+    apply(model, ExecutionPlan(None, bands))
+    return bands
+
+
 def w8a8_targets(model: LlamaForCausalLM):
     names = calibration.INT8_ACTIVATION_MATRICES
     return [getattr(layer, name) for layer in model.layers for name in names]
@@ -127,7 +138,7 @@ def test_a_raced_model_serves_w8a8_in_the_raced_bands_only(bf16_model, monkeypat
 
     monkeypatch.setattr(int8_threshold, "race_bands", fake_race)
     bf16_model.quantize("int4")
-    served = calibration.quantize_activations(bf16_model, list(range(3, 60)), None, True)
+    served = race_and_apply(bf16_model)
     assert raced and bf16_model.activation_quantization == "int8"
     qkv = bf16_model.layers[0].qkv_proj
     # Never below the layer's own threshold (40 rows through _int_mm).
@@ -148,9 +159,17 @@ def test_a_raced_model_serves_w8a8_in_the_raced_bands_only(bf16_model, monkeypat
         assert torch.equal(qkv(x), path(x)), rows
 
 
+def test_the_race_gives_the_plan_its_bands_and_rebinds_nothing(bf16_model, monkeypatch):
+    monkeypatch.setattr(int8_threshold, "race_bands", lambda dense, w8a8, **kw: (range(8, 16),))
+    calibration.quantize_activations(bf16_model, list(range(3, 60)))
+    own = {linear.int8_row_bands for linear in w8a8_targets(bf16_model)}
+    assert calibration.race_w8a8(bf16_model) == bands_from((range(8, 16),), min(own)[0].start)
+    assert {linear.int8_row_bands for linear in w8a8_targets(bf16_model)} == own
+
+
 def test_a_race_lost_in_every_band_drops_w8a8(bf16_model, monkeypatch):
     monkeypatch.setattr(int8_threshold, "race_bands", lambda dense, w8a8, **kw: ())
-    served = calibration.quantize_activations(bf16_model, list(range(3, 60)), None, True)
+    served = race_and_apply(bf16_model)
     assert served == () and bf16_model.activation_quantization is None
     assert all(linear.int8_activations is None for linear in w8a8_targets(bf16_model))
     qkv = bf16_model.layers[0].qkv_proj
@@ -159,7 +178,7 @@ def test_a_race_lost_in_every_band_drops_w8a8(bf16_model, monkeypatch):
 
 
 def test_the_real_race_runs_and_every_matrix_takes_its_outcome(bf16_model):
-    served = calibration.quantize_activations(bf16_model, list(range(3, 60)), None, True)
+    served = race_and_apply(bf16_model)
     # Which path wins where depends on this CPU; that all agree on it does not.
     assert all(band.start in (*RACE_ROWS, MIN_INT8_ACTIVATION_TOKENS) for band in served)
     assert {linear.int8_row_bands for linear in w8a8_targets(bf16_model)} == {served}
@@ -174,19 +193,19 @@ def test_the_bands_are_kept_and_a_damaged_file_is_raced_again(bf16_model, tmp_pa
 
     monkeypatch.setattr(int8_threshold, "race_bands", fake_race)
     layer = w8a8_targets(bf16_model)[:3]
-    calibration.quantize_activations(bf16_model, list(range(3, 60)), None, False)
+    calibration.quantize_activations(bf16_model, list(range(3, 60)))
 
     def store():
         return PlanStore.open(AUTO, tmp_path, "tiny")
 
     first_store = store()
-    first = int8_threshold.race_against_amx(layer, layer, first_store)
+    first = int8_threshold.race_against_amx(layer, first_store)
     assert first_store.save() == ""
-    assert int8_threshold.race_against_amx(layer, layer, store()) == first and len(raced) == 1
+    assert int8_threshold.race_against_amx(layer, store()) == first and len(raced) == 1
     (kept,) = (tmp_path / "calibration").glob("execution-plan-*.json")
     assert json.loads(kept.read_text()) == {"w8a8_bands": [[8, 32], [128, None]]}
     kept.write_text('{"w8a8_bands": [["x", 1]]}')
-    int8_threshold.race_against_amx(layer, layer, store())
+    int8_threshold.race_against_amx(layer, store())
     assert len(raced) == 2
 
 

@@ -31,12 +31,14 @@ from sluice.engine.sampling_params import SamplingParams
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models import calibration
+from sluice.models.execution_plan import ExecutionPlan
 from sluice.models.families.registry import parse_hf_config
 from sluice.models.kernel_plan import AMX, KernelPlan
 from sluice.models.linear import Linear
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.native import decode_attention_amx_kernel
 from sluice.models.native.int8 import int8_gemm_kernels
+from sluice.models.plan_apply import apply
 from tests.invariance_runs import probe_output, random_prompt
 from tests.model_factory import build_tiny_model, make_core
 from tests.speculation_runs import assert_fused_gives_python_bits, ngram, repeating_prompt
@@ -64,6 +66,7 @@ def with_model(tiny_loaded: LoadedModel, model: LlamaForCausalLM) -> LoadedModel
 def row_invariant(tiny_loaded, tiny_llama) -> LoadedModel:
     model = bf16_model(tiny_loaded, tiny_llama)
     calibration.quantize_row_invariant(model, CALIBRATION_IDS)
+    apply(model, ExecutionPlan(None))  # the layers' fused decode (plan_apply.py)
     return with_model(tiny_loaded, model)
 
 
@@ -192,20 +195,23 @@ def test_the_longest_draft_allowed_verifies_as_decode_rows_at_any_position():
 
 
 def test_every_layer_runs_decode_steps_in_one_native_call(row_invariant):
-    # fused_decode.py: the layer's kernel chain in C; bound by quantize_row_invariant.
+    # fused_decode.py: the layer's kernel chain in C; given by the plan's apply.
     assert all(layer.fused_decode is not None for layer in row_invariant.model.layers)
 
 
 def test_fused_decode_follows_what_the_layer_class_declares(tiny_loaded, tiny_llama):
-    # fused_decode.fusable reads the layer class's declaration (a family with
-    # its own layer forward, Gemma's, says False), not the class's identity:
-    # a subclass that keeps the chain is fused too.
+    # The layer declares whether its decode is the chain
+    # (decodes_as_native_chain: a family with its own layer forward, Gemma's,
+    # says False), not the class's identity: a subclass that keeps the chain
+    # is fused too. Calibration binds nothing; the plan's apply does.
     model = bf16_model(tiny_loaded, tiny_llama)
     calibration.quantize_row_invariant(model, CALIBRATION_IDS)
+    assert all(layer.fused_decode is None for layer in model.layers)
     layer_class = type(model.layers[0])
     model.layers[0].__class__ = type("OwnForward", (layer_class,), {"supports_fused_decode": False})
     model.layers[1].__class__ = type("SameChain", (layer_class,), {})
-    assert model.bind_fused_decode() == len(model.layers) - 1
+    plan = apply(model, ExecutionPlan(None))
+    assert plan.fused_decode_layers == (len(model.layers) - 1, len(model.layers))
     assert model.layers[0].fused_decode is None
     assert all(layer.fused_decode is not None for layer in model.layers[1:])
 
@@ -232,7 +238,7 @@ def amx_decoding(tiny_loaded, tmp_path_factory) -> LoadedModel:
     model = LlamaForCausalLM(config, torch.bfloat16, torch.device("cpu"))
     model.load_weights(tiny.weights())
     calibration.quantize_row_invariant(model, CALIBRATION_IDS)
-    model.use_kernel_plan(KernelPlan(((0, AMX),), "test", decode_attention=AMX))
+    apply(model, ExecutionPlan(KernelPlan(((0, AMX),), "test", decode_attention=AMX)))
     loaded = replace(with_model(tiny_loaded, model), model_config=config)
     assert all(layer.fused_decode._layer.decode_amx == 1 for layer in model.layers)
     return loaded

@@ -26,7 +26,7 @@ import torch
 
 from sluice.config import ModelConfig
 from sluice.errors import ModelLoadError
-from sluice.loader import choices, memory_plan
+from sluice.loader import choices, memory_plan, plan_step
 from sluice.loader.block_default import GgufHeader, resolve_quantization
 from sluice.loader.gguf_convert import cache_folder_for, converted_folder, source_tensor_types
 from sluice.loader.gguf_tensors import gguf_weights
@@ -37,14 +37,11 @@ from sluice.models import calibration, longrope, mxfp4
 from sluice.models.decoder_config import DecoderConfig
 from sluice.models.execution_plan import ExecutionPlan
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
-from sluice.models.kernel_plan import KernelPlan, measured_lengths
-from sluice.models.kernel_race import int8_candidates, plan_kernels
-from sluice.models.linear import RowBands
 from sluice.models.llama import LlamaForCausalLM
 from sluice.models.moe_decoder import describe_experts
 from sluice.models.native import native_status
 from sluice.models.native.qblock import qblock_available
-from sluice.models.plan_cache import PlanStore, model_key
+from sluice.models.plan_apply import apply
 from sluice.models.quantization import check_quantization
 from sluice.tokenizer import Tokenizer
 
@@ -80,16 +77,76 @@ class LoadedModel:
 
 def load_model(config: ModelConfig) -> LoadedModel:
     """Load the model `config` names; ModelLoadError (one line) on any failure."""
-    # 1. Where the HF folder is (converting a GGUF on first use).
     start = time.perf_counter()
+    # 1. Everything that can be decided and checked without allocating the model.
+    ready = _prepare(config)
+    # 2. Build the model, fill it, and give its matrices the forms the choices ask.
+    model = build_model(ready.model_config, ready.dtype, ready.device, config.batch_invariant)
+    _fill(model, ready)
+    store = plan_step.open_store(config, model, ready.chosen, ready.max_model_len)
+    plan_step.prepare_weights(
+        model, ready.chosen, config, ready.files, ready.tokenizer, ready.keep_blocks
+    )
+    # 3. The execution plan, measured on those weights or read (nothing rebound),
+    # then applied: the one place the layers take their strategies.
+    blocks = str(ready.quantization) if ready.keep_blocks else ""
+    chosen, plan = plan_step.resolve_plan(
+        config, model, ready.chosen, store, ready.max_model_len, blocks
+    )
+    plan = apply(model, plan)
+    # 4. What the load decided, noted once for the startup line.
+    chosen = _noted(chosen, ready, model, plan, time.perf_counter() - start)
+    model.eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=ready.tokenizer,
+        model_config=ready.model_config,
+        max_model_len=ready.max_model_len,
+        name=ready.source.name,
+        eos_token_ids=ready.tokenizer.eos_token_ids,
+        folder=ready.folder,
+        choices=chosen,
+        kernel_plan=plan.describe(),
+        step_seconds=plan.step_seconds,
+    )
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """What step 1 of a load decided and checked, before any allocation."""
+
+    source: ModelSource
+    header: GgufHeader  # a GGUF's header, parsed once if at all
+    quantization: str | None  # as resolved: "gguf" and HF_BLOCKS keep blocks
+    blocks_reason: str | None  # why the weights stay in blocks, if they do
+    folder: Path  # the HF folder (a GGUF's cache folder)
+    config_json: dict[str, Any]
+    model_config: DecoderConfig
+    max_model_len: int
+    device: torch.device
+    chosen: choices.ModelChoices
+    files: list[Path]  # the checkpoint's files; none for a GGUF's blocks
+    tokenizer: Tokenizer
+
+    @property
+    def keep_blocks(self) -> bool:
+        return self.quantization == choices.GGUF_BLOCKS or self.quantization in choices.HF_BLOCKS
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch_dtype(self.chosen.dtype)
+
+
+def _prepare(config: ModelConfig) -> _Prepared:
+    """Where the HF folder is (converting a GGUF on first use), then
+    everything that can be checked without allocating the model."""
     source = resolve_source(config.model)
-    header = GgufHeader(source.path)  # a GGUF's header, parsed once if at all
+    header = GgufHeader(source.path)
     quantization, blocks_reason = resolve_quantization(config.quantization, source, header)
     keep_blocks = quantization == choices.GGUF_BLOCKS or quantization in choices.HF_BLOCKS
     if keep_blocks:
         _check_block_source(source, quantization)
     folder = _hf_folder(source, config, with_weights=quantization != choices.GGUF_BLOCKS)
-    # 2. Everything that can be checked without allocating the model.
     config_json = read_config_json(folder)
     model_config = parse_hf_config(config_json)
     max_model_len = resolve_max_model_len(config.max_model_len, model_config)
@@ -106,137 +163,55 @@ def load_model(config: ModelConfig) -> LoadedModel:
         activations=None if config.batch_invariant else config.activation_quantization,
         kept_experts=mxfp4.kept_format(config_json),
     )
-    dtype = torch_dtype(chosen.dtype)
     if not keep_blocks:
         check_quantization(chosen.quantization, device)
     calibration.check_activation_quantization(chosen.activations, device)
     files = [] if quantization == choices.GGUF_BLOCKS else checkpoint_files(folder)
     if device.type == "cpu":
-        weights = _weights_estimate(source, files, dtype, keep_blocks)
+        weights = _weights_estimate(source, files, torch_dtype(chosen.dtype), keep_blocks)
         memory_plan.check_weights_fit(source.name, weights, memory_plan.available_memory_bytes())
     tokenizer = Tokenizer.from_folder(folder)
     _check_vocab(tokenizer, model_config)
-    # 3. Build and fill the model.
-    model = build_model(model_config, dtype, device, config.batch_invariant)
-    if quantization == choices.GGUF_BLOCKS:
-        model.load_weights(gguf_weights(header.reader(), config_json))
-    elif quantization in choices.HF_BLOCKS:  # quantized tensor by tensor as they stream in
-        model.load_weights(hf_block_weights(iter_weights(files), quantization, config_json))
+    return _Prepared(source, header, quantization, blocks_reason, folder, config_json,
+                     model_config, max_model_len, device, chosen, files, tokenizer)  # fmt: skip
+
+
+def _fill(model: LlamaForCausalLM, ready: _Prepared) -> None:
+    """Stream the weights in: a GGUF's blocks, an HF checkpoint quantized to
+    blocks tensor by tensor as it streams, or its tensors as they are."""
+    if ready.quantization == choices.GGUF_BLOCKS:
+        model.load_weights(gguf_weights(ready.header.reader(), ready.config_json))
+    elif ready.quantization in choices.HF_BLOCKS:
+        model.load_weights(hf_block_weights(iter_weights(ready.files), ready.quantization,
+                                            ready.config_json))  # fmt: skip
     else:
-        model.load_weights(iter_weights(files))
-    # The execution plan kept for this CPU and model, read once (plan_cache.py).
-    middle = model.layers[len(model.layers) // 2]
-    store = PlanStore.open(config.kernel_plan, config.cache_dir, model_key(
-        middle, dtype, chosen.quantization, chosen.activations, chosen.row_invariant,
-        measured_lengths(max_model_len),
-    ))  # fmt: skip
-    chosen, w8a8_bands = _quantize(model, chosen, config, files, tokenizer, keep_blocks, store)
-    plan = ExecutionPlan(None, w8a8_bands, blocks=str(quantization) if keep_blocks else "")
-    if device.type == "cpu":
-        chosen, plan = _cpu_paths(config, model, max_model_len, chosen, store, plan)
-    chosen = _noted(chosen, blocks_reason, model, model_config, time.perf_counter() - start)
-    model.eval()
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        model_config=model_config,
-        max_model_len=max_model_len,
-        name=source.name,
-        eos_token_ids=tokenizer.eos_token_ids,
-        folder=folder,
-        choices=chosen,
-        kernel_plan=plan.describe(),
-        step_seconds=plan.step_seconds,
-    )
-
-
-def _quantize(
-    model: LlamaForCausalLM,
-    chosen: choices.ModelChoices,
-    config: ModelConfig,
-    files: list[Path],
-    tokenizer: Tokenizer,
-    keep_blocks: bool,
-    plan: PlanStore,
-) -> tuple[choices.ModelChoices, RowBands | None]:
-    """The loaded model's matrices as `chosen` asks: GGUF blocks bound to the
-    fused decode layer, a weight-only copy, and int8 activations calibrated
-    (the row-invariant scheme, or W8A8 raced against AMX-BF16: `chosen` then
-    says which bands it won, kept in `plan`). Returns the choices and the
-    bands W8A8 serves where it raced AMX (else None)."""
-    if keep_blocks:
-        # Layers whose matrices all stayed in blocks decode in one native call each.
-        model.bind_fused_decode()
-    elif chosen.quantization is not None:
-        model.quantize(chosen.quantization)
-    if chosen.activations == "int8":
-        text = calibration.calibration_text()
-        kept = calibration.calibration_file(
-            config.cache_dir, files, chosen.dtype, chosen.quantization, text, chosen.row_invariant
-        )
-        if chosen.row_invariant:
-            calibration.quantize_row_invariant(model, tokenizer.encode(text), kept)
-        else:
-            # With AMX the bfloat16 matmul runs on its tiles: W8A8 races it (int8_threshold.py).
-            race = chosen.dtype == "bfloat16" and "amx_bf16" in choices.cpu_flags()
-            ids = tokenizer.encode(text)
-            bands = calibration.quantize_activations(model, ids, kept, race, plan)
-            if race:
-                return choices.after_amx_race(chosen, bands), bands
-    return chosen, None
+        model.load_weights(iter_weights(ready.files))
 
 
 def _noted(
     chosen: choices.ModelChoices,
-    blocks_reason: str | None,
+    ready: _Prepared,
     model: LlamaForCausalLM,
-    model_config: DecoderConfig,
+    plan: ExecutionPlan,
     seconds: float,
 ) -> choices.ModelChoices:
-    """`chosen` with what else the load decided, for the startup line."""
-    if blocks_reason:
-        chosen = choices.noting(chosen, blocks_reason)
-    chosen = choices.noting(chosen, describe_family(model_config))
-    if experts := describe_experts(model):
-        chosen = choices.noting(chosen, experts)
-    if rope_note := longrope.describe_longrope(model_config.rope_scaling):
-        chosen = choices.noting(chosen, rope_note)
-    chosen = choices.noting(chosen, _describe_load(model, seconds))
+    """`chosen` with everything else the load decided, for the startup line:
+    on a CPU the native kernels and the execution plan whole, then why the
+    weights stay in blocks, the family, the experts, LongRoPE and the load."""
+    notes: list[str | None] = []
+    if ready.device.type == "cpu":
+        notes += [native_status().describe(), plan.describe()]
+    notes += [
+        ready.blocks_reason,
+        describe_family(ready.model_config),
+        describe_experts(model),
+        longrope.describe_longrope(ready.model_config.rope_scaling),
+        _describe_load(model, seconds),
+    ]
+    for note in notes:
+        if note:
+            chosen = choices.noting(chosen, note)
     return chosen
-
-
-def _cpu_paths(
-    config: ModelConfig,
-    model: LlamaForCausalLM,
-    max_model_len: int,
-    chosen: choices.ModelChoices,
-    store: PlanStore,
-    plan: ExecutionPlan,
-) -> tuple[choices.ModelChoices, ExecutionPlan]:
-    """The native kernels and the execution plan of a CPU model: `plan` with
-    the kernel plan (measured or read; kept in `store` where steady) and the
-    fused decode layers, noted whole on the startup line."""
-    chosen = choices.noting(chosen, native_status().describe())
-    kernels = _use_kernel_plan(config, model, max_model_len, store)
-    fused = sum(layer.fused_decode is not None for layer in model.layers)
-    plan = dataclasses.replace(
-        plan, kernels=kernels, fused_decode_layers=(fused, len(model.layers)), not_kept=store.save()
-    )
-    if described := plan.describe():
-        chosen = choices.noting(chosen, described)
-    return chosen, plan
-
-
-def _use_kernel_plan(
-    config: ModelConfig, model: LlamaForCausalLM, max_model_len: int, store: PlanStore
-) -> KernelPlan | None:
-    """Put the kernel plan `config.kernel_plan` gives `model` to use; None in
-    batch-invariant mode (which keeps its own attention path)."""
-    if config.batch_invariant:
-        return None
-    plan = plan_kernels(store, model.config, model.dtype, max_model_len, int8_candidates(model))
-    model.use_kernel_plan(plan)
-    return plan
 
 
 def _describe_load(model: LlamaForCausalLM, load_s: float) -> str:

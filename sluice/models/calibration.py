@@ -107,9 +107,6 @@ def quantize_row_invariant(
         alpha = SMOOTHING_ALPHA if pairs else ROW_INVARIANT_ALPHA
         linear.quantize_activations(column_max, every_row=True, pairs=pairs, alpha=alpha)
     model.activation_quantization = "int8"
-    # Every layer that is now one chain of native kernels runs decode steps
-    # in one call (fused_decode.py; the same bits).
-    model.bind_fused_decode()
 
 
 def _check_calibration(model: LlamaForCausalLM, token_ids: list[int]) -> None:
@@ -135,27 +132,30 @@ def _maxima(
 
 @torch.no_grad()
 def quantize_activations(
-    model: LlamaForCausalLM, token_ids: list[int], cache_file: Path | None = None,
-    race_against_amx: bool = False, plan: PlanStore | None = None,
-) -> RowBands:  # fmt: skip
+    model: LlamaForCausalLM, token_ids: list[int], cache_file: Path | None = None
+) -> RowBands:
     """Give q/k/v, o and gate/up of every layer int8 activations, smoothed from
     `token_ids` (or from the maxima kept in `cache_file`, when it holds them),
-    from their own threshold on, or (`race_against_amx`) in the bands of rows
-    raced at load (int8_threshold.py; the bands kept in, or recorded in,
-    `plan`: plan_cache.py). Returns the bands of rows W8A8 serves;
-    none where it lost every band and was dropped."""
+    from their own threshold on (an execution plan's W8A8 bands, raced by
+    `race_w8a8`, then narrow them: plan_apply.py). Returns the bands of rows
+    W8A8 serves."""
     _check_calibration(model, token_ids)
     targets = _targets(model, INT8_ACTIVATION_MATRICES)
     absmax = _maxima(model, targets, token_ids, cache_file)
     for linear, column_max in zip(targets, absmax, strict=True):
         linear.quantize_activations(column_max)
-    if race_against_amx:
-        per_layer = len(INT8_ACTIVATION_MATRICES)
-        middle = len(model.layers) // 2 * per_layer
-        int8_threshold.race_against_amx(targets[middle : middle + per_layer], targets, plan)
-    kept_w8a8 = targets[0].int8_activations is not None
-    model.activation_quantization = "int8" if kept_w8a8 else None
+    model.activation_quantization = "int8"
     return targets[0].int8_row_bands
+
+
+def race_w8a8(model: LlamaForCausalLM, store: PlanStore | None = None) -> RowBands:
+    """The bands of rows W8A8 (`quantize_activations`) is to serve against
+    AMX bfloat16, raced on the middle layer's matrices or read from `store`
+    (int8_threshold.py): a value for the execution plan; nothing is rebound."""
+    per_layer = len(INT8_ACTIVATION_MATRICES)
+    targets = _targets(model, INT8_ACTIVATION_MATRICES)
+    middle = len(model.layers) // 2 * per_layer
+    return int8_threshold.race_against_amx(targets[middle : middle + per_layer], store)
 
 
 def _read(cache_file: Path | None, targets: list[Linear]) -> list[Tensor] | None:

@@ -3,16 +3,16 @@ decode rows (native/decode_layer.c): the kernels the layer's Python path
 calls, in its order, with its roundings, so the same bits, without the ~11
 Python calls between them per layer.
 
-Which layers: those whose Python path for such a step is exactly that chain
-(`fusable`): Llama-shaped (no q/k norm, RoPE on whole heads by the native
-kernel, the native SwiGLU and RMSNorm), bfloat16, every matmul on the
-packed int8 kernel at every row count (the row-invariant default) or kept
-in a GGUF's blocks (QBlockLinear, `--quantization gguf`). Others,
-and steps with prefill rows, keep the Python path. Bound at load, by the
-row-invariant quantization or after a GGUF's blocks are adopted
-(`bind_fused_decode`): the
-weights' pointers are fixed then; the kernel plan's AMX bands, set later,
-are read per call.
+Which layers: those that declare their Python path for such a step is exactly
+that chain (`LlamaDecoderLayer.decodes_as_native_chain`): Llama-shaped (no
+q/k norm, RoPE on whole heads by the native kernel, the native SwiGLU and
+RMSNorm), bfloat16, every matmul on the packed int8 kernel at every row count
+(`runs_every_row_packed`: the row-invariant default) or kept in a GGUF's
+blocks (QBlockLinear, `--quantization gguf`). Others, and steps with prefill
+rows, keep the Python path. Bound once per load, by the execution plan's
+apply (plan_apply.py), after the attention kernels: the weights' pointers and
+the decode attention kernel are fixed then; the kernel plan's AMX bands are
+read per call.
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
-from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
 
-from sluice.models.attention import AttentionMetadata, decodes_on_amx, paged_attention
+from sluice.models.attention import AttentionMetadata, decodes_on_amx
 from sluice.models.linear import Linear
-from sluice.models.native import _library, decode_attention_kernel, silu_mul_kernel
+from sluice.models.native import _library
 from sluice.models.native.abi import DecoderLayer, Int8Matrix, LayerMatrix
 from sluice.models.qblock_linear import QBlockLinear
 from sluice.models.rope_norm import Float32Angles
@@ -39,7 +38,9 @@ def _decoder_layer_function():
     return None if library is None else library.decoder_layer_rows_bf16
 
 
-def _every_row_packed(linear: nn.Module) -> bool:
+def runs_every_row_packed(linear: nn.Module) -> bool:
+    """Whether `linear` runs one packed native matmul at every row count (the
+    row-invariant W8A8 scheme, or a GGUF's blocks), as the chain does."""
     # A projection kept in GGUF blocks runs qblock_gemm at every row count.
     if isinstance(linear, QBlockLinear):
         return linear.bias is None
@@ -51,31 +52,6 @@ def _every_row_packed(linear: nn.Module) -> bool:
         and int8.packed is not None
         and linear.row_tile is None
         and linear.int8_row_bands == (range(1, sys.maxsize),)
-    )
-
-
-def fusable(layer: nn.Module) -> bool:
-    """Whether the layer's Python path for a step of decode rows is the C chain:
-    its class declares its forward is that chain (`supports_fused_decode`,
-    llama.py's decoder layer; a family whose layer has its own forward says
-    no), and what it was built with is what the chain runs."""
-    if not type(layer).supports_fused_decode:  # an MoE layer has no gate/up or down matrix
-        return False
-    attend = layer.attend
-    attend = attend.func if isinstance(attend, functools.partial) else attend
-    linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
-    return (
-        layer.input_layernorm.dtype == torch.bfloat16
-        and layer.input_layernorm.device.type == "cpu"
-        and not layer.batch_invariant
-        and layer.rope_write_kv is not None
-        and layer.qk_norms is None
-        and attend is paged_attention
-        and layer.swiglu is silu_mul_kernel(torch.bfloat16)
-        and layer.attention_norm._kernel is not None
-        and layer.mlp_norm._kernel is not None
-        and decode_attention_kernel(torch.bfloat16) is not None
-        and all(_every_row_packed(linear) for linear in linears)
     )
 
 
@@ -101,11 +77,6 @@ class FusedDecode:
             gate_up.int8.out_features // 2, layer.eps, layer.scale, int(decodes_on_amx(layer.attend, layer.head_dim)),
         )  # fmt: skip
         self._amx = (ctypes.c_int64 * 4)()
-
-    def follow(self, attend: object) -> None:
-        """Decode attention on the kernel the layer's Python path (`attend`,
-        bound to the kernel plan) runs decode rows on."""
-        self._layer.decode_amx = int(decodes_on_amx(attend, self._layer.head_dim))
 
     def __call__(
         self, hidden: Tensor, rope: Float32Angles, kv_cache: Tensor, attn: AttentionMetadata
@@ -163,13 +134,10 @@ def _qblock_parts(linear: nn.Module) -> ctypes.Array | None:
     return linear.part_array if isinstance(linear, QBlockLinear) else None
 
 
-def bind_fused_decode(layers: Iterable[nn.Module]) -> int:
-    """Give every fusable layer its native call (`layer.fused_decode`); the number bound."""
+def fused_decode_for(layer: nn.Module) -> FusedDecode | None:
+    """The layer's native call where it declares its decode is the chain
+    (`decodes_as_native_chain`) and the library is built; else None."""
     function = _decoder_layer_function()
-    count = 0
-    for layer in layers:
-        layer.fused_decode = None
-        if function is not None and fusable(layer):
-            layer.fused_decode = FusedDecode(layer, function)
-            count += 1
-    return count
+    if function is None or not layer.decodes_as_native_chain():
+        return None
+    return FusedDecode(layer, function)

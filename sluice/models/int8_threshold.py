@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from sluice.models.linear import Linear, RowBands
+from sluice.models.linear import Linear, RowBands, bands_from
 from sluice.models.plan_cache import PlanStore, spread
 
 logger = logging.getLogger(__name__)
@@ -107,25 +107,23 @@ def describe_bands(bands: RowBands) -> str:
 @torch.no_grad()
 def race_against_amx(
     layer: Sequence[Linear],
-    targets: Sequence[Linear],
     store: PlanStore | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> RowBands:
-    """Race W8A8 against the dense matmul over `layer` (one decoder layer's
-    W8A8 matrices, summed), then serve W8A8 in the bands it won in every one
-    of `targets` (`Linear.serve_int8_activations_in`; none won drops it).
-    The bands won are recorded in `store` (plan_cache.py): a later load on
-    this CPU, kernels, versions and shapes reads them instead of racing, so
-    replicas agree. Returns the bands W8A8 serves."""
+    """The bands of rows W8A8 is to serve: raced against the dense matmul
+    over `layer` (one decoder layer's W8A8 matrices, summed), cut to the
+    layer's own threshold (`bands_from`); empty where it won none. Nothing
+    is rebound: the execution plan carries the bands and its apply serves
+    them (plan_apply.py). The bands won are recorded in `store`
+    (plan_cache.py): a later load on this CPU, kernels, versions and shapes
+    reads them instead of racing, so replicas agree."""
     bands = None if store is None else bands_from_fields(store.kept)
     if bands is None:
         spreads: list[float] = []
         bands = _race(layer, clock, spreads)
         if store is not None:
             store.put(bands_to_fields(bands), spreads, "the W8A8 race")
-    for linear in targets:
-        linear.serve_int8_activations_in(bands)
-    served = targets[0].int8_row_bands if targets else bands
+    served = bands_from(bands, layer[0].int8_activations.min_rows)
     if served:
         logger.info("W8A8 at %s, the AMX bfloat16 matmul elsewhere (raced in every band)",
                     describe_bands(served))  # fmt: skip

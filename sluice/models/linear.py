@@ -93,6 +93,12 @@ def _in_bands(
     return banded
 
 
+def bands_from(bands: RowBands, floor: int) -> RowBands:
+    """`bands` cut to the row counts from `floor` up (a W8A8 layer's own
+    `min_rows`: it never serves fewer); bands wholly below it go."""
+    return tuple(range(max(b.start, floor), b.stop) for b in bands if b.stop > floor)
+
+
 class Linear(nn.Module):
     """y = x W^T + b, with W optionally repacked into oneDNN's blocked layout.
 
@@ -218,8 +224,7 @@ class Linear(nn.Module):
         drop the W8A8 layer (int8_threshold.py races the bands at load)."""
         if self.int8_activations is None:
             return
-        floor = self.int8_activations.min_rows
-        kept = tuple(range(max(b.start, floor), b.stop) for b in bands if b.stop > floor)
+        kept = bands_from(bands, self.int8_activations.min_rows)
         if kept:
             self._raced_bands = kept
         else:

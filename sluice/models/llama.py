@@ -59,8 +59,7 @@ from sluice.models.attention import (
 )
 from sluice.models.block_codes import BlockCodes
 from sluice.models.decoder_config import SLIDING, DecoderConfig
-from sluice.models.fused_decode import FusedDecode, bind_fused_decode
-from sluice.models.kernel_plan import KernelPlan
+from sluice.models.fused_decode import FusedDecode, runs_every_row_packed
 from sluice.models.linear import (
     BATCH_INVARIANT_ROW_TILE,
     Linear,
@@ -68,7 +67,7 @@ from sluice.models.linear import (
     in_row_tiles,
     uninitialised_weight,
 )
-from sluice.models.native import silu_mul_kernel
+from sluice.models.native import decode_attention_kernel, silu_mul_kernel
 from sluice.models.native.qblock import QBlockMatrix
 from sluice.models.native.rope import rope_write_kv_kernel
 from sluice.models.qblock_linear import adopt_block_codes, on_huge_pages
@@ -86,7 +85,8 @@ from sluice.models.weight_targets import (
 
 class LlamaDecoderLayer(nn.Module):
     # Its forward, for a step of decode rows, is native/decode_layer.c's chain
-    # (fused_decode.py); a subclass with another forward sets this False.
+    # (fused_decode.py) when built for it (`decodes_as_native_chain`); a
+    # subclass with another forward sets this False.
     supports_fused_decode: ClassVar[bool] = True
 
     def __init__(
@@ -104,6 +104,9 @@ class LlamaDecoderLayer(nn.Module):
         # Attends within config.sliding_window (Gemma 3's local layers, Phi-3).
         self.is_sliding = is_sliding
         cap = config.attn_logit_softcapping
+        # Whether `attend` is paged_attention: the backend the execution plan
+        # binds to its kernels (plan_apply.py) and the fused chain runs.
+        self.attends_paged = not batch_invariant and not is_sliding and cap is None
         if is_sliding or cap is not None:
             # Capped scores (Gemma 2) need the torch path on global layers too:
             # there the window is the whole context.
@@ -138,14 +141,16 @@ class LlamaDecoderLayer(nn.Module):
         # silu(gate) * up in one pass where the CPU kernel is there (same roundings).
         kernel = silu_mul_kernel(dtype) if torch.device(device).type == "cpu" else None
         self.swiglu = kernel or _swiglu
+        self.has_native_swiglu = kernel is not None
         # RoPE of q and k and the K/V cache write in one native call (CPU,
         # bfloat16); batch-invariant mode keeps its own attention path. The
         # kernel rotates whole heads: partial rotary (Phi-4-mini) takes `rotate`.
         self.rope_write_kv = None
         if torch.device(device).type == "cpu" and not batch_invariant and not partial_rotary:
             self.rope_write_kv = rope_write_kv_kernel(dtype)
-        # The whole layer in one native call for steps of decode rows, bound
-        # at load where the layer is that chain (fused_decode.py).
+        # The whole layer in one native call for steps of decode rows, given
+        # by the execution plan's apply where the layer is that chain
+        # (`decodes_as_native_chain`, fused_decode.py).
         self.fused_decode: FusedDecode | None = None
 
     def _build_mlp(self, config: DecoderConfig, p: dict) -> None:
@@ -153,6 +158,29 @@ class LlamaDecoderLayer(nn.Module):
         # Rows: gate, then up.
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, False, **p)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, False, **p)
+
+    def decodes_as_native_chain(self) -> bool:
+        """Whether this layer's Python path for a step of decode rows is
+        native/decode_layer.c's chain, as built, loaded and quantized: its
+        class's forward (`supports_fused_decode`), bfloat16 on the CPU, paged
+        attention with the native decode kernel, native RoPE + K/V write, no
+        q/k norm, native RMSNorm and SwiGLU, and every matrix one packed
+        matmul at every row count."""
+        if not self.supports_fused_decode:  # an MoE layer has no gate/up or down matrix
+            return False
+        weight = self.input_layernorm
+        return (
+            weight.dtype == torch.bfloat16
+            and weight.device.type == "cpu"
+            and self.attends_paged
+            and self.rope_write_kv is not None
+            and self.qk_norms is None
+            and self.has_native_swiglu
+            and self.attention_norm._kernel is not None
+            and self.mlp_norm._kernel is not None
+            and decode_attention_kernel(torch.bfloat16) is not None
+            and all(runs_every_row_packed(linear) for linear in self.matrices())
+        )
 
     def matrices(self) -> tuple[Linear, ...]:
         """The layer's matrices that `quantize` gives a weight-only copy."""
@@ -441,26 +469,6 @@ class LlamaForCausalLM(nn.Module):
             for linear in layer.matrices():
                 linear.quantize(mode)
         self.quantization = mode
-
-    def use_kernel_plan(self, plan: KernelPlan) -> None:
-        """Run prefill attention on the kernels `plan` measured at load gives
-        each length (kernel_plan.py), decode attention on the one it names
-        (the fused decode layers too), and the int8 matmuls on the kernel it
-        gives each step size; layers on another attention path
-        (batch-invariant mode) keep it."""
-        for layer in self.layers:
-            if layer.attend is paged_attention:
-                layer.attend = functools.partial(paged_attention, kernels=plan)
-                if layer.fused_decode is not None:
-                    layer.fused_decode.follow(layer.attend)
-        for module in self.modules():
-            if isinstance(module, Linear) and module.int8_activations is not None:
-                module.int8_activations.serve_bands(plan.int8_matmul)
-
-    def bind_fused_decode(self) -> int:
-        """Every layer that is one chain of native kernels runs decode steps in
-        one call (fused_decode.py); the number of such layers."""
-        return bind_fused_decode(self.layers)
 
     def _weight_targets(self) -> dict[str, WeightTarget]:
         """HF tensor name -> where it goes (fused tensors take row slices)."""
