@@ -13,6 +13,7 @@ import torch
 from sluice.models.linear import BATCH_INVARIANT_ROW_TILE, in_row_tiles
 from sluice.models.mxfp4_experts import ClampedSwiglu, Mxfp4Experts
 from sluice.models.native.mxfp4 import mxfp4_available, mxfp4_moe
+from tests.moe_paths import per_expert_sum
 
 pytestmark = pytest.mark.skipif(not mxfp4_available(), reason="needs the native library")
 HIDDEN, INTER, NUM_EXPERTS = 96, 64, 6
@@ -41,20 +42,8 @@ def routing(tokens: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Ten
     return ids, torch.rand(tokens, top_k, generator=g).softmax(-1)
 
 
-def per_expert_sum(kept: Mxfp4Experts, x, ids, weights, swiglu) -> torch.Tensor:
-    """moe.py's per-expert path: each expert over its rows, then the rank-order float32 sum."""
-    outputs = torch.empty(*ids.shape, x.shape[1], dtype=x.dtype)
-    for expert in ids.unique().tolist():
-        token, rank = (ids == expert).nonzero(as_tuple=True)
-        outputs[token, rank] = kept(expert, swiglu, x[token])
-    total = outputs[:, 0].float().mul_(weights[:, :1])
-    for rank in range(1, ids.shape[1]):
-        total.add_(outputs[:, rank].float().mul_(weights[:, rank : rank + 1]))
-    return total
-
-
 def test_the_per_expert_path_runs_its_activation_on_row_tiles():
-    """The reference above calls the expert on all its rows; moe.py's SwiGLU
+    """per_expert_sum calls the expert on all its rows; moe.py's SwiGLU
     runs on fixed row tiles: the same bits, as the kernel is row-wise."""
     x = torch.randn(2 * BATCH_INVARIANT_ROW_TILE + 3, 2 * INTER).to(torch.bfloat16)
     assert torch.equal(in_row_tiles(SWIGLU, x, BATCH_INVARIANT_ROW_TILE), SWIGLU(x))

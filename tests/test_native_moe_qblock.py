@@ -14,6 +14,7 @@ from sluice.models.moe_blocks import BlockExperts
 from sluice.models.native import silu_mul_kernel
 from sluice.models.native.qblock import QBlockMatrix, qblock_available, qblock_moe
 from sluice.models.qblock_linear import QBlockLinear, merged_parts
+from tests.moe_paths import per_expert_sum
 
 pytestmark = pytest.mark.skipif(not qblock_available(), reason="needs the qblock kernel")
 HIDDEN, INTER, NUM_EXPERTS = 256, 256, 6
@@ -49,18 +50,6 @@ def routing(tokens: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Ten
     ids = torch.stack([torch.randperm(NUM_EXPERTS, generator=g)[:top_k] for _ in range(tokens)])
     weights = torch.rand(tokens, top_k, generator=g)
     return ids, weights / weights.sum(-1, keepdim=True)
-
-
-def per_expert_sum(kept: BlockExperts, x, ids, weights, swiglu) -> torch.Tensor:
-    """moe.py's per-expert path: each expert over its rows, then the rank-order float32 sum."""
-    outputs = torch.empty(*ids.shape, x.shape[1], dtype=x.dtype)
-    for expert in ids.unique().tolist():
-        token, rank = (ids == expert).nonzero(as_tuple=True)
-        outputs[token, rank] = kept(expert, swiglu, x[token])
-    total = outputs[:, 0].float().mul_(weights[:, :1])
-    for rank in range(1, ids.shape[1]):
-        total.add_(outputs[:, rank].float().mul_(weights[:, rank : rank + 1]))
-    return total
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -220,15 +220,22 @@ def rms_norm_kernel(dtype: torch.dtype):
     return rms_norm
 
 
-@cache
-def silu_mul_kernel(dtype: torch.dtype):
-    """x [T, 2 I] (gate, then up; rows contiguous) -> silu(gate) * up [T, I]; None: no kernel."""
+def _row_function(dtype: torch.dtype, name: str):
+    """The library's `name`_bf16 or `name`_f32 for `dtype` rows; None: no kernel."""
     if dtype not in (torch.bfloat16, torch.float32):
         return None
     library = _library()
     if library is None:
         return None
-    function = library.silu_mul_bf16 if dtype == torch.bfloat16 else library.silu_mul_f32
+    return getattr(library, name + ("_bf16" if dtype == torch.bfloat16 else "_f32"))
+
+
+@cache
+def silu_mul_kernel(dtype: torch.dtype):
+    """x [T, 2 I] (gate, then up; rows contiguous) -> silu(gate) * up [T, I]; None: no kernel."""
+    function = _row_function(dtype, "silu_mul")
+    if function is None:
+        return None
 
     def silu_mul(x: Tensor) -> Tensor:
         rows, width = x.shape
@@ -240,17 +247,13 @@ def silu_mul_kernel(dtype: torch.dtype):
     return silu_mul
 
 
+@cache
 def clamped_swiglu_kernel(dtype: torch.dtype):
     """x [T, 2 I] (gate, then up; rows contiguous), alpha, limit -> gpt-oss's
     clamped SwiGLU [T, I] (rows.c); None: no kernel."""
-    if dtype not in (torch.bfloat16, torch.float32):
+    function = _row_function(dtype, "clamped_swiglu")
+    if function is None:
         return None
-    library = _library()
-    if library is None:
-        return None
-    function = (
-        library.clamped_swiglu_bf16 if dtype == torch.bfloat16 else library.clamped_swiglu_f32
-    )
 
     def clamped_swiglu(x: Tensor, alpha: float, limit: float) -> Tensor:
         rows, width = x.shape
