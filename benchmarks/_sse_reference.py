@@ -40,7 +40,7 @@ from sluice.testing import FakeTokenizer
 from sluice.testing.contract import Expectations, check_stream
 
 if TYPE_CHECKING:
-    from sluice.server.served_model import ServedTokenizer
+    from sluice.server.served_models.served_model import ServedTokenizer
 
 MODEL = "bench-model"
 PROMPT_TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm sun. "

@@ -169,7 +169,7 @@ def serve_sluice(port_out: Connection, tokenizer_kind: str, cache_dir: Path) -> 
     served as `sluice serve` serves (`launch.serve`: GC tuned, drain on SIGTERM)."""
     from sluice.server.app import create_app
     from sluice.server.launch import serve
-    from sluice.server.served_model import ServedModel
+    from sluice.server.served_models.served_model import ServedModel
 
     tokenizer = load_tokenizer(tokenizer_kind, cache_dir)
     engine = FakeEngine(step_interval_s=0.0, max_model_len=MAX_MODEL_LEN)

@@ -148,7 +148,7 @@ def data_parallel_config_from(args: argparse.Namespace) -> DataParallelConfig | 
 
 def server_config_from(args: argparse.Namespace) -> ServerConfig:
     server_flags = [name for names in _SERVER_GROUPS.values() for name in names]
-    from sluice.server.model_catalog import split_name
+    from sluice.server.served_models.model_catalog import split_name
 
     models = tuple(args.model or ())  # every --model; the first is the engine's
     args.model = split_name(models[0])[1] if models else EMBEDDED_MODEL

@@ -620,7 +620,7 @@ class ServerConfig:
     )
     # Engine replicas on Ray (--data-parallel); None: one engine, no Ray.
     data_parallel: DataParallelConfig | None = None
-    # Several models in one server (sluice/server/model_pool.py, docs/OPERATIONS.md):
+    # Several models in one server (sluice/server/served_models/model_pool.py, docs/OPERATIONS.md):
     # every --model given, a NAME=PATH one served as NAME; empty: engine.model alone.
     models: tuple[str, ...] = ()
     models_dir: Path | None = setting(

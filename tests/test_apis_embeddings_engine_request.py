@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice.engine.engine_request import EngineRequest, Pooling
 from sluice.engine.outputs import PooledOutput, RequestDelta
 from sluice.engine.pooling_params import PoolingSpec
-from sluice.server.model_entry import ModelSpec
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.model_entry import ModelSpec
+from sluice.server.served_models.served_model import ServedModel
 from sluice.testing.fake_engine import FakeEngineBase
 from sluice.testing.live_server import LiveServer
 from sluice.tokenizer import Tokenizer

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.engine.pooling_core import PoolingCore, engine_core_for
-from sluice.server.model_pool import ModelSpec
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.model_pool import ModelSpec
+from sluice.server.served_models.served_model import ServedModel
 from sluice.testing.json_strategies import deep, json_text, json_values
 from sluice.testing.live_server import LiveServer
 from tests.pooling_models import build_tiny_bert, minilm_folder

@@ -32,7 +32,7 @@ from sluice.apis.surface import (
 from sluice.config import ServerConfig
 from sluice.errors import ErrorShape
 from sluice.server.app import create_app
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.served_model import ServedModel
 from sluice.testing import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL

@@ -15,8 +15,8 @@ import pytest
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.engine.pooling_core import PoolingCore, engine_core_for
-from sluice.server.model_pool import ModelSpec
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.model_pool import ModelSpec
+from sluice.server.served_models.served_model import ServedModel
 from sluice.testing.fake_engine import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer

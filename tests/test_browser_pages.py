@@ -21,8 +21,8 @@ import httpx2
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from sluice.server.model_entry import ModelSpec
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.model_entry import ModelSpec
+from sluice.server.served_models.served_model import ServedModel
 from sluice.testing import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer

@@ -1,5 +1,5 @@
 """Several models in one server, over HTTP on fake engines behind the real app
-and pool (sluice/server/model_pool.py): each request goes to the model it
+and pool (sluice/server/served_models/model_pool.py): each request goes to the model it
 names, unknown names are a 404 naming the served ones, a model that does not
 load fails its own requests only, and switching under `--models-max 1`
 keeps every stream whole."""
@@ -14,8 +14,8 @@ import aiohttp
 import httpx2
 
 from sluice.errors import ModelLoadError
-from sluice.server.model_entry import ModelSpec
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.model_entry import ModelSpec
+from sluice.server.served_models.served_model import ServedModel
 from sluice.testing import FakeEngine
 from sluice.testing.contract import Expectations, check_stream
 from sluice.testing.event_loops import run

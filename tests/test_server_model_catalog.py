@@ -1,4 +1,4 @@
-"""The models `sluice serve` is asked to serve (sluice/server/model_catalog.py):
+"""The models `sluice serve` is asked to serve (sluice/server/served_models/model_catalog.py):
 flags -> names, paths, estimated bytes and the pool's limits."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from sluice import cli
 from sluice.config import CacheConfig, EngineConfig, ServerConfig
 from sluice.errors import ModelLoadError
-from sluice.server import model_catalog
-from sluice.server.model_catalog import DEFAULT_KV_BYTES, model_specs, pool_limits
+from sluice.server.served_models import model_catalog
+from sluice.server.served_models.model_catalog import DEFAULT_KV_BYTES, model_specs, pool_limits
 
 KV_BYTES = 1 << 20
 

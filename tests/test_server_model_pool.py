@@ -1,4 +1,4 @@
-"""The model pool alone (sluice/server/model_pool.py), over fake engines: names,
+"""The model pool alone (sluice/server/served_models/model_pool.py), over fake engines: names,
 starts shared by waiters, LRU stops under the limits, keep_alive, failures."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from sluice.errors import (
     ModelUnavailableError,
     ServiceUnavailableError,
 )
-from sluice.server.model_entry import ModelSpec, PoolLimits
-from sluice.server.model_pool import ModelPool
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.model_entry import ModelSpec, PoolLimits
+from sluice.server.served_models.model_pool import ModelPool
+from sluice.server.served_models.served_model import ServedModel
 from sluice.testing.event_loops import run, run_in_virtual_time
 from sluice.testing.fake_engine import FakeEngine
 from sluice.testing.fake_tokenizer import FakeTokenizer

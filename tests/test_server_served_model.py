@@ -11,7 +11,7 @@ from sluice.config import CacheConfig, EngineConfig, ModelConfig, ServerConfig
 from sluice.engine.messages import EngineReady
 from sluice.errors import ModelLoadError
 from sluice.server.app import create_app
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.served_model import ServedModel
 from sluice.testing.fake_engine import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 

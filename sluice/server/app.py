@@ -52,15 +52,15 @@ from sluice.server.info_routes import InfoRoutes, sluice_version
 from sluice.server.keys.api_keys import KeyRing
 from sluice.server.keys.key_limits import KeyLimiter
 from sluice.server.middleware import middleware_stack
-from sluice.server.model_entry import ModelSpec
-from sluice.server.model_parts import ModelParts
-from sluice.server.model_pool import ModelPool
 from sluice.server.observability.loop_watchdog import LoopWatchdog
 from sluice.server.observability.read_metrics import ReadInfos, ReadModelCounters
 from sluice.server.observability.replicas import ReplicaCollector
 from sluice.server.pages import add_pages
 from sluice.server.routes import Handler, Routes
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.model_entry import ModelSpec
+from sluice.server.served_models.model_parts import ModelParts
+from sluice.server.served_models.model_pool import ModelPool
+from sluice.server.served_models.served_model import ServedModel
 from sluice.server.shutdown import GracefulShutdown
 from sluice.tracing import otlp_tracer
 
@@ -78,7 +78,7 @@ def create_app(
     *,
     models: list[ModelSpec] | None = None,
 ) -> FastAPI:
-    """The app serving `models` (sluice/server/model_pool.py: each started on
+    """The app serving `models` (sluice/server/served_models/model_pool.py: each started on
     first use or at startup, stopped least recently used), or one `engine`
     already built serving `model` as its name (ServerConfig.served_model_name
     wins); `clock`: the seconds the API keys' rate windows are measured in;

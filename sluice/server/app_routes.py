@@ -16,13 +16,13 @@ from sluice.engine.client_base import QueueTimeout
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import ResponseChunks
 from sluice.server.body.body import BodyReader
-from sluice.server.model_parts import ModelOptions, ModelParts
-from sluice.server.model_pool import ModelPool
+from sluice.server.served_models.model_parts import ModelOptions, ModelParts
+from sluice.server.served_models.model_pool import ModelPool
 
 
 class AppRoutes(Protocol):
     bodies: BodyReader
-    # Every model served, running or not (sluice/server/model_pool.py).
+    # Every model served, running or not (sluice/server/served_models/model_pool.py).
     models: ModelPool[ModelParts]
 
     def model_for(

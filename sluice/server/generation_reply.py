@@ -29,8 +29,8 @@ from sluice.frontend.serving import ResponseChunks
 from sluice.server.connection import unless_disconnected
 from sluice.server.event_stream import EVENT_STREAM_MEDIA_TYPE, EventStreamResponse
 from sluice.server.middleware import CLIENT_CLOSED_STATUS
-from sluice.server.model_parts import ModelParts
 from sluice.server.request_context import context_of
+from sluice.server.served_models.model_parts import ModelParts
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,12 +25,12 @@ from sluice.frontend.preprocess import Preprocessor
 from sluice.server.admission import ShuttingDownError
 from sluice.server.body.body import BodyReader
 from sluice.server.errors import unavailable_response
-from sluice.server.model_parts import ModelOptions, ModelParts
-from sluice.server.model_pool import ModelPool
 from sluice.server.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sluice.server.observability.metrics import ServerMetrics
 from sluice.server.observability.replicas import replica_health
-from sluice.server.served_model import ServedTokenizer
+from sluice.server.served_models.model_parts import ModelOptions, ModelParts
+from sluice.server.served_models.model_pool import ModelPool
+from sluice.server.served_models.served_model import ServedTokenizer
 
 
 def sluice_version() -> str:

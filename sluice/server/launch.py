@@ -45,7 +45,7 @@ from sluice.engine.client_base import EngineClient
 from sluice.engine.pooling_params import PoolingSpec
 from sluice.errors import ModelLoadError, SluiceError
 from sluice.server.connection import AbortableHttpToolsProtocol
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.served_model import ServedModel
 from sluice.server.shutdown import GracefulShutdown
 from sluice.tokenizer import Tokenizer
 
@@ -343,7 +343,7 @@ def run_server(config: ServerConfig) -> int:
     _configure_logging()
     from sluice.server.app import create_app
     from sluice.server.keys.api_keys import KeyRing
-    from sluice.server.model_catalog import model_paths, model_specs
+    from sluice.server.served_models.model_catalog import model_paths, model_specs
 
     KeyRing(config.api_key, config.api_key_file)  # a broken key file fails before any load
     is_one_model = len(model_paths(config)) == 1

@@ -39,13 +39,18 @@ from sluice.server.event_stream import (
     EVENT_STREAM_MEDIA_TYPE,
 )
 from sluice.server.generation_reply import GenerationRun
-from sluice.server.model_catalog import pool_limits
-from sluice.server.model_entry import ModelSpec
-from sluice.server.model_parts import ModelOptions, ModelParts, model_options, model_parts
-from sluice.server.model_pool import ModelPool
 from sluice.server.observability.metrics import ServerMetrics
 from sluice.server.request_context import context_of
-from sluice.server.served_model import ServedModel, ServedTokenizer
+from sluice.server.served_models.model_catalog import pool_limits
+from sluice.server.served_models.model_entry import ModelSpec
+from sluice.server.served_models.model_parts import (
+    ModelOptions,
+    ModelParts,
+    model_options,
+    model_parts,
+)
+from sluice.server.served_models.model_pool import ModelPool
+from sluice.server.served_models.served_model import ServedModel, ServedTokenizer
 
 # An API route's handler (the route's path parameters as keyword arguments).
 Handler = Callable[..., Awaitable[Response]]

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from sluice.server.app import create_app
     from sluice.server.launch import serve
-    from sluice.server.served_model import ServedModel
+    from sluice.server.served_models.served_model import ServedModel
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -27,8 +27,8 @@ from sluice.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfi
 from sluice.engine.client_base import EngineClient
 from sluice.server.app import create_app
 from sluice.server.launch import make_server
-from sluice.server.model_entry import ModelSpec
-from sluice.server.served_model import ServedModel, ServedTokenizer
+from sluice.server.served_models.model_entry import ModelSpec
+from sluice.server.served_models.served_model import ServedModel, ServedTokenizer
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -43,7 +43,7 @@ class LiveServer:
         tokenizer: ServedTokenizer | None,
         /,  # so that `engine=EngineConfig(...)` reaches the ServerConfig
         *,
-        # Several models instead (sluice/server/model_pool.py): engine and tokenizer None.
+        # Several models instead (sluice/server/served_models/model_pool.py): engine and tokenizer None.
         model_specs: list[ModelSpec] | None = None,
         model_name: str = DEFAULT_MODEL_NAME,
         max_model_len: int = 4096,

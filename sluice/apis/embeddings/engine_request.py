@@ -32,8 +32,8 @@ from sluice.engine.outputs import PooledOutput, RequestDelta
 from sluice.engine.pooling_params import PoolingInput, PoolingParams
 from sluice.server.connection import unless_disconnected
 from sluice.server.middleware import CLIENT_CLOSED_STATUS
-from sluice.server.model_parts import ModelParts
 from sluice.server.request_context import context_of
+from sluice.server.served_models.model_parts import ModelParts
 
 
 class ClientGone(Exception):

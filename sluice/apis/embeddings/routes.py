@@ -64,7 +64,7 @@ from sluice.engine.pooling_params import PoolingInput, PoolingParams
 from sluice.errors import InvalidRequestError
 from sluice.server.app_routes import AppRoutes
 from sluice.server.body.body import ParsedBody
-from sluice.server.model_parts import ModelParts
+from sluice.server.served_models.model_parts import ModelParts
 from sluice.tokenizer import Tokenizer
 
 

@@ -62,8 +62,8 @@ from sluice.apis.surface import (
 )
 from sluice.errors import InvalidRequestError
 from sluice.server.app_routes import AppRoutes
-from sluice.server.model_entry import ModelStatus
-from sluice.server.model_parts import ModelOptions
+from sluice.server.served_models.model_entry import ModelStatus
+from sluice.server.served_models.model_parts import ModelOptions
 
 # A model loaded for ever expires, as Ollama writes it, in a far future.
 _FOREVER_S = datetime(2318, 1, 1, tzinfo=UTC).timestamp()

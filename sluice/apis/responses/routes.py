@@ -35,8 +35,8 @@ from sluice.apis.surface import (
     ApiRoute,
 )
 from sluice.server.app_routes import AppRoutes
-from sluice.server.model_parts import ModelOptions
 from sluice.server.request_context import context_of
+from sluice.server.served_models.model_parts import ModelOptions
 
 
 class ResponsesRoutes:

@@ -38,7 +38,7 @@ from sluice.engine.client_base import EngineClient
 from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import ModelNotFoundError, ModelUnavailableError, SluiceError
 from sluice.server.admission import AdmissionGate, ServiceUnavailableError, ShuttingDownError
-from sluice.server.model_entry import (
+from sluice.server.served_models.model_entry import (
     ActiveModel,
     ModelEntry,
     ModelLease,
@@ -46,8 +46,8 @@ from sluice.server.model_entry import (
     ModelStatus,
     PoolLimits,
 )
-from sluice.server.model_starts import ModelStarts
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.model_starts import ModelStarts
+from sluice.server.served_models.served_model import ServedModel
 
 logger = logging.getLogger("sluice.server")
 

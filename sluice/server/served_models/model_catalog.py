@@ -34,8 +34,8 @@ from pathlib import Path
 from sluice.config import EMBEDDED_MODEL, EngineConfig, ModelConfig, ServerConfig
 from sluice.engine.client_base import EngineClient
 from sluice.errors import ModelLoadError
-from sluice.server.model_entry import ModelSpec, PoolLimits
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.model_entry import ModelSpec, PoolLimits
+from sluice.server.served_models.served_model import ServedModel
 
 # The KV pool of an engine on the CPU without --kv-cache-memory (engine/startup.py).
 DEFAULT_KV_BYTES = 1 << 30

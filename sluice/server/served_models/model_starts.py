@@ -33,8 +33,8 @@ from sluice.engine.client_base import EngineClient
 from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import ModelUnavailableError, SluiceError
 from sluice.server.admission import AdmissionGate, ServiceUnavailableError
-from sluice.server.model_entry import ActiveModel, ModelEntry, PoolLimits
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.model_entry import ActiveModel, ModelEntry, PoolLimits
+from sluice.server.served_models.served_model import ServedModel
 
 logger = logging.getLogger("sluice.server")
 

@@ -20,7 +20,7 @@ from sluice.frontend.serving import Frontend
 from sluice.server.admission import AdmissionGate
 from sluice.server.body.body import Conversion
 from sluice.server.observability.metrics import ModelMetrics, ServerMetrics
-from sluice.server.served_model import ServedModel, ServedTokenizer
+from sluice.server.served_models.served_model import ServedModel, ServedTokenizer
 from sluice.tools.reasoning import chosen_reasoning_parser
 from sluice.tools.tool_format import chosen_tool_call_format
 

@@ -1,4 +1,4 @@
-"""One model of a server's `ModelPool` (sluice/server/model_pool.py): what
+"""One model of a server's `ModelPool` (sluice/server/served_models/model_pool.py): what
 it is before it runs (`ModelSpec`), the pool's bounds (`PoolLimits`), a
 running model (`ActiveModel`), a request's hold on it (`ModelLease`), what
 the listings show (`ModelStatus`), and its state (`ModelEntry`), which only
@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 from sluice.engine.client_base import EngineClient
 from sluice.engine.supervisor import EngineSupervisor
 from sluice.server.admission import AdmissionGate
-from sluice.server.served_model import ServedModel
+from sluice.server.served_models.served_model import ServedModel
 
 P = TypeVar("P")
 
