@@ -2,8 +2,11 @@
 
 Steps: resolve the source; convert a GGUF to its cached HF folder (once);
 parse config.json; check the files and the tokenizer before allocating
-anything; build `LlamaForCausalLM`, stream the safetensors tensors into it,
-and quantize it if `ModelConfig.quantization` asks. "auto" dtype and
+anything (`_prepare`); build the family's model and stream the weights into
+it (`_fill`); give its matrices the forms the choices ask, resolve the
+execution plan on them without rebinding anything (plan_step.py), then apply
+it: the one place layers take their strategies (models/plan_apply.py); note
+everything decided, once, for the startup line (`_noted`). "auto" dtype and
 quantization are resolved here, from the hardware and from how the weights
 came (sluice/loader/choices.py).
 
