@@ -34,8 +34,9 @@ they stay quantized as the file has them: `keep_experts` swaps the stacks
 for a module that runs each expert from its own 4-bit weights
 (moe_blocks.py: a GGUF's blocks; mxfp4_experts.py: gpt-oss's MXFP4), one
 call per projection over all the rows routed to the expert, or, where the
-module has it (`KeptExperts.weighted_sum`: GGUF blocks with SwiGLU), one
-native call for every chosen expert of every row and their weighted sum.
+module has it (`KeptExperts.weighted_sum`: GGUF blocks with SwiGLU, MXFP4
+with gpt-oss's clamped SwiGLU), one native call for every chosen expert of
+every row and their weighted sum.
 """
 
 from __future__ import annotations
