@@ -167,8 +167,8 @@ class BenchReport:
 def serve_sluice(port_out: Connection, tokenizer_kind: str, cache_dir: Path) -> None:
     """Process entry: sluice over a FakeEngine stepping on every loop turn,
     served as `sluice serve` serves (`launch.serve`: GC tuned, drain on SIGTERM)."""
-    from sluice.server.app import create_app
-    from sluice.server.launch import serve
+    from sluice.server.http.app import create_app
+    from sluice.server.http.launch import serve
     from sluice.server.served_models.served_model import ServedModel
 
     tokenizer = load_tokenizer(tokenizer_kind, cache_dir)

@@ -221,7 +221,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from sluice.server.launch import run_server
+    from sluice.server.http.launch import run_server
 
     return run_server(server_config_from(args))
 

@@ -20,7 +20,7 @@
 
 `openai_error_of` turns any of them (or any other exception) into the
 OpenAI error object, the one place that object's shape is spelled: the HTTP
-edge (`sluice.server.errors`) sends it with the error's status, a stream that
+edge (`sluice.server.http.errors`) sends it with the error's status, a stream that
 already started sends it as its last event (`sluice.frontend.serving`).
 `anthropic_error` spells Anthropic's (the Messages API's routes),
 `ollama_error` Ollama's (`{"error": message}`, its /api routes); which an

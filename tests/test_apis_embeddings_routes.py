@@ -28,7 +28,7 @@ from sluice.apis.surface import POOLING_ROUTES
 from sluice.config import EngineConfig, ModelConfig
 from sluice.engine.inproc_client import InProcessEngineClient
 from sluice.engine.pooling_core import PoolingCore, engine_core_for
-from sluice.server.launch import describe_model
+from sluice.server.http.launch import describe_model
 from sluice.server.served_models.model_pool import ModelSpec
 from sluice.server.served_models.served_model import ServedModel
 from sluice.testing import FakeEngine

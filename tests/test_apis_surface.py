@@ -31,7 +31,7 @@ from sluice.apis.surface import (
 )
 from sluice.config import ServerConfig
 from sluice.errors import ErrorShape
-from sluice.server.app import create_app
+from sluice.server.http.app import create_app
 from sluice.server.served_models.served_model import ServedModel
 from sluice.testing import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from sluice.cli import build_parser, engine_config_from, main, parse_size, server_config_from
 from sluice.config import EngineConfig, RequestLimits, ServerConfig, SpeculativeConfig
-from sluice.server import launch
+from sluice.server.http import launch
 from tests.model_factory import build_tiny_model, write_tiny_tokenizer
 
 

@@ -22,7 +22,7 @@ import httpx2
 import pytest
 
 from sluice.config import CacheConfig, EngineConfig, ServerConfig
-from sluice.server.launch import describe_model
+from sluice.server.http.launch import describe_model
 from sluice.server.served_models.model_catalog import model_specs
 from sluice.testing.contract import Expectations, check_stream
 from sluice.testing.event_loops import run

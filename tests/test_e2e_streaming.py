@@ -35,7 +35,7 @@ import aiohttp
 import pytest
 
 from sluice.config import CacheConfig, EngineConfig, SchedulerConfig
-from sluice.server.launch import build_engine
+from sluice.server.http.launch import build_engine
 from sluice.testing.contract import Expectations, check_stream, parse_sse, read_body
 from sluice.testing.live_server import LiveServer
 from sluice.testing.loop_stall import LoopStaller

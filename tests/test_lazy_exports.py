@@ -35,7 +35,7 @@ def test_importing_a_package_imports_none_of_its_modules():
 
 def test_a_package_still_gives_its_names_and_its_submodules():
     from sluice.server import body, create_app
-    from sluice.server.app import create_app as defined
+    from sluice.server.http.app import create_app as defined
 
     assert create_app is defined
     assert body.__name__ == "sluice.server.body"

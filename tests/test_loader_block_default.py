@@ -90,7 +90,7 @@ def test_the_server_process_reads_the_tokenizer_without_converting_weights(
 ):
     """describe_model and the engine resolve auto the same way: a file that
     keeps its blocks is never converted to a float copy on disk."""
-    from sluice.server.launch import describe_model
+    from sluice.server.http.launch import describe_model
 
     monkeypatch.setattr(block_default, "BLOCKS_FROM_BYTES", 0)
     monkeypatch.setattr(block_default, "qblock_available", lambda: True)

@@ -49,7 +49,7 @@ import orjson
 import pytest
 
 from sluice.config import RequestLimits
-from sluice.server.launch import tune_gc_for_serving
+from sluice.server.http.launch import tune_gc_for_serving
 from sluice.server.observability.loop_watchdog import SAMPLE_INTERVAL_S
 from sluice.testing import FakeEngine
 from sluice.testing.event_loops import run

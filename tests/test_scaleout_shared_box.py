@@ -37,7 +37,7 @@ import pytest
 from sluice.cli import build_parser, server_config_from
 from sluice.config import ServerConfig
 from sluice.frontend.output_processor import engine_request_id
-from sluice.server.launch import build_data_parallel_engine
+from sluice.server.http.launch import build_data_parallel_engine
 from sluice.testing.contract import Expectations, check_stream
 from sluice.testing.live_server import LiveServer
 from sluice.testing.otlp_receiver import OtlpReceiver

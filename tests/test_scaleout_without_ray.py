@@ -20,7 +20,7 @@ def no_ray(monkeypatch):
 
 def test_the_server_and_cli_do_not_import_ray():
     code = (
-        "import sys, sluice.cli, sluice.server.app, sluice.server.launch, "
+        "import sys, sluice.cli, sluice.server.http.app, sluice.server.http.launch, "
         "sluice.engine.process_client; "
         "assert 'ray' not in sys.modules, 'ray was imported'"
     )

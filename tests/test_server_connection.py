@@ -18,14 +18,14 @@ from types import SimpleNamespace
 import httpx2
 
 from sluice.config import ServerConfig
-from sluice.server.connection import (
+from sluice.server.http.connection import (
     ABORT_EXTENSION,
     WRITE_EXTENSION,
     StuckWriteWatch,
     abort_connection,
     body_writer,
 )
-from sluice.server.launch import make_server
+from sluice.server.http.launch import make_server
 from sluice.testing.event_loops import run_in_virtual_time
 
 TIMEOUT_S = 0.05

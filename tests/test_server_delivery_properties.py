@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from sluice.config import ServerConfig
 from sluice.frontend.detokenizer import IncrementalDetokenizer
-from sluice.server.app import create_app
+from sluice.server.http.app import create_app
 from sluice.server.served_models.served_model import ServedModel
 from sluice.testing import fake_logprobs
 from sluice.testing.asgi_connection import PausableConnection

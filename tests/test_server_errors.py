@@ -21,7 +21,7 @@ from sluice.errors import (
     ModelNotFoundError,
     QueueFullError,
 )
-from sluice.server.errors import (
+from sluice.server.http.errors import (
     install_error_handlers,
     internal_error_response,
     param_from_location,

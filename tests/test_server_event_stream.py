@@ -11,8 +11,8 @@ import pytest
 
 from sluice.frontend.serving import EventStream
 from sluice.frontend.stream_output import StreamOutput
-from sluice.server.connection import ABORT_EXTENSION, WRITE_EXTENSION
-from sluice.server.event_stream import EventStreamResponse
+from sluice.server.http.connection import ABORT_EXTENSION, WRITE_EXTENSION
+from sluice.server.http.event_stream import EventStreamResponse
 
 USAGE_EVENT = b'data: {"choices":[],"usage":{"completion_tokens":7}}\n\n'
 DONE_EVENT = b"data: [DONE]\n\n"

@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from sluice.config import ServerConfig
 from sluice.errors import ModelLoadError
-from sluice.server.launch import GC_GEN0_THRESHOLD, make_server, tune_gc_for_serving
+from sluice.server.http.launch import GC_GEN0_THRESHOLD, make_server, tune_gc_for_serving
 
 
 def hello_app() -> FastAPI:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from starlette.responses import Response, StreamingResponse
 
 from sluice.config import ServerConfig
-from sluice.server.middleware import middleware_stack
+from sluice.server.http.middleware import middleware_stack
 from sluice.server.observability.access_log import RequestLog, log_safe
 from sluice.server.request_context import context_of
 

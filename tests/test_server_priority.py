@@ -106,7 +106,7 @@ async def batch_then_chats(url: str) -> tuple[list, list]:
 
 def test_preempted_streams_on_the_engine_process_equal_their_twins(tiny_folder):
     from sluice.config import CacheConfig, ModelConfig
-    from sluice.server.launch import build_engine
+    from sluice.server.http.launch import build_engine
 
     model = ModelConfig(model=str(tiny_folder), dtype="float32", quantization=None,
                         activation_quantization=None, max_model_len=256)  # fmt: skip

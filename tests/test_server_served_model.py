@@ -10,7 +10,7 @@ import pytest
 from sluice.config import CacheConfig, EngineConfig, ModelConfig, ServerConfig
 from sluice.engine.messages import EngineReady
 from sluice.errors import ModelLoadError
-from sluice.server.app import create_app
+from sluice.server.http.app import create_app
 from sluice.server.served_models.served_model import ServedModel
 from sluice.testing.fake_engine import FakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
@@ -81,7 +81,7 @@ def test_the_app_serves_the_context_its_engine_fitted_and_refuses_longer_prompts
 
 def test_the_server_and_the_engine_read_a_model_folder_alike(tiny_folder):
     from sluice.engine.core import EngineCore
-    from sluice.server.launch import describe_model
+    from sluice.server.http.launch import describe_model
 
     model = ModelConfig(model=str(tiny_folder), dtype="float32", quantization=None,
                         cache_dir=tiny_folder.parent / "cache")  # fmt: skip

@@ -15,7 +15,7 @@ import asyncio
 import pytest
 
 from sluice.config import ServerConfig
-from sluice.server.app import create_app
+from sluice.server.http.app import create_app
 from sluice.server.served_models.served_model import ServedModel
 from sluice.testing.asgi_connection import PausableConnection
 from sluice.testing.contract import Expectations, check_stream, parse_sse

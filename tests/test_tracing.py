@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from sluice.config import CacheConfig, EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
 from sluice.engine.inproc_client import InProcessEngineClient
-from sluice.server.launch import build_engine, describe_model
+from sluice.server.http.launch import build_engine, describe_model
 from sluice.testing.live_server import LiveServer
 from sluice.testing.otlp_receiver import OtlpReceiver
 from sluice.tracing import traces_url
@@ -155,7 +155,7 @@ def test_with_tracing_off_no_tracer_exists_and_the_sdk_is_never_imported():
     # neither the SDK nor an exporter loaded (FastAPI imports the API itself).
     code = """
 import sys, httpx2
-from sluice.server.middleware import TraceMiddleware
+from sluice.server.http.middleware import TraceMiddleware
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import LiveServer

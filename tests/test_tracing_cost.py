@@ -24,7 +24,7 @@ import sluice
 from sluice.config import CacheConfig, EngineConfig, ModelConfig
 from sluice.engine.core import EngineCore
 from sluice.engine.inproc_client import InProcessEngineClient
-from sluice.server.launch import describe_model
+from sluice.server.http.launch import describe_model
 from sluice.testing.live_server import LiveServer
 
 SLUICE = Path(sluice.__file__).parent

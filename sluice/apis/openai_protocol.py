@@ -33,7 +33,7 @@ from pydantic import (
 )
 
 from sluice.errors import InvalidRequestError, UnsupportedMediaTypeError
-from sluice.server.errors import validation_error
+from sluice.server.http.errors import validation_error
 
 # Limits a client cannot exceed (OpenAI documents the same ranges).
 MAX_LOGPROBS = 20

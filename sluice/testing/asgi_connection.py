@@ -1,7 +1,7 @@
 """One HTTP connection to the real ASGI app, driven by the test.
 
 `PausableConnection` is what a streamed response sees of its client through
-the interfaces uvicorn gives it (sluice/server/connection.py): ASGI `receive`
+the interfaces uvicorn gives it (sluice/server/http/connection.py): ASGI `receive`
 and `send`, and the connection's body writer (`write_now`, `write`). The
 test pauses and resumes it as a slow reader's TCP window would: while paused,
 `write_now` refuses and `write` waits for `resume()`. Everything written, by
@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from sluice.server.connection import ABORT_EXTENSION, WRITE_EXTENSION
+from sluice.server.http.connection import ABORT_EXTENSION, WRITE_EXTENSION
 
 
 class PausableConnection:
@@ -54,7 +54,7 @@ class PausableConnection:
     def disconnect(self) -> None:
         self._incoming.put_nowait({"type": "http.disconnect"})
 
-    # -- the body writer (sluice.server.connection.BodyWriter) -------------------
+    # -- the body writer (sluice.server.http.connection.BodyWriter) -------------------
 
     def write_now(self, body: bytes) -> bool:
         if self.is_paused or self.is_aborted:

@@ -39,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sluice.server.app import create_app
-    from sluice.server.launch import serve
+    from sluice.server.http.app import create_app
+    from sluice.server.http.launch import serve
     from sluice.server.served_models.served_model import ServedModel
 
     args = build_parser().parse_args(argv)

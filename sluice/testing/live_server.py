@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from sluice.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, ServerConfig
 from sluice.engine.client_base import EngineClient
-from sluice.server.app import create_app
-from sluice.server.launch import make_server
+from sluice.server.http.app import create_app
+from sluice.server.http.launch import make_server
 from sluice.server.served_models.model_entry import ModelSpec
 from sluice.server.served_models.served_model import ServedModel, ServedTokenizer
 

@@ -19,7 +19,7 @@ from sluice.apis.chat.chunks import ChatChunks
 from sluice.apis.chat.protocol import ChatCompletionRequest
 from sluice.apis.chat.to_internal import chat_request
 from sluice.apis.surface import CHAT_CREATE, ApiRoute
-from sluice.server.app_routes import AppRoutes
+from sluice.server.http.app_routes import AppRoutes
 
 
 class ChatRoutes:

@@ -19,7 +19,7 @@ from sluice.apis.completions.chunks import CompletionChunks
 from sluice.apis.completions.protocol import CompletionRequest
 from sluice.apis.completions.to_internal import completion_request
 from sluice.apis.surface import COMPLETIONS_CREATE, ApiRoute
-from sluice.server.app_routes import AppRoutes
+from sluice.server.http.app_routes import AppRoutes
 
 
 class CompletionsRoutes:

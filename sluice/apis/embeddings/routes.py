@@ -62,8 +62,8 @@ from sluice.apis.surface import (
 from sluice.engine.outputs import PooledOutput
 from sluice.engine.pooling_params import PoolingInput, PoolingParams
 from sluice.errors import InvalidRequestError
-from sluice.server.app_routes import AppRoutes
 from sluice.server.body.body import ParsedBody
+from sluice.server.http.app_routes import AppRoutes
 from sluice.server.served_models.model_parts import ModelParts
 from sluice.tokenizer import Tokenizer
 

@@ -22,7 +22,7 @@ from sluice.apis.messages.events import MessagesEvents
 from sluice.apis.messages.protocol import CountTokensRequest, MessagesRequest
 from sluice.apis.messages.to_internal import count_tokens, messages_request
 from sluice.apis.surface import MESSAGES_COUNT_TOKENS, MESSAGES_CREATE, ApiRoute
-from sluice.server.app_routes import AppRoutes
+from sluice.server.http.app_routes import AppRoutes
 
 
 class MessagesRoutes:

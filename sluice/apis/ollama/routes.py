@@ -61,7 +61,7 @@ from sluice.apis.surface import (
     ApiRoute,
 )
 from sluice.errors import InvalidRequestError
-from sluice.server.app_routes import AppRoutes
+from sluice.server.http.app_routes import AppRoutes
 from sluice.server.served_models.model_entry import ModelStatus
 from sluice.server.served_models.model_parts import ModelOptions
 

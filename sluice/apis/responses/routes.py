@@ -34,7 +34,7 @@ from sluice.apis.surface import (
     RESPONSES_RETRIEVE,
     ApiRoute,
 )
-from sluice.server.app_routes import AppRoutes
+from sluice.server.http.app_routes import AppRoutes
 from sluice.server.request_context import context_of
 from sluice.server.served_models.model_parts import ModelOptions
 

@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from sluice.apis import openai_protocol
 from sluice.apis.chat import protocol as chat_protocol
 from sluice.apis.completions import protocol as completions_protocol
-from sluice.server.errors import validation_error
+from sluice.server.http.errors import validation_error
 
 Body = TypeVar("Body", bound=openai_protocol.OpenAIModel)
 ErrorDetails = dict[str, Any]

@@ -3,7 +3,7 @@ keeps what a client sent on one line of it.
 
 Invariant: what a client sent (the decoded path, the method) and the key's
 name are written `log_safe`, so no request can end a log line or forge a
-field of it. The middleware writes the line (sluice/server/middleware.py);
+field of it. The middleware writes the line (sluice/server/http/middleware.py);
 the completion tokens are the projection's count (sluice/frontend/usage.py),
 the same the client's usage says.
 """

@@ -25,7 +25,7 @@ from starlette.responses import Response
 
 from sluice.engine.client_base import ReplicaState
 from sluice.errors import EngineDeadError
-from sluice.server.errors import unavailable_response
+from sluice.server.http.errors import unavailable_response
 
 
 def replica_health(replicas: list[ReplicaState]) -> Response:

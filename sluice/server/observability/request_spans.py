@@ -10,7 +10,7 @@ first token handed to the client to the end of the response.
 The request span carries the request id (the X-Request-Id and the response's
 id), the model, prompt and completion tokens, the finish reasons and the
 HTTP status. Opened only with tracing on (`TraceMiddleware`,
-sluice/server/middleware.py): off, the request's context holds no trace and
+sluice/server/http/middleware.py): off, the request's context holds no trace and
 the routes skip everything here. Its output tokens are the request's one
 delivered count (sluice/server/request_context.py).
 """

@@ -1,6 +1,6 @@
 """The browser pages: a chat at `/` and a live dashboard at `/dashboard`.
 
-Static files shipped in the package (sluice/server/static: HTML, CSS and small
+Static files shipped in the package (sluice/server/http/static: HTML, CSS and small
 vanilla JavaScript; no build step, no CDN, the machines may be offline). The
 pages use only the server's public API, as any client would: the chat streams
 /v1/chat/completions (stopping aborts the fetch, so the server aborts the

@@ -34,7 +34,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from sluice.frontend.serving import EventStream
-from sluice.server.connection import StuckWriteWatch, abort_connection, body_writer
+from sluice.server.http.connection import StuckWriteWatch, abort_connection, body_writer
 
 EVENT_STREAM_MEDIA_TYPE = "text/event-stream"
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

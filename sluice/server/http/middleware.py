@@ -33,12 +33,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sluice.apis.surface import API_TABLE, ApiTable
 from sluice.config import ServerConfig
 from sluice.errors import ErrorShape, PermissionDeniedError, RateLimitError
-from sluice.server.errors import error_response, internal_error_response, request_error_response
+from sluice.server.http.errors import (
+    error_response,
+    internal_error_response,
+    request_error_response,
+)
+from sluice.server.http.pages import is_public_page
 from sluice.server.keys.api_keys import ApiKey, KeyRing
 from sluice.server.keys.key_limits import KeyLimiter
 from sluice.server.observability.access_log import RequestLog, log_safe
 from sluice.server.observability.request_spans import RequestTrace
-from sluice.server.pages import is_public_page
 from sluice.server.request_context import SCOPE_KEY, RequestContext, context_of
 
 if TYPE_CHECKING:

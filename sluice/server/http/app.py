@@ -47,21 +47,21 @@ from sluice.apis.surface import (
 from sluice.config import ServerConfig
 from sluice.engine.client_base import EngineClient
 from sluice.server.admission import AdmissionCollector
-from sluice.server.errors import install_error_handlers
-from sluice.server.info_routes import InfoRoutes, sluice_version
+from sluice.server.http.errors import install_error_handlers
+from sluice.server.http.info_routes import InfoRoutes, sluice_version
+from sluice.server.http.middleware import middleware_stack
+from sluice.server.http.pages import add_pages
+from sluice.server.http.routes import Handler, Routes
+from sluice.server.http.shutdown import GracefulShutdown
 from sluice.server.keys.api_keys import KeyRing
 from sluice.server.keys.key_limits import KeyLimiter
-from sluice.server.middleware import middleware_stack
 from sluice.server.observability.loop_watchdog import LoopWatchdog
 from sluice.server.observability.read_metrics import ReadInfos, ReadModelCounters
 from sluice.server.observability.replicas import ReplicaCollector
-from sluice.server.pages import add_pages
-from sluice.server.routes import Handler, Routes
 from sluice.server.served_models.model_entry import ModelSpec
 from sluice.server.served_models.model_parts import ModelParts
 from sluice.server.served_models.model_pool import ModelPool
 from sluice.server.served_models.served_model import ServedModel
-from sluice.server.shutdown import GracefulShutdown
 from sluice.tracing import otlp_tracer
 
 if TYPE_CHECKING:

@@ -26,9 +26,9 @@ from sluice.engine.client_base import EngineRequests, QueueTimeout
 from sluice.frontend.observer import RequestObserver
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import ResponseChunks
-from sluice.server.connection import unless_disconnected
-from sluice.server.event_stream import EVENT_STREAM_MEDIA_TYPE, EventStreamResponse
-from sluice.server.middleware import CLIENT_CLOSED_STATUS
+from sluice.server.http.connection import unless_disconnected
+from sluice.server.http.event_stream import EVENT_STREAM_MEDIA_TYPE, EventStreamResponse
+from sluice.server.http.middleware import CLIENT_CLOSED_STATUS
 from sluice.server.request_context import context_of
 from sluice.server.served_models.model_parts import ModelParts
 

@@ -14,7 +14,7 @@ load: a KV pool too small, a missing or truncated tensor) is raised from
 prints it as its one `sluice: error:` line.
 
 Signals (main thread only): SIGTERM or a first SIGINT drain the app
-(`sluice.server.shutdown`) and then stop, exit status 0; a second SIGINT
+(`sluice.server.http.shutdown`) and then stop, exit status 0; a second SIGINT
 exits at once. Unlike plain uvicorn, the signal is not re-raised afterwards,
 so a drained server exits 0. SIGHUP reads the API key file again
 (sluice/server/keys/api_keys.py). Connections beyond `max_connections` get 503.
@@ -44,9 +44,9 @@ from sluice.config import EngineConfig, ModelConfig, ServerConfig
 from sluice.engine.client_base import EngineClient
 from sluice.engine.pooling_params import PoolingSpec
 from sluice.errors import ModelLoadError, SluiceError
-from sluice.server.connection import AbortableHttpToolsProtocol
+from sluice.server.http.connection import AbortableHttpToolsProtocol
+from sluice.server.http.shutdown import GracefulShutdown
 from sluice.server.served_models.served_model import ServedModel
-from sluice.server.shutdown import GracefulShutdown
 from sluice.tokenizer import Tokenizer
 
 logger = logging.getLogger("sluice.server")
@@ -341,7 +341,7 @@ def build_data_parallel_engine(config: ServerConfig) -> EngineAssembly:
 def run_server(config: ServerConfig) -> int:
     """`sluice serve`: build the engine and the app from `config`, serve; the exit status."""
     _configure_logging()
-    from sluice.server.app import create_app
+    from sluice.server.http.app import create_app
     from sluice.server.keys.api_keys import KeyRing
     from sluice.server.served_models.model_catalog import model_paths, model_specs
 

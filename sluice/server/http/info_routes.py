@@ -24,7 +24,7 @@ from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
 from sluice.server.admission import ShuttingDownError
 from sluice.server.body.body import BodyReader
-from sluice.server.errors import unavailable_response
+from sluice.server.http.errors import unavailable_response
 from sluice.server.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sluice.server.observability.metrics import ServerMetrics
 from sluice.server.observability.replicas import replica_health

@@ -35,10 +35,10 @@ from sluice.frontend.serving import Frontend, ResponseChunks
 from sluice.server import admission
 from sluice.server.admission import AdmissionGate
 from sluice.server.body.body import BodyReader
-from sluice.server.event_stream import (
+from sluice.server.http.event_stream import (
     EVENT_STREAM_MEDIA_TYPE,
 )
-from sluice.server.generation_reply import GenerationRun
+from sluice.server.http.generation_reply import GenerationRun
 from sluice.server.observability.metrics import ServerMetrics
 from sluice.server.request_context import context_of
 from sluice.server.served_models.model_catalog import pool_limits
