@@ -23,12 +23,15 @@ from sluice.errors import ModelLoadError
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models import calibration, gpt_oss
+from sluice.models.execution_plan import ExecutionPlan
 from sluice.models.families.registry import build_model, describe_family, parse_hf_config
 from sluice.models.gpt_oss import GptOssDecoderLayer, GptOssForCausalLM
+from sluice.models.kernel_plan import KernelPlan
 from sluice.models.moe_decoder import describe_experts
 from sluice.models.mxfp4 import E2M1_VALUES
 from sluice.models.mxfp4_experts import clamped_swiglu
 from sluice.models.native.int8 import int8_gemm_kernels
+from sluice.models.plan_apply import apply
 from tests.engine_paths import (
     check_chunked_prefill_equals_whole_prompts,
     check_greedy_equals_transformers_generate,
@@ -98,6 +101,13 @@ def test_layers_slide_and_attend_fully_in_turn_every_one_with_sinks(loaded):
         "dtype on tiles of 8 rows, or kept in the file's GGUF or MXFP4 blocks on their kernels), "
         "not the fused native decode call nor int8 weights"
     )
+
+
+def test_the_execution_plan_leaves_every_layers_sinks_attention(tiny):
+    model = loaded_float32(tiny).model
+    kept = [layer.attend for layer in model.layers]
+    apply(model, ExecutionPlan(KernelPlan()))
+    assert [layer.attend for layer in model.layers] == kept
 
 
 def test_float32_logits_match_transformers_past_the_window_and_the_original_context(loaded, tiny):

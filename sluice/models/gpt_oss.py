@@ -109,6 +109,8 @@ class GptOssDecoderLayer(MoeDecoderLayer):
             sliding_window_attention, window=window, is_batch_invariant=batch_invariant,
             sinks=self.sinks,
         )  # fmt: skip
+        # Sinks run on the torch path: the execution plan's kernels never serve it (plan_apply.py).
+        self.attends_paged = False
         self.clamped_swiglu = ClampedSwiglu(config.swiglu_alpha, config.swiglu_limit)
         # The expert stacks' load targets and their names' prefix (`expert_targets`).
         self.stacks = (StackTarget(self.moe.gate_up), StackTarget(self.moe.down), "mlp.experts.")
