@@ -93,6 +93,14 @@ def test_the_workspace_grows_with_the_step_and_the_line_names_each_part(tmp_path
     )
 
 
+def test_a_cpu_pool_is_named_reserved_and_resident_as_used():
+    line = MemoryPlan(2501 << 20, 1 << 30, 96 << 20, 15 * GIB, is_kv_resident_as_used=True)
+    assert line.describe() == (
+        "memory: weights 2501 MiB, KV reserved 1024 MiB (resident as used), workspace 96 MiB "
+        "(15.0 GiB still available)"
+    )
+
+
 def _resident_bytes() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

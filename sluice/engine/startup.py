@@ -169,12 +169,16 @@ def startup_line(
         f"{describe_state_cache(config, loaded, dtype)}, max_num_batched_tokens "
         f"{config.scheduler.max_num_batched_tokens}, max_num_seqs {config.scheduler.max_num_seqs}, "
         f"{describe_speculation(config.speculative_config, loaded.step_seconds, blocker)}, "
-        f"{memory_figures(config, loaded, num_blocks, dtype).describe()}"
+        f"{memory_figures(config, loaded, num_blocks, dtype, device).describe()}"
     )
 
 
 def memory_figures(
-    config: EngineConfig, loaded: LoadedModel, num_blocks: int, dtype: torch.dtype
+    config: EngineConfig,
+    loaded: LoadedModel,
+    num_blocks: int,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> memory_plan.MemoryPlan:
     """Weights, KV pool and step workspace as built, and what is still free."""
     bytes_per_block = bytes_per_block_of(config, loaded, dtype)
@@ -183,6 +187,7 @@ def memory_figures(
         kv_bytes=num_blocks * bytes_per_block,
         workspace_bytes=_workspace(config, loaded, dtype),
         available_bytes=memory_plan.available_memory_bytes(),
+        is_kv_resident_as_used=device.type == "cpu",
     )
 
 

@@ -52,12 +52,18 @@ class MemoryPlan:
     workspace_bytes: int
     # What the system could still give once all of it was allocated.
     available_bytes: int
+    # A CPU pool is reserved address space whose pages become resident as
+    # blocks are first written (models/zero_pages.py); a GPU's is committed.
+    is_kv_resident_as_used: bool = False
 
     def describe(self) -> str:
+        kv = f"{self.kv_bytes / _MIB:.0f} MiB"
+        if self.is_kv_resident_as_used:
+            kv = f"reserved {kv} (resident as used)"
         return (
-            f"memory: weights {self.weights_bytes / _MIB:.0f} MiB, KV {self.kv_bytes / _MIB:.0f} "
-            f"MiB, workspace {self.workspace_bytes / _MIB:.0f} MiB "
-            f"({self.available_bytes / _GIB:.1f} GiB still available)"
+            f"memory: weights {self.weights_bytes / _MIB:.0f} MiB, KV {kv}, workspace "
+            f"{self.workspace_bytes / _MIB:.0f} MiB ({self.available_bytes / _GIB:.1f} GiB still "
+            "available)"
         )
 
 

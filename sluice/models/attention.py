@@ -85,6 +85,7 @@ from sluice.models.sequence_state import (
     state_bytes_per_sequence,
     state_layer_indices,
 )
+from sluice.models.zero_pages import zeros_on_touch
 
 # Without a plan measured at load (kernel_plan.py): the native prefill kernel
 # wherever it runs.
@@ -129,7 +130,7 @@ def allocate_kv_caches(
         else:
             heads, head_dim = config.layer_kv_shape(index)
             shape = (2, num_blocks, block_size, heads, kv_int8.row_width(head_dim, kv_dtype))
-            caches.append(torch.zeros(shape, dtype=kv_dtype, device=device))
+            caches.append(zeros_on_touch(shape, kv_dtype, device))
     return caches
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from sluice.models.decoder_config import MAMBA, DecoderConfig
+from sluice.models.zero_pages import zeros_on_touch
 
 # The state's dtype whatever the model's (module docstring).
 STATE_DTYPE = torch.float32
@@ -95,4 +96,4 @@ def mamba_state_bytes(config: DecoderConfig) -> int:
 
 def allocate_mamba_state(config: DecoderConfig, num_rows: int, device) -> Tensor:
     """One Mamba layer's zeroed `[num_rows, numel]` float32 state rows."""
-    return torch.zeros(num_rows, mamba_shape(config).state_numel, dtype=STATE_DTYPE, device=device)
+    return zeros_on_touch((num_rows, mamba_shape(config).state_numel), STATE_DTYPE, device)

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from sluice.models.decoder_config import CONV, LINEAR, MAMBA, DecoderConfig
 from sluice.models.mamba2_config import allocate_mamba_state, mamba_state_bytes
+from sluice.models.zero_pages import zeros_on_touch
 
 
 def conv_state_rows(config: DecoderConfig) -> int:
@@ -82,9 +83,9 @@ def allocate_layer_state(
         return allocate_mamba_state(config, num_blocks + num_slots, device)
     if config.layer_types[index] == LINEAR:
         shape: tuple[int, ...] = (num_blocks + num_slots, sum(linear_state_sizes(config)))
-        return torch.zeros(shape, dtype=torch.float32, device=device)
+        return zeros_on_touch(shape, torch.float32, device)
     shape = (num_blocks + num_slots, conv_state_rows(config), config.hidden_size)
-    return torch.zeros(shape, dtype=dtype, device=device)
+    return zeros_on_touch(shape, dtype, device)
 
 
 @dataclass(slots=True)
