@@ -74,7 +74,7 @@ def main() -> None:
             f"{rows} rows: bf16 {bf16_ms:.2f} ms, int8 {int8_ms:.2f} ms CPU per layer; "
             f"int8 / bf16 median {statistics.median(ratios):.2f} "
             f"(min {min(ratios):.2f}, max {max(ratios):.2f}); pool bytes per token and layer: "
-            f"bf16 {2 * KV_HEADS * HEAD_DIM * 2}, int8 {2 * KV_HEADS * (HEAD_DIM + 4)}"
+            f"bf16 {2 * KV_HEADS * HEAD_DIM * 2}, int8 {2 * KV_HEADS * kv_int8.row_width(HEAD_DIM, torch.int8)}"
         )
 
 

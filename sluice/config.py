@@ -191,13 +191,13 @@ class CacheConfig:
         "the most bytes --kv-cache-dir holds, least recently used files removed first",
         at_least=1,
     )
-    # The KV pool's element type (vLLM's flag): int8 is a per-token scheme
-    # (sluice/models/kv_int8.py), about half the bytes of bf16; auto keeps the
+    # The KV pool's element type (vLLM's flag): int8 is a per-16-channel scheme
+    # (sluice/models/kv_int8.py), 5/8 of the bytes of bf16; auto keeps the
     # model's dtype (docs/OPERATIONS.md, "KV sizing", says why).
     kv_cache_dtype: str = setting(
         "auto",
         "KV cache element type: auto (the model's dtype, bf16 on CPU), bf16, or int8 "
-        "(about twice the tokens in the same bytes)",
+        "(1.6 times the tokens in the same bytes)",
         choices=("auto", "bf16", "int8", "fp8", "fp8_e4m3", "fp8_e5m2"),
     )
 

@@ -1,4 +1,4 @@
-"""The 8-bit KV cache (sluice/models/kv_int8.py, issue 44): the per-token
+"""The 8-bit KV cache (sluice/models/kv_int8.py, issue 44): the per-group
 scheme, and that a model on it keeps the bf16 pool's guarantees: a prompt's
 KV bytes, and its greedy tokens and logprobs, do not depend on the chunk
 budget, a prefix-cache hit, a RAM-tier restore or preemption."""
@@ -24,16 +24,37 @@ BLOCK_SIZE = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2)
 
 
-def test_a_row_reads_back_within_half_a_step_of_its_scale():
+def test_each_group_of_16_reads_back_within_half_a_step_of_its_own_scale():
     x = torch.randn(50, 3, 64) * torch.rand(50, 3, 1) * 10  # [T, Hkv, D]
+    x[:, :, 5] *= 40  # an outlier channel, as keys have: it sets one group's scale only
     rows = kv_int8.quantize_rows(x)
-    assert rows.dtype == torch.int8 and rows.shape == (50, 3, 64 + kv_int8.SCALE_BYTES)
+    assert rows.dtype == torch.int8 and rows.shape == (50, 3, 64 + 4 * 4)
     back = kv_int8.dequantize_rows(rows, torch.float32)
-    step = x.abs().amax(-1, keepdim=True) / 127
-    assert ((back - x).abs() <= step / 2 * (1 + 1e-5)).all()
-    # The largest element of each row is exact up to float rounding.
-    top = x.abs().argmax(-1, keepdim=True)
-    assert torch.allclose(back.gather(-1, top), x.gather(-1, top), rtol=1e-6)
+    step = x.view(50, 3, 4, 16).abs().amax(-1, keepdim=True) / 127  # [T, Hkv, 4, 1]
+    error = (back - x).view(50, 3, 4, 16).abs()
+    assert (error <= step / 2 * (1 + 1e-5)).all()
+    # The largest element of each group is exact up to float rounding.
+    groups, back_groups = x.view(50, 3, 4, 16), back.view(50, 3, 4, 16)
+    top = groups.abs().argmax(-1, keepdim=True)
+    assert torch.allclose(back_groups.gather(-1, top), groups.gather(-1, top), rtol=1e-6)
+
+
+def test_an_outlier_channel_costs_the_other_groups_nothing():
+    x = torch.randn(8, 1, 64)
+    with_outlier = x.clone()
+    with_outlier[:, :, 0] = 1000.0
+    back = kv_int8.dequantize_rows(kv_int8.quantize_rows(with_outlier), torch.float32)
+    plain = kv_int8.dequantize_rows(kv_int8.quantize_rows(x), torch.float32)
+    assert torch.equal(back[..., 16:], plain[..., 16:])
+
+
+def test_the_scales_follow_the_values_as_float32_per_group():
+    x = torch.zeros(1, 1, 32)
+    x[0, 0, 3], x[0, 0, 20] = 2.54, -0.127
+    rows = kv_int8.quantize_rows(x)
+    scales = rows[0, 0, 32:].contiguous().view(torch.float32)
+    assert torch.allclose(scales, torch.tensor([0.02, 0.001]))
+    assert rows[0, 0, 3] == 127 and rows[0, 0, 20] == -127
 
 
 def test_a_rows_bytes_do_not_depend_on_the_rows_beside_it():
@@ -49,14 +70,19 @@ def test_an_all_zero_row_reads_back_as_zeros():
     assert not kv_int8.dequantize_rows(rows, torch.bfloat16).any()
 
 
-def test_the_pool_is_int8_with_a_scale_per_row_and_about_half_the_bf16_bytes(tiny_loaded):
+def test_heads_the_groups_do_not_divide_are_refused():
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kv_int8.quantize_rows(torch.zeros(1, 1, 40))
+
+
+def test_the_pool_is_int8_with_a_scale_per_group_and_5_8_of_the_bf16_bytes(tiny_loaded):
     config = tiny_loaded.model_config
     caches = allocate_kv_caches(config, 8, 16, torch.bfloat16, "cpu", kv_dtype=torch.int8)
     head_dim = config.layer_kv_shape(0)[1]
-    assert caches[0].dtype == torch.int8 and caches[0].shape[-1] == head_dim + 4
+    assert caches[0].dtype == torch.int8 and caches[0].shape[-1] == head_dim * 5 // 4
     bf16 = kv_cache_bytes_per_block(config, 16, torch.bfloat16)
     int8 = kv_cache_bytes_per_block(config, 16, torch.bfloat16, kv_dtype=torch.int8)
-    assert int8 == bf16 * (head_dim + 4) // (2 * head_dim)
+    assert int8 * 8 == bf16 * 5
 
 
 def test_fp8_names_and_a_bf16_pool_under_a_float32_model_are_refused():
@@ -156,7 +182,7 @@ def test_the_native_int8_decode_rows_are_the_bf16_kernels_bits_over_the_dequanti
     lengths = [1, 17, 100, 333]
     pool = kv_int8.quantize_rows(
         torch.randn(2, 120, 16, kv_heads, head_dim, generator=generator) * 3
-    )  # [2, blocks, 16, Hkv, D + 4]
+    )  # [2, blocks, 16, Hkv, D * 5 / 4]
     tables = torch.randperm(119, generator=generator)[: 4 * 21].view(4, 21) + 1
     q = torch.randn(4, heads, head_dim, generator=generator).to(torch.bfloat16)
     seq_lens = torch.tensor(lengths)

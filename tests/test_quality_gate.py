@@ -49,13 +49,13 @@ def test_the_default_stays_within_one_percent_of_float32_perplexity(
 
 
 # The 8-bit KV pool (models/kv_int8.py) against the bf16 one, on the default's
-# weights, in steps of 64 (steps of 8 take three times as long). Issue 44 asks
-# for 0.5%; per-token scales measure +1.14% (docs/OPERATIONS.md, "KV sizing"),
-# so this bound guards the figure and the issue's bound is not claimed.
-MAX_INT8_KV_INCREASE = 0.015
+# weights, in steps of 64 (steps of 8 take three times as long): issue 44's
+# 0.5%. Scales per 16 channels measure +0.18% (one per row measured +1.14%;
+# docs/OPERATIONS.md, "KV sizing").
+MAX_INT8_KV_INCREASE = 0.005
 
 
-def test_int8_kv_costs_at_most_one_and_a_half_percent_of_bf16_kv_perplexity(embedded_model_dir):
+def test_int8_kv_costs_at_most_half_a_percent_of_bf16_kv_perplexity(embedded_model_dir):
     loaded = load_model(ModelConfig(cache_dir=embedded_model_dir.parent))
     ids = loaded.tokenizer.encode(TEXT)
     bf16 = perplexity(loaded.model, ids, 64)

@@ -64,7 +64,7 @@ class ModelRunner:
         # Their snapshot per KV block, for prefix-cache hits (prefix caching on).
         self.state_snapshots = state_snapshots
         # per layer [2, num_blocks, block_size, num_kv_heads, head_dim] (int8
-        # KV: head_dim + 4 bytes, models/kv_int8.py); a conv layer's
+        # KV: head_dim * 5 / 4 bytes, models/kv_int8.py); a conv layer's
         # [num_blocks + num_state_slots, L - 1, hidden] states
         self.kv_caches = allocate_kv_caches(
             model_config, num_blocks, block_size_tokens, dtype, device, max(1, num_state_slots),

@@ -114,8 +114,8 @@ def allocate_kv_caches(
     pool of its source for a KV-shared layer (Gemma 4); a conv layer (hybrids)
     gets its state rows instead: one snapshot per block (`with_snapshots`: the
     prefix cache's) and `num_state_slots` live states (sequence_state.py).
-    `kv_dtype` int8: the attention pools hold kv_int8.py's rows (head_dim + 4
-    bytes); None: `dtype`."""
+    `kv_dtype` int8: the attention pools hold kv_int8.py's rows (head_dim * 5 / 4
+    bytes: a scale per 16 channels); None: `dtype`."""
     kv_dtype = dtype if kv_dtype is None else kv_dtype
     num_snapshots = num_blocks if with_snapshots else 0
     stateful = set(state_layer_indices(config))
@@ -258,7 +258,7 @@ def _decode_attention(
 
 def _int8_decode_attention(
     q: Tensor,  # [num_decodes, num_heads, head_dim]
-    kv_cache: Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim + 4] int8
+    kv_cache: Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim * 5 / 4] int8
     plan: DecodePlan,
     scale: float,
     kernels: KernelPlan,

@@ -178,7 +178,7 @@ class _DecodeAttention:
 @cache
 def decode_attention_int8kv_kernel():
     """decode_attention_int8kv(q [S, Hq, D] bf16, int8 pool [2, blocks, block_size,
-    Hkv, D + 4] (models/kv_int8.py), block_ids, seq_lens, scale) -> [S, Hq, D] or
+    Hkv, D * 5 / 4] (models/kv_int8.py), block_ids, seq_lens, scale) -> [S, Hq, D] or
     None where the kernel does not take these heads (the caller dequantizes);
     a row gets the bits the bf16 decode kernel gives it over the dequantized
     pool. None: no native library."""

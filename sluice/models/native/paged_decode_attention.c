@@ -210,25 +210,28 @@ static void decode_attention_bf16_tiles(const uint16_t *q, const uint16_t *cache
 }
 
 /* An int8 pool's row (sluice/models/kv_int8.py: head_dim int8 values, then a
- * float32 scale) as bfloat16: bf16(float(q) * scale), rounded to nearest even
- * as torch rounds (denormals kept), so a step packs the very words the bf16
- * kernels read from kv_int8.readable_pool's copy of the row. */
+ * float32 scale per KV_GROUP channels) as bfloat16: bf16(float(q) * scale),
+ * rounded to nearest even as torch rounds (denormals kept), so a step packs
+ * the very words the bf16 kernels read from kv_int8.readable_pool's copy of
+ * the row. One 16-lane vector is one group. */
+#define KV_GROUP 16
+static inline int64_t int8_row_bytes(int64_t head_dim) { return head_dim + head_dim / KV_GROUP * 4; }
+
 static void dequantize_row(const int8_t *row, int64_t head_dim, uint16_t *dst) {
-    float scale;
-    memcpy(&scale, row + head_dim, sizeof scale);
-    const __m512 scales = _mm512_set1_ps(scale);
     const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
-    for (int64_t d = 0; d < head_dim; d += 16) {
+    for (int64_t d = 0; d < head_dim; d += KV_GROUP) {
+        float scale;
+        memcpy(&scale, row + head_dim + d / KV_GROUP * 4, sizeof scale);
         const __m128i q = _mm_loadu_si128((const __m128i *)(row + d));
-        const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scales);
+        const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(scale));
         __m512i u = _mm512_castps_si512(x);
         u = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
         _mm256_storeu_si256((__m256i *)(dst + d), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
     }
 }
 
-/* attend_task_bf16 over an int8 pool, one KV head h0 (`row_bytes`: head_dim
- * + 4): each step's 32 key and value rows are dequantized, then packed and
+/* attend_task_bf16 over an int8 pool, one KV head h0 (rows of
+ * int8_row_bytes(head_dim)): each step's 32 key and value rows are dequantized, then packed and
  * stepped as the bf16 kernel does. */
 static void attend_task_int8kv(const uint16_t *q, const int8_t *keys, const int8_t *values,
                                const int64_t *table, int64_t len, int64_t block_size,
@@ -343,7 +346,7 @@ DEFINE_DECODE_ATTENTION(decode_attention_bf16, attend_one_bf16, tiled_bf16, uint
 DEFINE_DECODE_ATTENTION(decode_attention_f32, attend_one_f32, tiled_f32, float)
 
 /* Decode attention over an int8 pool (models/kv_int8.py): cache is
- * [2, num_blocks, block_size, num_kv_heads, head_dim + 4] int8. Only where the
+ * [2, num_blocks, block_size, num_kv_heads, int8_row_bytes(head_dim)] int8. Only where the
  * bf16 kernel takes its fixed key blocks (AVX512-BF16, heads of 64 or 128):
  * there a row gets the bits the bf16 kernel gives it over the dequantized
  * pool. Returns 1 (nothing written) elsewhere: the caller dequantizes. */
@@ -359,14 +362,15 @@ int decode_attention_int8kv_bf16(const uint16_t *q, const int8_t *cache,
 #if HAS_BF16_TILES
     const int64_t group = num_heads / num_kv_heads;
     if (!has_tiles(head_dim, group)) return 1;
-    const int64_t token_stride = num_kv_heads * (head_dim + 4);
+    const int64_t row_bytes = int8_row_bytes(head_dim);
+    const int64_t token_stride = num_kv_heads * row_bytes;
     const int8_t *values = cache + num_blocks * block_size * token_stride;
     const int64_t num_tasks = num_seqs * num_kv_heads;
     _Pragma("omp parallel for schedule(dynamic, 1) if (num_tasks >= 2)")
     for (int64_t task = 0; task < num_tasks; task++) {
         const int64_t b = task / num_kv_heads, h = task % num_kv_heads;
-        attend_task_int8kv(q + b * q_stride + h * group * head_dim, cache + h * (head_dim + 4),
-                           values + h * (head_dim + 4), block_ids + b * blocks_per_seq,
+        attend_task_int8kv(q + b * q_stride + h * group * head_dim, cache + h * row_bytes,
+                           values + h * row_bytes, block_ids + b * blocks_per_seq,
                            seq_lens[b], block_size, token_stride, group, head_dim, scale,
                            out + (b * num_heads + h * group) * head_dim);
     }
