@@ -25,7 +25,7 @@ from sluice.engine.client_base import QueueTimeout
 from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.errors import EngineDeadError, InvalidRequestError, QueueFullError
-from sluice.server.admission import (
+from sluice.server.in_flight.admission import (
     QUEUE_TIMEOUT_HEADER,
     AdmissionGate,
     QueueTimeoutError,

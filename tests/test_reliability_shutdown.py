@@ -20,8 +20,8 @@ import pytest
 
 from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
-from sluice.server.admission import AdmissionGate
 from sluice.server.http.shutdown import EXIT_FORCED, GracefulShutdown
+from sluice.server.in_flight.admission import AdmissionGate
 from sluice.testing import FakeEngine
 from sluice.testing.contract import Expectations, check_stream
 from sluice.testing.event_loops import run, run_in_virtual_time

@@ -17,7 +17,7 @@ from sluice.frontend.request import GenerationRequest, PromptInput
 from sluice.frontend.serving import engine_requests_of
 from sluice.scaleout.client import DataParallelEngineClient
 from sluice.scaleout.router import ReplicaRouter
-from sluice.server.admission import AdmissionGate
+from sluice.server.in_flight.admission import AdmissionGate
 from sluice.testing.recording_sink import RecordingSink
 
 

@@ -16,8 +16,8 @@ from starlette.responses import Response, StreamingResponse
 
 from sluice.config import ServerConfig
 from sluice.server.http.middleware import middleware_stack
+from sluice.server.in_flight.request_context import context_of
 from sluice.server.observability.access_log import RequestLog, log_safe
-from sluice.server.request_context import context_of
 
 
 def tiny_app(config: ServerConfig) -> FastAPI:

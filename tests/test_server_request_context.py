@@ -17,10 +17,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from sluice.server.in_flight.request_context import SCOPE_KEY, RequestContext, context_of
 from sluice.server.keys.api_keys import ApiKey, KeyLimits
 from sluice.server.keys.key_limits import KeyLimiter
 from sluice.server.observability.access_log import RequestLog
-from sluice.server.request_context import SCOPE_KEY, RequestContext, context_of
 from sluice.testing.fake_engine import LoopFakeEngine
 from sluice.testing.fake_tokenizer import ChatFakeTokenizer
 from sluice.testing.live_server import DEFAULT_MODEL_NAME as MODEL

@@ -66,7 +66,7 @@ class ReplicaState(msgspec.Struct, frozen=True):
 class QueueTimeout:
     """The longest one API request may wait for its first token: a value its
     engine requests (one per choice) share. The `AdmissionGate` enforces it
-    (sluice/server/admission.py, `with_deadline`); engines never see it."""
+    (sluice/server/in_flight/admission.py, `with_deadline`); engines never see it."""
 
     timeout_s: float
     # Set when the first of its engine requests ran out of time, so that the

@@ -32,7 +32,7 @@ from sluice.engine.outputs import PooledOutput, RequestDelta
 from sluice.engine.pooling_params import PoolingInput, PoolingParams
 from sluice.server.http.connection import unless_disconnected
 from sluice.server.http.middleware import CLIENT_CLOSED_STATUS
-from sluice.server.request_context import context_of
+from sluice.server.in_flight.request_context import context_of
 from sluice.server.served_models.model_parts import ModelParts
 
 

@@ -35,7 +35,7 @@ from sluice.apis.surface import (
     ApiRoute,
 )
 from sluice.server.http.app_routes import AppRoutes
-from sluice.server.request_context import context_of
+from sluice.server.in_flight.request_context import context_of
 from sluice.server.served_models.model_parts import ModelOptions
 
 

@@ -46,13 +46,13 @@ from sluice.apis.surface import (
 )
 from sluice.config import ServerConfig
 from sluice.engine.client_base import EngineClient
-from sluice.server.admission import AdmissionCollector
 from sluice.server.http.errors import install_error_handlers
 from sluice.server.http.info_routes import InfoRoutes, sluice_version
 from sluice.server.http.middleware import middleware_stack
 from sluice.server.http.pages import add_pages
 from sluice.server.http.routes import Handler, Routes
 from sluice.server.http.shutdown import GracefulShutdown
+from sluice.server.in_flight.admission import AdmissionCollector
 from sluice.server.keys.api_keys import KeyRing
 from sluice.server.keys.key_limits import KeyLimiter
 from sluice.server.observability.loop_watchdog import LoopWatchdog

@@ -1,5 +1,5 @@
 """One admitted generation, answered: its API key's seats and tokens reserved,
-its observer taken from its request context (sluice/server/request_context.py:
+its observer taken from its request context (sluice/server/in_flight/request_context.py:
 the key's series or the model's, its trace, its one count of delivered
 tokens), then the frontend's stream or body sent (`GenerationRun.reply`).
 
@@ -29,7 +29,7 @@ from sluice.frontend.serving import ResponseChunks
 from sluice.server.http.connection import unless_disconnected
 from sluice.server.http.event_stream import EVENT_STREAM_MEDIA_TYPE, EventStreamResponse
 from sluice.server.http.middleware import CLIENT_CLOSED_STATUS
-from sluice.server.request_context import context_of
+from sluice.server.in_flight.request_context import context_of
 from sluice.server.served_models.model_parts import ModelParts
 
 

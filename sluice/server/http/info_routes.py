@@ -22,9 +22,9 @@ from sluice.apis.chat import to_internal as chat_to_internal
 from sluice.engine.client_base import ReplicaState
 from sluice.errors import EngineDeadError, InvalidRequestError
 from sluice.frontend.preprocess import Preprocessor
-from sluice.server.admission import ShuttingDownError
 from sluice.server.body.body import BodyReader
 from sluice.server.http.errors import unavailable_response
+from sluice.server.in_flight.admission import ShuttingDownError
 from sluice.server.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sluice.server.observability.metrics import ServerMetrics
 from sluice.server.observability.replicas import replica_health

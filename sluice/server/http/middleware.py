@@ -2,7 +2,7 @@
 
 Pure ASGI (no `BaseHTTPMiddleware`), so streaming bodies pass through
 untouched and a client disconnect reaches the route as it happens.
-Order, outermost first: request context (sluice/server/request_context.py:
+Order, outermost first: request context (sluice/server/in_flight/request_context.py:
 id + access log, so even a 401 is logged with its id), CORS (so preflights never need a key), the request's
 trace with tracing on (sluice/server/observability/request_spans.py), API key and its
 limits (sluice/server/keys/api_keys.py, key_limits.py). Which paths are keyed,
@@ -39,11 +39,11 @@ from sluice.server.http.errors import (
     request_error_response,
 )
 from sluice.server.http.pages import is_public_page
+from sluice.server.in_flight.request_context import SCOPE_KEY, RequestContext, context_of
 from sluice.server.keys.api_keys import ApiKey, KeyRing
 from sluice.server.keys.key_limits import KeyLimiter
 from sluice.server.observability.access_log import RequestLog, log_safe
 from sluice.server.observability.request_spans import RequestTrace
-from sluice.server.request_context import SCOPE_KEY, RequestContext, context_of
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer

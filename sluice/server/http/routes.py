@@ -32,15 +32,15 @@ from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import EngineDeadError, InvalidRequestError, ModelUnavailableError
 from sluice.frontend.request import GenerationRequest
 from sluice.frontend.serving import Frontend, ResponseChunks
-from sluice.server import admission
-from sluice.server.admission import AdmissionGate
 from sluice.server.body.body import BodyReader
 from sluice.server.http.event_stream import (
     EVENT_STREAM_MEDIA_TYPE,
 )
 from sluice.server.http.generation_reply import GenerationRun
+from sluice.server.in_flight import admission
+from sluice.server.in_flight.admission import AdmissionGate
+from sluice.server.in_flight.request_context import context_of
 from sluice.server.observability.metrics import ServerMetrics
-from sluice.server.request_context import context_of
 from sluice.server.served_models.model_catalog import pool_limits
 from sluice.server.served_models.model_entry import ModelSpec
 from sluice.server.served_models.model_parts import (

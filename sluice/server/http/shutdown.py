@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from sluice.errors import ServiceUnavailableError
-from sluice.server.admission import ShuttingDownError
+from sluice.server.in_flight.admission import ShuttingDownError
 
 logger = logging.getLogger("sluice.server")
 

@@ -16,7 +16,7 @@ What counts:
 - tpm: a request reserves its prompt tokens plus `max_tokens` for each
   choice once it is tokenized, before it runs; when it ends it is charged
   what it delivered (the request's one count, its usage's:
-  sluice/server/request_context.py) and refunded the rest of the
+  sluice/server/in_flight/request_context.py) and refunded the rest of the
   reservation (tokens beyond it, none while max_tokens holds, are added). A request is refused
   once the window already holds `tpm` tokens, reservations included, so
   requests running at once cannot pass the limit by more than the one that

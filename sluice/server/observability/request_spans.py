@@ -12,7 +12,7 @@ id), the model, prompt and completion tokens, the finish reasons and the
 HTTP status. Opened only with tracing on (`TraceMiddleware`,
 sluice/server/http/middleware.py): off, the request's context holds no trace and
 the routes skip everything here. Its output tokens are the request's one
-delivered count (sluice/server/request_context.py).
+delivered count (sluice/server/in_flight/request_context.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 from sluice.engine.client_base import EngineClient
 from sluice.engine.supervisor import EngineSupervisor
-from sluice.server.admission import AdmissionGate
+from sluice.server.in_flight.admission import AdmissionGate
 from sluice.server.served_models.served_model import ServedModel
 
 P = TypeVar("P")

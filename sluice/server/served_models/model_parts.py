@@ -17,8 +17,8 @@ from sluice.config import ServerConfig
 from sluice.engine.messages import EngineStatsSnapshot
 from sluice.frontend.preprocess import Preprocessor
 from sluice.frontend.serving import Frontend
-from sluice.server.admission import AdmissionGate
 from sluice.server.body.body import Conversion
+from sluice.server.in_flight.admission import AdmissionGate
 from sluice.server.observability.metrics import ModelMetrics, ServerMetrics
 from sluice.server.served_models.served_model import ServedModel, ServedTokenizer
 from sluice.tools.reasoning import chosen_reasoning_parser

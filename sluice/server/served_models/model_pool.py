@@ -37,7 +37,11 @@ from typing import Generic, TypeVar
 from sluice.engine.client_base import EngineClient
 from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import ModelNotFoundError, ModelUnavailableError, SluiceError
-from sluice.server.admission import AdmissionGate, ServiceUnavailableError, ShuttingDownError
+from sluice.server.in_flight.admission import (
+    AdmissionGate,
+    ServiceUnavailableError,
+    ShuttingDownError,
+)
 from sluice.server.served_models.model_entry import (
     ActiveModel,
     ModelEntry,

@@ -32,7 +32,7 @@ from typing import Generic, TypeVar
 from sluice.engine.client_base import EngineClient
 from sluice.engine.supervisor import EngineSupervisor
 from sluice.errors import ModelUnavailableError, SluiceError
-from sluice.server.admission import AdmissionGate, ServiceUnavailableError
+from sluice.server.in_flight.admission import AdmissionGate, ServiceUnavailableError
 from sluice.server.served_models.model_entry import ActiveModel, ModelEntry, PoolLimits
 from sluice.server.served_models.served_model import ServedModel
 
