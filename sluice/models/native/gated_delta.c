@@ -106,6 +106,10 @@ static void delta_token(const Delta *d, int64_t t, int64_t h, float *s, float *s
     }
 }
 
+static void delta_step(const void *d, int64_t t, int64_t h, float *s, float *scratch) {
+    delta_token(d, t, h, s, scratch);
+}
+
 int gated_delta_rule_f32(const float *conv, const float *z, const float *b, const float *a,
                          const float *neg_a, const float *dt_bias, const float *norm_weight,
                          const int64_t *spans, int64_t num_seqs, const int64_t *saves,
@@ -121,33 +125,8 @@ int gated_delta_rule_f32(const float *conv, const float *z, const float *b, cons
     const RecurrentRows rows = {spans, num_seqs, saves, num_saves, cache, cache_rows,
                                 cache_stride, kept, kept_rows, kept_stride,
                                 num_v_heads * head_numel};
-    int64_t *first_save = recurrent_rows_check(&rows);
-    if (first_save == NULL) return -1;
     const Delta d = {conv, z, b, a, neg_a, dt_bias, norm_weight, num_k_heads, num_v_heads,
                      key_head_dim, value_head_dim, eps, bf16, out};
     const int64_t widest = key_head_dim > value_head_dim ? key_head_dim : value_head_dim;
-    int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
-    for (int64_t task = 0; task < num_seqs * num_v_heads; task++) {
-        const int64_t seq = task / num_v_heads, h = task % num_v_heads;
-        const int64_t *span = spans + 3 * seq;
-        int64_t next = first_save[seq];
-        const int in_place = recurrent_in_place(&rows, seq, next);
-        float *buffer = malloc(sizeof(float) * ((in_place ? 0 : head_numel) + 5 * widest));
-        if (buffer == NULL) {
-            failed = 1;
-            continue;
-        }
-        float *s = in_place ? cache + span[2] * cache_stride + h * head_numel : buffer;
-        float *scratch = in_place ? buffer : buffer + head_numel;
-        if (!in_place) recurrent_load(&rows, seq, h * head_numel, head_numel, s);
-        for (int64_t m = 0;; m++) {
-            next = recurrent_save(&rows, seq, m, next, h * head_numel, head_numel, s);
-            if (m == span[1]) break;
-            delta_token(&d, span[0] + m, h, s, scratch);
-        }
-        free(buffer);
-    }
-    free(first_save);
-    return failed ? -1 : 0;
+    return recurrent_walk(&rows, num_v_heads, head_numel, 5 * widest, delta_step, &d);
 }

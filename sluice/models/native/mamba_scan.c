@@ -50,6 +50,10 @@ static void scan_token(const Scan *p, int64_t t, int64_t h, float *s, float *scr
     }
 }
 
+static void scan_step(const void *p, int64_t t, int64_t h, float *s, float *scratch) {
+    scan_token(p, t, h, s, scratch);
+}
+
 int mamba_scan_f32(const float *x, const float *dt, const float *decay, const float *b_in,
                    const float *c_out, const int64_t *spans, int64_t num_seqs,
                    const int64_t *saves, int64_t num_saves, float *cache, int64_t cache_rows,
@@ -62,31 +66,6 @@ int mamba_scan_f32(const float *x, const float *dt, const float *decay, const fl
     const RecurrentRows rows = {spans, num_seqs, saves, num_saves, cache, cache_rows,
                                 cache_stride, kept, kept_rows, kept_stride,
                                 num_heads * head_numel};
-    int64_t *first_save = recurrent_rows_check(&rows);
-    if (first_save == NULL) return -1;
     const Scan p = {x, dt, decay, b_in, c_out, num_heads, head_dim, num_groups, state_size, y};
-    int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
-    for (int64_t task = 0; task < num_seqs * num_heads; task++) {
-        const int64_t seq = task / num_heads, h = task % num_heads;
-        const int64_t *span = spans + 3 * seq;
-        int64_t next = first_save[seq];
-        const int in_place = recurrent_in_place(&rows, seq, next);
-        float *buffer = malloc(sizeof(float) * ((in_place ? 0 : head_numel) + state_size));
-        if (buffer == NULL) {
-            failed = 1;
-            continue;
-        }
-        float *s = in_place ? cache + span[2] * cache_stride + h * head_numel : buffer;
-        float *scratch = in_place ? buffer : buffer + head_numel;
-        if (!in_place) recurrent_load(&rows, seq, h * head_numel, head_numel, s);
-        for (int64_t m = 0;; m++) {
-            next = recurrent_save(&rows, seq, m, next, h * head_numel, head_numel, s);
-            if (m == span[1]) break;
-            scan_token(&p, span[0] + m, h, s, scratch);
-        }
-        free(buffer);
-    }
-    free(first_save);
-    return failed ? -1 : 0;
+    return recurrent_walk(&rows, num_heads, head_numel, state_size, scan_step, &p);
 }

@@ -94,6 +94,47 @@ static inline int64_t recurrent_save(const RecurrentRows *r, int64_t seq, int64_
     return next;
 }
 
+/* One token of a kernel's recurrence on one head's state s (in place), with
+ * scratch of the size the kernel asked recurrent_walk for. */
+typedef void (*RecurrentStep)(const void *kernel, int64_t token, int64_t head, float *s,
+                              float *scratch);
+
+/* The span walker both kernels share: every (sequence, head) task, OpenMP
+ * over them, runs `step` on the head's slice [h * head_numel, +head_numel)
+ * of its sequence's state token by token, the state loaded from the span's
+ * start row (or run in that row: recurrent_in_place) and saved after each m
+ * the saves name. 0, or -1 where the rows are out of range or memory ran out. */
+static inline int recurrent_walk(const RecurrentRows *r, int64_t num_heads, int64_t head_numel,
+                                 int64_t scratch_numel, RecurrentStep step, const void *kernel) {
+    int64_t *first_save = recurrent_rows_check(r);
+    if (first_save == NULL) return -1;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : failed)
+    for (int64_t task = 0; task < r->num_seqs * num_heads; task++) {
+        const int64_t seq = task / num_heads, h = task % num_heads;
+        const int64_t *span = r->spans + 3 * seq;
+        int64_t next = first_save[seq];
+        const int in_place = recurrent_in_place(r, seq, next);
+        const int64_t numel = (in_place ? 0 : head_numel) + scratch_numel;
+        float *buffer = malloc(sizeof(float) * (size_t)numel);
+        if (buffer == NULL) {
+            failed = 1;
+            continue;
+        }
+        float *s = in_place ? r->cache + span[2] * r->cache_stride + h * head_numel : buffer;
+        float *scratch = in_place ? buffer : buffer + head_numel;
+        if (!in_place) recurrent_load(r, seq, h * head_numel, head_numel, s);
+        for (int64_t m = 0;; m++) {
+            next = recurrent_save(r, seq, m, next, h * head_numel, head_numel, s);
+            if (m == span[1]) break;
+            step(kernel, span[0] + m, h, s, scratch);
+        }
+        free(buffer);
+    }
+    free(first_save);
+    return failed ? -1 : 0;
+}
+
 /* sum of x[i] * y[i] in a fixed order: 16 lane partials (i mod 16), then halving. */
 static inline float fixed_sum_of_products(const float *x, const float *y, int64_t n) {
     float lanes[16] = {0};
