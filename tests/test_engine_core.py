@@ -11,6 +11,7 @@ import torch
 
 from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
+from sluice.models.attention import kv_cache_bytes_per_block
 from tests.model_factory import make_core
 from tests.model_runs import GREEDY, random_prompts, run, run_one_by_one
 
@@ -80,6 +81,17 @@ def test_aborts_free_every_block_and_end_with_abort(tiny_loaded):
     assert all(results[i][1] == "length" for i in range(3, 6))
     assert core.kv.num_free_blocks == 128
     core.scheduler.check_consistency()
+
+
+def test_the_written_bytes_are_the_blocks_ever_handed_out_times_a_blocks_bytes(tiny_loaded):
+    core = make_core(tiny_loaded, num_blocks=128, prefix_caching=False)
+    assert core.stats().kv_cache_written_bytes == 0
+    block_bytes = kv_cache_bytes_per_block(tiny_loaded.model_config, 4, torch.float32)
+    run(core, random_prompts(2, seed=3))
+    written = core.stats().kv_cache_written_bytes
+    assert written == core.kv.num_written_blocks * block_bytes > 0
+    run(core, random_prompts(2, seed=3))  # the same sizes again: the same blocks
+    assert core.stats().kv_cache_written_bytes == written
 
 
 def test_logprobs_come_one_per_token_and_are_normalised(tiny_loaded):

@@ -56,6 +56,32 @@ def test_free_returns_every_block_and_is_idempotent():
     kv.check_consistency([request])
 
 
+def test_requests_one_after_another_reuse_the_written_blocks_without_prefix_caching():
+    kv = KVCacheManager(num_blocks=100, block_size_tokens=4, enable_prefix_caching=False)
+    for index in range(20):
+        request = make_request(f"r{index}", 10)
+        assert kv.allocate_slots(request, 10)
+        assert sorted(request.block_ids) == [0, 1, 2]
+        kv.free(request)
+    assert kv.num_written_blocks == 3
+    kv.check_consistency()
+
+
+def test_written_blocks_count_each_block_once_at_its_first_hand_out():
+    kv = KVCacheManager(num_blocks=8, block_size_tokens=4)
+    first, second = make_request("a", 12), make_request("b", 5)
+    assert kv.num_written_blocks == 0
+    assert kv.allocate_slots(first, 12) and kv.allocate_slots(second, 5)
+    assert kv.num_written_blocks == 5
+    kv.free(second)  # nameless blocks: the next allocation takes them again
+    third = make_request("c", 8)
+    assert kv.allocate_slots(third, 8)
+    assert set(third.block_ids) == {3, 4} and kv.num_written_blocks == 5
+    assert kv.allocate_slots(third, 12)
+    assert kv.num_written_blocks == 6
+    kv.check_consistency([first, third])
+
+
 def test_usage_is_the_fraction_of_blocks_in_use():
     kv = KVCacheManager(num_blocks=4, block_size_tokens=2)
     request = make_request()

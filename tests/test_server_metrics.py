@@ -14,6 +14,7 @@ class Stats:
     num_running: int = 3
     num_waiting: int = 7
     kv_cache_usage: float = 0.25
+    kv_cache_written_bytes: int = 3 << 20
     prefix_cache_queried_tokens: int = 40
     prefix_cache_hit_tokens: int = 32
     num_preemptions: int = 2
@@ -45,6 +46,7 @@ def test_engine_gauges_are_read_from_the_stats_callable_at_scrape_time():
     stats.num_waiting = 11
     assert value(metrics, "sluice:num_requests_waiting") == 11
     assert value(metrics, "sluice:kv_cache_usage_perc") == 0.25
+    assert value(metrics, "sluice:kv_cache_written_bytes") == 3 << 20
     for prefix in ("sluice", "vllm"):  # vLLM's names too, for its dashboards
         assert value(metrics, f"{prefix}:num_requests_running") == 3
         assert value(metrics, f"{prefix}:num_preemptions_total") == 2

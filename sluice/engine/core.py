@@ -45,6 +45,7 @@ from sluice.engine.runner import ModelRunner
 from sluice.engine.scheduler import Scheduler
 from sluice.engine.speculation import Speculator, speculation_stats
 from sluice.engine.startup import (
+    bytes_per_block_of,
     cache_salt,
     fit_max_model_len,
     kv_dtype_of,
@@ -120,6 +121,8 @@ class EngineCore:
     def _build(self, num_blocks: int, dtype: torch.dtype, device: torch.device) -> None:
         config, loaded = self.config, self.loaded
         block_size = config.cache.block_size_tokens
+        # A block's bytes over every layer, for the written-bytes gauge.
+        self._kv_block_bytes = bytes_per_block_of(config, loaded, dtype)
         self.kv = KVCacheManager(
             num_blocks,
             block_size,
@@ -291,6 +294,7 @@ class EngineCore:
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting + len(self.awaiting_grammar),
             kv_cache_usage=self.kv.usage,
+            kv_cache_written_bytes=self.kv.num_written_blocks * self._kv_block_bytes,
             prefix_cache_queried_tokens=self.kv.num_queried_tokens,
             prefix_cache_hit_tokens=self.kv.num_hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,

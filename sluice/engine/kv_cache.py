@@ -16,7 +16,12 @@ computes from the first token they lack; the last known token is always
 computed (its logits are needed). A named block that nobody holds any more
 stays named in an LRU list, reused on a hit, and given away to fresh
 allocations only when no never-named block is left (least recently freed
-first, a request's tail before its head). A shared block is never written:
+first, a request's tail before its head). Among free blocks, one written
+before (a nameless tail, or any block without prefix caching) is handed out
+before one never written. The blocks ever written are, on a CPU, the pool's
+resident memory (`num_written_blocks`, models/zero_pages.py): without prefix
+caching, the most blocks held at once; with it, more as named blocks are kept
+for hits, up to the whole pool. A shared block is never written:
 a request only ever writes slots past its computed tokens, and a named block
 is full.
 
@@ -74,6 +79,11 @@ class KVCacheManager:
         self._ref_count: dict[int, int] = {}
         self._hash_by_block: dict[int, bytes] = {}
         self._block_by_hash: dict[bytes, int] = {}
+        # Blocks ever handed out, each counted once: on a CPU the pool's pages
+        # become resident as blocks are first written (models/zero_pages.py),
+        # so this times a block's bytes is the KV memory the process holds.
+        self.num_written_blocks = 0
+        self._is_written = bytearray(num_blocks)
         # Tokens looked up and found by requests at their first admission (for
         # metrics; a lookup whose admission failed is not counted: it is tried
         # again, nor is a preempted request's return).
@@ -223,8 +233,8 @@ class KVCacheManager:
             del self._ref_count[block_id]
             if block_id in self._hash_by_block:
                 self._cached_free[block_id] = None
-            else:
-                self._free_block_ids.append(block_id)
+            else:  # written and nameless: reuse it before a block never written
+                self._free_block_ids.appendleft(block_id)
         request.block_ids.clear()
         request.num_named_blocks = 0
 
@@ -250,7 +260,7 @@ class KVCacheManager:
 
     def _take_free_block(self) -> int:
         if self._free_block_ids:
-            return self._free_block_ids.popleft()
+            return self._mark_written(self._free_block_ids.popleft())
         block_id, _ = self._cached_free.popitem(last=False)  # evict the least recent
         block_hash = self._hash_by_block.pop(block_id)
         del self._block_by_hash[block_hash]
@@ -268,6 +278,12 @@ class KVCacheManager:
             parent = hashes[-1] if hashes else self._root_hash
             data = array("q", tokens[start : start + size]).tobytes()
             hashes.append(hashlib.blake2b(parent + data, digest_size=16).digest())
+
+    def _mark_written(self, block_id: int) -> int:
+        if not self._is_written[block_id]:
+            self._is_written[block_id] = 1
+            self.num_written_blocks += 1
+        return block_id
 
     def check_consistency(self, requests: Iterable[Request] | None = None) -> None:
         """Raise AssertionError unless free, cached-free and held blocks are

@@ -86,6 +86,9 @@ class EngineStatsSnapshot(msgspec.Struct, frozen=True):
     num_waiting: int = 0
     # Fraction of KV blocks held by requests, 0.0 .. 1.0.
     kv_cache_usage: float = 0.0
+    # Bytes of the KV blocks ever handed out: on a CPU, the pool's resident
+    # memory (its pages are committed as first written, models/zero_pages.py).
+    kv_cache_written_bytes: int = 0
     # Since the engine started: prompt tokens looked up in the prefix cache
     # at a request's first admission (not its returns after preemption), and
     # those found there.

@@ -143,6 +143,7 @@ class DataParallelEngineClient(EngineClient):
             num_running=sum(s.num_running for s in snapshots),
             num_waiting=sum(s.num_waiting for s in snapshots),
             kv_cache_usage=sum(s.kv_cache_usage for s in snapshots) / max(1, num_healthy),
+            kv_cache_written_bytes=sum(s.kv_cache_written_bytes for s in snapshots),
             prefix_cache_queried_tokens=sum(s.prefix_cache_queried_tokens for s in snapshots),
             prefix_cache_hit_tokens=sum(s.prefix_cache_hit_tokens for s in snapshots),
             num_preemptions=sum(s.num_preemptions for s in snapshots),

@@ -111,6 +111,11 @@ class EngineStatsCollector(Collector):
                                 snapshot.prefix_cache_hit_tokens)  # fmt: skip
             yield from self._speculation(prefix, snapshot)
             yield from tier_families(prefix, snapshot.kv_tiers, self._model_name)
+        # sluice's own (vLLM has none): on a CPU, the KV pool's resident bytes.
+        yield self._gauge("sluice:kv_cache_written_bytes",
+                          "Bytes of the KV blocks ever handed out (on a CPU: the pool's "
+                          "resident memory, committed as first written).",
+                          snapshot.kv_cache_written_bytes)  # fmt: skip
 
     def _speculation(self, prefix: str, snapshot: EngineStatsSnapshot) -> Iterator[Metric]:
         """Speculative decoding, vLLM's names (acceptance rate = accepted / draft tokens)."""
