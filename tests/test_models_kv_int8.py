@@ -10,13 +10,18 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch import Tensor
 
 from sluice.engine.engine_request import generation_request
 from sluice.engine.sampling_params import SamplingParams
 from sluice.loader.choices import ModelChoices
 from sluice.loader.loaded_model import LoadedModel
 from sluice.models import kv_int8, native
-from sluice.models.attention import allocate_kv_caches, kv_cache_bytes_per_block
+from sluice.models.attention import (
+    AttentionMetadata,
+    allocate_kv_caches,
+    kv_cache_bytes_per_block,
+)
 from tests.invariance_runs import bf16_loaded, random_prompt
 from tests.model_factory import build_tiny_model, load_tiny_llama, make_core
 
@@ -112,6 +117,44 @@ def int8_core(loaded: LoadedModel, budget: int, num_blocks: int = 64, **options)
         loaded, block_size=BLOCK_SIZE, budget=budget, num_blocks=num_blocks,
         kv_cache_dtype="int8", **options,
     )  # fmt: skip
+
+
+def prompts_kv(loaded: LoadedModel, prompts: list[list[int]], chunk: int) -> list[Tensor]:
+    """Each prompt's int8 K/V bytes ([2, tokens, Hkv, width] per layer, layers
+    stacked), the prompts fed together, `chunk` tokens of each per step."""
+    model, blocks = loaded.model, [-(-len(p) // BLOCK_SIZE) for p in prompts]
+    caches = allocate_kv_caches(
+        model.config, sum(blocks), BLOCK_SIZE, model.dtype, "cpu", kv_dtype=torch.int8
+    )
+    firsts = [sum(blocks[:i]) for i in range(len(prompts))]
+    tables = [list(range(f, f + n)) for f, n in zip(firsts, blocks, strict=True)]
+    with torch.inference_mode():
+        for start in range(0, max(map(len, prompts)), chunk):
+            live = [i for i, p in enumerate(prompts) if start < len(p)]
+            pieces = [prompts[i][start : start + chunk] for i in live]
+            meta = AttentionMetadata.build(
+                [len(p) for p in pieces], [start] * len(live), [tables[i] for i in live],
+                BLOCK_SIZE, "cpu",
+            )  # fmt: skip
+            ids = torch.tensor([t for p in pieces for t in p])
+            positions = torch.cat([torch.arange(start, start + len(p)) for p in pieces])
+            model(ids, positions, caches, meta)
+    stacked = torch.stack([c for c in caches if c.dtype == torch.int8])  # [L, 2, blocks, 16, H, W]
+    flat = stacked.flatten(2, 3)  # [L, 2, blocks * 16, H, W]
+    return [
+        flat[:, :, f * BLOCK_SIZE : f * BLOCK_SIZE + len(p)]
+        for f, p in zip(firsts, prompts, strict=True)
+    ]
+
+
+def test_a_prompts_kv_bytes_are_the_same_in_one_chunk_or_several_alone_or_batched(bf16_tiny):
+    rng = random.Random(44)
+    prompt, other = random_prompt(rng, 150), random_prompt(rng, 90)
+    (one_chunk,) = prompts_kv(bf16_tiny, [prompt], 150)
+    assert one_chunk.any(), "the pool was written"
+    for chunk in (7, 16, 64):
+        assert torch.equal(prompts_kv(bf16_tiny, [prompt], chunk)[0], one_chunk)
+    assert torch.equal(prompts_kv(bf16_tiny, [other, prompt], 32)[1], one_chunk)
 
 
 def test_the_engine_allocates_an_int8_pool(bf16_tiny):
