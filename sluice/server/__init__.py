@@ -1,4 +1,8 @@
-"""The OpenAI-compatible HTTP edge: app factory, launcher, metrics.
+"""The OpenAI-compatible HTTP edge, one package per job: http/ (app factory,
+routes, middleware, errors, streamed bodies, launcher), served_models/,
+body/ (request bodies and bounds), in_flight/ (the request context,
+admission), keys/ (API keys and their limits), observability/ (metrics,
+access log, spans, loop lag).
 
 Re-exports lazily (`sluice.lazy_exports`): the edge's modules import each
 other, never this package's names.
