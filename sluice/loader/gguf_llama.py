@@ -3,9 +3,10 @@
 Architectures (`general.architecture`): llama (Llama, SmolLM2, Mistral as
 llama.cpp writes them), qwen2 (Qwen2/2.5), qwen3, gemma2, gemma3, smollm3 and phi3 (Phi-3; LongRoPE's
 rope_factors_long/short tensors become the config's "longrope" scaling), qwen3moe, gpt-oss
-(its MXFP4 expert stacks read by loader/gguf_mxfp4.py) and qwen35 (Qwen3.5), each with llama.cpp's tensor names
-and metadata keys (each family's `GgufFamily`, sluice/models/families/). Read with `gguf.GGUFReader`
-(memory-mapped, fast); no transformers here.
+(its MXFP4 expert stacks read by loader/gguf_mxfp4.py), qwen35 (Qwen3.5) and
+granitehybrid (Granite 4.0-H), each with llama.cpp's tensor names and metadata
+keys (each family's `GgufFamily`, sluice/models/families/). Read with
+`gguf.GGUFReader` (memory-mapped, fast); no transformers here.
 
 Invariants of what this module yields:
 - tensor names are the HF names of the family (`model.layers.N.self_attn.q_proj.weight`, ...);

@@ -16,7 +16,10 @@ What differs from the decoder, as transformers 5.24's granitemoehybrid runs it:
 The checkpoint's MoE tensors come under granitemoe's names
 (`block_sparse_moe.input_linear` [E, 2I, H], `output_linear` [E, H, I],
 `router.layer`) or transformers 5's (`experts.gate_up_proj`,
-`experts.down_proj`, `router.weight`); both load.
+`experts.down_proj`, `router.weight`); both load. The fused `input_linear`
+(shared and experts) loads as its gate and up halves, under the names a
+granitehybrid GGUF gives them (`shared_mlp.gate_proj` / `up_proj`,
+`block_sparse_moe.gate_proj` / `up_proj`: families/granite_hybrid.py).
 """
 
 from __future__ import annotations
@@ -122,9 +125,12 @@ def _granite_mlp(layer: GraniteLayer, x: Tensor) -> Tensor:  # [T, hidden]
 def _expert_targets(layer: GraniteLayer, prefix: str) -> dict[str, WeightTarget]:
     if (moe := layer.moe) is None:
         return {}
+    width = moe.down.shape[2]  # [E, H, I]
     return {
         prefix + "block_sparse_moe.router.layer.weight": WeightTarget(moe.router),
-        prefix + "block_sparse_moe.input_linear.weight": WeightTarget(moe.gate_up),
+        # Views of the [E, 2I, H] stack: copies land in it.
+        prefix + "block_sparse_moe.gate_proj.weight": WeightTarget(moe.gate_up[:, :width]),
+        prefix + "block_sparse_moe.up_proj.weight": WeightTarget(moe.gate_up[:, width:]),
         prefix + "block_sparse_moe.output_linear.weight": WeightTarget(moe.down),
     }
 
@@ -165,10 +171,14 @@ class GraniteHybridForCausalLM(LlamaForCausalLM):
 
 
 def _layer_targets(prefix: str, layer: GraniteLayer) -> dict[str, WeightTarget]:
+    width = layer.down_proj.weight.shape[1]  # the shared MLP's
     targets = {
         prefix + "input_layernorm.weight": WeightTarget(layer.input_layernorm),
         prefix + "post_attention_layernorm.weight": WeightTarget(layer.post_attention_layernorm),
-        prefix + "shared_mlp.input_linear.weight": WeightTarget(layer.gate_up_proj.weight),
+        prefix + "shared_mlp.gate_proj.weight": WeightTarget(layer.gate_up_proj.weight, 0, width),
+        prefix + "shared_mlp.up_proj.weight": WeightTarget(
+            layer.gate_up_proj.weight, width, 2 * width
+        ),
         prefix + "shared_mlp.output_linear.weight": WeightTarget(layer.down_proj.weight),
         **_expert_targets(layer, prefix),
     }
@@ -196,7 +206,8 @@ def _layer_targets(prefix: str, layer: GraniteLayer) -> dict[str, WeightTarget]:
 def _granite_names(
     weights: Iterable[tuple[str, Tensor | BlockCodes]],
 ) -> Iterable[tuple[str, Tensor | BlockCodes]]:
-    """transformers 5's MoE names to granitemoe's; conv kernels [C, 1, L] -> [C, L]."""
+    """transformers 5's MoE names to granitemoe's; conv kernels [C, 1, L] -> [C, L];
+    a fused `input_linear` [..., 2I, H] as its gate and up halves."""
     for name, tensor in weights:
         for new, old in _MOE_NAMES.items():
             if name.endswith(new):
@@ -207,4 +218,10 @@ def _granite_names(
             and tensor.dim() == 3
         ):
             tensor = tensor.squeeze(1)  # [conv_dim, 1, L] -> [conv_dim, L]
+        if isinstance(tensor, Tensor) and name.endswith(".input_linear.weight"):
+            stem = name.removesuffix("input_linear.weight")
+            gate, up = tensor.chunk(2, dim=-2)
+            yield stem + "gate_proj.weight", gate
+            yield stem + "up_proj.weight", up
+            continue
         yield name, tensor

@@ -13,17 +13,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import torch
+
 from sluice.models.decoder_config import DecoderConfig
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from sluice.models.llama import LlamaForCausalLM
 
 # One metadata value of the GGUF's architecture: meta("attention.sliding_window").
 GgufMeta = Callable[..., Any]
 # llama.cpp's per-head q/k norm stems, as Qwen3 and Gemma 3 store them.
 QK_NORM_NAMES = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+# How far from log(-A) the search for A_log's float32 goes, in ulps (a_log_from_a).
+_SEARCH_ULPS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +93,23 @@ class Family:
     def supports_fused_decode(self) -> bool:
         """Its layers may run decode steps in one native call (fused_decode.py)."""
         return self.model_class.layer_class.supports_fused_decode
+
+
+def a_log_from_a(a: np.ndarray) -> np.ndarray:
+    """llama.cpp's converter stores a Mamba-style `ssm_a` = -exp(A_log) (Qwen3.5,
+    Granite 4.0-H): the float32 A_log with -exp(A_log) == `a` exactly (torch's float32 exp,
+    as the model takes it), searched within _SEARCH_ULPS of log(-a); the
+    nearest where none is exact."""
+    target = torch.from_numpy(np.ascontiguousarray(-a, dtype=np.float32))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        start = np.log(-a.astype(np.float64)).astype(np.float32)
+    best, best_error = start, np.full(a.shape, np.inf)
+    for step in range(-_SEARCH_ULPS, _SEARCH_ULPS + 1):
+        toward = np.float32(np.inf if step > 0 else -np.inf)
+        candidate = start
+        for _ in range(abs(step)):
+            candidate = np.nextafter(candidate, toward)
+        error = (torch.exp(torch.from_numpy(candidate)) - target).abs().double().numpy()
+        better = error < best_error
+        best, best_error = np.where(better, candidate, best), np.where(better, error, best_error)
+    return best.astype(np.float32)

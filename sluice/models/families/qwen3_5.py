@@ -46,11 +46,16 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from sluice.errors import ModelLoadError
 from sluice.models.decoder_config import FULL, LINEAR, DecoderConfig
-from sluice.models.families.family import QK_NORM_NAMES, Family, GgufFamily, GgufMeta
+from sluice.models.families.family import (
+    QK_NORM_NAMES,
+    Family,
+    GgufFamily,
+    GgufMeta,
+    a_log_from_a,
+)
 from sluice.models.families.hf_fields import check_swiglu, common_fields
 from sluice.models.qwen3_5 import Qwen3_5ConditionalTextModel, Qwen3_5ForCausalLM
 
@@ -139,9 +144,6 @@ _LAYER_NAMES = QK_NORM_NAMES | {
     "ssm_a": "linear_attn.A_log",
     "ssm_dt.bias": "linear_attn.dt_bias",
 }
-# How far from log(-A) the search for A_log's float32 goes, in ulps.
-_SEARCH_ULPS = 8
-
 Restore = Callable[[np.ndarray], np.ndarray]
 
 
@@ -179,7 +181,7 @@ def _restore(name: str, config: dict[str, Any]) -> Restore | None:
         return None
     tiled = _tiled_axis(name, config)
     if name.endswith(".A_log"):
-        return lambda a: _a_log(_grouped(a, config, tiled) if tiled else a)
+        return lambda a: a_log_from_a(_grouped(a, config, tiled) if tiled else a)
     if name.endswith(".conv1d.weight"):
         return lambda w: (_grouped(w, config, tiled) if tiled else w)[:, None, :]
     if tiled is None:
@@ -222,25 +224,6 @@ def _grouped(
     heads = moved[first:].reshape(per_key, key_heads, size, *moved.shape[1:])
     grouped = heads.swapaxes(0, 1).reshape(moved[first:].shape)
     return np.moveaxis(np.concatenate([moved[:first], grouped]), 0, axis)
-
-
-def _a_log(a: np.ndarray) -> np.ndarray:
-    """The float32 A_log with -exp(A_log) == `a` exactly (torch's float32 exp,
-    as the model takes it), searched within _SEARCH_ULPS of log(-a); the
-    nearest where none is exact."""
-    target = torch.from_numpy(np.ascontiguousarray(-a, dtype=np.float32))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        start = np.log(-a.astype(np.float64)).astype(np.float32)
-    best, best_error = start, np.full(a.shape, np.inf)
-    for step in range(-_SEARCH_ULPS, _SEARCH_ULPS + 1):
-        toward = np.float32(np.inf if step > 0 else -np.inf)
-        candidate = start
-        for _ in range(abs(step)):
-            candidate = np.nextafter(candidate, toward)
-        error = (torch.exp(torch.from_numpy(candidate)) - target).abs().double().numpy()
-        better = error < best_error
-        best, best_error = np.where(better, candidate, best), np.where(better, error, best_error)
-    return best.astype(np.float32)
 
 
 QWEN35_GGUF = GgufFamily(
