@@ -76,7 +76,7 @@ def test_the_dashboard_shows_each_keys_requests_and_tokens(tmp_path):
                 headers = {"Authorization": f"Bearer {key}"}
                 assert client.post("/v1/completions", json=body, headers=headers).is_success
         after = client.get("/metrics").text
-    static = Path(__file__).resolve().parent.parent / "sluice" / "server" / "static"
+    static = Path(__file__).resolve().parent.parent / "sluice" / "server" / "http" / "static"
     (tmp_path / "before").write_text(before)
     (tmp_path / "after").write_text(after)
     output = subprocess.run(
@@ -103,7 +103,7 @@ def test_the_dashboard_shows_the_share_of_drafted_tokens_accepted_in_the_interva
         "CARDS.find((c) => c.id === 'spec').series.accepted(parseMetrics(after), "
         "parseMetrics(before))",
     )
-    static = Path(__file__).resolve().parent.parent / "sluice" / "server" / "static"
+    static = Path(__file__).resolve().parent.parent / "sluice" / "server" / "http" / "static"
 
     def rate(before: tuple[int, int], after: tuple[int, int]) -> float | None:
         for name, (drafted, accepted) in (("before", before), ("after", after)):
@@ -129,7 +129,7 @@ def test_the_dashboard_shows_the_chosen_models_series_and_the_servers_own(tmp_pa
 
     node = shutil.which("node")
     assert node is not None, "node runs the dashboard's script (Debian's nodejs)"
-    static = Path(__file__).resolve().parent.parent / "sluice" / "server" / "static"
+    static = Path(__file__).resolve().parent.parent / "sluice" / "server" / "http" / "static"
     scrape = (
         'sluice:num_requests_running{model_name="alpha"} 3\n'
         'sluice:num_requests_running{model_name="beta"} 5\n'
