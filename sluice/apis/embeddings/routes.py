@@ -5,7 +5,7 @@
     POST /v1/score                           text_1 x text_2 -> a score per pair
     POST /api/embed, /api/embeddings         Ollama's
 
-One API request is one engine request (`add_pooling_request`) holding all
+One API request is one engine request (a `Pooling` payload) holding all
 its inputs: they are pooled together, and with other requests' inputs, in
 the engine's steps (sluice/engine/pooling_core.py). Each route: parse and
 check the fields -> the model the request names (`Routes.model_for`: the
