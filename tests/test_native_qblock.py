@@ -101,15 +101,30 @@ def test_a_rows_bits_are_the_same_alone_and_among_others(name):
 
 @requires_kernel
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q4_1"])
-@pytest.mark.parametrize("n", [16, 32, 48, 80])
+@pytest.mark.parametrize("n", [16, 32, 48, 80, 112])
 def test_a_rows_bits_do_not_depend_on_the_rows_and_tiles_blocked_with_it(name, n):
     # The kernel runs rows 4 at a time times tiles 2 at a time (one tile
-    # where a count is odd): every row count 1-9 against the one-row calls.
+    # where a count is odd), rows left over 4 tiles at a time: every row
+    # count 1-9 against the one-row calls.
     _, matrix, x = problem(name, n, 512, 9, seed=11)
     singles = torch.cat([qblock_matmul(torch.from_numpy(x[i : i + 1]), matrix) for i in range(9)])
     for rows in range(1, 10):
         got = qblock_matmul(torch.from_numpy(x[:rows]), matrix)
         assert torch.equal(got, singles[:rows]), rows
+
+
+@requires_kernel
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q5_0", "Q8_0"])
+@pytest.mark.parametrize(("n", "rows"), [(64, 1), (100, 1), (120, 2), (200, 3), (136, 5)])
+def test_rows_left_over_from_groups_of_four_run_four_tiles_at_once_with_the_same_bits(
+    name, n, rows
+):
+    # A work item is four tiles: rows outside a group of four take them all at
+    # once (one row: every format; up to three: Q4/Q8) or two at a time,
+    # and the matrix's last item has 1-3 tiles (n = 100: 7 tiles, 200: 13).
+    codes, matrix, x = problem(name, n, 256, rows, seed=3)
+    got = qblock_matmul(torch.from_numpy(x), matrix).numpy()
+    assert np.array_equal(got, exact_reference(x, codes))
 
 
 @requires_kernel

@@ -12,7 +12,7 @@
  * weighted sum is float32 multiplies and adds, each rounded alone, in rank
  * order. So a token's result depends only on its own routing.
  *
- * Work: all chosen experts' (row chunk, tile pair) items of a projection
+ * Work: all chosen experts' (row chunk, tile group) items of a projection
  * share one OpenMP loop, so a decode step with one row per expert keeps
  * every thread busy; only the chosen experts' blocks are read. */
 #include <stdlib.h>

@@ -39,9 +39,13 @@
  *                         bit 2g+h = bit 4 of q[c, k+8g+4h+i]; bits 6: per 16 k, 64
  *                         bytes, bits 2(2g+h)..+1 = bits 4-5 of q[c, k+8g+4h+i];
  *                         bits 8: per 4 k, 64 bytes, byte c*4+i = q[c,k+i].
- * Work: (row chunk, pair of tiles) items shared statically over OpenMP's
- * threads; inside one, rows four at a time times two tiles, so each loaded
- * weight vector serves four rows and each activation broadcast two tiles. */
+ * Work: (row chunk, group of four tiles) items shared statically over
+ * OpenMP's threads; inside one, rows four at a time times two tiles, so each
+ * loaded weight vector serves four rows and each activation broadcast two
+ * tiles; a row left over (one-stream decode) takes all four tiles at once:
+ * four streams of codes in flight instead of two keep a core's loads ahead
+ * of memory (~7-10% less CPU a byte for one row, the same for four and more).
+ * Each tile's columns get the same operations in the same order either way. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -290,31 +294,44 @@ static inline __attribute__((always_inline)) void block_rows(
     }
 }
 
+/* R rows times `tiles` tiles from t0, ROW_TILES at a time (one where a
+ * count is odd). */
+static inline __attribute__((always_inline)) void row_tiles(const qformat f, const int R, const job *jb,
+                                                            int64_t r0, int64_t t0, int tiles) {
+    for (int t = 0; t < tiles; t += ROW_TILES) {
+        if (tiles - t >= ROW_TILES) block_rows(f, R, ROW_TILES, jb, r0, t0 + t);
+        else block_rows(f, R, 1, jb, r0, t0 + t);
+    }
+}
+
 /* One format's kernel, its row and tile counts constants (registers,
- * unrolled loops): full groups of rows and tiles, else one row (and one
- * tile) at a time. Few instances keep the build (and its sanitized one) quick. */
-#define FORMAT_KERNEL(NAME, B, SUB, SUPER, SC, MIN, OFF)                                   \
+ * unrolled loops): a full group of rows ROW_TILES tiles at a time, else one
+ * row at a time: over the whole group of tiles where at most WIDE rows are
+ * left (the formats with high bits, Q5/Q6, hold more registers a tile: four
+ * tiles were slower for them from 2 rows, faster for 1), else ROW_TILES at a
+ * time. Few instances keep the build (and its sanitized one) quick. */
+#define FORMAT_KERNEL(NAME, B, SUB, SUPER, SC, MIN, OFF, WIDE)                             \
     static void block_##NAME(const job *jb, int64_t r0, int rows, int64_t t0, int tiles) { \
         const qformat f = {B, SUB, SUPER, SC, MIN, OFF};                                   \
         if (rows == ROW_GROUP) {                                                           \
-            if (tiles == TILE_GROUP) block_rows(f, ROW_GROUP, TILE_GROUP, jb, r0, t0);     \
-            else block_rows(f, ROW_GROUP, 1, jb, r0, t0);                                  \
+            row_tiles(f, ROW_GROUP, jb, r0, t0, tiles);                                    \
             return;                                                                        \
         }                                                                                  \
+        const int wide = tiles == TILE_GROUP && rows <= (WIDE);                            \
         for (int r = 0; r < rows; r++) {                                                   \
-            if (tiles == TILE_GROUP) block_rows(f, 1, TILE_GROUP, jb, r0 + r, t0);         \
-            else block_rows(f, 1, 1, jb, r0 + r, t0);                                      \
+            if (wide) block_rows(f, 1, TILE_GROUP, jb, r0 + r, t0);                        \
+            else row_tiles(f, 1, jb, r0 + r, t0, tiles);                                   \
         }                                                                                  \
     }
 
-FORMAT_KERNEL(q4_k, 4, 32, 256, 1, 1, 0)
-FORMAT_KERNEL(q5_k, 5, 32, 256, 1, 1, 0)
-FORMAT_KERNEL(q6_k, 6, 16, 256, 1, 0, 32)
-FORMAT_KERNEL(q4_0, 4, 32, 32, 0, 0, 8)
-FORMAT_KERNEL(q4_1, 4, 32, 32, 0, 1, 0)
-FORMAT_KERNEL(q5_0, 5, 32, 32, 0, 0, 16)
-FORMAT_KERNEL(q5_1, 5, 32, 32, 0, 1, 0)
-FORMAT_KERNEL(q8_0, 8, 32, 32, 0, 0, 128)
+FORMAT_KERNEL(q4_k, 4, 32, 256, 1, 1, 0, 3)
+FORMAT_KERNEL(q5_k, 5, 32, 256, 1, 1, 0, 1)
+FORMAT_KERNEL(q6_k, 6, 16, 256, 1, 0, 32, 1)
+FORMAT_KERNEL(q4_0, 4, 32, 32, 0, 0, 8, 3)
+FORMAT_KERNEL(q4_1, 4, 32, 32, 0, 1, 0, 3)
+FORMAT_KERNEL(q5_0, 5, 32, 32, 0, 0, 16, 1)
+FORMAT_KERNEL(q5_1, 5, 32, 32, 0, 1, 0, 1)
+FORMAT_KERNEL(q8_0, 8, 32, 32, 0, 0, 128, 3)
 
 block_fn qblock_kernel_for(const QBlockPart *p) {
 #define MATCH(NAME, B, SUB, SUPER, SC, MIN, OFF)                                              \
@@ -333,7 +350,7 @@ block_fn qblock_kernel_for(const QBlockPart *p) {
     return NULL;
 }
 
-/* Rows [r0, end) times the tile pair at t0 (one work item). */
+/* Rows [r0, end) times the tile group at t0 (one work item). */
 static void run_rows(block_fn kernel, const job *jb, int64_t r0, int64_t end, int64_t t0) {
     const int64_t tiles = (jb->n + TILE - 1) / TILE;
     const int count_t = tiles - t0 < TILE_GROUP ? (int)(tiles - t0) : TILE_GROUP;
@@ -344,7 +361,7 @@ static void run_rows(block_fn kernel, const job *jb, int64_t r0, int64_t end, in
 }
 
 void qblock_run_spans(block_fn kernel, const span *spans, int64_t count, int64_t n) {
-    const int64_t pairs = qblock_tile_pairs(n);
+    const int64_t groups = qblock_tile_groups(n);
     int64_t one[2], *first_item = count == 1 ? one : malloc(sizeof(int64_t) * (size_t)(count + 1));
     if (first_item == NULL) { /* no memory for the index: the spans one after another */
         for (int64_t s = 0; s < count; s++) qblock_run_spans(kernel, &spans[s], 1, n);
@@ -352,14 +369,14 @@ void qblock_run_spans(block_fn kernel, const span *spans, int64_t count, int64_t
     }
     first_item[0] = 0;
     for (int64_t s = 0; s < count; s++)
-        first_item[s + 1] = first_item[s] + (spans[s].end - spans[s].start + ROW_CHUNK - 1) / ROW_CHUNK * pairs;
+        first_item[s + 1] = first_item[s] + (spans[s].end - spans[s].start + ROW_CHUNK - 1) / ROW_CHUNK * groups;
 #pragma omp parallel for schedule(static)
     for (int64_t item = 0; item < first_item[count]; item++) {
         int64_t s = 0;
         while (first_item[s + 1] <= item) s++;
-        const int64_t local = item - first_item[s], r0 = spans[s].start + local / pairs * ROW_CHUNK;
+        const int64_t local = item - first_item[s], r0 = spans[s].start + local / groups * ROW_CHUNK;
         const int64_t end = r0 + ROW_CHUNK < spans[s].end ? r0 + ROW_CHUNK : spans[s].end;
-        run_rows(kernel, &spans[s].jb, r0, end, (local % pairs) * TILE_GROUP);
+        run_rows(kernel, &spans[s].jb, r0, end, (local % groups) * TILE_GROUP);
     }
     if (first_item != one) free(first_item);
 }

@@ -12,7 +12,12 @@
 
 #define TILE 16
 #define ROW_GROUP 4
-#define TILE_GROUP 2
+/* A work item's tiles: four, which rows outside a group of four may run at
+ * once (four streams of codes in flight instead of two: 7-10% less CPU a byte
+ * for Q4_K at one row), while groups of four rows take them ROW_TILES at a
+ * time (registers). */
+#define TILE_GROUP 4
+#define ROW_TILES 2
 #define ROW_CHUNK 64
 
 typedef struct {
@@ -43,8 +48,8 @@ typedef struct {
 
 typedef void (*block_fn)(const job *jb, int64_t r0, int rows, int64_t t0, int tiles);
 
-/* Pairs of 16-column tiles over n columns: the work items of a row chunk. */
-static inline int64_t qblock_tile_pairs(int64_t n) {
+/* Groups of TILE_GROUP 16-column tiles over n columns: the work items of a row chunk. */
+static inline int64_t qblock_tile_groups(int64_t n) {
     return ((n + TILE - 1) / TILE + TILE_GROUP - 1) / TILE_GROUP;
 }
 
@@ -67,7 +72,7 @@ QBLOCK_HIDDEN void qblock_activations_free(activations *a);
 QBLOCK_HIDDEN block_fn qblock_prepare(const void *x, int x_bf16, activations *a,
                                       const QBlockPart *p, void *out, int out_bf16,
                                       int64_t out_stride, job *jb);
-/* Every span's (row chunk, tile pair) items in one OpenMP loop, all spans'
+/* Every span's (row chunk, tile group) items in one OpenMP loop, all spans'
  * matrices n columns wide and of one kernel. */
 QBLOCK_HIDDEN void qblock_run_spans(block_fn kernel, const span *spans, int64_t count, int64_t n);
 
