@@ -22,7 +22,7 @@ from sluice.models import kv_int8, native
 from sluice.models.block_codes import FORMATS, BlockCodes
 from sluice.models.native import abi
 from sluice.models.native.int8 import int8_gemm_kernels, int8_row_kernels
-from sluice.models.native.mxfp4 import mxfp4_available, mxfp4_groups, mxfp4_matmul
+from sluice.models.native.mxfp4 import mxfp4_available, mxfp4_groups, mxfp4_matmul, mxfp4_moe
 from sluice.models.native.prefill import prefill_attention_amx_kernel, prefill_attention_kernel
 from sluice.models.native.qblock import (
     QBlockMatrix,
@@ -113,10 +113,12 @@ def prefill_attention() -> None:
 def rows() -> None:
     for dtype in (BF16, F32):
         rms_norm, silu_mul = native.rms_norm_kernel(dtype), native.silu_mul_kernel(dtype)
+        clamped_swiglu = native.clamped_swiglu_kernel(dtype)
         for count in (1, 5):
             for width in (1, 33, 577):
                 rms_norm(randn(count, width, dtype=dtype), randn(width, dtype=dtype), 1e-6)
                 silu_mul(randn(count, 2 * width, dtype=dtype))
+                clamped_swiglu(randn(count, 2 * width, dtype=dtype), 1.702, 7.0)
     argmax = native.argmax_kernel()
     for count, width in ((1, 1), (5, 17), (3, 49153)):
         argmax(randn(count, width))
@@ -339,6 +341,30 @@ def mxfp4() -> None:
                 mxfp4_matmul(x, groups)
             wide = torch.empty(3, n + 7, dtype=dtype)
             mxfp4_matmul(randn(3, k, dtype=dtype), groups, wide[:, 2 : 2 + n])
+    mxfp4_moe_layer(g)
+
+
+def mxfp4_moe_layer(g: torch.Generator) -> None:
+    """moe_mxfp4.c: 3 experts, hidden 64, width 32, 1 and 7 tokens of top 2, both dtypes."""
+    experts, hidden, width = 3, 64, 32
+
+    def stack(rows: int, k: int) -> torch.Tensor:
+        blocks = torch.randint(
+            0, 256, (experts * rows, k // 32, 16), dtype=torch.uint8, generator=g
+        )
+        scales = torch.randint(118, 132, (experts * rows, k // 32), dtype=torch.uint8, generator=g)
+        return mxfp4_groups(blocks, scales).reshape(experts, rows, k // 32, -1).contiguous()
+
+    stacks = (stack(2 * width, hidden), stack(hidden, width))
+    for dtype in (BF16, F32):
+        biases = (randn(experts, 2 * width, dtype=dtype), randn(experts, hidden, dtype=dtype))
+        for tokens in (1, 7):
+            ids = torch.stack([torch.randperm(experts, generator=g)[:2] for _ in range(tokens)])
+            weights = torch.rand(tokens, 2, generator=g)
+            out = mxfp4_moe(
+                randn(tokens, hidden, dtype=dtype), stacks, biases, ids, weights, 1.702, 7.0
+            )
+            assert out.isfinite().all()
 
 
 def recurrences() -> None:
