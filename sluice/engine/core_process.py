@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -33,7 +34,13 @@ from sluice.engine.messages import (
 )
 from sluice.engine.outputs import EngineError, RequestDelta
 from sluice.engine.pooling_core import Core, engine_core_for
-from sluice.engine.progress_beat import ProgressBeat, decoder_layers, socket_sender
+from sluice.engine.progress_beat import (
+    LoadBeat,
+    ProgressBeat,
+    decoder_layers,
+    socket_sender,
+    thread_work,
+)
 from sluice.loader.memory_plan import release_free_heap
 
 logger = logging.getLogger("sluice.engine")
@@ -72,7 +79,7 @@ def serve_engine(
     (engine/progress_beat.py); a replica, whose end binds, has none.
     """
     try:
-        core = engine_core_for(config)
+        core = _load_core(config, beat)
     except Exception as error:  # noqa: BLE001 - reported to the client, then we exit
         outputs.send(output_encoder.encode(EngineFailed(f"engine failed to start: {error}")))
         return
@@ -93,6 +100,26 @@ def serve_engine(
         if progress is not None:
             progress.stop()
             close()
+
+
+def _load_core(
+    config: EngineConfig,
+    beat: Callable[[], tuple[Callable[[bytes], None], Callable[[], None]]] | None,
+) -> Core:
+    """The engine core `config` describes, beating to the client while the
+    load makes progress (`LoadBeat`) so that a long honest load is not taken
+    for a hung one."""
+    work = thread_work(threading.get_native_id()) if beat is not None else None
+    if beat is None or work is None:
+        return engine_core_for(config)
+    send, close = beat()
+    load_beat = LoadBeat(send, work, interval_s=HEARTBEAT_INTERVAL_S)
+    load_beat.start()
+    try:
+        return engine_core_for(config)
+    finally:
+        load_beat.stop()
+        close()
 
 
 class EngineLoop:

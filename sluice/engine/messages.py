@@ -121,8 +121,9 @@ class EngineFailed(msgspec.Struct, frozen=True, tag="failed"):
 
 
 class EngineAlive(msgspec.Struct, frozen=True, tag="alive"):
-    # Mid-step: decoder layers ran since the last beat (engine/progress_beat.py).
-    layers_done: int
+    # Progress since the last beat: decoder layers mid-step, or the loading
+    # thread's work before the first (engine/progress_beat.py).
+    progress: int
 
 
 EngineOutput = EngineReady | StepOutputs | EngineFailed | EngineAlive

@@ -18,6 +18,14 @@ timeout, raise `--engine-heartbeat-timeout`.
 
 The counter is written by the engine thread only (the hook) and read by the
 beat thread: a plain int, whose reads and writes are atomic under the GIL.
+
+The same rule covers the load before the first step (`LoadBeat`): an 8B file
+on two busy cores loaded for longer than the client's start-up bound, and a
+healthy start was refused. While the engine builds its core, the beat looks
+at what the loading thread has done (its CPU time and page faults, from
+/proc) and sends `EngineAlive` only when that moved: a load that reads,
+converts or measures lives, one stuck waiting on a lock is refused after the
+bound as before. Where /proc has no such counters there is no load beat.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 import zmq
@@ -40,28 +49,23 @@ def decoder_layers(core: object) -> list[torch.nn.Module]:
     return list(layers) if isinstance(layers, torch.nn.ModuleList) else []
 
 
-class ProgressBeat:
-    def __init__(
-        self,
-        send: Callable[[bytes], None],
-        layers: Sequence[torch.nn.Module],
-        *,
-        interval_s: float = 1.0,
-    ):
+class _Beat:
+    """A daemon thread that sends `EngineAlive` every `interval_s` while
+    `progress()` moves, and nothing while it stands still."""
+
+    def __init__(self, send: Callable[[bytes], None], interval_s: float):
         self._send = send
         self._interval_s = interval_s
-        self.layers_done = 0
         self._last_seen = 0
         self._stop = threading.Event()
-        self._hooks = [layer.register_forward_hook(self._bump) for layer in layers]
         self._thread: threading.Thread | None = None
 
-    def _bump(self, *_args: object) -> None:
-        self.layers_done += 1
+    def progress(self) -> int:
+        raise NotImplementedError
 
     def tick(self) -> bool:
-        """One look: send `EngineAlive` if layers ran since the last look."""
-        done = self.layers_done
+        """One look: send `EngineAlive` if there was progress since the last look."""
+        done = self.progress()
         if done == self._last_seen:
             return False
         self._last_seen = done
@@ -80,8 +84,65 @@ class ProgressBeat:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+
+class ProgressBeat(_Beat):
+    """Mid-step: progress is the number of decoder layer forwards so far."""
+
+    def __init__(
+        self,
+        send: Callable[[bytes], None],
+        layers: Sequence[torch.nn.Module],
+        *,
+        interval_s: float = 1.0,
+    ):
+        super().__init__(send, interval_s)
+        self.layers_done = 0
+        self._hooks = [layer.register_forward_hook(self._bump) for layer in layers]
+
+    def _bump(self, *_args: object) -> None:
+        self.layers_done += 1
+
+    def progress(self) -> int:
+        return self.layers_done
+
+    def stop(self) -> None:
+        super().stop()
         for hook in self._hooks:
             hook.remove()
+
+
+class LoadBeat(_Beat):
+    """While the engine loads: progress is what the loading thread has done
+    (`thread_work`)."""
+
+    def __init__(
+        self, send: Callable[[bytes], None], work: Callable[[], int], *, interval_s: float = 1.0
+    ):
+        super().__init__(send, interval_s)
+        self._work = work
+        self._last_seen = work()  # what it did before the load does not count
+
+    def progress(self) -> int:
+        return self._work()
+
+
+def thread_work(native_id: int) -> Callable[[], int] | None:
+    """A count that grows while the thread `native_id` of this process runs
+    or faults pages in: its user and system clock ticks plus its minor and
+    major page faults (/proc/self/task/ID/stat); None where there is no such
+    file (not Linux)."""
+    path = Path(f"/proc/self/task/{native_id}/stat")
+    if not path.exists():
+        return None
+
+    def work() -> int:
+        # The fields after the command name's ")": state is field 3, so field n is at n - 3.
+        fields = path.read_text().rsplit(")", 1)[1].split()
+        minflt, majflt, utime, stime = (int(fields[n - 3]) for n in (10, 12, 14, 15))
+        return minflt + majflt + utime + stime
+
+    return work
 
 
 def socket_sender(

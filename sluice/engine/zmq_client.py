@@ -41,6 +41,7 @@ from sluice.errors import ModelLoadError
 
 logger = logging.getLogger("sluice.engine")
 
+# The longest an engine may be silent while it starts (its load beats while it moves).
 STARTUP_TIMEOUT_S = 600.0
 
 
@@ -116,23 +117,28 @@ class ZmqEngineClient(RoutedEngineClient):
             socket.bind(address) if bind else socket.connect(address)
 
     async def _wait_ready(self) -> EngineReady:
-        ready = asyncio.ensure_future(self._outputs.recv())
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not ready.done():
-            reason = self._exit_reason()
-            if reason is None and time.monotonic() > deadline:
-                reason = "the engine did not start in time"
-            if reason is not None:
-                ready.cancel()
-                raise ModelLoadError(reason)
-            await asyncio.wait([ready], timeout=0.2)
-        message = output_decoder.decode(ready.result())
-        if isinstance(message, EngineAlive):  # a beat that overtook the ready message
-            return await self._wait_ready()
-        if isinstance(message, EngineFailed):
-            raise ModelLoadError(message.message)
-        assert isinstance(message, EngineReady), f"unexpected first message {message!r}"
-        return message
+        """The engine's first message: ready, or why it failed. A load that
+        goes on beating (`EngineAlive`, engine/progress_beat.py's LoadBeat)
+        may take as long as it needs; one silent for STARTUP_TIMEOUT_S, or
+        an engine that exits, is refused."""
+        while True:
+            ready = asyncio.ensure_future(self._outputs.recv())
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            while not ready.done():
+                reason = self._exit_reason()
+                if reason is None and time.monotonic() > deadline:
+                    reason = f"the engine did not start: silent for {STARTUP_TIMEOUT_S:g} s"
+                if reason is not None:
+                    ready.cancel()
+                    raise ModelLoadError(reason)
+                await asyncio.wait([ready], timeout=0.2)
+            message = output_decoder.decode(ready.result())
+            if isinstance(message, EngineAlive):  # the load moves on: the bound starts again
+                continue
+            if isinstance(message, EngineFailed):
+                raise ModelLoadError(message.message)
+            assert isinstance(message, EngineReady), f"unexpected first message {message!r}"
+            return message
 
     async def _stop_engine(self) -> None:
         """Stop the tasks, close the sockets, and get rid of what is left of the engine."""
