@@ -33,6 +33,7 @@ from sluice.models.native.qblock import (
 )
 from sluice.models.qblock_pack import TILE
 from sluice.models.weight_targets import WeightTarget
+from sluice.models.zero_pages import anonymous_pages
 
 
 class QBlockLinear(nn.Module):
@@ -174,10 +175,7 @@ def huge_page_bytes(size: int) -> Tensor:
     own allocation."""
     if size < HUGE_PAGES_FROM_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.empty(size, dtype=torch.uint8)
-    # Private: a shared anonymous mapping is shmem, which huge pages skip.
-    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    mapping.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive
+    return anonymous_pages(size)
 
 
 def on_huge_pages(matrix: QBlockMatrix) -> QBlockMatrix:

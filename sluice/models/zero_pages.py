@@ -33,8 +33,17 @@ def zeros_on_touch(shape: tuple[int, ...], dtype: torch.dtype, device) -> Tensor
     num_bytes = math.prod(shape) * dtype.itemsize
     if torch.device(device).type != "cpu" or num_bytes == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
+    return anonymous_pages(num_bytes).view(dtype).view(shape)
+
+
+def anonymous_pages(num_bytes: int) -> Tensor:
+    """`num_bytes` (> 0) zeroed uint8 of a private anonymous mapping advised
+    MADV_HUGEPAGE where the system has the advice: resident page by page as
+    written, in 2 MiB pages where the kernel's transparent_hugepage setting
+    gives them. The tensor keeps the mapping alive (torch.frombuffer)."""
+    # Private: a shared anonymous mapping is shmem, which huge pages skip.
     memory = mmap.mmap(-1, num_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):  # a kernel built without huge pages
             memory.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(memory, dtype=dtype).view(shape)
+    return torch.frombuffer(memory, dtype=torch.uint8)
